@@ -1,0 +1,168 @@
+#include "core/rpc_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+
+namespace eps {
+namespace {
+
+std::atomic<uint64_t> g_server_counter{0};
+
+// Receives one whole multipart message, or nothing when the timeout passes.
+bool ReceiveMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames) {
+  frames->clear();
+  while (true) {
+    zmq::message_t frame;
+    zmq::recv_result_t got = socket.recv(frame, zmq::recv_flags::none);
+    if (!got.has_value()) return false;  // timeout (only possible on the first frame)
+    const bool more = frame.more();
+    frames->push_back(std::move(frame));
+    if (!more) return true;
+  }
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
+                                                      const RpcServerOptions& options,
+                                                      RpcHandler handler) {
+  if (options.num_threads < 1) {
+    return absl::InvalidArgumentError("rpc server: num_threads must be >= 1");
+  }
+  if (options.max_frames < 0) {
+    return absl::InvalidArgumentError("rpc server: max_frames must be >= 0");
+  }
+  std::unique_ptr<RpcServer> server(new RpcServer(options, std::move(handler)));
+  ASSIGN_OR_RETURN(zmq::socket_t frontend,
+                   factory->BindRouter(options.endpoint, &server->endpoint_));
+
+  // Every socket first, threads after: a failure here leaves nothing running.
+  const uint64_t id = g_server_counter.fetch_add(1);
+  const std::string backend_endpoint = absl::StrCat("inproc://rpc-backend-", id);
+  const std::string control_endpoint = absl::StrCat("inproc://rpc-control-", id);
+  zmq::socket_t backend;
+  zmq::socket_t control;
+  std::vector<zmq::socket_t> workers;
+  try {
+    backend = factory->MakeSocket(zmq::socket_type::dealer);
+    backend.bind(backend_endpoint);
+    control = factory->MakeSocket(zmq::socket_type::pair);
+    control.bind(control_endpoint);
+    server->control_ = factory->MakeSocket(zmq::socket_type::pair);
+    server->control_.connect(control_endpoint);
+    for (int i = 0; i < options.num_threads; ++i) {
+      zmq::socket_t worker = factory->MakeSocket(zmq::socket_type::dealer);
+      worker.set(zmq::sockopt::rcvtimeo, 100);
+      worker.connect(backend_endpoint);
+      workers.push_back(std::move(worker));
+    }
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(
+        absl::StrCat("rpc server ", options.name, ": cannot set up its sockets: ", e.what()));
+  }
+
+  for (zmq::socket_t& worker : workers) {
+    server->handler_threads_.emplace_back(
+        [s = server.get(), w = std::move(worker)]() mutable { s->HandlerLoop(std::move(w)); });
+  }
+  // The sockets move into the proxy thread, which alone uses them from now on.
+  server->proxy_thread_ = std::thread(
+      [f = std::move(frontend), b = std::move(backend), c = std::move(control)]() mutable {
+        try {
+          zmq::proxy_steerable(f, b, zmq::socket_ref(), c);
+        } catch (const zmq::error_t& e) {
+          if (e.num() != ETERM) LOG(ERROR) << "rpc proxy stopped: " << e.what();
+        }
+      });
+  return server;
+}
+
+RpcServer::RpcServer(const RpcServerOptions& options, RpcHandler handler)
+    : options_(options), handler_(std::move(handler)) {}
+
+RpcServer::~RpcServer() { Stop(); }
+
+void RpcServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  // Handlers poll `stopping_` between requests; the proxy needs a command.
+  for (std::thread& t : handler_threads_) t.join();
+  if (proxy_thread_.joinable()) {
+    // Non-blocking: if the proxy already died (and logged why), nobody reads
+    // the command and the join returns at once.
+    try {
+      control_.send(zmq::str_buffer("TERMINATE"), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      LOG(ERROR) << options_.name << ": cannot stop the rpc proxy: " << e.what();
+    }
+    proxy_thread_.join();
+  }
+  if (control_) control_.close();
+}
+
+void RpcServer::HandlerLoop(zmq::socket_t socket) {
+  std::vector<zmq::message_t> frames;
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    if (!ReceiveMultipart(socket, &frames)) continue;
+    std::vector<zmq::message_t> reply = Handle(std::move(frames));
+    for (size_t i = 0; i < reply.size(); ++i) {
+      const auto flags = i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      if (!socket.send(reply[i], flags).has_value()) break;
+    }
+  }
+}
+
+std::vector<zmq::message_t> RpcServer::Handle(std::vector<zmq::message_t> frames) {
+  // frames[0] is the ROUTER's routing id of the peer; the request follows.
+  std::vector<zmq::message_t> out;
+  if (frames.size() < 2) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return out;  // nothing to answer to
+  }
+  out.push_back(std::move(frames[0]));
+  // A rejection echoes the request id and method when the envelope parses at
+  // all, so that the caller's channel files the error with its call instead
+  // of waiting for a reply that never comes. A small or reference-counted
+  // copy, kept because FromFrames consumes the frames.
+  zmq::message_t envelope;
+  envelope.copy(frames[1]);
+  Message reply;
+  Status status;
+  bool rejected = true;
+  if (frames.size() - 2 > static_cast<size_t>(options_.max_frames)) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "request has ", frames.size() - 2, " bulk frames, more than ", options_.max_frames));
+  } else {
+    frames.erase(frames.begin());
+    StatusOr<Message> request = Message::FromFrames(std::move(frames));
+    if (!request.ok()) {
+      status = request.status();
+    } else {
+      rejected = false;
+      reply.header().set_request_id(request->header().request_id());
+      reply.header().set_method(request->header().method());
+      VLOG(2) << options_.name << " <- " << request->DebugString();
+      status = handler_(*request, &reply);
+    }
+  }
+  if (rejected) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    proto::Envelope header;
+    if (header.ParseFromArray(envelope.data(), static_cast<int>(envelope.size()))) {
+      reply.header().set_request_id(header.request_id());
+      reply.header().set_method(header.method());
+    }
+    VLOG(2) << options_.name << " rejected request id=" << reply.header().request_id() << ": "
+            << status;
+  }
+  if (!status.ok()) {
+    Message error;
+    error.header().set_request_id(reply.header().request_id());
+    error.header().set_method(reply.header().method());
+    StatusToProto(status, error.header().mutable_status());
+    reply = std::move(error);
+  }
+  for (zmq::message_t& frame : std::move(reply).ToFrames()) out.push_back(std::move(frame));
+  return out;
+}
+
+}  // namespace eps

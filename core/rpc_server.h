@@ -1,0 +1,90 @@
+// RpcServer: serves eps requests on a ZeroMQ ROUTER socket.
+//
+// One proxy thread owns the ROUTER and forwards requests over inproc to
+// `num_threads` handler threads (one DEALER each), which call the handler
+// and send the reply back the same way. Before the handler runs, the server
+// rejects what no handler should see: fewer than one frame, more than
+// `max_frames`, an envelope that does not parse or speaks another protocol
+// version. Those get an INVALID_ARGUMENT reply; nothing a peer sends can
+// crash the process.
+//
+// Thread-safety: the handler is called from several threads at once (when
+// num_threads > 1) and must be safe for concurrent use. Start/Stop from the
+// owning thread.
+
+#ifndef EPS_CORE_RPC_SERVER_H_
+#define EPS_CORE_RPC_SERVER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/message.h"
+#include "core/socket_factory.h"
+#include "core/status.h"
+
+namespace eps {
+
+struct RpcServerOptions {
+  // Where to listen, "tcp://HOST:PORT"; port 0 picks a free port.
+  // Default tcp://127.0.0.1:0.
+  std::string endpoint = "tcp://127.0.0.1:0";
+  // Handler threads. Default 1.
+  int num_threads = 1;
+  // Most bulk frames a request may carry (after the envelope). Default 64.
+  int max_frames = 64;
+  // Names the server in logs, e.g. "ps[2]". Default "rpc".
+  std::string name = "rpc";
+};
+
+// Handles one request. `reply` arrives with its request id and method set;
+// the handler fills in the body and bulk frames. A non-OK return becomes the
+// reply's status (bulk frames dropped).
+using RpcHandler = std::function<Status(Message& request, Message* reply)>;
+
+class RpcServer {
+ public:
+  // Binds and starts serving. kUnavailable when the endpoint cannot be
+  // bound or the context has no sockets left; kInvalidArgument for bad
+  // options or a malformed endpoint. `factory` must outlive the server.
+  static StatusOr<std::unique_ptr<RpcServer>> Start(SocketFactory* factory,
+                                                    const RpcServerOptions& options,
+                                                    RpcHandler handler);
+  ~RpcServer();  // Stop()s.
+  RpcServer(const RpcServer&) = delete;
+  RpcServer& operator=(const RpcServer&) = delete;
+
+  // The endpoint actually bound, e.g. "tcp://127.0.0.1:40123".
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Stops accepting requests and joins every thread; requests being handled
+  // finish first. Idempotent.
+  void Stop();
+
+  // Requests rejected before reaching the handler.
+  uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+
+ private:
+  RpcServer(const RpcServerOptions& options, RpcHandler handler);
+  void HandlerLoop(zmq::socket_t socket);
+  // Validates, dispatches and replies to one routed request.
+  std::vector<zmq::message_t> Handle(std::vector<zmq::message_t> frames);
+
+  const RpcServerOptions options_;
+  const RpcHandler handler_;
+  std::string endpoint_;
+  // Stop()'s end of the proxy's control pair. Made in Start, so that
+  // stopping never needs a new socket (and cannot fail for want of one).
+  zmq::socket_t control_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> rejected_{0};
+  std::thread proxy_thread_;
+  std::vector<std::thread> handler_threads_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_CORE_RPC_SERVER_H_

@@ -1,0 +1,78 @@
+#include "core/socket_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+
+namespace eps {
+
+Status TransportOptions::Validate() const {
+  if (max_frame_bytes < 1024) {
+    return absl::InvalidArgumentError("transport: max_frame_bytes must be >= 1024");
+  }
+  if (reconnect_ivl_ms < 1 || reconnect_ivl_max_ms < reconnect_ivl_ms) {
+    return absl::InvalidArgumentError("transport: bad reconnect interval");
+  }
+  if (high_water_mark < 1 || io_threads < 1) {
+    return absl::InvalidArgumentError("transport: high_water_mark and io_threads must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+SocketFactory::SocketFactory(const TransportOptions& options)
+    : options_(options), context_(options.io_threads) {
+  CHECK_OK(options_.Validate());
+}
+
+zmq::socket_t SocketFactory::MakeSocket(zmq::socket_type type) {
+  zmq::socket_t socket(context_, type);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::maxmsgsize, options_.max_frame_bytes);
+  socket.set(zmq::sockopt::sndhwm, options_.high_water_mark);
+  socket.set(zmq::sockopt::rcvhwm, options_.high_water_mark);
+  return socket;
+}
+
+StatusOr<zmq::socket_t> SocketFactory::BindRouter(const std::string& endpoint, std::string* bound) {
+  zmq::socket_t socket;
+  try {
+    socket = MakeSocket(zmq::socket_type::router);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot bind ", endpoint, ": no socket: ", e.what()));
+  }
+  // ZeroMQ spells "any port" as '*'.
+  std::string address = endpoint;
+  if (address.size() > 2 && address.compare(address.size() - 2, 2, ":0") == 0) {
+    address.replace(address.size() - 1, 1, "*");
+  }
+  try {
+    socket.bind(address);
+  } catch (const zmq::error_t& e) {
+    const absl::StatusCode code = e.num() == EINVAL || e.num() == EPROTONOSUPPORT
+                                      ? absl::StatusCode::kInvalidArgument
+                                      : absl::StatusCode::kUnavailable;
+    return Status(code, absl::StrCat("cannot bind ", endpoint, ": ", e.what()));
+  }
+  *bound = socket.get(zmq::sockopt::last_endpoint);
+  return socket;
+}
+
+StatusOr<zmq::socket_t> SocketFactory::ConnectDealer(const std::string& endpoint) {
+  zmq::socket_t socket;
+  try {
+    socket = MakeSocket(zmq::socket_type::dealer);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", endpoint, ": no socket: ", e.what()));
+  }
+  socket.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ivl_ms);
+  socket.set(zmq::sockopt::reconnect_ivl_max, options_.reconnect_ivl_max_ms);
+  try {
+    socket.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot connect to ", endpoint, ": ", e.what()));
+  }
+  return socket;
+}
+
+}  // namespace eps

@@ -1,0 +1,149 @@
+#include "master/data_set.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace eps {
+namespace {
+
+bool IsRegularFile(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> ExpandDataPaths(const std::string& spec,
+                                                   const std::string& option) {
+  std::vector<std::string> files;
+  for (absl::string_view raw : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+    const std::string entry(absl::StripAsciiWhitespace(raw));
+    std::error_code error;
+    if (std::filesystem::is_directory(entry, error)) {
+      const size_t before = files.size();
+      for (const auto& item : std::filesystem::directory_iterator(entry, error)) {
+        const std::string name = item.path().filename().string();
+        if (name.empty() || name[0] == '.') continue;
+        if (item.is_regular_file(error)) files.push_back(item.path().string());
+      }
+      if (error) {
+        return absl::UnavailableError(
+            absl::StrCat(option, ": cannot list directory ", entry, ": ", error.message()));
+      }
+      if (files.size() == before) {
+        return absl::NotFoundError(
+            absl::StrCat(option, ": directory ", entry, " holds no data files"));
+      }
+      continue;
+    }
+    if (IsRegularFile(entry)) {
+      files.push_back(entry);
+      continue;
+    }
+    glob_t matches{};
+    const int rc = ::glob(entry.c_str(), 0, nullptr, &matches);
+    size_t found = 0;
+    if (rc == 0) {
+      for (size_t i = 0; i < matches.gl_pathc; ++i) {
+        if (IsRegularFile(matches.gl_pathv[i])) {
+          files.push_back(matches.gl_pathv[i]);
+          ++found;
+        }
+      }
+    }
+    globfree(&matches);
+    if (found == 0) {
+      return absl::NotFoundError(
+          absl::StrCat(option, ": no such file, directory or matching glob: ", entry));
+    }
+  }
+  if (files.empty()) return absl::NotFoundError(absl::StrCat(option, ": names no files"));
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  return files;
+}
+
+StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_records,
+                                const ScanProgress& progress) {
+  DataSet data;
+  data.files = std::move(files);
+  uint64_t total_bytes = 0;
+  for (const std::string& path : data.files) {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0) {
+      return absl::NotFoundError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
+    }
+    total_bytes += static_cast<uint64_t>(info.st_size);
+  }
+  data.bytes = total_bytes;
+
+  std::vector<char> buffer(size_t{4} << 20);
+  uint64_t scanned = 0;
+  for (uint32_t f = 0; f < data.files.size(); ++f) {
+    const std::string& path = data.files[f];
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    ShardSpec current{.file = f, .begin = 0, .end = 0, .first_line = 1, .records = 0};
+    uint64_t offset = 0;
+    uint64_t line = 1;
+    bool in_line = false;  // bytes seen since the last '\n'
+    while (true) {
+      const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        const int error = errno;
+        ::close(fd);
+        return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", std::strerror(error)));
+      }
+      if (got == 0) break;
+      const char* p = buffer.data();
+      const char* end = p + got;
+      while (p < end) {
+        const char* newline = static_cast<const char*>(std::memchr(p, '\n', end - p));
+        if (newline == nullptr) {
+          in_line = true;
+          offset += static_cast<uint64_t>(end - p);
+          break;
+        }
+        offset += static_cast<uint64_t>(newline - p) + 1;
+        p = newline + 1;
+        in_line = false;
+        ++current.records;
+        ++line;
+        if (current.records == shard_records) {
+          current.end = offset;
+          data.shards.push_back(current);
+          data.records += current.records;
+          current = ShardSpec{.file = f, .begin = offset, .end = 0, .first_line = line, .records = 0};
+        }
+      }
+      scanned += static_cast<uint64_t>(got);
+      if (progress) progress(scanned, total_bytes);
+    }
+    ::close(fd);
+    if (in_line) ++current.records;  // a last line without '\n'
+    if (current.records > 0) {
+      current.end = offset;
+      data.shards.push_back(current);
+      data.records += current.records;
+    }
+  }
+  return data;
+}
+
+}  // namespace eps

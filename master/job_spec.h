@@ -1,0 +1,24 @@
+// BuildJobSpec: the job description the master hands to every server and
+// worker: partitions and the parameter tables of the configured model.
+//
+// Thread-safety: pure function.
+
+#ifndef EPS_MASTER_JOB_SPEC_H_
+#define EPS_MASTER_JOB_SPEC_H_
+
+#include "core/job_config.h"
+#include "core/status.h"
+#include "proto/eps.pb.h"
+
+namespace eps {
+
+// One table per model parameter (in the model's order, ids 0..n-1):
+// embeddings with the configured initializer (model.initializer, "auto"
+// taking the model's choice) and dense tensors chunked by
+// ps.dense_chunk_floats with the model's initializer; every table uses the
+// [optimizer] section. kInvalidArgument when the model config is invalid.
+StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config);
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_JOB_SPEC_H_

@@ -1,0 +1,64 @@
+// eps-master: the control plane of one job.
+//
+//   eps-master --config JOB.ini [--port N] [--http-port N] [--data-dir DIR] [--resume]
+
+#include <csignal>
+#include <iostream>
+#include <cstring>
+
+#include "core/flags.h"
+#include "core/logging.h"
+#include "core/signal_watcher.h"
+#include "master/master.h"
+
+int main(int argc, char** argv) {
+  eps::SignalWatcher signal_watcher;
+
+  eps::CommandLine command_line(
+      "eps-master", "--config JOB.ini [--port N] [--http-port N] [--data-dir DIR] [--resume]");
+  eps::MasterOptions options;
+  bool resume = false;
+  command_line.AddInt("port", &options.port, "RPC port (0 picks a free one)");
+  command_line.AddInt("http-port", &options.http_port, "HTTP port of /status (0 picks one)");
+  command_line.AddString("data-dir", &options.data_dir, "directory for the master's files");
+  command_line.AddSwitch("resume", &resume, "continue a stopped job from its last checkpoint");
+  eps::StatusOr<eps::JobConfig> config = command_line.Parse(argc, argv);
+  if (command_line.help_requested()) {
+    std::cout << command_line.Usage();
+    return 0;
+  }
+  if (!config.ok()) {
+    std::cerr << "eps-master: " << config.status().message() << "\n";
+    return 2;
+  }
+  if (resume) {
+    std::cerr << "eps-master: --resume: this version does not persist job state yet, so there "
+                 "is nothing to resume; start the job without --resume\n";
+    return 2;
+  }
+  options.job = *std::move(config);
+  if (eps::Status valid = options.Validate(); !valid.ok()) {
+    std::cerr << "eps-master: " << valid.message() << "\n";
+    return 2;
+  }
+  eps::SetLogNode("master");
+
+  eps::Master master(options);
+  if (eps::Status started = master.Start(); !started.ok()) {
+    std::cerr << "eps-master: " << started.message() << "\n";
+    const bool config_error = started.code() == absl::StatusCode::kNotFound ||
+                              started.code() == absl::StatusCode::kInvalidArgument;
+    return config_error ? 2 : 1;
+  }
+  signal_watcher.Start([&master](int signal) {
+    LOG(WARNING) << "received " << strsignal(signal) << "; stopping the job";
+    master.RequestStop(std::string("stopped by ") + strsignal(signal));
+  });
+  eps::Status result = master.Wait();
+  signal_watcher.Stop();
+  if (!result.ok()) {
+    std::cerr << "eps-master: job failed: " << result.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,76 @@
+// Master: the control plane of one job.
+//
+// Tracks servers and workers (registration, heartbeats, leases), places
+// parameter partitions on servers (the versioned cluster map), cuts the
+// data into shards and hands them out epoch by epoch, counts every
+// committed record once, runs the final evaluation over all of data.eval
+// (AUC and log loss over every eval record), serves /status, /metrics and /
+// over HTTP, and when the job ends writes DATA_DIR/final_status.json and
+// tells every server and worker to exit. Holds no parameters.
+//
+// Thread-safety: safe for concurrent use. Start, Wait and RequestStop come
+// from the owning thread (RequestStop may come from a signal-watching one).
+
+#ifndef EPS_MASTER_MASTER_H_
+#define EPS_MASTER_MASTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/job_config.h"
+#include "core/status.h"
+
+namespace eps {
+
+struct MasterOptions {
+  // The job, as read from the config file and command line.
+  JobConfig job;
+  // RPC port; 0 picks a free one. Default 7070.
+  int64_t port = 7070;
+  // HTTP port of /status, /metrics and /; 0 picks a free one. Default 7071.
+  int64_t http_port = 7071;
+  // Where the master keeps its files (master.json with its endpoints,
+  // final_status.json). Created if missing. Default "eps-master".
+  std::string data_dir = "eps-master";
+
+  Status Validate() const;
+};
+
+class Master {
+ public:
+  explicit Master(const MasterOptions& options);
+  ~Master();
+  Master(const Master&) = delete;
+  Master& operator=(const Master&) = delete;
+
+  // Checks the data paths, binds the ports, writes DATA_DIR/master.json
+  // ({"rpc": ..., "http": ...}) and starts serving; the data files are
+  // scanned in the background. kNotFound for missing data (naming the
+  // option and path), kUnavailable when a port cannot be bound,
+  // kPermissionDenied/kUnavailable when the data dir cannot be written.
+  Status Start();
+
+  // Blocks until the job is over and every peer has been told to exit (or
+  // its lease ran out). OK when the job finished; the failure otherwise.
+  Status Wait();
+
+  // Ends the job early (SIGTERM): the job fails with `reason`, peers are told
+  // to exit. Safe to call from any thread, more than once.
+  void RequestStop(const std::string& reason);
+
+  // Valid after Start.
+  const std::string& rpc_endpoint() const;
+  const std::string& http_url() const;
+
+  // The /status document (JSON text).
+  std::string StatusJson() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_MASTER_H_

@@ -1,0 +1,93 @@
+// ShardTracker: the state of every data shard in one pass over a data set
+// (one training epoch, or the final evaluation).
+//
+//   TODO --Assign--> DOING(worker, committed offset) --Commit(..end)--> DONE
+//     ^                 |
+//     +----Release------+   (the worker died or left: back to TODO, resuming
+//                            from the committed offset; nothing is dropped)
+//
+// A commit covers [begin, end) of a shard and is accepted only from the
+// shard's holder and only when `begin` is the committed offset, so records
+// are counted exactly once; a commit that repeats one already applied (end
+// at or below the committed offset) is acknowledged without effect.
+//
+// Thread-safety: not thread-safe; the master guards it with its mutex.
+
+#ifndef EPS_MASTER_SHARD_TRACKER_H_
+#define EPS_MASTER_SHARD_TRACKER_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <vector>
+
+#include "core/status.h"
+#include "master/data_set.h"
+
+namespace eps {
+
+class ShardTracker {
+ public:
+  enum class State { kTodo, kDoing, kDone };
+
+  struct Shard {
+    ShardSpec spec;
+    State state = State::kTodo;
+    uint32_t holder = 0;          // valid while kDoing
+    uint64_t committed = 0;       // byte offset up to which records are committed
+    uint64_t committed_line = 1;  // line number at `committed`
+    uint64_t committed_records = 0;
+    uint32_t assignments = 0;     // times handed out
+  };
+
+  struct Assignment {
+    uint64_t shard_id = 0;
+    const ShardSpec* spec = nullptr;
+    uint64_t start = 0;
+    uint64_t start_line = 0;
+    uint64_t records = 0;  // records left, from `start`
+  };
+
+  enum class CommitResult { kApplied, kDuplicate };
+
+  // Tracks `data`'s shards, handed out in `order` (a permutation of shard
+  // indices). `data` must outlive the tracker.
+  ShardTracker(const DataSet* data, const std::vector<uint32_t>& order);
+
+  // Hands the next TODO shard to `worker`; nullopt when none is left.
+  std::optional<Assignment> Assign(uint32_t worker);
+
+  // Commits [begin, end) of shard `shard_id` holding `records` records.
+  //   kInvalidArgument: unknown shard, end outside the shard, begin > end.
+  //   kFailedPrecondition: the shard is not held by `worker`, or `begin` is
+  //     not the committed offset (a gap or an overlap).
+  StatusOr<CommitResult> Commit(uint32_t worker, uint64_t shard_id, uint64_t begin, uint64_t end,
+                                uint64_t records);
+
+  // Puts every shard `worker` holds back to TODO (at its committed offset,
+  // ahead of untouched shards). Returns how many.
+  int Release(uint32_t worker);
+
+  uint64_t num_shards() const { return shards_.size(); }
+  uint64_t todo() const { return todo_.size(); }
+  uint64_t doing() const { return doing_; }
+  uint64_t done() const { return done_; }
+  bool finished() const { return done_ == shards_.size(); }
+  // Records committed so far in this pass.
+  uint64_t committed_records() const { return committed_records_; }
+  // Shards put back to TODO because their worker died or left.
+  uint64_t reassignments() const { return reassignments_; }
+  const Shard& shard(uint64_t id) const { return shards_[id]; }
+
+ private:
+  std::vector<Shard> shards_;
+  std::deque<uint32_t> todo_;
+  uint64_t doing_ = 0;
+  uint64_t done_ = 0;
+  uint64_t committed_records_ = 0;
+  uint64_t reassignments_ = 0;
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_SHARD_TRACKER_H_

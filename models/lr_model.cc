@@ -1,0 +1,76 @@
+#include "models/lr_model.h"
+
+#include <cmath>
+
+#include "Eigen/Core"
+#include "core/logging.h"
+#include "models/metrics.h"
+
+namespace eps {
+
+LrModel::LrModel(const ModelOptions& options) : options_(options) {
+  params_.push_back({.name = "lr.w", .kind = ParamSpec::Kind::kEmbedding, .size = 1});
+  params_.push_back({.name = "lr.dense",
+                     .kind = ParamSpec::Kind::kDense,
+                     .size = static_cast<uint64_t>(options.num_dense) + 1});
+}
+
+double LrModel::ForwardBackward(const Batch& batch, const ParamBuffers& params,
+                                std::vector<float>* predictions, ParamBuffers* grads) {
+  const int n = batch.size();
+  const int num_dense = options_.num_dense;
+  const int num_fields = options_.num_fields;
+  CHECK_EQ(batch.num_dense, num_dense);
+  CHECK_EQ(batch.num_fields, num_fields);
+  // The loops below index dense and slots through raw pointers.
+  CHECK_EQ(batch.dense.size(), static_cast<size_t>(n) * num_dense);
+  CHECK_EQ(batch.slots.size(), static_cast<size_t>(n) * num_fields);
+  CHECK_EQ(params.size(), 2u);
+  const std::vector<float>& w = params[0];
+  const std::vector<float>& dense_w = params[1];
+  CHECK_EQ(w.size(), batch.keys.size());
+  CHECK_EQ(dense_w.size(), static_cast<size_t>(num_dense) + 1);
+
+  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::Map<const RowMatrix> x(batch.dense.data(), n, num_dense);
+  Eigen::Map<const Eigen::VectorXf> v(dense_w.data(), num_dense);
+  const float bias = dense_w[num_dense];
+
+  logits_.resize(n);
+  Eigen::Map<Eigen::VectorXf> logits(logits_.data(), n);
+  logits.noalias() = x * v;
+  for (int i = 0; i < n; ++i) {
+    const uint32_t* slots = &batch.slots[static_cast<size_t>(i) * num_fields];
+    float sum = bias;
+    for (int f = 0; f < num_fields; ++f) sum += w[slots[f]];
+    logits[i] += sum;
+  }
+
+  predictions->resize(n);
+  double loss_sum = 0;
+  for (int i = 0; i < n; ++i) {
+    const float p = 1.0f / (1.0f + std::exp(-logits[i]));
+    (*predictions)[i] = p;
+    loss_sum += LogLoss(p, batch.labels[i]);
+  }
+  if (grads == nullptr) return loss_sum;
+
+  // d(mean loss)/d logit_i = (p_i - y_i) / n; reuse logits_ for it.
+  const float inv_n = 1.0f / static_cast<float>(n);
+  for (int i = 0; i < n; ++i) logits[i] = ((*predictions)[i] - batch.labels[i]) * inv_n;
+  grads->resize(2);
+  std::vector<float>& gw = (*grads)[0];
+  std::vector<float>& gdense = (*grads)[1];
+  gw.assign(batch.keys.size(), 0.0f);
+  gdense.assign(num_dense + 1, 0.0f);
+  for (int i = 0; i < n; ++i) {
+    const uint32_t* slots = &batch.slots[static_cast<size_t>(i) * num_fields];
+    for (int f = 0; f < num_fields; ++f) gw[slots[f]] += logits[i];
+  }
+  Eigen::Map<Eigen::VectorXf> gv(gdense.data(), num_dense);
+  gv.noalias() = x.transpose() * logits;
+  gdense[num_dense] = logits.sum();
+  return loss_sum;
+}
+
+}  // namespace eps

@@ -1,0 +1,79 @@
+// Model: forward and backward of a CTR model over one Batch.
+//
+// A model declares its parameters: embedding tables (one row of `dim`
+// floats per feature id, shared by all categorical fields: ids are already
+// distinct per field) and dense tensors. For a step the caller supplies, in
+// params() order, each embedding table's rows for batch.keys (keys x dim)
+// and each dense tensor whole; the model returns predictions and the
+// gradients of the batch's mean log loss in the same layout.
+//
+// Thread-safety: const methods are safe for concurrent use; ForwardBackward
+// may keep scratch space, so one thread at a time per Model.
+
+#ifndef EPS_MODELS_MODEL_H_
+#define EPS_MODELS_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/job_config.h"
+#include "core/status.h"
+#include "models/batch.h"
+
+namespace eps {
+
+struct ModelOptions {
+  // lr. Default lr.
+  std::string type = "lr";
+  // Dense and categorical features per example. Defaults: Criteo's 13, 26.
+  int num_dense = 13;
+  int num_fields = 26;
+  // Floats per embedding row, for models with embeddings. Default 16.
+  int embedding_dim = 16;
+
+  Status Validate() const;
+  // The model of a job config: model.type, model.embedding_dim, and the
+  // feature counts of the data schema. kInvalidArgument as Validate.
+  static StatusOr<ModelOptions> FromConfig(const JobConfig& config);
+};
+
+struct ParamSpec {
+  enum class Kind { kEmbedding, kDense };
+  // Never renamed: servers and checkpoints know parameters by name.
+  std::string name;
+  Kind kind = Kind::kEmbedding;
+  // Embedding: floats per row. Dense: the tensor's size in floats.
+  uint64_t size = 0;
+  // The initialiser the model wants by default ("zeros", "normal",
+  // "uniform") and its scale.
+  std::string default_initializer = "zeros";
+  float default_init_scale = 0.0f;
+};
+
+// One buffer per parameter, in params() order.
+using ParamBuffers = std::vector<std::vector<float>>;
+
+class Model {
+ public:
+  // kInvalidArgument for an unknown type or bad sizes.
+  static StatusOr<std::unique_ptr<Model>> Create(const ModelOptions& options);
+  virtual ~Model() = default;
+
+  virtual const std::vector<ParamSpec>& params() const = 0;
+
+  // Floats buffer `i` must hold for `batch`.
+  size_t BufferSize(size_t i, const Batch& batch) const;
+
+  // Computes predictions (probabilities, one per example) and returns the
+  // sum of the examples' log losses. When `grads` is non-null, also fills it
+  // with the gradients of the mean loss (resized to the params' shapes).
+  // REQUIRES: params[i].size() == BufferSize(i, batch) for every i.
+  virtual double ForwardBackward(const Batch& batch, const ParamBuffers& params,
+                                 std::vector<float>* predictions, ParamBuffers* grads) = 0;
+};
+
+}  // namespace eps
+
+#endif  // EPS_MODELS_MODEL_H_

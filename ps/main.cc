@@ -1,0 +1,59 @@
+// eps-server: a parameter server.
+//
+//   eps-server --config JOB.ini --master tcp://HOST:PORT [--port N] [--data-dir DIR]
+
+#include <cstring>
+#include <iostream>
+
+#include "core/flags.h"
+#include "core/logging.h"
+#include "core/signal_watcher.h"
+#include "ps/param_server.h"
+
+int main(int argc, char** argv) {
+  eps::SignalWatcher signal_watcher;
+  eps::CommandLine command_line(
+      "eps-server", "--config JOB.ini --master tcp://HOST:PORT [--port N] [--data-dir DIR]");
+  std::string master;
+  int64_t port = 0;
+  std::string data_dir = "eps-server";
+  command_line.AddString("master", &master, "the master's endpoint, tcp://HOST:PORT",
+                         /*required=*/true);
+  command_line.AddInt("port", &port, "port to serve on (0 picks a free one)");
+  command_line.AddString("data-dir", &data_dir, "directory for the server's files");
+  eps::StatusOr<eps::JobConfig> config = command_line.Parse(argc, argv);
+  if (command_line.help_requested()) {
+    std::cout << command_line.Usage();
+    return 0;
+  }
+  if (!config.ok()) {
+    std::cerr << "eps-server: " << config.status().message() << "\n";
+    return 2;
+  }
+  eps::ParamServerOptions options = eps::ParamServerOptions::FromConfig(*config);
+  options.master = master;
+  options.port = port;
+  options.data_dir = data_dir;
+  if (eps::Status valid = options.Validate(); !valid.ok()) {
+    std::cerr << "eps-server: " << valid.message() << "\n";
+    return 2;
+  }
+  eps::SetLogNode("ps");
+
+  eps::ParamServer server(options);
+  if (eps::Status started = server.Start(); !started.ok()) {
+    std::cerr << "eps-server: " << started.message() << "\n";
+    return 1;
+  }
+  signal_watcher.Start([&server](int signal) {
+    LOG(WARNING) << "received " << strsignal(signal) << "; exiting";
+    server.RequestStop();
+  });
+  eps::Status result = server.Wait();
+  signal_watcher.Stop();
+  if (!result.ok()) {
+    std::cerr << "eps-server: " << result.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

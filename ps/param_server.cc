@@ -1,0 +1,424 @@
+#include "ps/param_server.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "core/logging.h"
+#include "core/message.h"
+#include "core/net.h"
+#include "core/placement.h"
+#include "core/rpc_channel.h"
+#include "core/rpc_server.h"
+#include "core/socket_factory.h"
+#include "ps/table.h"
+
+namespace eps {
+
+ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
+  ParamServerOptions options;
+  options.threads = static_cast<int>(config.ps.threads);
+  options.heartbeat = absl::Milliseconds(config.master.heartbeat_ms);
+  options.master_wait = absl::Seconds(config.worker.master_wait_s);
+  options.rpc_timeout = absl::Milliseconds(config.worker.rpc_timeout_ms);
+  options.progress_interval = absl::Seconds(config.job.progress_interval_s);
+  return options;
+}
+
+Status ParamServerOptions::Validate() const {
+  RETURN_IF_ERROR_CTX(ParseTcpEndpoint(master).status(), "--master");
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port must be 0..65535 (got ", port, ")"));
+  }
+  if (threads < 1) return absl::InvalidArgumentError("ps.threads must be >= 1");
+  if (heartbeat <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat interval must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Most keys one request may carry per table (bounds the reply too).
+constexpr size_t kMaxKeysPerTable = size_t{1} << 22;
+
+}  // namespace
+
+class ParamServer::Impl {
+ public:
+  explicit Impl(const ParamServerOptions& options)
+      : options_(options), master_channel_(&factory_, proto::NodeId()) {}
+  ~Impl() {
+    RequestStop();
+    if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+    if (rpc_) rpc_->Stop();
+  }
+
+  Status Start();
+  Status Wait();
+  void RequestStop() {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  uint32_t id() const { return id_; }
+
+ private:
+  Status Handle(Message& request, Message* reply);
+  Status HandlePull(const Message& request, Message* reply);
+  Status HandlePush(const Message& request, Message* reply);
+  // The table `table_id` if known; kInvalidArgument otherwise.
+  StatusOr<Table*> FindTable(uint32_t table_id);
+  // kFailedPrecondition/WRONG_OWNER unless this server owns every key;
+  // kInvalidArgument for a dense key outside its tensor.
+  Status CheckKeys(const Table& table, std::span<const uint64_t> keys);
+
+  // Heartbeats until the job ends or the master is lost.
+  void HeartbeatLoop();
+  Status RefreshClusterMap();
+  proto::ServerStats Stats() const;
+
+  const ParamServerOptions options_;
+  SocketFactory factory_;
+  // Used by Start, then only by the heartbeat thread.
+  RpcChannel master_channel_;
+  std::unique_ptr<RpcServer> rpc_;
+  std::string endpoint_;
+  uint32_t id_ = 0;
+  proto::JobSpec job_;
+  // Immutable after Start; tables are internally synchronised.
+  std::vector<std::unique_ptr<Table>> tables_;
+  std::thread heartbeat_thread_;
+  std::atomic<uint64_t> pulls_{0};
+  std::atomic<uint64_t> pushes_{0};
+  std::atomic<uint64_t> rows_pulled_{0};
+  std::atomic<uint64_t> rows_pushed_{0};
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> owned_ ABSL_GUARDED_BY(mu_);  // partition -> owned here
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  Status result_ ABSL_GUARDED_BY(mu_);
+};
+
+Status ParamServer::Impl::Start() {
+  RETURN_IF_ERROR(options_.Validate());
+  std::string host = options_.host;
+  if (host.empty()) {
+    ASSIGN_OR_RETURN(host, LocalAddressFor(options_.master));
+  }
+  RpcServerOptions rpc_options;
+  rpc_options.endpoint = absl::StrCat("tcp://", host, ":", options_.port);
+  rpc_options.num_threads = options_.threads;
+  rpc_options.max_frames = 2 * 64;
+  rpc_options.name = "ps";
+  ASSIGN_OR_RETURN(rpc_, RpcServer::Start(&factory_, rpc_options,
+                                          [this](Message& request, Message* reply) {
+                                            return Handle(request, reply);
+                                          }));
+  endpoint_ = rpc_->endpoint();
+
+  Message request;
+  request.header().set_method(proto::REGISTER_SERVER);
+  proto::RegisterServerRequest* body = request.header().mutable_register_server_request();
+  body->set_endpoint(endpoint_);
+  body->set_hostname(Hostname());
+  body->set_pid(static_cast<uint32_t>(getpid()));
+  CallOptions call;
+  call.attempt_timeout = absl::Seconds(1);
+  call.max_attempts = std::max<int>(1, static_cast<int>(absl::ToInt64Seconds(options_.master_wait)));
+  master_channel_.set_self([] {
+    proto::NodeId self;
+    self.set_role(proto::ROLE_SERVER);
+    return self;
+  }());
+  StatusOr<Message> reply = master_channel_.Call(options_.master, std::move(request), call);
+  if (!reply.ok()) {
+    return Annotate(reply.status(), absl::StrCat("cannot register with the master at ",
+                                                 options_.master));
+  }
+  id_ = reply->header().register_server_reply().server_id();
+  job_ = reply->header().register_server_reply().job();
+  SetLogNode(absl::StrCat("ps[", id_, "]"));
+  proto::NodeId self;
+  self.set_role(proto::ROLE_SERVER);
+  self.set_id(id_);
+  master_channel_.set_self(self);
+  for (const proto::TableSpec& spec : job_.tables()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Table> table, Table::Create(spec, job_.seed()));
+    CHECK_EQ(spec.id(), tables_.size()) << "table ids must be 0..n-1";
+    tables_.push_back(std::move(table));
+  }
+  LOG(INFO) << "serving " << tables_.size() << " table(s) of job '" << job_.name() << "' on "
+            << endpoint_ << " with " << options_.threads << " thread(s)";
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+Status ParamServer::Impl::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&done_));
+  return result_;
+}
+
+Status ParamServer::Impl::RefreshClusterMap() {
+  Message request;
+  request.header().set_method(proto::GET_CLUSTER_MAP);
+  request.header().mutable_get_cluster_map_request();
+  CallOptions call;
+  call.attempt_timeout = options_.rpc_timeout;
+  call.max_attempts = 1;
+  ASSIGN_OR_RETURN(Message reply, master_channel_.Call(options_.master, std::move(request), call));
+  ASSIGN_OR_RETURN(Placement placement,
+                   Placement::FromProto(reply.header().get_cluster_map_reply().map()));
+  std::vector<bool> owned(placement.num_partitions(), false);
+  for (uint32_t p : placement.PartitionsOf(id_)) owned[p] = true;
+  const size_t count = placement.PartitionsOf(id_).size();
+  absl::MutexLock lock(&mu_);
+  LOG(INFO) << "cluster map v" << placement.version() << ": " << count << " of "
+            << placement.num_partitions() << " partitions are here";
+  placement_ = std::make_shared<const Placement>(std::move(placement));
+  owned_ = std::move(owned);
+  return absl::OkStatus();
+}
+
+proto::ServerStats ParamServer::Impl::Stats() const {
+  proto::ServerStats stats;
+  uint64_t rows = 0;
+  uint64_t bytes = 0;
+  for (const auto& table : tables_) {
+    rows += table->num_rows();
+    bytes += table->memory_bytes();
+  }
+  stats.set_rows(rows);
+  stats.set_bytes(bytes);
+  stats.set_pulls(pulls_.load());
+  stats.set_pushes(pushes_.load());
+  return stats;
+}
+
+void ParamServer::Impl::HeartbeatLoop() {
+  absl::Time last_contact = absl::Now();
+  absl::Time last_progress = absl::Now();
+  uint64_t rows_pulled_before = 0;
+  uint64_t rows_pushed_before = 0;
+  uint64_t map_version = 0;
+  Status result;
+  // The first heartbeat goes out at once: it brings the cluster map.
+  for (bool first = true;; first = false) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                               first ? absl::ZeroDuration() : options_.heartbeat)) {
+        break;
+      }
+    }
+    Message request;
+    request.header().set_method(proto::HEARTBEAT);
+    *request.header().mutable_heartbeat_request()->mutable_server() = Stats();
+    CallOptions call;
+    call.attempt_timeout = std::max(options_.heartbeat, absl::Seconds(1));
+    call.max_attempts = 1;
+    StatusOr<Message> reply = master_channel_.Call(options_.master, std::move(request), call);
+    const absl::Time now = absl::Now();
+    if (!reply.ok()) {
+      if (ReasonOf(reply.status()) == proto::FENCED) {
+        result = absl::FailedPreconditionError(
+            absl::StrCat("the master no longer knows this server: ", reply.status().message()));
+        break;
+      }
+      if (now - last_contact > options_.master_wait) {
+        result = absl::UnavailableError(
+            absl::StrCat("lost the master at ", options_.master, " for ",
+                         absl::FormatDuration(options_.master_wait), ": ",
+                         reply.status().message()));
+        break;
+      }
+      VLOG(1) << "heartbeat failed: " << reply.status();
+      continue;
+    }
+    last_contact = now;
+    const proto::HeartbeatReply& body = reply->header().heartbeat_reply();
+    if (body.shutdown()) {
+      LOG(INFO) << "the master says the job is "
+                << (body.state() == proto::JOB_FINISHED ? "finished" : "over") << "; exiting";
+      break;
+    }
+    if (body.cluster_map_version() != map_version && body.cluster_map_version() != 0) {
+      Status refreshed = RefreshClusterMap();
+      if (refreshed.ok()) {
+        map_version = body.cluster_map_version();
+      } else {
+        LOG(WARNING) << "cannot fetch the cluster map: " << refreshed;
+      }
+    }
+    if (now - last_progress >= options_.progress_interval) {
+      const double seconds = absl::ToDoubleSeconds(now - last_progress);
+      const uint64_t pulled = rows_pulled_.load();
+      const uint64_t pushed = rows_pushed_.load();
+      const proto::ServerStats stats = Stats();
+      LOG(INFO) << stats.rows() << " rows (" << stats.bytes() / (1 << 20) << " MiB), "
+                << absl::StrFormat("%.0f", (pulled - rows_pulled_before) / seconds)
+                << " rows pulled/s, "
+                << absl::StrFormat("%.0f", (pushed - rows_pushed_before) / seconds)
+                << " rows pushed/s";
+      rows_pulled_before = pulled;
+      rows_pushed_before = pushed;
+      last_progress = now;
+    }
+  }
+  const proto::ServerStats stats = Stats();
+  LOG(INFO) << "summary: " << stats.rows() << " rows, " << stats.pulls() << " pulls ("
+            << rows_pulled_.load() << " rows), " << stats.pushes() << " pushes ("
+            << rows_pushed_.load() << " rows)";
+  absl::MutexLock lock(&mu_);
+  result_ = result;
+  done_ = true;
+}
+
+Status ParamServer::Impl::Handle(Message& request, Message* reply) {
+  switch (request.header().method()) {
+    case proto::PULL: return HandlePull(request, reply);
+    case proto::PUSH: return HandlePush(request, reply);
+    default:
+      return absl::UnimplementedError(absl::StrCat(
+          "a parameter server does not serve ", proto::Method_Name(request.header().method())));
+  }
+}
+
+StatusOr<Table*> ParamServer::Impl::FindTable(uint32_t table_id) {
+  if (table_id >= tables_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown table ", table_id, " (the job has ", tables_.size(), ")"));
+  }
+  return tables_[table_id].get();
+}
+
+Status ParamServer::Impl::CheckKeys(const Table& table, std::span<const uint64_t> keys) {
+  if (keys.size() > kMaxKeysPerTable) {
+    return absl::InvalidArgumentError(absl::StrCat(keys.size(), " keys in one request; at most ",
+                                                   kMaxKeysPerTable));
+  }
+  const proto::TableSpec& spec = table.spec();
+  if (spec.kind() == proto::DENSE) {
+    const uint64_t chunks = DenseChunkCount(spec.dense_size(), spec.dim());
+    for (uint64_t key : keys) {
+      if ((key >> 40) != spec.id() || (key & ((uint64_t{1} << 40) - 1)) >= chunks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key ", key, " is not a chunk of dense tensor '", spec.name(), "'"));
+      }
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (placement_ == nullptr) {
+    return ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet",
+                           proto::NOT_READY);
+  }
+  const uint32_t partitions = placement_->num_partitions();
+  for (uint64_t key : keys) {
+    if (!owned_[PartitionOf(key, partitions)]) {
+      return ErrorWithReason(
+          absl::StatusCode::kFailedPrecondition,
+          absl::StrCat("key ", key, " of partition ", PartitionOf(key, partitions),
+                       " is not on ps[", id_, "] (cluster map v", placement_->version(), ")"),
+          proto::WRONG_OWNER);
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
+  if (!request.header().has_pull_request()) {
+    return absl::InvalidArgumentError("PULL without its body");
+  }
+  const auto& table_ids = request.header().pull_request().table_ids();
+  if (static_cast<size_t>(table_ids.size()) != request.num_frames() || table_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("PULL names ", table_ids.size(),
+                                                   " tables but carries ", request.num_frames(),
+                                                   " key frames"));
+  }
+  // Validate everything before touching any table.
+  std::vector<Table*> tables;
+  std::vector<std::span<const uint64_t>> keys;
+  for (int i = 0; i < table_ids.size(); ++i) {
+    ASSIGN_OR_RETURN(Table * table, FindTable(table_ids[i]));
+    ASSIGN_OR_RETURN(std::span<const uint64_t> table_keys, request.Array<uint64_t>(i));
+    RETURN_IF_ERROR(CheckKeys(*table, table_keys));
+    tables.push_back(table);
+    keys.push_back(table_keys);
+  }
+  uint64_t rows = 0;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    std::span<float> out = reply->AddUninitializedArray<float>(keys[i].size() * tables[i]->dim());
+    tables[i]->Pull(keys[i], out);
+    rows += keys[i].size();
+  }
+  reply->header().mutable_pull_reply();
+  pulls_.fetch_add(1, std::memory_order_relaxed);
+  rows_pulled_.fetch_add(rows, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
+  if (!request.header().has_push_request()) {
+    return absl::InvalidArgumentError("PUSH without its body");
+  }
+  const auto& table_ids = request.header().push_request().table_ids();
+  if (static_cast<size_t>(table_ids.size()) * 2 != request.num_frames() || table_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("PUSH names ", table_ids.size(),
+                                                   " tables but carries ", request.num_frames(),
+                                                   " frames (want keys and gradients each)"));
+  }
+  std::vector<Table*> tables;
+  std::vector<std::span<const uint64_t>> keys;
+  std::vector<std::span<const float>> grads;
+  for (int i = 0; i < table_ids.size(); ++i) {
+    ASSIGN_OR_RETURN(Table * table, FindTable(table_ids[i]));
+    ASSIGN_OR_RETURN(std::span<const uint64_t> table_keys, request.Array<uint64_t>(2 * i));
+    ASSIGN_OR_RETURN(std::span<const float> table_grads, request.Array<float>(2 * i + 1));
+    if (table_grads.size() != table_keys.size() * table->dim()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PUSH to table '", table->spec().name(), "': ", table_keys.size(), " keys x dim ",
+          table->dim(), " need ", table_keys.size() * table->dim(), " gradient values, got ",
+          table_grads.size()));
+    }
+    for (float g : table_grads) {
+      if (!std::isfinite(g)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("PUSH to table '", table->spec().name(), "' carries a non-finite gradient"));
+      }
+    }
+    RETURN_IF_ERROR(CheckKeys(*table, table_keys));
+    tables.push_back(table);
+    keys.push_back(table_keys);
+    grads.push_back(table_grads);
+  }
+  uint64_t rows = 0;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    tables[i]->Push(keys[i], grads[i]);
+    rows += keys[i].size();
+  }
+  reply->header().mutable_push_reply();
+  pushes_.fetch_add(1, std::memory_order_relaxed);
+  rows_pushed_.fetch_add(rows, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+ParamServer::ParamServer(const ParamServerOptions& options)
+    : impl_(std::make_unique<Impl>(options)) {}
+ParamServer::~ParamServer() = default;
+Status ParamServer::Start() { return impl_->Start(); }
+Status ParamServer::Wait() { return impl_->Wait(); }
+void ParamServer::RequestStop() { impl_->RequestStop(); }
+const std::string& ParamServer::endpoint() const { return impl_->endpoint(); }
+uint32_t ParamServer::id() const { return impl_->id(); }
+
+}  // namespace eps

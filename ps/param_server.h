@@ -1,0 +1,81 @@
+// ParamServer: one parameter server process's service.
+//
+// Registers with the master, receives the job's table specs, serves PULL
+// and PUSH for the partitions the cluster map gives it (answering
+// WRONG_OWNER for others), heartbeats its stats, and exits when the master
+// says the job is over.
+//
+// Thread-safety: safe for concurrent use; request handlers run on
+// `threads` threads. Start/Wait/RequestStop from the owning thread
+// (RequestStop also from a signal-watching thread).
+
+#ifndef EPS_PS_PARAM_SERVER_H_
+#define EPS_PS_PARAM_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "core/job_config.h"
+#include "core/status.h"
+
+namespace eps {
+
+struct ParamServerOptions {
+  // The master, "tcp://HOST:PORT". Required.
+  std::string master;
+  // Port to serve on; 0 picks a free one. Default 0.
+  int64_t port = 0;
+  // Address to bind and advertise; empty means the local address that
+  // faces the master. Default empty.
+  std::string host;
+  // Directory for the server's files. Default "eps-server".
+  std::string data_dir = "eps-server";
+  // Request-handling threads. Default 2.
+  int threads = 2;
+  // Heartbeat interval. Default 1 s.
+  absl::Duration heartbeat = absl::Seconds(1);
+  // How long the master may stay unreachable (at startup or later) before
+  // the server gives up. Default 30 s.
+  absl::Duration master_wait = absl::Seconds(30);
+  // Time per attempt of a call to the master. Default 5 s.
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // Interval of progress lines in the log. Default 10 s.
+  absl::Duration progress_interval = absl::Seconds(10);
+
+  // The job's [ps], [master] and [worker] settings.
+  static ParamServerOptions FromConfig(const JobConfig& config);
+  Status Validate() const;
+};
+
+class ParamServer {
+ public:
+  explicit ParamServer(const ParamServerOptions& options);
+  ~ParamServer();
+  ParamServer(const ParamServer&) = delete;
+  ParamServer& operator=(const ParamServer&) = delete;
+
+  // Binds, registers with the master (retrying for master_wait) and starts
+  // serving. kUnavailable/kDeadlineExceeded when the master cannot be
+  // reached, kFailedPrecondition when it refuses the server.
+  Status Start();
+
+  // Blocks until the master says the job is over (OK), RequestStop (OK), or
+  // the master is lost for master_wait (kUnavailable).
+  Status Wait();
+
+  void RequestStop();
+
+  // Valid after Start.
+  const std::string& endpoint() const;
+  uint32_t id() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_PS_PARAM_SERVER_H_

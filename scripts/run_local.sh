@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Runs a whole eps job on this machine: master, servers and workers on
+# loopback. Waits for the job and prints its final metrics.
+#
+#   scripts/run_local.sh [JOB.ini] [--servers N] [--workers M] [--rows R]
+#
+# With no JOB.ini it generates Criteo-format data with a planted model
+# (eps-datagen, R training rows, default 500000) and runs examples/local.ini
+# on it. Logs and data go to ${EPS_RUN_DIR:-./eps-run}. Every process is
+# stopped when the script exits, however it exits.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+
+usage() {
+  echo "usage: scripts/run_local.sh [JOB.ini] [--servers N] [--workers M] [--rows R]" >&2
+  exit 2
+}
+
+config=""
+servers=2
+workers=2
+rows=500000
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --servers) [ "$#" -ge 2 ] || usage; servers="$2"; shift 2 ;;
+    --workers) [ "$#" -ge 2 ] || usage; workers="$2"; shift 2 ;;
+    --rows) [ "$#" -ge 2 ] || usage; rows="$2"; shift 2 ;;
+    --servers=*) servers="${1#*=}"; shift ;;
+    --workers=*) workers="${1#*=}"; shift ;;
+    --rows=*) rows="${1#*=}"; shift ;;
+    -h|--help) usage ;;
+    -*) echo "run_local.sh: unknown option $1" >&2; usage ;;
+    *) [ -z "$config" ] || usage; config="$1"; shift ;;
+  esac
+done
+for value in "$servers" "$workers" "$rows"; do
+  [[ "$value" =~ ^[1-9][0-9]*$ ]] || { echo "run_local.sh: '$value' is not a positive number" >&2; exit 2; }
+done
+if [ -n "$config" ] && [ ! -f "$config" ]; then
+  echo "run_local.sh: config file '$config' not found" >&2
+  exit 2
+fi
+
+install_missing_packages
+configure_and_build eps-master eps-server eps-worker eps-datagen
+bin="$EPS_BUILD_DIR/bin"
+
+run_dir="$(realpath -m "${EPS_RUN_DIR:-./eps-run}")"
+mkdir -p "$run_dir/logs"
+rm -rf "$run_dir/master"
+
+extra=(--ps.num_servers="$servers")
+if [ -z "$config" ]; then
+  config="$EPS_ROOT/examples/local.ini"
+  data="$run_dir/data"
+  if [ ! -f "$data/truth.json" ] || [ "$(cat "$data/.rows" 2>/dev/null)" != "$rows" ]; then
+    echo "eps: generating $rows training rows into $data" >&2
+    rm -rf "$data"
+    "$bin/eps-datagen" --rows "$rows" --out "$data" --seed 1 --files 4
+    echo "$rows" >"$data/.rows"
+  fi
+  extra+=(--data.train="$data/train" --data.eval="$data/eval")
+fi
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  sleep 0.5
+  for pid in "${pids[@]}"; do
+    kill -9 "$pid" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+
+started=$(date +%s)
+"$bin/eps-master" --config "$config" --port 0 --http-port 0 --data-dir "$run_dir/master" \
+  "${extra[@]}" >"$run_dir/logs/master.log" 2>&1 &
+master_pid=$!
+pids+=("$master_pid")
+for _ in $(seq 100); do
+  [ -f "$run_dir/master/master.json" ] && break
+  if ! kill -0 "$master_pid" 2>/dev/null; then
+    cat "$run_dir/logs/master.log" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+endpoint="$(sed -n 's/.*"rpc": *"\([^"]*\)".*/\1/p' "$run_dir/master/master.json")"
+http="$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' "$run_dir/master/master.json")"
+echo "eps: master at $endpoint, status at $http/status, logs in $run_dir/logs" >&2
+
+for i in $(seq 0 $((servers - 1))); do
+  "$bin/eps-server" --config "$config" --master "$endpoint" --data-dir "$run_dir/server-$i" \
+    "${extra[@]}" >"$run_dir/logs/server-$i.log" 2>&1 &
+  pids+=($!)
+done
+for i in $(seq 0 $((workers - 1))); do
+  "$bin/eps-worker" --config "$config" --master "$endpoint" "${extra[@]}" \
+    >"$run_dir/logs/worker-$i.log" 2>&1 &
+  pids+=($!)
+done
+
+# Follow the master's progress lines while the job runs.
+tail -n +1 -f "$run_dir/logs/master.log" --pid "$master_pid" >&2 &
+status=0
+wait "$master_pid" || status=$?
+sleep 0.2
+for pid in "${pids[@]:1}"; do
+  wait "$pid" 2>/dev/null || true
+done
+elapsed=$(( $(date +%s) - started ))
+
+final="$run_dir/master/final_status.json"
+if [ "$status" -ne 0 ] || [ ! -f "$final" ]; then
+  echo "eps: the job failed (master exit code $status); see $run_dir/logs" >&2
+  exit 1
+fi
+python3 - "$final" "${data:-}" "$elapsed" <<'PY'
+import json, os, sys
+final = json.load(open(sys.argv[1]))
+m = final["metrics"]
+fmt = lambda v: "n/a" if v is None else f"{v:.5f}"
+print(f"eps: job {final['state']} in {sys.argv[3]} s: {final['records_trained']} records trained")
+print(f"eval_auc     {fmt(m['eval_auc'])}")
+print(f"eval_logloss {fmt(m['eval_logloss'])}")
+print(f"train_loss   {fmt(m['train_loss'])}")
+truth = os.path.join(sys.argv[2], "truth.json") if sys.argv[2] else ""
+if truth and os.path.exists(truth):
+    t = json.load(open(truth))
+    print(f"planted model optimum: auc {t['optimal_auc']:.5f}, logloss {t['optimal_logloss']:.5f}")
+PY

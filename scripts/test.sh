@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Sets up (Debian packages, configure, build) and runs the eps test suite.
+#
+#   scripts/test.sh [ctest arguments...]
+#
+# The default suite covers unit and integration tests (fault tolerance
+# included) and skips the long `soak` label; pass e.g. `-L soak` to run it.
+# GPU tests (label `gpu`) skip with a message when no GPU is visible.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+
+install_missing_packages
+mkdir -p "$EPS_BUILD_DIR"
+configure_and_build
+
+ctest_args=(--test-dir "$EPS_BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 600)
+if [ "$#" -eq 0 ]; then
+  ctest_args+=(-LE soak)
+fi
+echo "eps: running tests" >&2
+ctest "${ctest_args[@]}" "$@"

@@ -1,0 +1,254 @@
+// A real job end to end: eps-datagen data, one master, two servers, two
+// workers, each a separate process on loopback; and the one-line errors a
+// user gets for a bad config, missing data or an unreachable master.
+
+#include <signal.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "core/flags.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/process.h"
+#include "tests/testing/single_process_trainer.h"
+
+namespace eps::testing {
+namespace {
+
+using nlohmann::json;
+
+constexpr absl::Duration kJobTimeout = absl::Seconds(180);
+
+// The job file of these tests; data paths are given as overrides.
+std::string WriteJobConfig(const TempDir& dir) {
+  const std::string path = dir.Join("job.ini");
+  WriteFile(path,
+            "[job]\n"
+            "name = integration\n"
+            "epochs = 1\n"
+            "progress_interval_s = 2\n"
+            "[data]\n"
+            "shard_records = 10000\n"
+            "[ps]\n"
+            "num_servers = 2\n"
+            "partitions = 32\n"
+            "[worker]\n"
+            "batch_size = 1024\n"
+            "master_wait_s = 20\n"
+            "[master]\n"
+            "heartbeat_ms = 200\n"
+            "lease_ms = 3000\n");
+  return path;
+}
+
+// Generates `rows` training rows (and the default eval split) into DIR/data.
+void Generate(const TempDir& dir, int rows) {
+  auto datagen = Process::Start({BinaryPath("eps-datagen"), "--rows", std::to_string(rows),
+                                 "--out", dir.Join("data"), "--seed", "7", "--files", "3"},
+                                dir.Join("datagen.log"));
+  ASSERT_TRUE(datagen.ok()) << datagen.status();
+  ASSERT_EQ((*datagen)->Wait(absl::Seconds(120)), 0) << (*datagen)->Log();
+}
+
+std::vector<std::string> DataFlags(const TempDir& dir) {
+  return {"--data.train=" + dir.Join("data/train"), "--data.eval=" + dir.Join("data/eval")};
+}
+
+// Line count of every file under DIR/data/train.
+uint64_t CountTrainRecords(const TempDir& dir) {
+  uint64_t lines = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.Join("data/train"))) {
+    const std::string text = ReadFile(entry.path().string());
+    lines += static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n'));
+  }
+  return lines;
+}
+
+TEST(Job, DistributedRunMatchesSingleProcessAccuracy) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  ASSERT_NO_FATAL_FAILURE(Generate(dir, 200000));
+
+  LocalJob job(dir.path(), config, DataFlags(dir));
+  ASSERT_TRUE(job.StartMaster().ok());
+  ASSERT_TRUE(job.StartServer().ok());
+  ASSERT_TRUE(job.StartServer().ok());
+  ASSERT_TRUE(job.StartWorker().ok());
+  ASSERT_TRUE(job.StartWorker().ok());
+
+  // While the job runs, /status answers with the contract's fields.
+  StatusOr<json> live = job.LiveStatus();
+  ASSERT_TRUE(live.ok()) << live.status() << job.Logs();
+  for (const char* key : {"state", "epoch", "shards", "records_trained", "workers", "servers",
+                          "metrics"}) {
+    EXPECT_TRUE(live->contains(key)) << key << " missing from " << live->dump();
+  }
+
+  StatusOr<int> master_exit = job.WaitForMaster(kJobTimeout);
+  ASSERT_TRUE(master_exit.ok()) << master_exit.status() << job.Logs();
+  EXPECT_EQ(*master_exit, 0) << job.Logs();
+  for (const std::optional<int>& code : job.WaitForOthers(absl::Seconds(20))) {
+    EXPECT_EQ(code, 0) << "a server or worker did not exit 0\n" << job.Logs();
+  }
+
+  StatusOr<json> final_status = job.FinalStatus();
+  ASSERT_TRUE(final_status.ok()) << final_status.status();
+  const json& status = *final_status;
+  EXPECT_EQ(status["state"], "finished");
+  EXPECT_EQ(status["records_trained"].get<uint64_t>(), CountTrainRecords(dir));
+  EXPECT_EQ(status["records_malformed"].get<uint64_t>(), 0u);
+  EXPECT_EQ(status["shards"]["done"], status["shards"]["total"]);
+  ASSERT_EQ(status["workers"].size(), 2u);
+  uint64_t worker_records = 0;
+  for (const json& worker : status["workers"]) worker_records += worker["records"].get<uint64_t>();
+  EXPECT_EQ(worker_records, CountTrainRecords(dir));
+  ASSERT_EQ(status["servers"].size(), 2u);
+  for (const json& server : status["servers"]) {
+    EXPECT_GT(server["rows"].get<uint64_t>(), 0u) << server.dump();
+    EXPECT_EQ(server["partitions"].get<uint64_t>(), 16u);
+  }
+  const double distributed_auc = status["metrics"]["eval_auc"].get<double>();
+  const double distributed_logloss = status["metrics"]["eval_logloss"].get<double>();
+  EXPECT_EQ(status["metrics"]["eval_records"].get<uint64_t>(), 20000u);
+
+  // The same model through the same math code in one process.
+  CommandLine command_line("test", "");
+  std::vector<std::string> args = {"test", "--config", config};
+  for (const std::string& flag : DataFlags(dir)) args.push_back(flag);
+  std::vector<const char*> argv;
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  StatusOr<JobConfig> parsed = command_line.Parse(static_cast<int>(argv.size()), argv.data());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  StatusOr<SingleProcessResult> reference = TrainSingleProcess(*parsed);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  std::cout << "eval AUC: distributed " << distributed_auc << ", single process "
+            << reference->eval_auc << "; eval log loss: distributed " << distributed_logloss
+            << ", single process " << reference->eval_logloss << "\n";
+  EXPECT_GT(distributed_auc, 0.6);
+  EXPECT_NEAR(distributed_auc, reference->eval_auc, 0.005);
+  EXPECT_NEAR(distributed_logloss, reference->eval_logloss, 0.01);
+}
+
+// Runs `argv` to completion and returns (exit code, output).
+std::pair<int, std::string> RunToExit(const TempDir& dir, std::vector<std::string> argv,
+                                      absl::Duration timeout = absl::Seconds(30)) {
+  static int counter = 0;
+  auto process = Process::Start(argv, dir.Join(absl::StrCat("run-", counter++, ".log")));
+  if (!process.ok()) return {-1, std::string(process.status().message())};
+  std::optional<int> code = (*process)->Wait(timeout);
+  return {code.value_or(-1), (*process)->Log()};
+}
+
+// The one line a failing binary prints on stderr (its last line).
+std::string LastLine(const std::string& output) {
+  std::vector<std::string> lines = absl::StrSplit(output, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
+}
+
+TEST(Job, UnknownOptionIsAOneLineErrorWithExitCode2) {
+  TempDir dir;
+  const std::string config = dir.Join("bad.ini");
+  WriteFile(config, "[data]\ntrain = x\n[worker]\nbach_size = 5\n");
+  for (const char* binary : {"eps-master", "eps-server", "eps-worker"}) {
+    std::vector<std::string> argv = {BinaryPath(binary), "--config", config};
+    if (std::string(binary) != "eps-master") {
+      argv.insert(argv.end(), {"--master", "tcp://127.0.0.1:1"});
+    }
+    auto [code, output] = RunToExit(dir, argv);
+    EXPECT_EQ(code, 2) << binary << ": " << output;
+    EXPECT_TRUE(absl::StrContains(output, "worker.bach_size")) << output;
+    EXPECT_TRUE(absl::StrContains(output, "bad.ini:4")) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+  }
+}
+
+TEST(Job, MalformedValueOnTheCommandLineNamesTheOption) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  auto [code, output] = RunToExit(dir, {BinaryPath("eps-master"), "--config", config,
+                                        "--data.train=x", "--worker.batch_size=lots"});
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_TRUE(absl::StrContains(output, "worker.batch_size")) << output;
+}
+
+TEST(Job, MissingDataFileIsAConfigError) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  const std::string missing = dir.Join("no-such-file.txt");
+  auto [code, output] =
+      RunToExit(dir, {BinaryPath("eps-master"), "--config", config, "--port", "0", "--http-port",
+                      "0", "--data-dir", dir.Join("m"), "--data.train=" + missing});
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_TRUE(absl::StrContains(LastLine(output), "data.train")) << output;
+  EXPECT_TRUE(absl::StrContains(LastLine(output), missing)) << output;
+}
+
+TEST(Job, MissingConfigFileIsNamed) {
+  TempDir dir;
+  auto [code, output] =
+      RunToExit(dir, {BinaryPath("eps-worker"), "--config", dir.Join("nope.ini"), "--master",
+                      "tcp://127.0.0.1:1"});
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_TRUE(absl::StrContains(output, "nope.ini")) << output;
+}
+
+TEST(Job, UnreachableMasterFailsWithinTheWaitAndSaysSo) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  for (const char* binary : {"eps-worker", "eps-server"}) {
+    const absl::Time start = absl::Now();
+    // Port 1 on loopback: nobody listens there.
+    auto [code, output] =
+        RunToExit(dir, {BinaryPath(binary), "--config", config, "--master", "tcp://127.0.0.1:1",
+                        "--data.train=x", "--worker.master_wait_s=2"});
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(code, 1) << binary << ": " << output;
+    EXPECT_TRUE(absl::StrContains(LastLine(output), "tcp://127.0.0.1:1")) << output;
+    EXPECT_TRUE(absl::StrContains(LastLine(output), "master")) << output;
+    EXPECT_LT(took, absl::Seconds(15)) << binary;
+  }
+}
+
+TEST(Job, MalformedLinesAreSkippedCountedAndReportedWithFileAndLine) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  ASSERT_NO_FATAL_FAILURE(Generate(dir, 20000));
+  // Break three lines of one training file.
+  const std::string path = dir.Join("data/train/part-00001.txt");
+  std::vector<std::string> lines = absl::StrSplit(ReadFile(path), '\n');
+  lines[9] = "this is not a record";
+  lines[99] = "1\t2\t3";
+  lines[199] = "x" + lines[199];
+  WriteFile(path, absl::StrJoin(lines, "\n"));
+
+  LocalJob job(dir.path(), config, DataFlags(dir));
+  ASSERT_TRUE(job.StartMaster().ok());
+  ASSERT_TRUE(job.StartServer().ok());
+  ASSERT_TRUE(job.StartServer().ok());
+  ASSERT_TRUE(job.StartWorker().ok());
+  StatusOr<int> master_exit = job.WaitForMaster(kJobTimeout);
+  ASSERT_TRUE(master_exit.ok()) << job.Logs();
+  EXPECT_EQ(*master_exit, 0) << job.Logs();
+  StatusOr<json> status = job.FinalStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ((*status)["records_malformed"].get<uint64_t>(), 3u);
+  EXPECT_EQ((*status)["records_trained"].get<uint64_t>(), CountTrainRecords(dir) - 3);
+  const std::string examples = (*status)["malformed_examples"].dump();
+  EXPECT_TRUE(absl::StrContains(examples, "part-00001.txt:10:")) << examples;
+  EXPECT_TRUE(absl::StrContains(examples, "part-00001.txt:100:")) << examples;
+  EXPECT_TRUE(absl::StrContains(examples, "part-00001.txt:200:")) << examples;
+  EXPECT_TRUE(absl::StrContains(job.workers()[0]->Log(), "part-00001.txt:10:"));
+}
+
+}  // namespace
+}  // namespace eps::testing

@@ -1,0 +1,222 @@
+#include "tests/testing/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "httplib.h"
+
+namespace eps::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string pattern = absl::StrCat(base ? base : "/tmp", "/eps-test-XXXXXX");
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  if (mkdtemp(buffer.data()) == nullptr) {
+    std::abort();
+  }
+  path_ = buffer.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code error;
+  std::filesystem::remove_all(path_, error);
+}
+
+StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
+                                                  const std::string& log_path) {
+  const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot open ", log_path, ": ", strerror(errno)));
+  }
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    ::close(log);
+    return absl::UnavailableError(absl::StrCat("fork: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    dup2(log, STDOUT_FILENO);
+    dup2(log, STDERR_FILENO);
+    // Die with the test if it dies, and start with no signal blocked.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  ::close(log);
+  return std::unique_ptr<Process>(new Process(pid, log_path));
+}
+
+Process::~Process() {
+  if (!exit_code_.has_value()) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+}
+
+void Process::Signal(int signal) {
+  if (!exit_code_.has_value()) ::kill(pid_, signal);
+}
+
+std::optional<int> Process::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!exit_code_.has_value()) {
+    int status = 0;
+    const pid_t done = ::waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    if (absl::Now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return exit_code_;
+}
+
+bool Process::Running() { return !Wait(absl::ZeroDuration()).has_value(); }
+
+std::string Process::Log() const { return ReadFile(log_path_); }
+
+std::string BinaryPath(const std::string& name) { return absl::StrCat(EPS_BIN_DIR, "/", name); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+}
+
+LocalJob::LocalJob(std::string dir, std::string config, std::vector<std::string> overrides)
+    : dir_(std::move(dir)),
+      config_(std::move(config)),
+      overrides_(std::move(overrides)),
+      master_dir_(dir_ + "/master") {}
+
+LocalJob::~LocalJob() = default;
+
+std::vector<std::string> LocalJob::CommonArgs() const {
+  std::vector<std::string> args = {"--config", config_};
+  args.insert(args.end(), overrides_.begin(), overrides_.end());
+  return args;
+}
+
+Status LocalJob::StartMaster(absl::Duration timeout) {
+  std::vector<std::string> argv = {BinaryPath("eps-master"), "--port", "0", "--http-port", "0",
+                                   "--data-dir", master_dir_};
+  for (const std::string& arg : CommonArgs()) argv.push_back(arg);
+  ASSIGN_OR_RETURN(master_, Process::Start(argv, dir_ + "/master.log"));
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string endpoints = master_dir_ + "/master.json";
+  while (absl::Now() < deadline) {
+    if (std::filesystem::exists(endpoints)) {
+      nlohmann::json doc = nlohmann::json::parse(ReadFile(endpoints), nullptr, false);
+      if (!doc.is_discarded()) {
+        endpoint_ = doc["rpc"];
+        http_ = doc["http"];
+        return absl::OkStatus();
+      }
+    }
+    if (!master_->Running()) {
+      return absl::UnavailableError(absl::StrCat("master exited: ", master_->Log()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError("master did not write master.json in time");
+}
+
+StatusOr<size_t> LocalJob::StartServer() {
+  const size_t index = servers_.size();
+  std::vector<std::string> argv = {BinaryPath("eps-server"), "--master", endpoint_, "--data-dir",
+                                   absl::StrCat(dir_, "/server-", index)};
+  for (const std::string& arg : CommonArgs()) argv.push_back(arg);
+  ASSIGN_OR_RETURN(auto process, Process::Start(argv, absl::StrCat(dir_, "/server-", index, ".log")));
+  servers_.push_back(std::move(process));
+  return index;
+}
+
+StatusOr<size_t> LocalJob::StartWorker() {
+  const size_t index = workers_.size();
+  std::vector<std::string> argv = {BinaryPath("eps-worker"), "--master", endpoint_, "--device",
+                                   "cpu"};
+  for (const std::string& arg : CommonArgs()) argv.push_back(arg);
+  ASSIGN_OR_RETURN(auto process, Process::Start(argv, absl::StrCat(dir_, "/worker-", index, ".log")));
+  workers_.push_back(std::move(process));
+  return index;
+}
+
+StatusOr<int> LocalJob::WaitForMaster(absl::Duration timeout) {
+  std::optional<int> code = master_->Wait(timeout);
+  if (!code.has_value()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the master did not exit within ", absl::FormatDuration(timeout)));
+  }
+  return *code;
+}
+
+std::vector<std::optional<int>> LocalJob::WaitForOthers(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::optional<int>> codes;
+  for (auto* group : {&servers_, &workers_}) {
+    for (auto& process : *group) {
+      codes.push_back(process->Wait(std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    }
+  }
+  return codes;
+}
+
+StatusOr<nlohmann::json> LocalJob::FinalStatus() const {
+  const std::string path = master_dir_ + "/final_status.json";
+  if (!std::filesystem::exists(path)) return absl::NotFoundError(path + " is missing");
+  nlohmann::json doc = nlohmann::json::parse(ReadFile(path), nullptr, false);
+  if (doc.is_discarded()) return absl::DataLossError(path + " is not JSON");
+  return doc;
+}
+
+StatusOr<nlohmann::json> LocalJob::LiveStatus() const {
+  httplib::Client client(http_);
+  client.set_connection_timeout(2);
+  client.set_read_timeout(5);
+  httplib::Result result = client.Get("/status");
+  if (!result || result->status != 200) return absl::UnavailableError("GET /status failed");
+  nlohmann::json doc = nlohmann::json::parse(result->body, nullptr, false);
+  if (doc.is_discarded()) return absl::DataLossError("/status is not JSON");
+  return doc;
+}
+
+std::string LocalJob::Logs() const {
+  std::string out;
+  auto tail = [&out](const std::string& name, const Process& process) {
+    std::string log = process.Log();
+    if (log.size() > 3000) log = "..." + log.substr(log.size() - 3000);
+    absl::StrAppend(&out, "---- ", name, " ----\n", log, "\n");
+  };
+  if (master_) tail("master", *master_);
+  for (size_t i = 0; i < servers_.size(); ++i) tail(absl::StrCat("server-", i), *servers_[i]);
+  for (size_t i = 0; i < workers_.size(); ++i) tail(absl::StrCat("worker-", i), *workers_[i]);
+  return out;
+}
+
+}  // namespace eps::testing

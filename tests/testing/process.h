@@ -1,0 +1,120 @@
+// Test helpers for integration tests: child processes, temporary
+// directories, and a whole eps job on loopback.
+//
+// Every process a test starts is killed and reaped when its Process object
+// goes away, so a failing test leaves nothing running.
+//
+// Thread-safety: one thread only.
+
+#ifndef EPS_TESTS_TESTING_PROCESS_H_
+#define EPS_TESTS_TESTING_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace eps::testing {
+
+// A directory under the test temp dir, removed with its contents.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+class Process {
+ public:
+  // Starts argv (argv[0] a path) with stdout and stderr going to `log_path`.
+  static StatusOr<std::unique_ptr<Process>> Start(const std::vector<std::string>& argv,
+                                                  const std::string& log_path);
+  // Kills (SIGKILL) the process if it still runs, and reaps it.
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void Signal(int signal);
+  // Waits up to `timeout` for the exit. The exit code, 128 + the signal that
+  // killed it, or nullopt when it still runs.
+  std::optional<int> Wait(absl::Duration timeout);
+  bool Running();
+  // What the process has written so far.
+  std::string Log() const;
+  const std::string& log_path() const { return log_path_; }
+
+ private:
+  Process(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+  pid_t pid_;
+  std::string log_path_;
+  std::optional<int> exit_code_;
+};
+
+// Path of an eps binary built next to the tests ("eps-master", ...).
+std::string BinaryPath(const std::string& name);
+
+std::string ReadFile(const std::string& path);
+void WriteFile(const std::string& path, const std::string& text);
+
+// A job on loopback: one master, servers and workers, all in `dir`.
+class LocalJob {
+ public:
+  // `config` is the job file; `overrides` are extra --section.key=value
+  // flags given to every process.
+  LocalJob(std::string dir, std::string config, std::vector<std::string> overrides);
+  ~LocalJob();
+
+  // Starts the master on ephemeral ports and waits for its endpoints.
+  Status StartMaster(absl::Duration timeout = absl::Seconds(20));
+  // Starts a server / worker; returns its index in servers() / workers().
+  StatusOr<size_t> StartServer();
+  StatusOr<size_t> StartWorker();
+
+  // Waits for the master to exit, then for every other process (each up to
+  // `timeout` in all). The master's exit code.
+  StatusOr<int> WaitForMaster(absl::Duration timeout);
+  // Waits for every server and worker to exit; their exit codes.
+  std::vector<std::optional<int>> WaitForOthers(absl::Duration timeout);
+  // DATA_DIR/final_status.json of the master.
+  StatusOr<nlohmann::json> FinalStatus() const;
+  // GET /status from the master's HTTP port.
+  StatusOr<nlohmann::json> LiveStatus() const;
+
+  Process& master() { return *master_; }
+  std::vector<std::unique_ptr<Process>>& servers() { return servers_; }
+  std::vector<std::unique_ptr<Process>>& workers() { return workers_; }
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& http() const { return http_; }
+  const std::string& master_dir() const { return master_dir_; }
+  // The last lines of every process's log, for failure messages.
+  std::string Logs() const;
+
+ private:
+  std::vector<std::string> CommonArgs() const;
+  std::string dir_;
+  std::string config_;
+  std::vector<std::string> overrides_;
+  std::string master_dir_;
+  std::string endpoint_;
+  std::string http_;
+  std::unique_ptr<Process> master_;
+  std::vector<std::unique_ptr<Process>> servers_;
+  std::vector<std::unique_ptr<Process>> workers_;
+};
+
+}  // namespace eps::testing
+
+#endif  // EPS_TESTS_TESTING_PROCESS_H_

@@ -1,0 +1,50 @@
+// eps-worker: one elastic training process.
+//
+//   eps-worker --config JOB.ini --master tcp://HOST:PORT [--device auto|cpu|cuda]
+
+#include <cstring>
+#include <iostream>
+
+#include "core/flags.h"
+#include "core/logging.h"
+#include "core/signal_watcher.h"
+#include "worker/worker.h"
+
+int main(int argc, char** argv) {
+  eps::SignalWatcher signal_watcher;
+  eps::CommandLine command_line(
+      "eps-worker", "--config JOB.ini --master tcp://HOST:PORT [--device auto|cpu|cuda]");
+  eps::WorkerOptions options;
+  command_line.AddString("master", &options.master, "the master's endpoint, tcp://HOST:PORT",
+                         /*required=*/true);
+  command_line.AddString("device", &options.device, "auto, cpu or cuda");
+  eps::StatusOr<eps::JobConfig> config = command_line.Parse(argc, argv);
+  if (command_line.help_requested()) {
+    std::cout << command_line.Usage();
+    return 0;
+  }
+  if (!config.ok()) {
+    std::cerr << "eps-worker: " << config.status().message() << "\n";
+    return 2;
+  }
+  options.job = *std::move(config);
+  if (eps::Status valid = options.Validate(); !valid.ok()) {
+    std::cerr << "eps-worker: " << valid.message() << "\n";
+    return 2;
+  }
+  eps::SetLogNode("worker");
+
+  eps::Worker worker(options);
+  signal_watcher.Start([&worker](int signal) {
+    LOG(WARNING) << "received " << strsignal(signal)
+                 << "; finishing the batch in hand, then leaving";
+    worker.RequestStop();
+  });
+  eps::Status result = worker.Run();
+  signal_watcher.Stop();
+  if (!result.ok()) {
+    std::cerr << "eps-worker: " << result.message() << "\n";
+    return absl::IsInvalidArgument(result) ? 2 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,245 @@
+#include "worker/ps_client.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/logging.h"
+#include "core/message.h"
+
+namespace eps {
+namespace {
+
+// Re-routing rounds after WRONG_OWNER answers before giving up.
+constexpr int kMaxRoutingRounds = 5;
+
+}  // namespace
+
+PsClient::PsClient(SocketFactory* factory, proto::NodeId self, proto::JobSpec job,
+                   CallOptions options, MapSource refresh_map, size_t max_request_bytes)
+    : factory_(factory),
+      job_(std::move(job)),
+      options_(options),
+      refresh_map_(std::move(refresh_map)),
+      max_request_bytes_(max_request_bytes),
+      channel_(factory, std::move(self)) {}
+
+Status PsClient::SetClusterMap(const proto::ClusterMap& map) {
+  ASSIGN_OR_RETURN(Placement placement, Placement::FromProto(map));
+  placement_ = std::make_unique<Placement>(std::move(placement));
+  return absl::OkStatus();
+}
+
+Status PsClient::Refresh() {
+  ASSIGN_OR_RETURN(proto::ClusterMap map, refresh_map_());
+  const uint64_t before = map_version();
+  RETURN_IF_ERROR(SetClusterMap(map));
+  VLOG(1) << "cluster map v" << before << " -> v" << map_version();
+  return absl::OkStatus();
+}
+
+Status PsClient::AfterRound(bool wrong_owner, bool not_ready, absl::string_view method,
+                            int* round, absl::Time deadline) {
+  if (wrong_owner) return Refresh();
+  if (!not_ready) return absl::OkStatus();
+  // A server that has not heard of the cluster map yet learns it within a
+  // heartbeat; wait for it without counting a routing round.
+  if (absl::Now() >= deadline) {
+    return absl::UnavailableError(
+        absl::StrCat(method, ": a parameter server still has no cluster map"));
+  }
+  absl::SleepFor(absl::Milliseconds(20));
+  --*round;
+  return absl::OkStatus();
+}
+
+std::vector<PsClient::Request> PsClient::Plan(
+    std::span<const Keys> tables, const std::vector<std::vector<uint32_t>>& positions) const {
+  const size_t num_servers = placement_->num_servers();
+  // by_server[s][t]: positions of table t's keys owned by server s.
+  std::vector<std::vector<std::vector<uint32_t>>> by_server(
+      num_servers, std::vector<std::vector<uint32_t>>(tables.size()));
+  for (size_t t = 0; t < tables.size(); ++t) {
+    for (uint32_t position : positions[t]) {
+      by_server[placement_->ServerIndexOf(tables[t].keys[position])][t].push_back(position);
+    }
+  }
+  std::vector<Request> requests;
+  for (size_t s = 0; s < num_servers; ++s) {
+    Request current{.server = s, .pieces = {}};
+    size_t bytes = 0;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const std::vector<uint32_t>& owned = by_server[s][t];
+      const size_t row_bytes = sizeof(uint64_t) + sizeof(float) * table(tables[t].table_id).dim();
+      size_t offset = 0;
+      while (offset < owned.size()) {
+        size_t room = bytes < max_request_bytes_ ? (max_request_bytes_ - bytes) / row_bytes : 0;
+        if (room == 0) {
+          if (!current.pieces.empty()) {
+            requests.push_back(std::move(current));
+            current = Request{.server = s, .pieces = {}};
+            bytes = 0;
+            continue;
+          }
+          room = 1;  // a single row larger than the cap still has to go
+        }
+        const size_t take = std::min(room, owned.size() - offset);
+        Piece piece;
+        piece.table = t;
+        piece.positions.assign(owned.begin() + offset, owned.begin() + offset + take);
+        current.pieces.push_back(std::move(piece));
+        bytes += take * row_bytes;
+        offset += take;
+      }
+    }
+    if (!current.pieces.empty()) requests.push_back(std::move(current));
+  }
+  return requests;
+}
+
+Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out) {
+  if (placement_ == nullptr) RETURN_IF_ERROR(Refresh());
+  out->resize(tables.size());
+  std::vector<std::vector<uint32_t>> remaining(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    (*out)[t].resize(tables[t].keys.size() * table(tables[t].table_id).dim());
+    remaining[t].resize(tables[t].keys.size());
+    for (uint32_t i = 0; i < remaining[t].size(); ++i) remaining[t][i] = i;
+  }
+  const absl::Time deadline = absl::Now() + options_.attempt_timeout * options_.max_attempts;
+  for (int round = 0; round < kMaxRoutingRounds; ++round) {
+    std::vector<Request> requests = Plan(tables, remaining);
+    std::vector<uint64_t> calls;
+    for (const Request& request : requests) {
+      Message message;
+      message.header().set_method(proto::PULL);
+      proto::PullRequest* body = message.header().mutable_pull_request();
+      for (const Piece& piece : request.pieces) {
+        body->add_table_ids(tables[piece.table].table_id);
+        std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
+        for (size_t i = 0; i < piece.positions.size(); ++i) {
+          keys[i] = tables[piece.table].keys[piece.positions[i]];
+        }
+      }
+      calls.push_back(
+          channel_.Start(placement_->server(request.server).endpoint(), std::move(message), options_));
+    }
+    Status first_error;
+    bool wrong_owner = false;
+    bool not_ready = false;
+    for (auto& list : remaining) list.clear();
+    for (size_t r = 0; r < requests.size(); ++r) {
+      StatusOr<Message> reply = channel_.Wait(calls[r]);
+      const Request& request = requests[r];
+      if (!reply.ok()) {
+        const proto::ErrorReason reason = ReasonOf(reply.status());
+        if (reason == proto::WRONG_OWNER || reason == proto::NOT_READY) {
+          (reason == proto::WRONG_OWNER ? wrong_owner : not_ready) = true;
+          for (const Piece& piece : request.pieces) {
+            remaining[piece.table].insert(remaining[piece.table].end(), piece.positions.begin(),
+                                          piece.positions.end());
+          }
+        } else if (first_error.ok()) {
+          first_error = reply.status();
+        }
+        continue;
+      }
+      if (reply->num_frames() != request.pieces.size()) {
+        if (first_error.ok()) {
+          first_error = absl::DataLossError(absl::StrCat(
+              "PULL reply from ", placement_->server(request.server).endpoint(), " has ",
+              reply->num_frames(), " frames for ", request.pieces.size(), " tables"));
+        }
+        continue;
+      }
+      for (size_t p = 0; p < request.pieces.size(); ++p) {
+        const Piece& piece = request.pieces[p];
+        const uint32_t dim = table(tables[piece.table].table_id).dim();
+        StatusOr<std::span<const float>> values = reply->Array<float>(p);
+        if (!values.ok() || values->size() != piece.positions.size() * dim) {
+          if (first_error.ok()) {
+            first_error = absl::DataLossError(
+                absl::StrCat("PULL reply from ", placement_->server(request.server).endpoint(),
+                             " has the wrong number of values"));
+          }
+          break;
+        }
+        float* target = (*out)[piece.table].data();
+        for (size_t i = 0; i < piece.positions.size(); ++i) {
+          std::memcpy(target + static_cast<size_t>(piece.positions[i]) * dim,
+                      values->data() + i * dim, dim * sizeof(float));
+        }
+      }
+    }
+    RETURN_IF_ERROR(first_error);
+    RETURN_IF_ERROR(AfterRound(wrong_owner, not_ready, "PULL", &round, deadline));
+    if (!wrong_owner && !not_ready) return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      absl::StrCat("PULL still routed to the wrong servers after ", kMaxRoutingRounds,
+                   " cluster-map refreshes"));
+}
+
+Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads) {
+  if (placement_ == nullptr) RETURN_IF_ERROR(Refresh());
+  CHECK_EQ(tables.size(), grads.size());
+  std::vector<std::vector<uint32_t>> remaining(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    CHECK_EQ(grads[t].size(), tables[t].keys.size() * table(tables[t].table_id).dim());
+    remaining[t].resize(tables[t].keys.size());
+    for (uint32_t i = 0; i < remaining[t].size(); ++i) remaining[t][i] = i;
+  }
+  const absl::Time deadline = absl::Now() + options_.attempt_timeout * options_.max_attempts;
+  for (int round = 0; round < kMaxRoutingRounds; ++round) {
+    std::vector<Request> requests = Plan(tables, remaining);
+    std::vector<uint64_t> calls;
+    for (const Request& request : requests) {
+      Message message;
+      message.header().set_method(proto::PUSH);
+      proto::PushRequest* body = message.header().mutable_push_request();
+      body->set_client_seq(++push_seq_);
+      for (const Piece& piece : request.pieces) {
+        const uint32_t dim = table(tables[piece.table].table_id).dim();
+        body->add_table_ids(tables[piece.table].table_id);
+        std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
+        std::span<float> values = message.AddUninitializedArray<float>(piece.positions.size() * dim);
+        for (size_t i = 0; i < piece.positions.size(); ++i) {
+          keys[i] = tables[piece.table].keys[piece.positions[i]];
+          std::memcpy(values.data() + i * dim,
+                      grads[piece.table].data() + static_cast<size_t>(piece.positions[i]) * dim,
+                      dim * sizeof(float));
+        }
+      }
+      calls.push_back(
+          channel_.Start(placement_->server(request.server).endpoint(), std::move(message), options_));
+    }
+    Status first_error;
+    bool wrong_owner = false;
+    bool not_ready = false;
+    for (auto& list : remaining) list.clear();
+    for (size_t r = 0; r < requests.size(); ++r) {
+      StatusOr<Message> reply = channel_.Wait(calls[r]);
+      if (reply.ok()) continue;
+      const proto::ErrorReason reason = ReasonOf(reply.status());
+      if (reason == proto::WRONG_OWNER || reason == proto::NOT_READY) {
+        // The server applied nothing of this request: re-send just it.
+        (reason == proto::WRONG_OWNER ? wrong_owner : not_ready) = true;
+        for (const Piece& piece : requests[r].pieces) {
+          remaining[piece.table].insert(remaining[piece.table].end(), piece.positions.begin(),
+                                        piece.positions.end());
+        }
+      } else if (first_error.ok()) {
+        first_error = reply.status();
+      }
+    }
+    RETURN_IF_ERROR(first_error);
+    RETURN_IF_ERROR(AfterRound(wrong_owner, not_ready, "PUSH", &round, deadline));
+    if (!wrong_owner && !not_ready) return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      absl::StrCat("PUSH still routed to the wrong servers after ", kMaxRoutingRounds,
+                   " cluster-map refreshes"));
+}
+
+}  // namespace eps

@@ -1,0 +1,64 @@
+// Worker: one training process.
+//
+//   register -> loop { get shard -> parse -> batch -> unique keys -> pull
+//   from all servers in parallel -> forward/backward -> push -> commit }
+//
+// A loader thread reads, parses and pulls the next batches while the
+// calling thread trains the current one (worker.prefetch_batches ahead). A
+// batch's progress is committed to the master only after its pushes were
+// acknowledged, so a worker dying at any moment loses no committed record.
+// Malformed lines are counted, skipped and reported as FILE:LINE; they never
+// stop the job. After the last epoch the master hands out evaluation shards:
+// the worker sends back a prediction per record.
+//
+// Thread-safety: Run from one thread; RequestStop from any.
+
+#ifndef EPS_WORKER_WORKER_H_
+#define EPS_WORKER_WORKER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "core/job_config.h"
+#include "core/status.h"
+
+namespace eps {
+
+struct WorkerOptions {
+  // The master, "tcp://HOST:PORT". Required.
+  std::string master;
+  // auto, cpu or cuda. Default auto.
+  std::string device = "auto";
+  // The job's config (model, data format, batch size, timeouts).
+  JobConfig job;
+
+  Status Validate() const;
+};
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& options);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Trains until the master says the job is over (OK) or RequestStop is
+  // called (OK, after committing the batch in hand and handing its shard
+  // back). Errors: kDeadlineExceeded/kUnavailable when the master or a
+  // server cannot be reached, kNotFound/kPermissionDenied when a data file
+  // cannot be read, kFailedPrecondition when the master fenced this worker.
+  Status Run();
+
+  // Asks Run to stop at the next batch boundary. Safe from any thread.
+  void RequestStop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_WORKER_WORKER_H_
