@@ -29,7 +29,7 @@ class Registrar : public OptionVisitor {
     Add(name, po::value<int64_t>(value)->default_value(*value), help);
   }
   void Visit(absl::string_view name, double* value, absl::string_view help) override {
-    Add(name, po::value<double>(value)->default_value(*value), help);
+    Add(name, po::value<double>(value)->default_value(*value, absl::StrCat(*value)), help);
   }
   void Visit(absl::string_view name, bool* value, absl::string_view help) override {
     Add(name, po::value<bool>(value)->default_value(*value), help);

@@ -45,7 +45,6 @@ StatusOr<Message> Message::FromFrames(std::vector<zmq::message_t> frames) {
         absl::StrCat("protocol version ", message.header_.protocol_version(),
                      " is not supported (this build speaks ", kProtocolVersion, ")"));
   }
-  message.frames_.reserve(frames.size() - 1);
   for (size_t i = 1; i < frames.size(); ++i) message.frames_.push_back(std::move(frames[i]));
   return message;
 }

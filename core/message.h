@@ -13,6 +13,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -56,7 +57,8 @@ class Message {
     AddArray(std::span<const T>(values));
   }
   // Appends an uninitialised frame of `count` values and returns it for
-  // filling in place.
+  // filling in place. The span stays valid while this Message lives and
+  // is not converted by ToFrames.
   template <typename T>
   std::span<T> AddUninitializedArray(size_t count) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -109,7 +111,10 @@ class Message {
 
  private:
   proto::Envelope header_;
-  std::vector<zmq::message_t> frames_;
+  // A deque: appending never moves earlier frames, so the spans handed out
+  // by AddUninitializedArray stay valid (small frames keep their bytes
+  // inside the zmq_msg_t and would move with it).
+  std::deque<zmq::message_t> frames_;
   mutable std::vector<std::unique_ptr<void, void (*)(void*)>> aligned_copies_;
 };
 

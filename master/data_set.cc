@@ -33,10 +33,13 @@ StatusOr<std::vector<std::string>> ExpandDataPaths(const std::string& spec,
     std::error_code error;
     if (std::filesystem::is_directory(entry, error)) {
       const size_t before = files.size();
-      for (const auto& item : std::filesystem::directory_iterator(entry, error)) {
-        const std::string name = item.path().filename().string();
+      // increment(error) rather than a range-for, whose ++ throws.
+      std::filesystem::directory_iterator it(entry, error);
+      for (; !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+        const std::string name = it->path().filename().string();
         if (name.empty() || name[0] == '.') continue;
-        if (item.is_regular_file(error)) files.push_back(item.path().string());
+        std::error_code type_error;
+        if (it->is_regular_file(type_error)) files.push_back(it->path().string());
       }
       if (error) {
         return absl::UnavailableError(
@@ -70,6 +73,12 @@ StatusOr<std::vector<std::string>> ExpandDataPaths(const std::string& spec,
     }
   }
   if (files.empty()) return absl::NotFoundError(absl::StrCat(option, ": names no files"));
+  // Workers may run elsewhere: hand them absolute, normalised paths.
+  for (std::string& file : files) {
+    std::error_code error;
+    std::filesystem::path absolute = std::filesystem::absolute(file, error);
+    if (!error) file = absolute.lexically_normal().string();
+  }
   std::sort(files.begin(), files.end());
   files.erase(std::unique(files.begin(), files.end()), files.end());
   return files;
@@ -133,7 +142,10 @@ StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_r
         }
       }
       scanned += static_cast<uint64_t>(got);
-      if (progress) progress(scanned, total_bytes);
+      if (progress && !progress(scanned, total_bytes)) {
+        ::close(fd);
+        return absl::CancelledError(absl::StrCat("scan stopped while reading ", path));
+      }
     }
     ::close(fd);
     if (in_line) ++current.records;  // a last line without '\n'

@@ -37,17 +37,19 @@ struct DataSet {
 
 // Expands a comma-separated list of files, globs and directories (a
 // directory means the regular files directly in it, hidden files skipped)
-// into a sorted, de-duplicated file list. kNotFound names the first entry
+// into a sorted, de-duplicated list of absolute paths. kNotFound names the first entry
 // that matches no file; `option` (e.g. "data.train") prefixes messages.
 StatusOr<std::vector<std::string>> ExpandDataPaths(const std::string& spec,
                                                    const std::string& option);
 
-// Called during a scan with (bytes scanned, total bytes).
-using ScanProgress = std::function<void(uint64_t, uint64_t)>;
+// Called during a scan (after every read of a few MiB) with (bytes scanned,
+// total bytes). Returning false stops the scan.
+using ScanProgress = std::function<bool(uint64_t, uint64_t)>;
 
 // Scans `files` and cuts them into shards of `shard_records` lines (the
-// last shard of each file may be shorter; empty files give none).
-// kUnavailable/kNotFound on read errors, naming the file.
+// last shard of each file may be shorter; empty files give none). Blocks
+// for the scan. kUnavailable/kNotFound on read errors, naming the file;
+// kCancelled when `progress` returned false.
 StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_records,
                                 const ScanProgress& progress = nullptr);
 

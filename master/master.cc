@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -120,6 +123,26 @@ json NullableNumber(const std::optional<double>& value) {
   return value.has_value() ? json(*value) : json(nullptr);
 }
 
+// A sample value in the Prometheus text format: the shortest text that
+// reads back as `value` (absl::StrCat keeps six digits, which turns
+// 1234567 records into 1.23457e+06), and NaN, +Inf, -Inf spelled its way.
+std::string PrometheusNumber(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char buffer[64];
+  const std::to_chars_result result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  CHECK(result.ec == std::errc());
+  return std::string(buffer, result.ptr);
+}
+
+// The document as text. Strings in it come from outside (the job name, file
+// paths, error messages naming them) and need not be UTF-8; nlohmann::json
+// throws on invalid UTF-8 unless told to replace it.
+std::string DumpJson(const json& doc) {
+  return doc.dump(/*indent=*/2, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                  json::error_handler_t::replace);
+}
+
 }  // namespace
 
 class Master::Impl {
@@ -136,7 +159,7 @@ class Master::Impl {
   void RequestStop(const std::string& reason);
   std::string StatusJson() const {
     absl::MutexLock lock(&mu_);
-    return StatusDocument().dump(2);
+    return DumpJson(StatusDocument());
   }
 
   const std::string& rpc_endpoint() const { return rpc_endpoint_; }
@@ -157,13 +180,18 @@ class Master::Impl {
 
   // Background: scans the data, then watches leases and progress.
   void JobLoop();
-  Status ScanData();
+  // Scans data.train and data.eval into `train` and `eval`; kCancelled
+  // when RequestStop came first.
+  Status ScanData(DataSet* train, DataSet* eval);
   void CheckLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybePlaceServers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartEpoch(uint32_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartEvaluation() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves to the next epoch / evaluation / the end when the pass is done.
   void AdvanceIfPassDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the pass a commit names (the evaluation, or training epoch
+  // `epoch`) is complete: every one of its shards is DONE.
+  bool PassIsOver(bool eval, uint32_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogProgress(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -182,12 +210,17 @@ class Master::Impl {
   std::unique_ptr<RpcServer> rpc_;
   httplib::Server http_;
   std::thread http_thread_;
+  // Set by http_thread_ when listen_after_bind returns.
+  std::atomic<bool> http_returned_{false};
   std::thread job_thread_;
   std::string rpc_endpoint_;
   std::string http_url_;
   proto::JobSpec job_spec_;
-  DataSet train_data_;
-  DataSet eval_data_;
+  // The expanded data.train and data.eval; set by Start, then read-only.
+  std::vector<std::string> train_files_;
+  std::vector<std::string> eval_files_;
+  // Set by RequestStop: a scan in progress stops.
+  std::atomic<bool> stop_scan_{false};
   const absl::Time started_ = absl::Now();
 
   mutable absl::Mutex mu_;
@@ -198,6 +231,9 @@ class Master::Impl {
   bool data_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::string failure_ ABSL_GUARDED_BY(mu_);
   uint32_t epoch_ ABSL_GUARDED_BY(mu_) = 0;  // 0-based
+  // Set once the scan is done (data_ready_); trackers point into them.
+  DataSet train_data_ ABSL_GUARDED_BY(mu_);
+  DataSet eval_data_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ShardTracker> tracker_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, ServerEntry> servers_ ABSL_GUARDED_BY(mu_);
@@ -233,9 +269,9 @@ Status Master::Impl::Start() {
   const JobConfig& job = options_.job;
   ASSIGN_OR_RETURN(job_spec_, BuildJobSpec(job));
   // Fail fast on missing data; the (slow) scan runs in the background.
-  ASSIGN_OR_RETURN(train_data_.files, ExpandDataPaths(job.data.train, "data.train"));
+  ASSIGN_OR_RETURN(train_files_, ExpandDataPaths(job.data.train, "data.train"));
   if (!job.data.eval.empty()) {
-    ASSIGN_OR_RETURN(eval_data_.files, ExpandDataPaths(job.data.eval, "data.eval"));
+    ASSIGN_OR_RETURN(eval_files_, ExpandDataPaths(job.data.eval, "data.eval"));
   }
 
   std::error_code error;
@@ -297,11 +333,14 @@ Status Master::Impl::Start() {
                                                ":", http_port, " (in use?)"));
   }
   http_url_ = absl::StrCat("http://", advertised_host, ":", http_port);
-  http_thread_ = std::thread([this] { http_.listen_after_bind(); });
+  http_thread_ = std::thread([this] {
+    http_.listen_after_bind();
+    http_returned_.store(true);
+  });
 
   json endpoints = {{"rpc", rpc_endpoint_}, {"http", http_url_}, {"pid", getpid()}};
   RETURN_IF_ERROR(WriteFileAtomically(
-      (std::filesystem::path(options_.data_dir) / "master.json").string(), endpoints.dump(2)));
+      (std::filesystem::path(options_.data_dir) / "master.json").string(), DumpJson(endpoints)));
   LOG(INFO) << "serving RPC on " << rpc_endpoint_ << " and HTTP on " << http_url_
             << "; waiting for " << job.ps.num_servers << " server(s)";
   VLOG(1) << "effective options:\n" << job.DebugString();
@@ -309,44 +348,50 @@ Status Master::Impl::Start() {
   return absl::OkStatus();
 }
 
-Status Master::Impl::ScanData() {
+Status Master::Impl::ScanData(DataSet* train, DataSet* eval) {
   const uint64_t shard_records = static_cast<uint64_t>(options_.job.data.shard_records);
   absl::Time last_report = absl::Now();
   auto progress = [&](const char* what, uint64_t done, uint64_t total) {
     const absl::Time now = absl::Now();
-    if (now - last_report < absl::Seconds(options_.job.job.progress_interval_s)) return;
-    last_report = now;
-    LOG(INFO) << "scanning " << what << ": " << absl::StrFormat("%.1f", 100.0 * done / total)
-              << "% of " << total / (1 << 20) << " MiB";
+    if (now - last_report >= absl::Seconds(options_.job.job.progress_interval_s)) {
+      last_report = now;
+      LOG(INFO) << "scanning " << what << ": " << absl::StrFormat("%.1f", 100.0 * done / total)
+                << "% of " << total / (1 << 20) << " MiB";
+    }
+    return !stop_scan_.load();
   };
-  ASSIGN_OR_RETURN(train_data_, CutIntoShards(std::move(train_data_.files), shard_records,
-                                              [&](uint64_t done, uint64_t total) {
-                                                progress("data.train", done, total);
-                                              }));
-  if (train_data_.records == 0) {
+  ASSIGN_OR_RETURN(*train,
+                   CutIntoShards(train_files_, shard_records, [&](uint64_t done, uint64_t total) {
+                     return progress("data.train", done, total);
+                   }));
+  if (train->records == 0) {
     return absl::InvalidArgumentError("data.train: the files hold no records");
   }
-  LOG(INFO) << "data.train: " << train_data_.records << " records in " << train_data_.files.size()
-            << " file(s), " << train_data_.shards.size() << " shards";
-  if (!eval_data_.files.empty()) {
-    ASSIGN_OR_RETURN(eval_data_, CutIntoShards(std::move(eval_data_.files), shard_records,
-                                               [&](uint64_t done, uint64_t total) {
-                                                 progress("data.eval", done, total);
-                                               }));
-    LOG(INFO) << "data.eval: " << eval_data_.records << " records in "
-              << eval_data_.files.size() << " file(s), " << eval_data_.shards.size()
-              << " shards";
+  LOG(INFO) << "data.train: " << train->records << " records in " << train->files.size()
+            << " file(s), " << train->shards.size() << " shards";
+  if (!eval_files_.empty()) {
+    ASSIGN_OR_RETURN(*eval,
+                     CutIntoShards(eval_files_, shard_records, [&](uint64_t done, uint64_t total) {
+                       return progress("data.eval", done, total);
+                     }));
+    LOG(INFO) << "data.eval: " << eval->records << " records in " << eval->files.size()
+              << " file(s), " << eval->shards.size() << " shards";
   }
   return absl::OkStatus();
 }
 
 void Master::Impl::JobLoop() {
-  Status scanned = ScanData();
+  DataSet train;
+  DataSet eval;
+  // Into locals, without the lock: the scan may take minutes.
+  Status scanned = ScanData(&train, &eval);
   {
     absl::MutexLock lock(&mu_);
     if (!scanned.ok()) {
-      Fail(std::string(scanned.message()));
+      Fail(std::string(scanned.message()));  // a no-op after RequestStop
     } else if (!JobOver()) {
+      train_data_ = std::move(train);
+      eval_data_ = std::move(eval);
       data_ready_ = true;
       MaybePlaceServers();
     }
@@ -390,20 +435,22 @@ void Master::Impl::CheckLeases(absl::Time now) {
 }
 
 void Master::Impl::MaybePlaceServers() {
-  if (cluster_map_.version() != 0 ||
-      servers_.size() < static_cast<size_t>(options_.job.ps.num_servers)) {
-    return;
+  if (cluster_map_.version() == 0) {
+    if (servers_.size() < static_cast<size_t>(options_.job.ps.num_servers)) return;
+    std::vector<proto::ServerInfo> infos;
+    for (const auto& [id, server] : servers_) {
+      proto::ServerInfo info;
+      info.set_id(id);
+      info.set_endpoint(server.endpoint);
+      infos.push_back(info);
+    }
+    cluster_map_ = MakeClusterMap(/*version=*/1, job_spec_.num_partitions(), infos);
+    LOG(INFO) << "placed " << job_spec_.num_partitions() << " partitions on " << infos.size()
+              << " server(s) (cluster map v1)";
   }
-  std::vector<proto::ServerInfo> infos;
-  for (const auto& [id, server] : servers_) {
-    proto::ServerInfo info;
-    info.set_id(id);
-    info.set_endpoint(server.endpoint);
-    infos.push_back(info);
-  }
-  cluster_map_ = MakeClusterMap(/*version=*/1, job_spec_.num_partitions(), infos);
-  LOG(INFO) << "placed " << job_spec_.num_partitions() << " partitions on " << infos.size()
-            << " server(s) (cluster map v1)";
+  // Placement and the data scan finish in either order (servers usually
+  // register while a large data set is still being scanned); training
+  // starts on whichever comes second.
   if (data_ready_ && phase_ == Phase::kScanning) StartEpoch(0);
 }
 
@@ -430,6 +477,22 @@ void Master::Impl::StartEvaluation() {
   eval_predictions_.assign(eval_data_.shards.size(), {});
   LOG(INFO) << "evaluating on " << eval_data_.records << " records (" << eval_data_.shards.size()
             << " shards)";
+}
+
+bool Master::Impl::PassIsOver(bool eval, uint32_t epoch) const {
+  switch (phase_) {
+    case Phase::kTraining:
+      return !eval && epoch < epoch_;
+    case Phase::kEvaluating:
+      return !eval && epoch <= epoch_;
+    case Phase::kFinished:
+      // epoch_ stays at the last epoch, which the evaluation also carries.
+      return epoch <= epoch_ && (!eval || eval_auc_.has_value());
+    case Phase::kScanning:
+    case Phase::kFailed:
+      return false;
+  }
+  return false;
 }
 
 void Master::Impl::AdvanceIfPassDone() {
@@ -478,7 +541,7 @@ void Master::Impl::Finish() {
   done_at_ = absl::Now() + absl::Milliseconds(options_.job.master.lease_ms);
   const std::string path =
       (std::filesystem::path(options_.data_dir) / "final_status.json").string();
-  Status written = WriteFileAtomically(path, StatusDocument().dump(2));
+  Status written = WriteFileAtomically(path, DumpJson(StatusDocument()));
   if (!written.ok()) LOG(ERROR) << written;
   LOG(INFO) << "job finished in " << absl::FormatDuration(absl::Trunc(absl::Now() - started_, absl::Milliseconds(100)))
             << ": " << records_trained_ << " records trained"
@@ -498,7 +561,7 @@ void Master::Impl::Fail(const std::string& reason) {
   LOG(ERROR) << "job failed: " << reason;
   const std::string path =
       (std::filesystem::path(options_.data_dir) / "final_status.json").string();
-  Status written = WriteFileAtomically(path, StatusDocument().dump(2));
+  Status written = WriteFileAtomically(path, DumpJson(StatusDocument()));
   if (!written.ok()) LOG(ERROR) << written;
   changed_.SignalAll();
 }
@@ -753,6 +816,14 @@ Status Master::Impl::HandleCommit(const Message& request, Message* reply) {
                        " predictions for ", body.lines(), " lines (", body.malformed(),
                        " malformed)"));
     }
+    // The metrics sort by prediction: NaN would break them, not just skew.
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (!(predictions[i] >= 0.0f && predictions[i] <= 1.0f) || !std::isfinite(labels[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "eval commit record ", i, " has prediction ", predictions[i], " and label ", labels[i],
+            "; predictions must be probabilities in [0, 1], labels finite"));
+      }
+    }
   } else if (request.num_frames() != 0) {
     return absl::InvalidArgumentError("a TRAIN commit carries no frames");
   }
@@ -764,6 +835,25 @@ Status Master::Impl::HandleCommit(const Message& request, Message* reply) {
   worker->last_seen = absl::Now();
   const bool current_pass = tracker_ != nullptr && body.epoch() == epoch_ &&
                             (eval ? phase_ == Phase::kEvaluating : phase_ == Phase::kTraining);
+  if (!current_pass && PassIsOver(eval, body.epoch())) {
+    // Every shard of a finished pass is committed to its end, so a commit
+    // for one can only repeat an applied one: typically the pass's last
+    // commit, resent because its reply was late. Acknowledge it like the
+    // tracker acknowledges any repeat, so the worker carries on.
+    const DataSet& data = eval ? eval_data_ : train_data_;
+    if (body.shard_id() >= data.shards.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown shard ", body.shard_id()));
+    }
+    const ShardSpec& spec = data.shards[body.shard_id()];
+    if (body.begin_offset() < spec.begin || body.begin_offset() > body.end_offset() ||
+        body.end_offset() > spec.end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "commit [", body.begin_offset(), ", ", body.end_offset(), ") is outside shard ",
+          body.shard_id(), " [", spec.begin, ", ", spec.end, ")"));
+    }
+    reply->header().mutable_commit_progress_reply()->set_applied(false);
+    return absl::OkStatus();
+  }
   if (!current_pass) {
     return absl::FailedPreconditionError(
         absl::StrCat("commit for ", eval ? "evaluation" : absl::StrCat("epoch ", body.epoch() + 1),
@@ -883,7 +973,7 @@ std::string Master::Impl::MetricsText() const {
   std::string out;
   auto gauge = [&out](const char* name, const char* help, double value) {
     absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ",
-                    value, "\n");
+                    PrometheusNumber(value), "\n");
   };
   gauge("eps_records_trained", "Records committed, each once, over all epochs.",
         static_cast<double>(records_trained_));
@@ -911,6 +1001,7 @@ Status Master::Impl::Wait() {
 }
 
 void Master::Impl::RequestStop(const std::string& reason) {
+  stop_scan_.store(true);
   absl::MutexLock lock(&mu_);
   if (stop_requested_) return;
   stop_requested_ = true;
@@ -920,6 +1011,14 @@ void Master::Impl::RequestStop(const std::string& reason) {
 void Master::Impl::StopThreads() {
   if (job_thread_.joinable()) job_thread_.join();
   if (http_thread_.joinable()) {
+    // cpp-httplib's stop() does nothing until the listening thread is in its
+    // accept loop (is_running()), so a stop right after Start would leave
+    // that thread listening forever. The library offers nothing to wait on:
+    // poll until the thread is listening or has returned.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!http_.is_running() && !http_returned_.load() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     http_.stop();
     http_thread_.join();
   }

@@ -56,7 +56,8 @@ class Master {
   Status Wait();
 
   // Ends the job early (SIGTERM): the job fails with `reason`, peers are told
-  // to exit. Safe to call from any thread, more than once.
+  // to exit; a data scan in progress stops. Safe to call from any thread,
+  // more than once.
   void RequestStop(const std::string& reason);
 
   // Valid after Start.

@@ -50,6 +50,10 @@ StatusOr<ShardTracker::CommitResult> ShardTracker::Commit(uint32_t worker, uint6
                                                    ") is outside shard ", shard_id, " [",
                                                    shard.spec.begin, ", ", shard.spec.end, ")"));
   }
+  if (begin == end && records > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("commit of shard ", shard_id, " claims ",
+                                                   records, " records in an empty range"));
+  }
   // A repeat of an applied commit: acknowledge, change nothing.
   if (end <= shard.committed) {
     return CommitResult::kDuplicate;
@@ -63,11 +67,21 @@ StatusOr<ShardTracker::CommitResult> ShardTracker::Commit(uint32_t worker, uint6
                                                       begin, " but its records are committed up to ",
                                                       shard.committed));
   }
-  if (shard.committed_records + records > shard.spec.records) {
+  const uint64_t left = shard.spec.records - shard.committed_records;
+  if (records > left) {
     return absl::InvalidArgumentError(absl::StrCat("commit of shard ", shard_id, " claims ",
-                                                   records, " records; only ",
-                                                   shard.spec.records - shard.committed_records,
-                                                   " are left"));
+                                                   records, " records; only ", left, " are left"));
+  }
+  // Shards and commits are aligned to record starts, so a range that reaches
+  // the shard's end holds every record left, and a shorter (non-empty) one
+  // holds at least one and leaves at least one. A peer claiming otherwise
+  // is answered with an error; the DONE transition below relies on it.
+  const bool to_end = end == shard.spec.end;
+  if (records == 0 || (to_end ? records != left : records >= left)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("commit [", begin, ", ", end, ") of shard ", shard_id, " claims ", records,
+                     " records, which does not fit the ", left, " records left in [",
+                     shard.committed, ", ", shard.spec.end, ")"));
   }
   shard.committed = end;
   shard.committed_line += records;

@@ -58,7 +58,11 @@ class ShardTracker {
   std::optional<Assignment> Assign(uint32_t worker);
 
   // Commits [begin, end) of shard `shard_id` holding `records` records.
-  //   kInvalidArgument: unknown shard, end outside the shard, begin > end.
+  //   kInvalidArgument: unknown shard, end outside the shard, begin > end,
+  //     or `records` that cannot be the records of [begin, end): more than
+  //     are left, none for a non-empty range, fewer than are left for a
+  //     range reaching the shard's end, all that are left for one that
+  //     does not.
   //   kFailedPrecondition: the shard is not held by `worker`, or `begin` is
   //     not the committed offset (a gap or an overlap).
   StatusOr<CommitResult> Commit(uint32_t worker, uint64_t shard_id, uint64_t begin, uint64_t end,

@@ -153,8 +153,13 @@ Status ParamServer::Impl::Start() {
   self.set_id(id_);
   master_channel_.set_self(self);
   for (const proto::TableSpec& spec : job_.tables()) {
+    // The job comes from a peer: a bad one is refused, not a crash.
+    if (spec.id() != tables_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the master's job lists table '", spec.name(), "' with id ", spec.id(),
+                       " at position ", tables_.size(), "; table ids must be 0..n-1"));
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<Table> table, Table::Create(spec, job_.seed()));
-    CHECK_EQ(spec.id(), tables_.size()) << "table ids must be 0..n-1";
     tables_.push_back(std::move(table));
   }
   LOG(INFO) << "serving " << tables_.size() << " table(s) of job '" << job_.name() << "' on "
@@ -164,6 +169,9 @@ Status ParamServer::Impl::Start() {
 }
 
 Status ParamServer::Impl::Wait() {
+  if (!heartbeat_thread_.joinable()) {
+    return absl::FailedPreconditionError("Wait without a successful Start");
+  }
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(&done_));
   return result_;
@@ -285,12 +293,23 @@ void ParamServer::Impl::HeartbeatLoop() {
 }
 
 Status ParamServer::Impl::Handle(Message& request, Message* reply) {
-  switch (request.header().method()) {
+  const proto::Method method = request.header().method();
+  if (method == proto::PULL || method == proto::PUSH) {
+    // Requests can arrive as soon as the port is bound, while Start still
+    // fills in id_ and tables_. Only the heartbeat thread, started after
+    // that, installs the map; so with a map both are complete and visible.
+    absl::MutexLock lock(&mu_);
+    if (placement_ == nullptr) {
+      return ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet",
+                             proto::NOT_READY);
+    }
+  }
+  switch (method) {
     case proto::PULL: return HandlePull(request, reply);
     case proto::PUSH: return HandlePush(request, reply);
     default:
       return absl::UnimplementedError(absl::StrCat(
-          "a parameter server does not serve ", proto::Method_Name(request.header().method())));
+          "a parameter server does not serve ", proto::Method_Name(method)));
   }
 }
 

@@ -58,11 +58,14 @@ class ParamServer {
 
   // Binds, registers with the master (retrying for master_wait) and starts
   // serving. kUnavailable/kDeadlineExceeded when the master cannot be
-  // reached, kFailedPrecondition when it refuses the server.
+  // reached, kFailedPrecondition when it refuses the server,
+  // kInvalidArgument when its job's tables are unusable.
   Status Start();
 
-  // Blocks until the master says the job is over (OK), RequestStop (OK), or
-  // the master is lost for master_wait (kUnavailable).
+  // Blocks until the master says the job is over (OK), RequestStop (OK),
+  // the master is lost for master_wait (kUnavailable), or the master no
+  // longer knows this server (FENCED: kFailedPrecondition). Without a
+  // successful Start, kFailedPrecondition at once.
   Status Wait();
 
   void RequestStop();

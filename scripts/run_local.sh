@@ -3,20 +3,24 @@
 # loopback. Waits for the job and prints its final metrics.
 #
 #   scripts/run_local.sh [JOB.ini] [--servers N] [--workers M] [--rows R]
+#                        [--section.key=value ...]
 #
 # With no JOB.ini it generates Criteo-format data with a planted model
 # (eps-datagen, R training rows, default 500000) and runs examples/local.ini
-# on it. Logs and data go to ${EPS_RUN_DIR:-./eps-run}. Every process is
+# on it. --section.key=value options go to every process, overriding the
+# config file (e.g. --data.train=DIR --data.eval=DIR to train on your data). Logs and data go to ${EPS_RUN_DIR:-./eps-run}. Every process is
 # stopped when the script exits, however it exits.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
 usage() {
-  echo "usage: scripts/run_local.sh [JOB.ini] [--servers N] [--workers M] [--rows R]" >&2
+  echo "usage: scripts/run_local.sh [JOB.ini] [--servers N] [--workers M] [--rows R]" \
+    "[--section.key=value ...]" >&2
   exit 2
 }
 
 config=""
+overrides=()
 servers=2
 workers=2
 rows=500000
@@ -29,6 +33,7 @@ while [ "$#" -gt 0 ]; do
     --workers=*) workers="${1#*=}"; shift ;;
     --rows=*) rows="${1#*=}"; shift ;;
     -h|--help) usage ;;
+    --*.*=*) overrides+=("$1"); shift ;;
     -*) echo "run_local.sh: unknown option $1" >&2; usage ;;
     *) [ -z "$config" ] || usage; config="$1"; shift ;;
   esac
@@ -50,8 +55,15 @@ mkdir -p "$run_dir/logs"
 rm -rf "$run_dir/master"
 
 extra=(--ps.num_servers="$servers")
+generate=false
 if [ -z "$config" ]; then
   config="$EPS_ROOT/examples/local.ini"
+  generate=true
+  for override in "${overrides[@]}"; do
+    case "$override" in --data.train=*) generate=false ;; esac
+  done
+fi
+if [ "$generate" = true ]; then
   data="$run_dir/data"
   if [ ! -f "$data/truth.json" ] || [ "$(cat "$data/.rows" 2>/dev/null)" != "$rows" ]; then
     echo "eps: generating $rows training rows into $data" >&2
@@ -61,6 +73,7 @@ if [ -z "$config" ]; then
   fi
   extra+=(--data.train="$data/train" --data.eval="$data/eval")
 fi
+extra+=("${overrides[@]}")
 
 pids=()
 cleanup() {

@@ -41,13 +41,24 @@ Status PsClient::Refresh() {
 
 Status PsClient::AfterRound(bool wrong_owner, bool not_ready, absl::string_view method,
                             int* round, absl::Time deadline) {
-  if (wrong_owner) return Refresh();
-  if (!not_ready) return absl::OkStatus();
+  if (wrong_owner) {
+    const uint64_t before = map_version();
+    RETURN_IF_ERROR(Refresh());
+    if (map_version() != before) return absl::OkStatus();
+    // No newer map: the new owner has not learned of its partitions yet
+    // (servers see a new map a heartbeat after the master). Wait for it
+    // like NOT_READY rather than burn the routing rounds at once.
+  } else if (!not_ready) {
+    return absl::OkStatus();
+  }
   // A server that has not heard of the cluster map yet learns it within a
   // heartbeat; wait for it without counting a routing round.
   if (absl::Now() >= deadline) {
-    return absl::UnavailableError(
-        absl::StrCat(method, ": a parameter server still has no cluster map"));
+    return absl::UnavailableError(absl::StrCat(
+        method, ": parameter servers still ",
+        wrong_owner ? absl::StrCat("refuse keys that cluster map v", map_version(), " gives them")
+                    : std::string("have no cluster map"),
+        " after ", absl::FormatDuration(options_.attempt_timeout * options_.max_attempts)));
   }
   absl::SleepFor(absl::Milliseconds(20));
   --*round;
@@ -98,12 +109,12 @@ std::vector<PsClient::Request> PsClient::Plan(
   return requests;
 }
 
-Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out) {
+Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method,
+                          const std::function<Message(const Request&)>& build,
+                          const std::function<Status(const Request&, Message&)>& on_reply) {
   if (placement_ == nullptr) RETURN_IF_ERROR(Refresh());
-  out->resize(tables.size());
   std::vector<std::vector<uint32_t>> remaining(tables.size());
   for (size_t t = 0; t < tables.size(); ++t) {
-    (*out)[t].resize(tables[t].keys.size() * table(tables[t].table_id).dim());
     remaining[t].resize(tables[t].keys.size());
     for (uint32_t i = 0; i < remaining[t].size(); ++i) remaining[t][i] = i;
   }
@@ -112,116 +123,19 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
     std::vector<Request> requests = Plan(tables, remaining);
     std::vector<uint64_t> calls;
     for (const Request& request : requests) {
-      Message message;
-      message.header().set_method(proto::PULL);
-      proto::PullRequest* body = message.header().mutable_pull_request();
-      for (const Piece& piece : request.pieces) {
-        body->add_table_ids(tables[piece.table].table_id);
-        std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
-        for (size_t i = 0; i < piece.positions.size(); ++i) {
-          keys[i] = tables[piece.table].keys[piece.positions[i]];
-        }
-      }
-      calls.push_back(
-          channel_.Start(placement_->server(request.server).endpoint(), std::move(message), options_));
+      calls.push_back(channel_.Start(placement_->server(request.server).endpoint(),
+                                     build(request), options_));
     }
+    // Wait for every call, even after an error, so none is left pending.
     Status first_error;
     bool wrong_owner = false;
     bool not_ready = false;
     for (auto& list : remaining) list.clear();
     for (size_t r = 0; r < requests.size(); ++r) {
       StatusOr<Message> reply = channel_.Wait(calls[r]);
-      const Request& request = requests[r];
-      if (!reply.ok()) {
-        const proto::ErrorReason reason = ReasonOf(reply.status());
-        if (reason == proto::WRONG_OWNER || reason == proto::NOT_READY) {
-          (reason == proto::WRONG_OWNER ? wrong_owner : not_ready) = true;
-          for (const Piece& piece : request.pieces) {
-            remaining[piece.table].insert(remaining[piece.table].end(), piece.positions.begin(),
-                                          piece.positions.end());
-          }
-        } else if (first_error.ok()) {
-          first_error = reply.status();
-        }
-        continue;
-      }
-      if (reply->num_frames() != request.pieces.size()) {
-        if (first_error.ok()) {
-          first_error = absl::DataLossError(absl::StrCat(
-              "PULL reply from ", placement_->server(request.server).endpoint(), " has ",
-              reply->num_frames(), " frames for ", request.pieces.size(), " tables"));
-        }
-        continue;
-      }
-      for (size_t p = 0; p < request.pieces.size(); ++p) {
-        const Piece& piece = request.pieces[p];
-        const uint32_t dim = table(tables[piece.table].table_id).dim();
-        StatusOr<std::span<const float>> values = reply->Array<float>(p);
-        if (!values.ok() || values->size() != piece.positions.size() * dim) {
-          if (first_error.ok()) {
-            first_error = absl::DataLossError(
-                absl::StrCat("PULL reply from ", placement_->server(request.server).endpoint(),
-                             " has the wrong number of values"));
-          }
-          break;
-        }
-        float* target = (*out)[piece.table].data();
-        for (size_t i = 0; i < piece.positions.size(); ++i) {
-          std::memcpy(target + static_cast<size_t>(piece.positions[i]) * dim,
-                      values->data() + i * dim, dim * sizeof(float));
-        }
-      }
-    }
-    RETURN_IF_ERROR(first_error);
-    RETURN_IF_ERROR(AfterRound(wrong_owner, not_ready, "PULL", &round, deadline));
-    if (!wrong_owner && !not_ready) return absl::OkStatus();
-  }
-  return absl::UnavailableError(
-      absl::StrCat("PULL still routed to the wrong servers after ", kMaxRoutingRounds,
-                   " cluster-map refreshes"));
-}
-
-Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads) {
-  if (placement_ == nullptr) RETURN_IF_ERROR(Refresh());
-  CHECK_EQ(tables.size(), grads.size());
-  std::vector<std::vector<uint32_t>> remaining(tables.size());
-  for (size_t t = 0; t < tables.size(); ++t) {
-    CHECK_EQ(grads[t].size(), tables[t].keys.size() * table(tables[t].table_id).dim());
-    remaining[t].resize(tables[t].keys.size());
-    for (uint32_t i = 0; i < remaining[t].size(); ++i) remaining[t][i] = i;
-  }
-  const absl::Time deadline = absl::Now() + options_.attempt_timeout * options_.max_attempts;
-  for (int round = 0; round < kMaxRoutingRounds; ++round) {
-    std::vector<Request> requests = Plan(tables, remaining);
-    std::vector<uint64_t> calls;
-    for (const Request& request : requests) {
-      Message message;
-      message.header().set_method(proto::PUSH);
-      proto::PushRequest* body = message.header().mutable_push_request();
-      body->set_client_seq(++push_seq_);
-      for (const Piece& piece : request.pieces) {
-        const uint32_t dim = table(tables[piece.table].table_id).dim();
-        body->add_table_ids(tables[piece.table].table_id);
-        std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
-        std::span<float> values = message.AddUninitializedArray<float>(piece.positions.size() * dim);
-        for (size_t i = 0; i < piece.positions.size(); ++i) {
-          keys[i] = tables[piece.table].keys[piece.positions[i]];
-          std::memcpy(values.data() + i * dim,
-                      grads[piece.table].data() + static_cast<size_t>(piece.positions[i]) * dim,
-                      dim * sizeof(float));
-        }
-      }
-      calls.push_back(
-          channel_.Start(placement_->server(request.server).endpoint(), std::move(message), options_));
-    }
-    Status first_error;
-    bool wrong_owner = false;
-    bool not_ready = false;
-    for (auto& list : remaining) list.clear();
-    for (size_t r = 0; r < requests.size(); ++r) {
-      StatusOr<Message> reply = channel_.Wait(calls[r]);
-      if (reply.ok()) continue;
-      const proto::ErrorReason reason = ReasonOf(reply.status());
+      Status status = reply.ok() ? on_reply(requests[r], *reply) : reply.status();
+      if (status.ok()) continue;
+      const proto::ErrorReason reason = ReasonOf(status);
       if (reason == proto::WRONG_OWNER || reason == proto::NOT_READY) {
         // The server applied nothing of this request: re-send just it.
         (reason == proto::WRONG_OWNER ? wrong_owner : not_ready) = true;
@@ -230,16 +144,91 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
                                         piece.positions.end());
         }
       } else if (first_error.ok()) {
-        first_error = reply.status();
+        first_error = status;
       }
     }
     RETURN_IF_ERROR(first_error);
-    RETURN_IF_ERROR(AfterRound(wrong_owner, not_ready, "PUSH", &round, deadline));
     if (!wrong_owner && !not_ready) return absl::OkStatus();
+    RETURN_IF_ERROR(AfterRound(wrong_owner, not_ready, method, &round, deadline));
   }
-  return absl::UnavailableError(
-      absl::StrCat("PUSH still routed to the wrong servers after ", kMaxRoutingRounds,
-                   " cluster-map refreshes"));
+  return absl::UnavailableError(absl::StrCat(method, " still routed to the wrong servers after ",
+                                             kMaxRoutingRounds, " cluster-map refreshes"));
+}
+
+Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out) {
+  out->resize(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    (*out)[t].resize(tables[t].keys.size() * table(tables[t].table_id).dim());
+  }
+  auto build = [&](const Request& request) {
+    Message message;
+    message.header().set_method(proto::PULL);
+    proto::PullRequest* body = message.header().mutable_pull_request();
+    for (const Piece& piece : request.pieces) {
+      body->add_table_ids(tables[piece.table].table_id);
+      std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
+      for (size_t i = 0; i < piece.positions.size(); ++i) {
+        keys[i] = tables[piece.table].keys[piece.positions[i]];
+      }
+    }
+    return message;
+  };
+  auto scatter = [&](const Request& request, Message& reply) -> Status {
+    const std::string& endpoint = placement_->server(request.server).endpoint();
+    if (reply.num_frames() != request.pieces.size()) {
+      return absl::DataLossError(absl::StrCat("PULL reply from ", endpoint, " has ",
+                                              reply.num_frames(), " frames for ",
+                                              request.pieces.size(), " tables"));
+    }
+    for (size_t p = 0; p < request.pieces.size(); ++p) {
+      const Piece& piece = request.pieces[p];
+      const uint32_t dim = table(tables[piece.table].table_id).dim();
+      StatusOr<std::span<const float>> values = reply.Array<float>(p);
+      if (!values.ok() || values->size() != piece.positions.size() * dim) {
+        return absl::DataLossError(
+            absl::StrCat("PULL reply from ", endpoint, " has the wrong number of values"));
+      }
+      float* target = (*out)[piece.table].data();
+      for (size_t i = 0; i < piece.positions.size(); ++i) {
+        std::memcpy(target + static_cast<size_t>(piece.positions[i]) * dim,
+                    values->data() + i * dim, dim * sizeof(float));
+      }
+    }
+    return absl::OkStatus();
+  };
+  return Exchange(tables, "PULL", build, scatter);
+}
+
+Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads) {
+  CHECK_EQ(tables.size(), grads.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    CHECK_EQ(grads[t].size(), tables[t].keys.size() * table(tables[t].table_id).dim());
+  }
+  auto build = [&](const Request& request) {
+    Message message;
+    message.header().set_method(proto::PUSH);
+    proto::PushRequest* body = message.header().mutable_push_request();
+    body->set_client_seq(++push_seq_);
+    for (const Piece& piece : request.pieces) {
+      const uint32_t dim = table(tables[piece.table].table_id).dim();
+      body->add_table_ids(tables[piece.table].table_id);
+      // Fill each frame before adding the next: adding one may move the
+      // earlier frames, and a small frame's bytes live inside it.
+      std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
+      for (size_t i = 0; i < piece.positions.size(); ++i) {
+        keys[i] = tables[piece.table].keys[piece.positions[i]];
+      }
+      std::span<float> values = message.AddUninitializedArray<float>(piece.positions.size() * dim);
+      for (size_t i = 0; i < piece.positions.size(); ++i) {
+        std::memcpy(values.data() + i * dim,
+                    grads[piece.table].data() + static_cast<size_t>(piece.positions[i]) * dim,
+                    dim * sizeof(float));
+      }
+    }
+    return message;
+  };
+  return Exchange(tables, "PUSH", build,
+                  [](const Request&, Message&) { return absl::OkStatus(); });
 }
 
 }  // namespace eps

@@ -6,8 +6,10 @@
 // slows down 5-10x above ~16 MiB). When a server answers WRONG_OWNER the
 // client fetches a new cluster map through `refresh_map` and re-sends what
 // that server refused; a push is never applied twice by this re-sending.
-// A server that has not received the cluster map yet (NOT_READY) is asked
-// again until the call's time (attempt timeout x attempts) runs out.
+// A server that has not received the cluster map yet (NOT_READY), or one
+// that refuses keys while the master has no newer map (the new owner not
+// yet told), is asked again until the call's time (attempt timeout x
+// attempts) runs out.
 //
 // Thread-safety: one thread only (it owns an RpcChannel).
 
@@ -22,6 +24,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/message.h"
 #include "core/placement.h"
 #include "core/rpc_channel.h"
 #include "core/socket_factory.h"
@@ -76,8 +79,16 @@ class PsClient {
   std::vector<Request> Plan(std::span<const Keys> tables,
                             const std::vector<std::vector<uint32_t>>& positions) const;
   Status Refresh();
-  // Between routing rounds: refreshes the map after WRONG_OWNER, waits a
-  // little after NOT_READY (until `deadline`, not counting the round).
+  // Sends every key of `tables` to its server, in rounds: `build` makes a
+  // request's message, `on_reply` takes its successful reply. Requests
+  // answered WRONG_OWNER or NOT_READY are re-routed and re-sent; the first
+  // other error is returned once every call has finished.
+  Status Exchange(std::span<const Keys> tables, absl::string_view method,
+                  const std::function<Message(const Request&)>& build,
+                  const std::function<Status(const Request&, Message&)>& on_reply);
+  // Between routing rounds: refreshes the map after WRONG_OWNER; waits a
+  // little after NOT_READY, or when the refreshed map is no newer (until
+  // `deadline`, not counting the round).
   Status AfterRound(bool wrong_owner, bool not_ready, absl::string_view method, int* round,
                     absl::Time deadline);
 

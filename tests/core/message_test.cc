@@ -160,6 +160,24 @@ TEST(Message, UninitializedArrayIsFilledInPlace) {
   EXPECT_THAT(*got, ElementsAre(1.0f, 2.0f, 3.0f, 4.0f, 5.0f));
 }
 
+TEST(Message, UninitializedArraysStayValidWhenMoreFramesAreAdded) {
+  // Small frames keep their bytes inside the zmq_msg_t: a frame that moved
+  // when a later one was added would leave the first span dangling.
+  Message message;
+  std::vector<std::span<uint64_t>> spans;
+  for (uint64_t i = 0; i < 40; ++i) spans.push_back(message.AddUninitializedArray<uint64_t>(2));
+  for (uint64_t i = 0; i < spans.size(); ++i) {
+    spans[i][0] = i;
+    spans[i][1] = 1000 + i;
+  }
+  for (uint64_t i = 0; i < spans.size(); ++i) {
+    StatusOr<std::span<const uint64_t>> array = message.Array<uint64_t>(i);
+    ASSERT_TRUE(array.ok());
+    EXPECT_EQ((*array)[0], i);
+    EXPECT_EQ((*array)[1], 1000 + i);
+  }
+}
+
 TEST(Message, CopyFramesLeavesTheMessageIntact) {
   const std::vector<uint64_t> keys = Keys(64);
   const std::vector<float> values = Values(3);

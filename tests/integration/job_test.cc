@@ -79,11 +79,7 @@ TEST(Job, DistributedRunMatchesSingleProcessAccuracy) {
   ASSERT_NO_FATAL_FAILURE(Generate(dir, 200000));
 
   LocalJob job(dir.path(), config, DataFlags(dir));
-  ASSERT_TRUE(job.StartMaster().ok());
-  ASSERT_TRUE(job.StartServer().ok());
-  ASSERT_TRUE(job.StartServer().ok());
-  ASSERT_TRUE(job.StartWorker().ok());
-  ASSERT_TRUE(job.StartWorker().ok());
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
 
   // While the job runs, /status answers with the contract's fields.
   StatusOr<json> live = job.LiveStatus();
@@ -232,10 +228,7 @@ TEST(Job, MalformedLinesAreSkippedCountedAndReportedWithFileAndLine) {
   WriteFile(path, absl::StrJoin(lines, "\n"));
 
   LocalJob job(dir.path(), config, DataFlags(dir));
-  ASSERT_TRUE(job.StartMaster().ok());
-  ASSERT_TRUE(job.StartServer().ok());
-  ASSERT_TRUE(job.StartServer().ok());
-  ASSERT_TRUE(job.StartWorker().ok());
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/1).ok()) << job.Logs();
   StatusOr<int> master_exit = job.WaitForMaster(kJobTimeout);
   ASSERT_TRUE(master_exit.ok()) << job.Logs();
   EXPECT_EQ(*master_exit, 0) << job.Logs();
@@ -248,6 +241,41 @@ TEST(Job, MalformedLinesAreSkippedCountedAndReportedWithFileAndLine) {
   EXPECT_TRUE(absl::StrContains(examples, "part-00001.txt:100:")) << examples;
   EXPECT_TRUE(absl::StrContains(examples, "part-00001.txt:200:")) << examples;
   EXPECT_TRUE(absl::StrContains(job.workers()[0]->Log(), "part-00001.txt:10:"));
+}
+
+// eps's LR against a careful single-machine PyTorch LR (bench/reference_lr.py:
+// sparse Adagrad on the ids, one epoch, batch 1024, best of several learning
+// rates) on the same files: within 0.01 eval AUC.
+TEST(Job, LrReachesTheAccuracyOfACarefulPyTorchLr) {
+  TempDir dir;
+  auto probe = RunToExit(dir, {"/usr/bin/python3", "-c", "import torch, numpy"});
+  if (probe.first != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 has no torch/numpy (Debian's python3-torch, "
+                    "python3-numpy): skipping the PyTorch cross-check";
+  }
+  const std::string config = WriteJobConfig(dir);
+  ASSERT_NO_FATAL_FAILURE(Generate(dir, 100000));
+  LocalJob job(dir.path(), config, DataFlags(dir));
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  StatusOr<int> master_exit = job.WaitForMaster(kJobTimeout);
+  ASSERT_TRUE(master_exit.ok() && *master_exit == 0) << job.Logs();
+  StatusOr<json> status = job.FinalStatus();
+  ASSERT_TRUE(status.ok());
+  const double eps_auc = (*status)["metrics"]["eval_auc"].get<double>();
+
+  auto [code, output] = RunToExit(
+      dir,
+      {"/usr/bin/python3", std::string(EPS_SOURCE_DIR) + "/bench/reference_lr.py", "--train",
+       dir.Join("data/train"), "--eval", dir.Join("data/eval"), "--lr", "0.02,0.05,0.1"},
+      absl::Seconds(120));
+  ASSERT_EQ(code, 0) << output;
+  const std::string last = LastLine(output);
+  json best = json::parse(last, nullptr, false);
+  ASSERT_FALSE(best.is_discarded()) << output;
+  const double reference_auc = best["best"]["eval_auc"].get<double>();
+  std::cout << "eval AUC: eps " << eps_auc << ", PyTorch reference " << reference_auc
+            << " (lr " << best["best"]["lr"] << ")\n";
+  EXPECT_GT(eps_auc, reference_auc - 0.01);
 }
 
 }  // namespace

@@ -147,6 +147,13 @@ Status LocalJob::StartMaster(absl::Duration timeout) {
   return absl::DeadlineExceededError("master did not write master.json in time");
 }
 
+Status LocalJob::Start(int servers, int workers) {
+  RETURN_IF_ERROR(StartMaster());
+  for (int i = 0; i < servers; ++i) RETURN_IF_ERROR(StartServer().status());
+  for (int i = 0; i < workers; ++i) RETURN_IF_ERROR(StartWorker().status());
+  return absl::OkStatus();
+}
+
 StatusOr<size_t> LocalJob::StartServer() {
   const size_t index = servers_.size();
   std::vector<std::string> argv = {BinaryPath("eps-server"), "--master", endpoint_, "--data-dir",

@@ -79,6 +79,8 @@ class LocalJob {
 
   // Starts the master on ephemeral ports and waits for its endpoints.
   Status StartMaster(absl::Duration timeout = absl::Seconds(20));
+  // Starts the master, then `servers` servers and `workers` workers.
+  Status Start(int servers, int workers);
   // Starts a server / worker; returns its index in servers() / workers().
   StatusOr<size_t> StartServer();
   StatusOr<size_t> StartWorker();

@@ -1,0 +1,151 @@
+// Tests master/job_spec.h: the tables, optimizer and initializers the
+// master hands to every server and worker.
+
+#include "master/job_spec.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace eps {
+namespace {
+
+const proto::TableSpec* FindTable(const proto::JobSpec& spec, const std::string& name) {
+  for (const proto::TableSpec& table : spec.tables()) {
+    if (table.name() == name) return &table;
+  }
+  return nullptr;
+}
+
+TEST(BuildJobSpec, LrTables) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.job.name = "ctr";
+  config.job.seed = 42;
+  config.ps.partitions = 16;
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "ctr");
+  EXPECT_EQ(spec->seed(), 42u);
+  EXPECT_EQ(spec->num_partitions(), 16u);
+  ASSERT_EQ(spec->tables_size(), 2);
+  for (int i = 0; i < spec->tables_size(); ++i) EXPECT_EQ(spec->tables(i).id(), i);
+
+  const proto::TableSpec* w = FindTable(*spec, "lr.w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->kind(), proto::EMBEDDING);
+  EXPECT_EQ(w->dim(), 1u);
+
+  const proto::TableSpec* dense = FindTable(*spec, "lr.dense");
+  ASSERT_NE(dense, nullptr);
+  EXPECT_EQ(dense->kind(), proto::DENSE);
+  // 13 Criteo dense features and a bias.
+  EXPECT_EQ(dense->dense_size(), 14u);
+  EXPECT_EQ(dense->dim(), 14u);  // min(14, ps.dense_chunk_floats = 16384)
+}
+
+TEST(BuildJobSpec, DenseChunksFollowDenseChunkFloats) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.ps.dense_chunk_floats = 4;
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const proto::TableSpec* dense = FindTable(*spec, "lr.dense");
+  ASSERT_NE(dense, nullptr);
+  EXPECT_EQ(dense->dense_size(), 14u);
+  EXPECT_EQ(dense->dim(), 4u);
+}
+
+TEST(BuildJobSpec, OptimizerComesFromTheOptimizerSection) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.optimizer.type = "adagrad";
+  config.optimizer.learning_rate = 0.25;
+  config.optimizer.initial_accumulator = 0.5;
+  config.optimizer.epsilon = 1e-6;
+  config.optimizer.l2 = 0.125;
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const proto::TableSpec& table : spec->tables()) {
+    SCOPED_TRACE(table.name());
+    EXPECT_EQ(table.optimizer().kind(), proto::OptimizerSpec::ADAGRAD);
+    EXPECT_FLOAT_EQ(table.optimizer().learning_rate(), 0.25f);
+    EXPECT_FLOAT_EQ(table.optimizer().initial_accumulator(), 0.5f);
+    EXPECT_FLOAT_EQ(table.optimizer().epsilon(), 1e-6f);
+    EXPECT_FLOAT_EQ(table.optimizer().l2(), 0.125f);
+  }
+
+  config.optimizer.type = "sgd";
+  spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const proto::TableSpec& table : spec->tables()) {
+    EXPECT_EQ(table.optimizer().kind(), proto::OptimizerSpec::SGD);
+  }
+}
+
+TEST(BuildJobSpec, AutoInitializerIsTheModelsDefault) {
+  JobConfig config;
+  config.data.train = "unused";
+  ASSERT_EQ(config.model.initializer, "auto");
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // LR starts from zeros.
+  for (const proto::TableSpec& table : spec->tables()) {
+    EXPECT_EQ(table.initializer().kind(), proto::InitializerSpec::ZEROS) << table.name();
+  }
+}
+
+TEST(BuildJobSpec, ExplicitInitializerAppliesToEmbeddings) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.model.initializer = "normal";
+  config.model.init_scale = 0.5;
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const proto::TableSpec* w = FindTable(*spec, "lr.w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->initializer().kind(), proto::InitializerSpec::NORMAL);
+  EXPECT_FLOAT_EQ(w->initializer().scale(), 0.5f);
+  // Dense tensors keep the model's initializer.
+  EXPECT_EQ(FindTable(*spec, "lr.dense")->initializer().kind(), proto::InitializerSpec::ZEROS);
+
+  config.model.initializer = "uniform";
+  config.model.init_scale = 0.25;
+  spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  w = FindTable(*spec, "lr.w");
+  EXPECT_EQ(w->initializer().kind(), proto::InitializerSpec::UNIFORM);
+  EXPECT_FLOAT_EQ(w->initializer().scale(), 0.25f);
+
+  config.model.initializer = "zeros";
+  spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(FindTable(*spec, "lr.w")->initializer().kind(), proto::InitializerSpec::ZEROS);
+}
+
+TEST(BuildJobSpec, TsvSchemaSetsTheDenseSize) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.data.format = "tsv";
+  config.data.schema = "label,dense*3,cat*5";
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const proto::TableSpec* dense = FindTable(*spec, "lr.dense");
+  ASSERT_NE(dense, nullptr);
+  EXPECT_EQ(dense->dense_size(), 4u);
+  EXPECT_EQ(dense->dim(), 4u);
+}
+
+TEST(BuildJobSpec, BadModelConfigIsInvalid) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.model.type = "transformer";
+  EXPECT_EQ(BuildJobSpec(config).status().code(), absl::StatusCode::kInvalidArgument);
+
+  config.model.type = "lr";
+  config.data.format = "tsv";
+  config.data.schema = "dense*3";  // no label
+  EXPECT_EQ(BuildJobSpec(config).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace eps

@@ -1,0 +1,1086 @@
+// Tests master/master.h: the Master service in-process, driven over real
+// RPC on loopback by fake servers and workers that call it the way
+// ps/param_server.cc and worker/worker.cc do.
+//
+// Every wait in this file polls a condition with a deadline; the only
+// fixed waits are the leases the tests let run out.
+
+#include "master/master.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/message.h"
+#include "core/rpc_channel.h"
+#include "core/socket_factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "models/metrics.h"
+#include "nlohmann/json.hpp"
+
+namespace eps {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+constexpr int kHeartbeatMs = 100;
+constexpr int kLeaseMs = 600;
+
+// Generous bounds: a loaded machine must not turn calls into retries.
+CallOptions Patient() {
+  CallOptions options;
+  options.attempt_timeout = absl::Seconds(5);
+  options.max_attempts = 1;
+  return options;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// A Criteo record: label, 13 integers (some empty), 26 hex categories.
+std::string CriteoLine(int label, int i) {
+  std::string line = std::to_string(label);
+  for (int d = 0; d < 13; ++d) {
+    if ((i + d) % 5 == 0) {
+      line += '\t';
+    } else {
+      absl::StrAppend(&line, "\t", (i * 7 + d) % 50);
+    }
+  }
+  for (int c = 0; c < 26; ++c) {
+    absl::StrAppend(&line, "\t", absl::Hex((i * 131 + c * 17) % 4096, absl::kZeroPad8));
+  }
+  return line;
+}
+
+// `n` lines; the 1-based line numbers in `malformed` hold garbage.
+std::string CriteoText(int n, int seed, const std::set<int>& malformed = {},
+                       bool final_newline = true) {
+  std::string text;
+  for (int i = 1; i <= n; ++i) {
+    if (malformed.count(i)) {
+      text += "this is not a record";
+    } else {
+      text += CriteoLine(((i * 7 + seed) % 3) == 0 ? 1 : 0, i + 100 * seed);
+    }
+    if (i < n || final_newline) text += '\n';
+  }
+  return text;
+}
+
+// What a worker reads for one commit: whole lines from a shard.
+struct Piece {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t lines = 0;
+  uint64_t malformed = 0;
+  std::vector<float> labels;       // one per valid record
+  std::vector<float> predictions;  // made up, one per valid record
+};
+
+// Splits [shard.start, shard.end) into pieces of `batch_lines` lines,
+// parsing the way the worker does (40 tab-separated columns or malformed).
+std::vector<Piece> ReadPieces(const proto::ShardAssignment& shard, uint64_t batch_lines) {
+  const std::string text = ReadFile(shard.path());
+  std::vector<Piece> pieces;
+  uint64_t offset = shard.start();
+  while (offset < shard.end()) {
+    Piece piece;
+    piece.begin = offset;
+    while (piece.lines < batch_lines && offset < shard.end()) {
+      const size_t newline = text.find('\n', offset);
+      const size_t line_end = newline == std::string::npos ? text.size() : newline;
+      const std::string line = text.substr(offset, line_end - offset);
+      offset = newline == std::string::npos ? text.size() : newline + 1;
+      ++piece.lines;
+      const std::vector<std::string> columns = absl::StrSplit(line, '\t');
+      if (columns.size() != 40) {
+        ++piece.malformed;
+        continue;
+      }
+      const float label = columns[0] == "1" ? 1.0f : 0.0f;
+      piece.labels.push_back(label);
+      // A noisy score, correlated with the label, ties included.
+      const float noise = static_cast<float>(std::hash<std::string>{}(line) % 8) / 8.0f;
+      piece.predictions.push_back(0.05f + 0.6f * noise + 0.3f * label);
+    }
+    piece.end = offset;
+    pieces.push_back(std::move(piece));
+  }
+  return pieces;
+}
+
+// A fake server or worker: one RpcChannel to the master, the sender id set
+// from the registration reply like real peers do.
+class FakePeer {
+ public:
+  FakePeer(SocketFactory* factory, std::string master)
+      : channel_(factory, proto::NodeId()), master_(std::move(master)) {}
+
+  uint32_t id() const { return self_.id(); }
+  const proto::JobSpec& job() const { return job_; }
+
+  StatusOr<Message> Call(proto::Method method, Message request = Message()) {
+    request.header().set_method(method);
+    return channel_.Call(master_, std::move(request), Patient());
+  }
+
+  Status RegisterServer(const std::string& endpoint) {
+    Message request;
+    proto::RegisterServerRequest* body = request.header().mutable_register_server_request();
+    body->set_endpoint(endpoint);
+    body->set_hostname("test-host");
+    body->set_pid(1000);
+    ASSIGN_OR_RETURN(Message reply, Call(proto::REGISTER_SERVER, std::move(request)));
+    SetSelf(proto::ROLE_SERVER, reply.header().register_server_reply().server_id());
+    job_ = reply.header().register_server_reply().job();
+    return absl::OkStatus();
+  }
+
+  Status RegisterWorker() {
+    Message request;
+    proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
+    body->set_hostname("test-host");
+    body->set_pid(2000);
+    body->set_device("cpu");
+    ASSIGN_OR_RETURN(Message reply, Call(proto::REGISTER_WORKER, std::move(request)));
+    const proto::RegisterWorkerReply& registered = reply.header().register_worker_reply();
+    SetSelf(proto::ROLE_WORKER, registered.worker_id());
+    job_ = registered.job();
+    heartbeat_ms_ = registered.heartbeat_ms();
+    return absl::OkStatus();
+  }
+
+  StatusOr<proto::HeartbeatReply> Heartbeat(uint64_t rows = 0) {
+    Message request;
+    proto::HeartbeatRequest* body = request.header().mutable_heartbeat_request();
+    if (self_.role() == proto::ROLE_SERVER) {
+      body->mutable_server()->set_rows(rows);
+    } else {
+      body->mutable_worker()->set_records_per_s(12.5);
+    }
+    ASSIGN_OR_RETURN(Message reply, Call(proto::HEARTBEAT, std::move(request)));
+    return reply.header().heartbeat_reply();
+  }
+
+  StatusOr<proto::GetClusterMapReply> GetClusterMap() {
+    Message request;
+    request.header().mutable_get_cluster_map_request();
+    ASSIGN_OR_RETURN(Message reply, Call(proto::GET_CLUSTER_MAP, std::move(request)));
+    return reply.header().get_cluster_map_reply();
+  }
+
+  StatusOr<proto::GetShardReply> GetShard() {
+    Message request;
+    request.header().mutable_get_shard_request();
+    ASSIGN_OR_RETURN(Message reply, Call(proto::GET_SHARD, std::move(request)));
+    return reply.header().get_shard_reply();
+  }
+
+  // Commits `piece` of `shard`; returns CommitProgressReply.applied. EVAL
+  // commits carry the piece's labels and predictions.
+  StatusOr<bool> Commit(const proto::ShardAssignment& shard, const Piece& piece,
+                        double loss_sum = 0) {
+    Message request;
+    proto::CommitProgressRequest* body = request.header().mutable_commit_progress_request();
+    body->set_shard_id(shard.shard_id());
+    body->set_epoch(shard.epoch());
+    body->set_phase(shard.phase());
+    body->set_begin_offset(piece.begin);
+    body->set_end_offset(piece.end);
+    body->set_lines(piece.lines);
+    body->set_malformed(piece.malformed);
+    body->set_loss_sum(loss_sum);
+    if (piece.malformed > 0) body->add_malformed_examples(absl::StrCat(shard.path(), ":?: bad"));
+    if (shard.phase() == proto::EVAL) {
+      request.AddArray(piece.labels);
+      request.AddArray(piece.predictions);
+    }
+    ASSIGN_OR_RETURN(Message reply, Call(proto::COMMIT_PROGRESS, std::move(request)));
+    return reply.header().commit_progress_reply().applied();
+  }
+
+  Status Deregister() {
+    Message request;
+    request.header().mutable_deregister_request();
+    return Call(proto::DEREGISTER, std::move(request)).status();
+  }
+
+  uint32_t heartbeat_ms() const { return heartbeat_ms_; }
+
+ private:
+  void SetSelf(proto::Role role, uint32_t id) {
+    self_.set_role(role);
+    self_.set_id(id);
+    channel_.set_self(self_);
+  }
+
+  RpcChannel channel_;
+  const std::string master_;
+  proto::NodeId self_;
+  proto::JobSpec job_;
+  uint32_t heartbeat_ms_ = 0;
+};
+
+void ExpectCode(const Status& status, absl::StatusCode code, proto::ErrorReason reason) {
+  EXPECT_EQ(status.code(), code) << status;
+  EXPECT_EQ(ReasonOf(status), reason) << status;
+}
+
+class MasterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = ::testing::TempDir() + "/master_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << pattern;
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    master_.reset();  // joins its threads before the files go
+    std::error_code error;
+    std::filesystem::remove_all(dir_, error);
+  }
+
+  std::string Write(const std::string& name, const std::string& contents) {
+    const std::string path = dir_ + "/" + name;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    std::ofstream out(path, std::ios::binary);
+    out << contents;
+    out.close();
+    return path;
+  }
+
+  // A job of 2 servers over 8 partitions, shards of 5 records, 100 ms
+  // heartbeats and 600 ms leases; the caller sets data.train.
+  MasterOptions Options() {
+    MasterOptions options;
+    options.port = 0;
+    options.http_port = 0;
+    options.data_dir = dir_ + "/master";
+    options.job.job.name = "master-test";
+    options.job.data.shard_records = 5;
+    options.job.ps.num_servers = 2;
+    options.job.ps.partitions = 8;
+    options.job.master.heartbeat_ms = kHeartbeatMs;
+    options.job.master.lease_ms = kLeaseMs;
+    return options;
+  }
+
+  void StartMaster(const MasterOptions& options) {
+    master_ = std::make_unique<Master>(options);
+    ASSERT_TRUE(master_->Start().ok());
+  }
+
+  std::unique_ptr<FakePeer> Peer() {
+    return std::make_unique<FakePeer>(&factory_, master_->rpc_endpoint());
+  }
+
+  // Two registered fake servers.
+  void RegisterServers() {
+    for (int i = 0; i < 2; ++i) {
+      servers_.push_back(Peer());
+      ASSERT_TRUE(
+          servers_.back()->RegisterServer(absl::StrCat("tcp://127.0.0.1:", 40001 + i)).ok());
+    }
+  }
+
+  json Doc() const { return json::parse(master_->StatusJson()); }
+
+  json FinalStatus() const {
+    const std::string path = dir_ + "/master/final_status.json";
+    EXPECT_TRUE(std::filesystem::exists(path)) << path;
+    return json::parse(ReadFile(path));
+  }
+
+  // Heartbeats every peer in `peers`, checking the replies.
+  void Beat(const std::vector<FakePeer*>& peers) {
+    for (FakePeer* peer : peers) {
+      StatusOr<proto::HeartbeatReply> reply = peer->Heartbeat();
+      EXPECT_TRUE(reply.ok()) << reply.status();
+    }
+  }
+  std::vector<FakePeer*> ServerPtrs() const {
+    std::vector<FakePeer*> out;
+    for (const auto& server : servers_) out.push_back(server.get());
+    return out;
+  }
+
+  // Polls `condition` until it holds or `timeout` passes; between polls
+  // keeps `alive` heartbeating. Returns whether it held.
+  bool Eventually(const std::function<bool()>& condition, const std::vector<FakePeer*>& alive,
+                  absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (condition()) return true;
+      Beat(alive);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return condition();
+  }
+
+  bool WaitForPhase(const std::string& phase) {
+    return Eventually([&] { return Doc()["phase"] == phase; }, ServerPtrs());
+  }
+
+  // Takes a shard that must be assigned.
+  proto::ShardAssignment TakeShard(FakePeer& worker) {
+    StatusOr<proto::GetShardReply> reply = worker.GetShard();
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    if (!reply.ok()) return {};
+    EXPECT_EQ(reply->action(), proto::GetShardReply::ASSIGNED) << reply->DebugString();
+    return reply->shard();
+  }
+
+  // Commits every piece of `shard`; returns the valid records committed.
+  uint64_t CommitAll(FakePeer& worker, const proto::ShardAssignment& shard, uint64_t batch_lines,
+                     double loss_per_record = 0.5) {
+    uint64_t valid = 0;
+    for (const Piece& piece : ReadPieces(shard, batch_lines)) {
+      const uint64_t piece_valid = piece.lines - piece.malformed;
+      StatusOr<bool> applied = worker.Commit(shard, piece, loss_per_record * piece_valid);
+      EXPECT_TRUE(applied.ok()) << applied.status();
+      EXPECT_TRUE(applied.ok() && *applied);
+      valid += piece_valid;
+    }
+    return valid;
+  }
+
+  std::string dir_;
+  SocketFactory factory_;
+  std::unique_ptr<Master> master_;
+  std::vector<std::unique_ptr<FakePeer>> servers_;
+};
+
+// The whole life of a small job: registration and placement, two epochs of
+// training with exactly-once accounting, the final evaluation with exact
+// metrics, and a clean shutdown.
+TEST_F(MasterTest, RunsAWholeJob) {
+  // 30 train lines (2 malformed, the last line without '\n') in 7 shards;
+  // 12 eval lines (1 malformed) in 3 shards.
+  Write("train/part-0", CriteoText(23, /*seed=*/1, {4, 17}));
+  Write("train/part-1", CriteoText(7, /*seed=*/2, {}, /*final_newline=*/false));
+  Write("train/.crc", "hidden files are skipped\n");
+  const std::string eval = Write("eval.tsv", CriteoText(12, /*seed=*/3, {6}));
+  MasterOptions options = Options();
+  options.job.data.train = dir_ + "/train";
+  options.job.data.eval = eval;
+  options.job.job.epochs = 2;
+  // Long leases: Wait must return because everyone was told, not because
+  // leases ran out.
+  options.job.master.lease_ms = 20000;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+
+  std::unique_ptr<FakePeer> early = Peer();
+  ExpectCode(early->GetClusterMap().status(), absl::StatusCode::kUnavailable, proto::NOT_READY);
+
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  EXPECT_EQ(servers_[0]->id(), 0u);
+  EXPECT_EQ(servers_[1]->id(), 1u);
+  EXPECT_EQ(servers_[0]->job().num_partitions(), 8u);
+  EXPECT_EQ(servers_[0]->job().tables_size(), 2);
+  // A retried registration gets the same id; a third server is refused.
+  std::unique_ptr<FakePeer> again = Peer();
+  ASSERT_TRUE(again->RegisterServer("tcp://127.0.0.1:40001").ok());
+  EXPECT_EQ(again->id(), 0u);
+  std::unique_ptr<FakePeer> third = Peer();
+  EXPECT_EQ(third->RegisterServer("tcp://127.0.0.1:40003").code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  StatusOr<proto::GetClusterMapReply> map = early->GetClusterMap();
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->map().version(), 1u);
+  EXPECT_EQ(map->map().num_partitions(), 8u);
+  ASSERT_EQ(map->map().servers_size(), 2);
+  EXPECT_EQ(map->map().servers(0).endpoint(), "tcp://127.0.0.1:40001");
+  EXPECT_EQ(map->map().servers(1).endpoint(), "tcp://127.0.0.1:40002");
+  ASSERT_EQ(map->map().partition_owner_size(), 8);
+  for (int p = 0; p < 8; ++p) EXPECT_EQ(map->map().partition_owner(p), p % 2u) << p;
+
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  EXPECT_EQ(worker->heartbeat_ms(), static_cast<uint32_t>(kHeartbeatMs));
+  ASSERT_TRUE(WaitForPhase("training"));
+
+  std::map<std::pair<int, int>, std::vector<uint64_t>> handed;  // (phase, epoch) -> shards
+  std::vector<float> all_labels;
+  std::vector<float> all_predictions;
+  std::vector<double> shard_aucs;
+  uint64_t duplicates = 0;
+  bool finished = false;
+  for (int round = 0; round < 100 && !finished; ++round) {
+    StatusOr<proto::GetShardReply> reply = worker->GetShard();
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    if (reply->action() == proto::GetShardReply::FINISHED) {
+      finished = true;
+      break;
+    }
+    ASSERT_EQ(reply->action(), proto::GetShardReply::ASSIGNED) << reply->DebugString();
+    const proto::ShardAssignment& shard = reply->shard();
+    EXPECT_EQ(shard.start(), shard.begin());
+    handed[{shard.phase(), static_cast<int>(shard.epoch())}].push_back(shard.shard_id());
+    const bool eval_shard = shard.phase() == proto::EVAL;
+    const double loss = shard.epoch() == 0 ? 0.75 : 0.25;
+    std::vector<float> shard_labels;
+    std::vector<float> shard_predictions;
+    const std::vector<Piece> pieces = ReadPieces(shard, /*batch_lines=*/2);
+    uint64_t lines = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& piece = pieces[i];
+      lines += piece.lines;
+      StatusOr<bool> applied = worker->Commit(shard, piece, loss * (piece.lines - piece.malformed));
+      ASSERT_TRUE(applied.ok()) << applied.status();
+      EXPECT_TRUE(*applied);
+      // A retried commit (not the shard's last: that one may end the pass)
+      // is acknowledged and counted once.
+      if (i == 0 && pieces.size() > 1) {
+        StatusOr<bool> repeated = worker->Commit(shard, piece, loss);
+        ASSERT_TRUE(repeated.ok()) << repeated.status();
+        EXPECT_FALSE(*repeated);
+        ++duplicates;
+      }
+      shard_labels.insert(shard_labels.end(), piece.labels.begin(), piece.labels.end());
+      shard_predictions.insert(shard_predictions.end(), piece.predictions.begin(),
+                               piece.predictions.end());
+    }
+    EXPECT_EQ(lines, shard.records());
+    if (eval_shard) {
+      all_labels.insert(all_labels.end(), shard_labels.begin(), shard_labels.end());
+      all_predictions.insert(all_predictions.end(), shard_predictions.begin(),
+                             shard_predictions.end());
+      shard_aucs.push_back(ComputeAuc(shard_predictions, shard_labels));
+    }
+  }
+  ASSERT_TRUE(finished);
+  EXPECT_GT(duplicates, 0u);
+  EXPECT_THAT((handed[{proto::TRAIN, 0}]), UnorderedElementsAre(0, 1, 2, 3, 4, 5, 6));
+  EXPECT_THAT((handed[{proto::TRAIN, 1}]), UnorderedElementsAre(0, 1, 2, 3, 4, 5, 6));
+  EXPECT_THAT((handed[{proto::EVAL, 1}]), UnorderedElementsAre(0, 1, 2));
+  EXPECT_EQ(handed.size(), 3u);
+  ASSERT_EQ(all_labels.size(), 11u);
+
+  // Everyone is told to exit: the worker by GET_SHARD above, the servers
+  // by their heartbeats. Then Wait returns at once.
+  for (const auto& server : servers_) {
+    StatusOr<proto::HeartbeatReply> beat = server->Heartbeat();
+    ASSERT_TRUE(beat.ok()) << beat.status();
+    EXPECT_TRUE(beat->shutdown());
+    EXPECT_EQ(beat->state(), proto::JOB_FINISHED);
+  }
+  const absl::Time before_wait = absl::Now();
+  EXPECT_TRUE(master_->Wait().ok());
+  EXPECT_LT(absl::Now() - before_wait, absl::Seconds(5));
+
+  const double expected_auc = ComputeAuc(all_predictions, all_labels);
+  const double expected_logloss = ComputeLogLoss(all_predictions, all_labels);
+  double mean_shard_auc = 0;
+  for (double auc : shard_aucs) mean_shard_auc += auc / shard_aucs.size();
+  // The data is such that an average over shards would be caught.
+  ASSERT_GT(std::abs(mean_shard_auc - expected_auc), 1e-3);
+
+  for (const json& doc : {Doc(), FinalStatus()}) {
+    SCOPED_TRACE(doc.dump());
+    EXPECT_EQ(doc["state"], "finished");
+    EXPECT_EQ(doc["epoch"], 2);
+    EXPECT_EQ(doc["records_trained"], 28 * 2);
+    EXPECT_EQ(doc["records_malformed"], 2 * 2 + 1);
+    EXPECT_EQ(doc["shards"]["total"], 7);
+    EXPECT_EQ(doc["shards"]["done"], 7);
+    EXPECT_EQ(doc["shards"]["todo"], 0);
+    EXPECT_EQ(doc["shards"]["doing"], 0);
+    EXPECT_NEAR(doc["metrics"]["train_loss"].get<double>(), 0.25, 1e-12);
+    ASSERT_EQ(doc["metrics"]["epoch_train_loss"].size(), 2u);
+    EXPECT_NEAR(doc["metrics"]["epoch_train_loss"][0].get<double>(), 0.75, 1e-12);
+    EXPECT_NEAR(doc["metrics"]["eval_auc"].get<double>(), expected_auc, 1e-12);
+    EXPECT_NEAR(doc["metrics"]["eval_logloss"].get<double>(), expected_logloss, 1e-12);
+    EXPECT_EQ(doc["metrics"]["eval_records"], 11);
+    ASSERT_EQ(doc["workers"].size(), 1u);
+    EXPECT_EQ(doc["workers"][0]["records"], 28 * 2);
+    ASSERT_EQ(doc["servers"].size(), 2u);
+    EXPECT_EQ(doc["servers"][0]["partitions"], 4);
+    EXPECT_EQ(doc["servers"][1]["partitions"], 4);
+    EXPECT_EQ(doc["reassignments"], 0);
+  }
+}
+
+TEST_F(MasterTest, ExpiredWorkerLeaseReturnsItsShardFromTheCommittedOffset) {
+  const std::string train = Write("train.tsv", CriteoText(20, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+
+  std::unique_ptr<FakePeer> doomed = Peer();
+  ASSERT_TRUE(doomed->RegisterWorker().ok());
+  const proto::ShardAssignment shard = TakeShard(*doomed);
+  const std::vector<Piece> pieces = ReadPieces(shard, /*batch_lines=*/2);
+  ASSERT_EQ(pieces.size(), 3u);
+  ASSERT_TRUE(doomed->Commit(shard, pieces[0]).ok());
+
+  std::unique_ptr<FakePeer> survivor = Peer();
+  ASSERT_TRUE(survivor->RegisterWorker().ok());
+  std::vector<FakePeer*> alive = ServerPtrs();
+  alive.push_back(survivor.get());
+  // The doomed worker stops heartbeating; its lease runs out.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const json doc = Doc();
+        for (const json& worker : doc["workers"]) {
+          if (worker["id"] == doomed->id()) return worker["state"] == "dead";
+        }
+        return false;
+      },
+      alive));
+  json doc = Doc();
+  EXPECT_EQ(doc["shards"]["doing"], 0);
+  EXPECT_EQ(doc["shards"]["todo"], 4);
+  EXPECT_EQ(doc["reassignments"], 1);
+  EXPECT_EQ(doc["state"], "running");
+
+  // The next worker resumes the shard where the dead one stopped.
+  const proto::ShardAssignment resumed = TakeShard(*survivor);
+  EXPECT_EQ(resumed.shard_id(), shard.shard_id());
+  EXPECT_EQ(resumed.path(), shard.path());
+  EXPECT_EQ(resumed.begin(), shard.begin());
+  EXPECT_EQ(resumed.end(), shard.end());
+  EXPECT_EQ(resumed.start(), pieces[0].end);
+  EXPECT_EQ(resumed.start_line(), shard.start_line() + 2);
+  EXPECT_EQ(resumed.records(), shard.records() - 2);
+
+  // The dead worker is fenced.
+  ExpectCode(doomed->GetShard().status(), absl::StatusCode::kFailedPrecondition, proto::FENCED);
+  ExpectCode(doomed->Heartbeat().status(), absl::StatusCode::kFailedPrecondition, proto::FENCED);
+  ExpectCode(doomed->Commit(shard, pieces[1]).status(), absl::StatusCode::kFailedPrecondition,
+             proto::FENCED);
+
+  // The survivor finishes the job; each record counts once.
+  uint64_t valid = CommitAll(*survivor, resumed, 2);
+  for (int i = 0; i < 3; ++i) valid += CommitAll(*survivor, TakeShard(*survivor), 2);
+  EXPECT_EQ(valid, 18u);
+  doc = Doc();
+  EXPECT_EQ(doc["state"], "finished");
+  EXPECT_EQ(doc["records_trained"], 20);
+  EXPECT_EQ(doc["reassignments"], 1);
+  for (const json& worker : doc["workers"]) {
+    EXPECT_EQ(worker["records"], worker["id"] == doomed->id() ? 2 : 18) << worker.dump();
+  }
+
+  StatusOr<proto::GetShardReply> over = survivor->GetShard();
+  ASSERT_TRUE(over.ok());
+  EXPECT_EQ(over->action(), proto::GetShardReply::FINISHED);
+  Beat(ServerPtrs());
+  EXPECT_TRUE(master_->Wait().ok());
+}
+
+TEST_F(MasterTest, DeregisterReleasesShards) {
+  const std::string train = Write("train.tsv", CriteoText(10, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+
+  std::unique_ptr<FakePeer> leaving = Peer();
+  ASSERT_TRUE(leaving->RegisterWorker().ok());
+  const proto::ShardAssignment shard = TakeShard(*leaving);
+  const std::vector<Piece> pieces = ReadPieces(shard, /*batch_lines=*/3);
+  ASSERT_TRUE(leaving->Commit(shard, pieces[0]).ok());
+  ASSERT_TRUE(leaving->Deregister().ok());
+  json doc = Doc();
+  EXPECT_EQ(doc["workers"][0]["state"], "left");
+  EXPECT_EQ(doc["shards"]["doing"], 0);
+  EXPECT_EQ(doc["shards"]["todo"], 2);
+  // Deregistering twice is harmless; a departed worker is fenced.
+  EXPECT_TRUE(leaving->Deregister().ok());
+  ExpectCode(leaving->Heartbeat().status(), absl::StatusCode::kFailedPrecondition, proto::FENCED);
+
+  std::unique_ptr<FakePeer> next = Peer();
+  ASSERT_TRUE(next->RegisterWorker().ok());
+  const proto::ShardAssignment resumed = TakeShard(*next);
+  EXPECT_EQ(resumed.shard_id(), shard.shard_id());
+  EXPECT_EQ(resumed.start(), pieces[0].end);
+  EXPECT_EQ(resumed.start_line(), shard.start_line() + 3);
+  EXPECT_EQ(resumed.records(), shard.records() - 3);
+
+  master_->RequestStop("test over");
+  EXPECT_EQ(master_->Wait().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(MasterTest, BadCommitsAreRefused) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  const std::string eval = Write("eval.tsv", CriteoText(5, /*seed=*/2, {3}));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.data.eval = eval;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+
+  const proto::ShardAssignment train_shard = TakeShard(*worker);
+  std::vector<Piece> pieces = ReadPieces(train_shard, /*batch_lines=*/5);
+  ASSERT_EQ(pieces.size(), 1u);
+  Piece piece = pieces[0];
+
+  // Record counts that do not fit the byte range.
+  Piece short_count = piece;
+  short_count.lines = 4;
+  EXPECT_EQ(worker->Commit(train_shard, short_count).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A commit for an epoch or phase that is not running.
+  proto::ShardAssignment future = train_shard;
+  future.set_epoch(1);
+  EXPECT_EQ(worker->Commit(future, piece).status().code(), absl::StatusCode::kFailedPrecondition);
+  proto::ShardAssignment early_eval = train_shard;
+  early_eval.set_phase(proto::EVAL);
+  Piece eval_like = piece;
+  eval_like.labels.assign(5, 0.0f);
+  eval_like.predictions.assign(5, 0.5f);
+  EXPECT_EQ(worker->Commit(early_eval, eval_like).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A TRAIN commit carries no frames.
+  Message framed;
+  proto::CommitProgressRequest* body = framed.header().mutable_commit_progress_request();
+  body->set_shard_id(train_shard.shard_id());
+  body->set_phase(proto::TRAIN);
+  body->set_begin_offset(piece.begin);
+  body->set_end_offset(piece.end);
+  body->set_lines(piece.lines);
+  framed.AddArray(std::vector<float>{1.0f});
+  EXPECT_EQ(worker->Call(proto::COMMIT_PROGRESS, std::move(framed)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // More malformed lines than lines.
+  Piece overflow = piece;
+  overflow.malformed = 6;
+  EXPECT_EQ(worker->Commit(train_shard, overflow).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Doc()["records_trained"], 0);
+
+  ASSERT_TRUE(*worker->Commit(train_shard, piece));
+  ASSERT_TRUE(WaitForPhase("evaluating"));
+  const proto::ShardAssignment eval_shard = TakeShard(*worker);
+  ASSERT_EQ(eval_shard.phase(), proto::EVAL);
+  pieces = ReadPieces(eval_shard, /*batch_lines=*/5);
+  ASSERT_EQ(pieces.size(), 1u);
+  piece = pieces[0];
+  ASSERT_EQ(piece.malformed, 1u);
+  ASSERT_EQ(piece.labels.size(), 4u);
+
+  // Frames that do not match each other or the line count.
+  Piece mismatched = piece;
+  mismatched.predictions.pop_back();
+  EXPECT_EQ(worker->Commit(eval_shard, mismatched).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Piece too_few = piece;
+  too_few.labels.pop_back();
+  too_few.predictions.pop_back();
+  EXPECT_EQ(worker->Commit(eval_shard, too_few).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Message no_frames;
+  body = no_frames.header().mutable_commit_progress_request();
+  body->set_shard_id(eval_shard.shard_id());
+  body->set_epoch(eval_shard.epoch());
+  body->set_phase(proto::EVAL);  // an EVAL commit without its two frames
+  body->set_begin_offset(piece.begin);
+  body->set_end_offset(piece.end);
+  body->set_lines(piece.lines);
+  body->set_malformed(piece.malformed);
+  EXPECT_EQ(worker->Call(proto::COMMIT_PROGRESS, std::move(no_frames)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Predictions that are not probabilities (a diverged model) would break
+  // the metrics; labels must be numbers.
+  for (float bad : {std::nanf(""), -0.5f, 1.5f, std::numeric_limits<float>::infinity()}) {
+    Piece not_probabilities = piece;
+    not_probabilities.predictions[1] = bad;
+    EXPECT_EQ(worker->Commit(eval_shard, not_probabilities).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  Piece bad_label = piece;
+  bad_label.labels[2] = std::nanf("");
+  EXPECT_EQ(worker->Commit(eval_shard, bad_label).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Wrong epoch for the evaluation.
+  proto::ShardAssignment wrong_epoch = eval_shard;
+  wrong_epoch.set_epoch(eval_shard.epoch() + 1);
+  EXPECT_EQ(worker->Commit(wrong_epoch, piece).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Doc()["metrics"]["eval_records"], 0);
+
+  ASSERT_TRUE(*worker->Commit(eval_shard, piece));
+  const json doc = Doc();
+  EXPECT_EQ(doc["state"], "finished");
+  EXPECT_EQ(doc["metrics"]["eval_records"], 4);
+  EXPECT_EQ(doc["records_trained"], 5);
+}
+
+// A commit whose reply was lost is resent; when the original ended a pass,
+// the resend arrives in the next one and must still be acknowledged, not
+// refused (the worker would fail on it).
+TEST_F(MasterTest, RepeatedCommitAfterThePassMovedOnIsAcknowledged) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  const std::string eval = Write("eval.tsv", CriteoText(5, /*seed=*/2));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.data.eval = eval;
+  options.job.job.epochs = 2;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+
+  const proto::ShardAssignment first = TakeShard(*worker);
+  const Piece whole = ReadPieces(first, 5)[0];
+  ASSERT_TRUE(*worker->Commit(first, whole));
+  EXPECT_EQ(Doc()["epoch"], 2);
+  StatusOr<bool> repeated = worker->Commit(first, whole);
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_FALSE(*repeated);
+  // Still validated: a range outside the old shard is an error.
+  Piece outside = whole;
+  outside.end += 1;
+  EXPECT_EQ(worker->Commit(first, outside).status().code(), absl::StatusCode::kInvalidArgument);
+
+  const proto::ShardAssignment second = TakeShard(*worker);
+  EXPECT_EQ(second.epoch(), 1u);
+  ASSERT_TRUE(*worker->Commit(second, whole));
+  EXPECT_EQ(Doc()["phase"], "evaluating");
+  repeated = worker->Commit(second, whole);
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_FALSE(*repeated);
+
+  const proto::ShardAssignment eval_shard = TakeShard(*worker);
+  const Piece eval_piece = ReadPieces(eval_shard, 5)[0];
+  ASSERT_TRUE(*worker->Commit(eval_shard, eval_piece));
+  EXPECT_EQ(Doc()["state"], "finished");
+  repeated = worker->Commit(eval_shard, eval_piece);
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_FALSE(*repeated);
+
+  const json doc = Doc();
+  EXPECT_EQ(doc["records_trained"], 10);
+  EXPECT_EQ(doc["metrics"]["eval_records"], 5);
+}
+
+TEST_F(MasterTest, RefusesMalformedRequests) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+
+  for (proto::Method method : {proto::GET_SHARD, proto::HEARTBEAT, proto::REGISTER_WORKER,
+                               proto::GET_CLUSTER_MAP, proto::DEREGISTER}) {
+    Message request;
+    request.AddArray(std::vector<uint64_t>{1, 2, 3});
+    StatusOr<Message> reply = worker->Call(method, std::move(request));
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument)
+        << proto::Method_Name(method) << ": " << reply.status();
+  }
+  // Bodies are required.
+  EXPECT_EQ(worker->Call(proto::HEARTBEAT).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker->Call(proto::COMMIT_PROGRESS).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker->Call(proto::REGISTER_SERVER).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Too many frames for any method.
+  Message crowded;
+  for (int i = 0; i < 3; ++i) crowded.AddArray(std::vector<float>{1.0f});
+  EXPECT_EQ(worker->Call(proto::COMMIT_PROGRESS, std::move(crowded)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Methods the master does not serve.
+  EXPECT_EQ(worker->Call(proto::PULL).status().code(), absl::StatusCode::kUnimplemented);
+  // A server endpoint that is not one.
+  std::unique_ptr<FakePeer> server = Peer();
+  EXPECT_EQ(server->RegisterServer("not an endpoint").code(), absl::StatusCode::kInvalidArgument);
+
+  // The master is none the worse.
+  EXPECT_TRUE(worker->Heartbeat().ok());
+  EXPECT_EQ(Doc()["state"], "running");
+}
+
+TEST_F(MasterTest, ServerMissingItsLeaseFailsTheJob) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  // Only ps[0] keeps heartbeating.
+  ASSERT_TRUE(Eventually([&] { return Doc()["state"] == "failed"; }, {servers_[0].get()}));
+  const json doc = Doc();
+  EXPECT_THAT(doc["error"].get<std::string>(), HasSubstr("ps[1]"));
+  EXPECT_EQ(doc["servers"][1]["state"], "dead");
+  EXPECT_EQ(FinalStatus()["state"], "failed");
+
+  StatusOr<proto::HeartbeatReply> beat = servers_[0]->Heartbeat();
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->shutdown());
+  EXPECT_EQ(beat->state(), proto::JOB_FAILED);
+  const Status result = master_->Wait();
+  EXPECT_EQ(result.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(result.message(), HasSubstr("ps[1]"));
+}
+
+TEST_F(MasterTest, RequestStopFailsTheJobCleanly) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.master.lease_ms = 20000;  // Wait must not need leases to run out
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+
+  master_->RequestStop("stopped by the test");
+  master_->RequestStop("stopped twice");
+  json doc = Doc();
+  EXPECT_EQ(doc["state"], "failed");
+  EXPECT_EQ(doc["error"], "stopped by the test");
+  EXPECT_EQ(FinalStatus()["state"], "failed");
+  // No new members once the job is over.
+  std::unique_ptr<FakePeer> late = Peer();
+  EXPECT_EQ(late->RegisterWorker().code(), absl::StatusCode::kFailedPrecondition);
+
+  StatusOr<proto::GetShardReply> shard = worker->GetShard();
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ(shard->action(), proto::GetShardReply::FINISHED);
+  for (const auto& server : servers_) {
+    StatusOr<proto::HeartbeatReply> beat = server->Heartbeat();
+    ASSERT_TRUE(beat.ok()) << beat.status();
+    EXPECT_TRUE(beat->shutdown());
+  }
+  const absl::Time before_wait = absl::Now();
+  const Status result = master_->Wait();
+  EXPECT_LT(absl::Now() - before_wait, absl::Seconds(5));
+  EXPECT_EQ(result.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(result.message(), HasSubstr("stopped by the test"));
+}
+
+// Start, stop at once, wait: never hangs (the HTTP thread may not have
+// started listening yet when it is stopped).
+TEST_F(MasterTest, StopRightAfterStart) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  for (int i = 0; i < 10; ++i) {
+    MasterOptions options = Options();
+    options.job.data.train = train;
+    options.data_dir = absl::StrCat(dir_, "/master-", i);
+    Master master(options);
+    ASSERT_TRUE(master.Start().ok());
+    master.RequestStop("stop");
+    EXPECT_EQ(master.Wait().code(), absl::StatusCode::kAborted);
+  }
+}
+
+// SIGTERM while a large data set is being scanned ends the job promptly.
+TEST_F(MasterTest, RequestStopInterruptsTheScan) {
+  // Sparse: 16 GiB of no disk, which would take far longer than the bound
+  // below to scan.
+  const std::string big = dir_ + "/huge.tsv";
+  std::ofstream(big, std::ios::binary).close();
+  std::filesystem::resize_file(big, uint64_t{16} << 30);
+  MasterOptions options = Options();
+  options.job.data.train = big;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  EXPECT_EQ(Doc()["phase"], "scanning");
+  const absl::Time before_stop = absl::Now();
+  master_->RequestStop("stopped during the scan");
+  const Status result = master_->Wait();
+  EXPECT_LT(absl::Now() - before_stop, absl::Seconds(5));
+  EXPECT_EQ(result.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(result.message(), HasSubstr("stopped during the scan"));
+  EXPECT_EQ(FinalStatus()["state"], "failed");
+}
+
+TEST_F(MasterTest, ServesStatusAndMetricsOverHttp) {
+  const std::string train = Write("train.tsv", CriteoText(10, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+
+  const json endpoints = json::parse(ReadFile(dir_ + "/master/master.json"));
+  EXPECT_EQ(endpoints["rpc"], master_->rpc_endpoint());
+  EXPECT_EQ(endpoints["http"], master_->http_url());
+  EXPECT_THAT(master_->rpc_endpoint(), HasSubstr("tcp://127.0.0.1:"));
+  EXPECT_THAT(master_->http_url(), HasSubstr("http://127.0.0.1:"));
+
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  ASSERT_TRUE(WaitForPhase("training"));
+  const proto::ShardAssignment shard = TakeShard(*worker);
+  ASSERT_TRUE(worker->Commit(shard, ReadPieces(shard, 2)[0], 0.5).ok());
+  // After WaitForPhase, whose keep-alive heartbeats report 0 rows.
+  ASSERT_TRUE(servers_[0]->Heartbeat(/*rows=*/123).ok());
+  ASSERT_TRUE(worker->Heartbeat().ok());
+
+  httplib::Client client(master_->http_url());
+  client.set_connection_timeout(5);
+  client.set_read_timeout(5);
+  httplib::Result status = client.Get("/status");
+  ASSERT_TRUE(status) << httplib::to_string(status.error());
+  EXPECT_EQ(status->status, 200);
+  const json doc = json::parse(status->body);
+  EXPECT_EQ(doc["state"], "running");
+  EXPECT_EQ(doc["epoch"], 1);
+  for (const char* key : {"total", "todo", "doing", "done"}) {
+    EXPECT_TRUE(doc["shards"].contains(key)) << key;
+  }
+  EXPECT_EQ(doc["shards"]["total"], 2);
+  EXPECT_EQ(doc["shards"]["doing"], 1);
+  EXPECT_EQ(doc["records_trained"], 2);
+  ASSERT_EQ(doc["workers"].size(), 1u);
+  for (const char* key : {"id", "state", "records", "records_per_s"}) {
+    EXPECT_TRUE(doc["workers"][0].contains(key)) << key;
+  }
+  EXPECT_EQ(doc["workers"][0]["state"], "alive");
+  EXPECT_EQ(doc["workers"][0]["records_per_s"], 12.5);
+  ASSERT_EQ(doc["servers"].size(), 2u);
+  for (const char* key : {"id", "partitions", "rows"}) {
+    EXPECT_TRUE(doc["servers"][0].contains(key)) << key;
+  }
+  EXPECT_EQ(doc["servers"][0]["rows"], 123);
+  for (const char* key : {"train_loss", "eval_auc", "eval_logloss"}) {
+    EXPECT_TRUE(doc["metrics"].contains(key)) << key;
+  }
+  EXPECT_TRUE(doc["metrics"]["eval_auc"].is_null());
+
+  httplib::Result metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_THAT(metrics->body, HasSubstr("# TYPE eps_records_trained gauge"));
+  EXPECT_THAT(metrics->body, HasSubstr("eps_records_trained 2\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("eps_workers_alive 1\n"));
+
+  httplib::Result page = client.Get("/");
+  ASSERT_TRUE(page) << httplib::to_string(page.error());
+  EXPECT_EQ(page->status, 200);
+  EXPECT_THAT(page->body, HasSubstr("master-test"));
+}
+
+// Counters in /metrics keep every digit (a six-digit float would not).
+TEST_F(MasterTest, MetricsKeepEveryDigit) {
+  // 1234567 empty lines: records as far as the master is concerned.
+  const std::string train = Write("train.tsv", std::string(1234567, '\n'));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.data.shard_records = 2000000;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  const proto::ShardAssignment shard = TakeShard(*worker);
+  ASSERT_EQ(shard.records(), 1234567u);
+  Piece all;
+  all.begin = shard.start();
+  all.end = shard.end();
+  all.lines = shard.records();
+  ASSERT_TRUE(worker->Commit(shard, all, /*loss_sum=*/0.5 * 1234567).ok());
+
+  httplib::Client client(master_->http_url());
+  client.set_connection_timeout(5);
+  client.set_read_timeout(5);
+  httplib::Result metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
+  EXPECT_THAT(metrics->body, HasSubstr("\neps_records_trained 1234567\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("\neps_train_loss 0.5\n"));
+  EXPECT_EQ(Doc()["records_trained"], 1234567);
+}
+
+// Text the master did not write itself (the job name from the config file,
+// file names, peers' messages) may be anything; /status must still render.
+TEST_F(MasterTest, StatusSurvivesTextThatIsNotUtf8) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.job.name = "job-\xff\xfe";
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  std::string text;
+  EXPECT_NO_THROW(text = master_->StatusJson());
+  EXPECT_TRUE(json::accept(text));
+  master_->RequestStop("stopped \xc3");
+  EXPECT_EQ(master_->Wait().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(FinalStatus()["state"], "failed");
+}
+
+TEST_F(MasterTest, MissingDataIsNotFound) {
+  MasterOptions options = Options();
+  options.job.data.train = dir_ + "/no-such-train";
+  Master master(options);
+  const Status started = master.Start();
+  EXPECT_EQ(started.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(started.message(), HasSubstr("data.train"));
+  EXPECT_THAT(started.message(), HasSubstr(dir_ + "/no-such-train"));
+
+  MasterOptions with_eval = Options();
+  with_eval.job.data.train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  with_eval.job.data.eval = dir_ + "/no-such-eval";
+  Master master2(with_eval);
+  const Status started2 = master2.Start();
+  EXPECT_EQ(started2.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(started2.message(), HasSubstr("data.eval"));
+  EXPECT_THAT(started2.message(), HasSubstr(dir_ + "/no-such-eval"));
+}
+
+TEST_F(MasterTest, TrainDataWithoutRecordsFailsTheJob) {
+  const std::string train = Write("train.tsv", "");
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_TRUE(Eventually([&] { return Doc()["state"] == "failed"; }, {}));
+  EXPECT_THAT(Doc()["error"].get<std::string>(), HasSubstr("data.train"));
+  EXPECT_EQ(master_->Wait().code(), absl::StatusCode::kAborted);
+}
+
+// Servers usually register while the master is still scanning a large data
+// set; training must start once the scan is done.
+TEST_F(MasterTest, TrainingStartsWhenServersRegisteredDuringTheScan) {
+  // A sparse 256 MiB file (one long record) takes a moment to scan and no disk.
+  const std::string big = dir_ + "/big.tsv";
+  std::ofstream(big, std::ios::binary).close();
+  std::filesystem::resize_file(big, uint64_t{256} << 20);
+  MasterOptions options = Options();
+  options.job.data.train = big;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  const bool registered_during_scan = Doc()["phase"] == "scanning";
+  ASSERT_TRUE(WaitForPhase("training")) << "registered during the scan: " << registered_during_scan;
+  if (!registered_during_scan) {
+    GTEST_SKIP() << "the scan finished before the servers registered";
+  }
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  const proto::ShardAssignment shard = TakeShard(*worker);
+  EXPECT_EQ(shard.records(), 1u);
+  EXPECT_EQ(shard.end(), uint64_t{256} << 20);
+}
+
+}  // namespace
+}  // namespace eps

@@ -1,0 +1,642 @@
+// Tests ps/param_server.h in-process against a fake master: an RpcServer on
+// loopback (ephemeral port) that registers the server, hands it a job of an
+// embedding table and a dense tensor, answers heartbeats as the test says,
+// and serves a cluster map giving the server the even partitions (the odd
+// ones belong to a server that does not exist). The test then speaks PULL
+// and PUSH to the server's endpoint over an RpcChannel.
+
+#include "ps/param_server.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/logging.h"
+#include "core/message.h"
+#include "core/placement.h"
+#include "core/rpc_channel.h"
+#include "core/rpc_server.h"
+#include "core/socket_factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace eps {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kPartitions = 8;
+constexpr uint32_t kServerId = 3;
+constexpr uint32_t kOtherServerId = 9;
+constexpr uint32_t kEmb = 0;    // EMBEDDING, dim 4
+constexpr uint32_t kDense = 1;  // DENSE, dim 4, 38 floats = 10 chunks
+constexpr uint32_t kDim = 4;
+constexpr uint64_t kDenseChunks = 10;
+constexpr float kLearningRate = 0.1f;
+
+proto::JobSpec MakeJob() {
+  proto::JobSpec job;
+  job.set_name("param-server-test");
+  job.set_seed(17);
+  job.set_num_partitions(kPartitions);
+  proto::TableSpec* emb = job.add_tables();
+  emb->set_id(kEmb);
+  emb->set_name("emb");
+  emb->set_kind(proto::EMBEDDING);
+  emb->set_dim(kDim);
+  emb->mutable_initializer()->set_kind(proto::InitializerSpec::ZEROS);
+  emb->mutable_optimizer()->set_kind(proto::OptimizerSpec::SGD);
+  emb->mutable_optimizer()->set_learning_rate(kLearningRate);
+  proto::TableSpec* dense = job.add_tables();
+  *dense = *emb;
+  dense->set_id(kDense);
+  dense->set_name("dense");
+  dense->set_kind(proto::DENSE);
+  dense->set_dense_size(38);
+  return job;
+}
+
+bool OwnedHere(uint64_t key) { return PartitionOf(key, kPartitions) % 2 == 0; }
+
+// `n` embedding keys that the fake map puts on this server (or elsewhere).
+std::vector<uint64_t> EmbKeys(size_t n, bool here) {
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 1; keys.size() < n; ++i) {
+    const uint64_t key = 0x9e3779b97f4a7c15ULL * i;
+    if (OwnedHere(key) == here) keys.push_back(key);
+  }
+  return keys;
+}
+
+// The dense tensor's chunk keys that the fake map puts on this server.
+std::vector<uint64_t> DenseKeysHere() {
+  std::vector<uint64_t> keys;
+  for (uint64_t c = 0; c < kDenseChunks; ++c) {
+    if (OwnedHere(DenseChunkKey(kDense, c))) keys.push_back(DenseChunkKey(kDense, c));
+  }
+  return keys;
+}
+
+// A fake master; the test sets its answers and reads what it saw.
+class FakeMaster {
+ public:
+  explicit FakeMaster(SocketFactory* factory) {
+    RpcServerOptions options;
+    options.name = "fake-master";
+    StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(
+        factory, options,
+        [this](Message& request, Message* reply) { return Handle(request, reply); });
+    CHECK_OK(server.status());
+    server_ = std::move(server).value();
+    endpoint_ = server_->endpoint();
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+  // Stops answering; the port is closed.
+  void Stop() { server_->Stop(); }
+
+  void set_job(proto::JobSpec job) {
+    absl::MutexLock lock(&mu_);
+    job_ = std::move(job);
+  }
+  // The map version heartbeats announce (0: not placed yet).
+  void set_map_version(uint64_t version) {
+    absl::MutexLock lock(&mu_);
+    map_version_ = version;
+  }
+  void set_shutdown(bool shutdown) {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = shutdown;
+  }
+  void set_heartbeat_error(Status status) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_error_ = std::move(status);
+  }
+  // REGISTER_SERVER is held (for at most 5 s) until ReleaseRegister; the
+  // registered endpoint is known before that.
+  void HoldRegister() {
+    absl::MutexLock lock(&mu_);
+    hold_register_ = true;
+  }
+  void ReleaseRegister() { release_.Notify(); }
+  // Waits until a server has asked to register; its endpoint.
+  std::string AwaitRegistration(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::string* endpoint) { return !endpoint->empty(); }, &registered_endpoint_),
+        timeout);
+    return registered_endpoint_;
+  }
+
+  // Waits until `heartbeats` heartbeats have been answered; false on timeout.
+  bool AwaitHeartbeats(int heartbeats, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return heartbeats_ >= heartbeats; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+  // Waits until a heartbeat reports at least `pushes` pushes; the stats of
+  // the last heartbeat.
+  proto::ServerStats AwaitPushes(uint64_t pushes, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return last_stats_.pushes() >= pushes; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    return last_stats_;
+  }
+
+ private:
+  Status Handle(Message& request, Message* reply) {
+    switch (request.header().method()) {
+      case proto::REGISTER_SERVER: {
+        bool hold = false;
+        {
+          absl::MutexLock lock(&mu_);
+          registered_endpoint_ = request.header().register_server_request().endpoint();
+          hold = hold_register_;
+          proto::RegisterServerReply* body = reply->header().mutable_register_server_reply();
+          body->set_server_id(kServerId);
+          *body->mutable_job() = job_;
+        }
+        if (hold) release_.WaitForNotificationWithTimeout(absl::Seconds(5));
+        return absl::OkStatus();
+      }
+      case proto::HEARTBEAT: {
+        absl::MutexLock lock(&mu_);
+        ++heartbeats_;
+        EXPECT_EQ(request.header().sender().role(), proto::ROLE_SERVER);
+        EXPECT_EQ(request.header().sender().id(), kServerId);
+        last_stats_ = request.header().heartbeat_request().server();
+        if (!heartbeat_error_.ok()) return heartbeat_error_;
+        proto::HeartbeatReply* body = reply->header().mutable_heartbeat_reply();
+        body->set_state(shutdown_ ? proto::JOB_FINISHED : proto::JOB_RUNNING);
+        body->set_shutdown(shutdown_);
+        body->set_cluster_map_version(map_version_);
+        return absl::OkStatus();
+      }
+      case proto::GET_CLUSTER_MAP: {
+        absl::MutexLock lock(&mu_);
+        proto::ClusterMap* map = reply->header().mutable_get_cluster_map_reply()->mutable_map();
+        map->set_version(map_version_);
+        map->set_num_partitions(kPartitions);
+        proto::ServerInfo* here = map->add_servers();
+        here->set_id(kServerId);
+        here->set_endpoint(registered_endpoint_);
+        proto::ServerInfo* other = map->add_servers();
+        other->set_id(kOtherServerId);
+        other->set_endpoint("tcp://127.0.0.1:9");
+        for (uint32_t p = 0; p < kPartitions; ++p) {
+          map->add_partition_owner(p % 2 == 0 ? kServerId : kOtherServerId);
+        }
+        return absl::OkStatus();
+      }
+      default:
+        return absl::UnimplementedError("fake master");
+    }
+  }
+
+  mutable absl::Mutex mu_;
+  proto::JobSpec job_ ABSL_GUARDED_BY(mu_) = MakeJob();
+  uint64_t map_version_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  Status heartbeat_error_ ABSL_GUARDED_BY(mu_);
+  bool hold_register_ ABSL_GUARDED_BY(mu_) = false;
+  std::string registered_endpoint_ ABSL_GUARDED_BY(mu_);
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  proto::ServerStats last_stats_ ABSL_GUARDED_BY(mu_);
+  absl::Notification release_;
+  std::string endpoint_;
+  // Last: stopped (joining its threads) before the state above goes.
+  std::unique_ptr<RpcServer> server_;
+};
+
+// A PULL of `keys` frames, one per table id.
+Message PullRequest(const std::vector<uint32_t>& table_ids,
+                    const std::vector<std::vector<uint64_t>>& keys) {
+  Message request;
+  request.header().set_method(proto::PULL);
+  for (uint32_t id : table_ids) request.header().mutable_pull_request()->add_table_ids(id);
+  for (const auto& frame : keys) request.AddArray(frame);
+  return request;
+}
+
+// A PUSH: for each table id, its keys frame then its gradients frame.
+Message PushRequest(const std::vector<uint32_t>& table_ids,
+                    const std::vector<std::vector<uint64_t>>& keys,
+                    const std::vector<std::vector<float>>& grads) {
+  Message request;
+  request.header().set_method(proto::PUSH);
+  request.header().mutable_push_request()->set_client_seq(1);
+  for (uint32_t id : table_ids) request.header().mutable_push_request()->add_table_ids(id);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    request.AddArray(keys[i]);
+    if (i < grads.size()) request.AddArray(grads[i]);
+  }
+  return request;
+}
+
+// Gradients for `n` rows: element e of row i is (i + 1) * 0.5 - e * 0.25.
+std::vector<float> Grads(size_t n) {
+  std::vector<float> grads(n * kDim);
+  for (size_t i = 0; i < n; ++i) {
+    for (uint32_t e = 0; e < kDim; ++e) grads[i * kDim + e] = (i + 1) * 0.5f - e * 0.25f;
+  }
+  return grads;
+}
+
+// One SGD step (l2 = 0), computed the way the server does.
+float Sgd(float weight, float grad) {
+  weight -= kLearningRate * grad;
+  return weight;
+}
+
+class ParamServerTest : public ::testing::Test {
+ protected:
+  ParamServerOptions Options() const {
+    ParamServerOptions options;
+    options.master = master_->endpoint();
+    options.host = "127.0.0.1";
+    options.data_dir = ::testing::TempDir() + "/param-server-test";
+    options.heartbeat = absl::Milliseconds(50);
+    options.master_wait = absl::Seconds(2);
+    options.rpc_timeout = absl::Seconds(2);
+    return options;
+  }
+
+  void StartServer(const ParamServerOptions& options) {
+    server_ = std::make_unique<ParamServer>(options);
+    const Status started = server_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+  }
+  void StartServer() { StartServer(Options()); }
+
+  StatusOr<Message> Call(Message request) {
+    CallOptions call;
+    call.attempt_timeout = absl::Seconds(3);
+    call.max_attempts = 1;
+    return channel_.Call(server_->endpoint(), std::move(request), call);
+  }
+
+  // Pulls `keys` of `table`, retrying while the server is NOT_READY (it gets
+  // the map with its first heartbeats).
+  StatusOr<std::vector<float>> Pull(uint32_t table, const std::vector<uint64_t>& keys) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(3);
+    while (true) {
+      StatusOr<Message> reply = Call(PullRequest({table}, {keys}));
+      if (!reply.ok()) {
+        if (ReasonOf(reply.status()) == proto::NOT_READY && absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(5));  // polling for the map, bounded
+          continue;
+        }
+        return reply.status();
+      }
+      if (reply->num_frames() != 1) return absl::DataLossError("want 1 frame");
+      ASSIGN_OR_RETURN(std::span<const float> rows, reply->Array<float>(0));
+      return std::vector<float>(rows.begin(), rows.end());
+    }
+  }
+
+  Status Push(uint32_t table, const std::vector<uint64_t>& keys, const std::vector<float>& grads) {
+    return Call(PushRequest({table}, {keys}, {grads})).status();
+  }
+
+  // Blocks until the server serves (it has the map).
+  void AwaitMap() {
+    StatusOr<std::vector<float>> rows = Pull(kEmb, EmbKeys(1, /*here=*/true));
+    ASSERT_TRUE(rows.ok()) << rows.status();
+  }
+
+  // Declared first: destroyed after the server, the master and the channel.
+  SocketFactory factory_;
+  std::unique_ptr<FakeMaster> master_ = std::make_unique<FakeMaster>(&factory_);
+  RpcChannel channel_{&factory_, [] {
+                        proto::NodeId self;
+                        self.set_role(proto::ROLE_WORKER);
+                        self.set_id(1);
+                        return self;
+                      }()};
+  // Destroyed before the master: its heartbeats find the master until the end.
+  std::unique_ptr<ParamServer> server_;
+};
+
+TEST_F(ParamServerTest, PullCreatesRowsAndPushAppliesSgdExactly) {
+  StartServer();
+  EXPECT_EQ(server_->id(), kServerId);
+  EXPECT_EQ(master_->AwaitRegistration(absl::Seconds(1)), server_->endpoint());
+  EXPECT_THAT(server_->endpoint(), HasSubstr("tcp://127.0.0.1:"));
+
+  std::vector<uint64_t> keys = EmbKeys(20, /*here=*/true);
+  StatusOr<std::vector<float>> rows = Pull(kEmb, keys);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, std::vector<float>(keys.size() * kDim, 0.0f));
+
+  const std::vector<float> grads = Grads(keys.size());
+  ASSERT_TRUE(Push(kEmb, keys, grads).ok());
+  // A second push with one key twice: applied one after the other.
+  std::vector<uint64_t> again = {keys[0], keys[5], keys[0]};
+  std::vector<float> again_grads = Grads(again.size());
+  ASSERT_TRUE(Push(kEmb, again, again_grads).ok());
+
+  std::vector<float> expected(keys.size() * kDim);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (uint32_t e = 0; e < kDim; ++e) {
+      expected[i * kDim + e] = Sgd(0.0f, grads[i * kDim + e]);
+    }
+  }
+  for (uint32_t e = 0; e < kDim; ++e) {
+    expected[0 * kDim + e] =
+        Sgd(Sgd(expected[0 * kDim + e], again_grads[0 * kDim + e]), again_grads[2 * kDim + e]);
+    expected[5 * kDim + e] = Sgd(expected[5 * kDim + e], again_grads[1 * kDim + e]);
+  }
+  rows = Pull(kEmb, keys);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, expected);
+
+  // The dense tensor: chunks of 4 floats, placed like embedding rows.
+  const std::vector<uint64_t> chunks = DenseKeysHere();
+  ASSERT_FALSE(chunks.empty());
+  rows = Pull(kDense, chunks);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, std::vector<float>(chunks.size() * kDim, 0.0f));
+  const std::vector<float> dense_grads = Grads(chunks.size());
+  ASSERT_TRUE(Push(kDense, chunks, dense_grads).ok());
+  rows = Pull(kDense, chunks);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (size_t i = 0; i < dense_grads.size(); ++i) {
+    EXPECT_EQ((*rows)[i], Sgd(0.0f, dense_grads[i])) << i;
+  }
+
+  // Both tables in one request, in either order.
+  StatusOr<Message> reply = Call(PullRequest({kDense, kEmb}, {chunks, keys}));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->num_frames(), 2u);
+  EXPECT_EQ(reply->frame(0).size(), chunks.size() * kDim * sizeof(float));
+  StatusOr<std::span<const float>> emb_rows = reply->Array<float>(1);
+  ASSERT_TRUE(emb_rows.ok());
+  EXPECT_EQ(std::vector<float>(emb_rows->begin(), emb_rows->end()), expected);
+}
+
+TEST_F(ParamServerTest, HeartbeatsCarryStats) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> keys = EmbKeys(7, /*here=*/true);
+  ASSERT_TRUE(Push(kEmb, keys, Grads(keys.size())).ok());
+  const proto::ServerStats stats = master_->AwaitPushes(1, absl::Seconds(3));
+  EXPECT_EQ(stats.pushes(), 1u);
+  EXPECT_GE(stats.pulls(), 1u);
+  EXPECT_GE(stats.rows(), keys.size());
+}
+
+TEST_F(ParamServerTest, KeysOfOtherPartitionsAreWrongOwner) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> elsewhere = EmbKeys(3, /*here=*/false);
+  StatusOr<std::vector<float>> rows = Pull(kEmb, elsewhere);
+  EXPECT_EQ(rows.status().code(), absl::StatusCode::kFailedPrecondition) << rows.status();
+  EXPECT_EQ(ReasonOf(rows.status()), proto::WRONG_OWNER);
+
+  // A push mixing its own keys with another server's applies nothing.
+  std::vector<uint64_t> mixed = EmbKeys(4, /*here=*/true);
+  mixed.push_back(elsewhere[0]);
+  const Status pushed = Push(kEmb, mixed, Grads(mixed.size()));
+  EXPECT_EQ(pushed.code(), absl::StatusCode::kFailedPrecondition) << pushed;
+  EXPECT_EQ(ReasonOf(pushed), proto::WRONG_OWNER);
+  mixed.pop_back();
+  rows = Pull(kEmb, mixed);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, std::vector<float>(mixed.size() * kDim, 0.0f));
+
+  // Dense chunks are placed the same way.
+  std::vector<uint64_t> dense_elsewhere;
+  for (uint64_t c = 0; c < kDenseChunks; ++c) {
+    if (!OwnedHere(DenseChunkKey(kDense, c))) dense_elsewhere.push_back(DenseChunkKey(kDense, c));
+  }
+  ASSERT_FALSE(dense_elsewhere.empty());
+  rows = Pull(kDense, dense_elsewhere);
+  EXPECT_EQ(ReasonOf(rows.status()), proto::WRONG_OWNER) << rows.status();
+}
+
+TEST_F(ParamServerTest, NotReadyUntilTheMasterHasPlacedPartitions) {
+  master_->set_map_version(0);  // heartbeats say: no map yet
+  StartServer();
+  const std::vector<uint64_t> keys = EmbKeys(2, /*here=*/true);
+  // Several heartbeats have been answered, none announcing a map.
+  ASSERT_TRUE(master_->AwaitHeartbeats(3, absl::Seconds(3)));
+  StatusOr<Message> reply = Call(PullRequest({kEmb}, {keys}));
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
+  EXPECT_EQ(ReasonOf(reply.status()), proto::NOT_READY);
+  reply = Call(PushRequest({kEmb}, {keys}, {Grads(keys.size())}));
+  EXPECT_EQ(ReasonOf(reply.status()), proto::NOT_READY) << reply.status();
+
+  master_->set_map_version(1);
+  StatusOr<std::vector<float>> rows = Pull(kEmb, keys);  // retries while NOT_READY
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, std::vector<float>(keys.size() * kDim, 0.0f));  // the push was not applied
+}
+
+TEST_F(ParamServerTest, NotReadyWhileStillRegistering) {
+  // A request that reaches the port while Start is still waiting for the
+  // master's reply (tables not yet made) is told to come back, not served
+  // from half-built state.
+  master_->HoldRegister();
+  Status started;
+  server_ = std::make_unique<ParamServer>(Options());
+  std::thread starter([&] { started = server_->Start(); });
+  const std::string endpoint = master_->AwaitRegistration(absl::Seconds(3));
+  const std::vector<uint64_t> keys = EmbKeys(2, /*here=*/true);
+  StatusOr<Message> reply = absl::UnknownError("no server registered");
+  if (!endpoint.empty()) {
+    CallOptions call;
+    call.attempt_timeout = absl::Milliseconds(500);  // the server's Start waits 1 s per attempt
+    call.max_attempts = 1;
+    reply = channel_.Call(endpoint, PullRequest({kEmb}, {keys}), call);
+  }
+  master_->ReleaseRegister();
+  starter.join();
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
+  EXPECT_EQ(ReasonOf(reply.status()), proto::NOT_READY) << reply.status();
+  ASSERT_TRUE(started.ok()) << started;
+  StatusOr<std::vector<float>> rows = Pull(kEmb, keys);
+  EXPECT_TRUE(rows.ok()) << rows.status();
+}
+
+TEST_F(ParamServerTest, RejectsMalformedRequestsWithoutTouchingTables) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> keys = EmbKeys(3, /*here=*/true);
+  const std::vector<float> grads = Grads(keys.size());
+  ASSERT_TRUE(Push(kEmb, keys, grads).ok());
+  StatusOr<std::vector<float>> before = Pull(kEmb, keys);
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::vector<uint64_t> chunks = DenseKeysHere();
+  StatusOr<std::vector<float>> dense_before = Pull(kDense, chunks);
+  ASSERT_TRUE(dense_before.ok()) << dense_before.status();
+
+  auto expect_invalid = [&](Message request, const std::string& what) {
+    StatusOr<Message> reply = Call(std::move(request));
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument)
+        << what << ": " << reply.status();
+    StatusOr<std::vector<float>> after = Pull(kEmb, keys);
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(*after, *before) << what << " changed the embedding table";
+    after = Pull(kDense, chunks);
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(*after, *dense_before) << what << " changed the dense table";
+  };
+
+  expect_invalid(PullRequest({7}, {keys}), "PULL of an unknown table");
+  expect_invalid(PushRequest({7}, {keys}, {grads}), "PUSH to an unknown table");
+  expect_invalid(PullRequest({kEmb, kDense}, {keys}), "PULL of 2 tables with 1 frame");
+  expect_invalid(PullRequest({kEmb}, {keys, keys}), "PULL of 1 table with 2 frames");
+  expect_invalid(PullRequest({}, {}), "PULL of no table");
+  expect_invalid(PushRequest({kEmb}, {keys}, {}), "PUSH with keys but no gradients");
+  expect_invalid(PushRequest({kEmb, kDense}, {keys, chunks}, {grads}),
+                 "PUSH of 2 tables with 3 frames");
+  {
+    Message request;
+    request.header().set_method(proto::PULL);  // no PullRequest body
+    request.AddArray(keys);
+    expect_invalid(std::move(request), "PULL without a body");
+  }
+  {
+    Message request = PullRequest({kEmb}, {});
+    const char twelve_bytes[12] = {};
+    request.AddFrame(zmq::message_t(twelve_bytes, sizeof(twelve_bytes)));
+    expect_invalid(std::move(request), "PULL keys frame of 12 bytes");
+  }
+  {
+    Message request = PushRequest({kEmb}, {}, {});
+    const char twelve_bytes[12] = {};
+    request.AddFrame(zmq::message_t(twelve_bytes, sizeof(twelve_bytes)));
+    request.AddArray(grads);
+    expect_invalid(std::move(request), "PUSH keys frame of 12 bytes");
+  }
+  {
+    std::vector<float> short_grads = grads;
+    short_grads.pop_back();
+    expect_invalid(PushRequest({kEmb}, {keys}, {short_grads}), "PUSH with too few gradients");
+    std::vector<float> long_grads = grads;
+    long_grads.push_back(1.0f);
+    expect_invalid(PushRequest({kEmb}, {keys}, {long_grads}), "PUSH with too many gradients");
+  }
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> bad_grads = grads;
+    bad_grads[5] = bad;
+    expect_invalid(PushRequest({kEmb}, {keys}, {bad_grads}),
+                   absl::StrCat("PUSH with gradient ", bad));
+    // The bad table second: the first, valid one must not be applied either.
+    std::vector<float> bad_dense = Grads(chunks.size());
+    bad_dense.back() = bad;
+    expect_invalid(PushRequest({kEmb, kDense}, {keys, chunks}, {grads, bad_dense}),
+                   absl::StrCat("PUSH of 2 tables, the second with gradient ", bad));
+  }
+  // Dense keys must be chunks of their own tensor.
+  expect_invalid(PullRequest({kDense}, {{DenseChunkKey(kDense, kDenseChunks)}}),
+                 "PULL of the chunk past the end");
+  expect_invalid(PullRequest({kDense}, {{DenseChunkKey(kEmb, 0)}}),
+                 "PULL of another table's chunk");
+  expect_invalid(PullRequest({kDense}, {{keys[0]}}), "PULL of an embedding key as a chunk");
+  expect_invalid(
+      PushRequest({kEmb, kDense}, {keys, {DenseChunkKey(kDense, 1u << 20)}}, {grads, Grads(1)}),
+      "PUSH of a chunk far past the end");
+}
+
+TEST_F(ParamServerTest, OtherMethodsAreUnimplemented) {
+  StartServer();
+  AwaitMap();
+  for (proto::Method method : {proto::GET_SHARD, proto::HEARTBEAT, proto::METHOD_UNSPECIFIED}) {
+    Message request;
+    request.header().set_method(method);
+    StatusOr<Message> reply = Call(std::move(request));
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnimplemented)
+        << proto::Method_Name(method) << ": " << reply.status();
+  }
+}
+
+TEST_F(ParamServerTest, ShutdownFromTheMasterEndsWait) {
+  StartServer();
+  AwaitMap();
+  master_->set_shutdown(true);
+  const absl::Time start = absl::Now();
+  const Status waited = server_->Wait();
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST_F(ParamServerTest, RequestStopEndsWait) {
+  StartServer();
+  server_->RequestStop();
+  const absl::Time start = absl::Now();
+  const Status waited = server_->Wait();
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST_F(ParamServerTest, StartFailsWhenTheMasterIsUnreachable) {
+  // The master's port is closed: nobody listens there.
+  std::string dead;
+  {
+    StatusOr<zmq::socket_t> router = factory_.BindRouter("tcp://127.0.0.1:0", &dead);
+    ASSERT_TRUE(router.ok()) << router.status();
+    router->close();
+  }
+  ParamServerOptions options = Options();
+  options.master = dead;
+  options.master_wait = absl::Seconds(2);
+  ParamServer server(options);
+  const absl::Time start = absl::Now();
+  const Status started = server.Start();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(started.code() == absl::StatusCode::kDeadlineExceeded ||
+              started.code() == absl::StatusCode::kUnavailable)
+      << started;
+  EXPECT_THAT(started.message(), HasSubstr(dead));
+  EXPECT_LT(took, absl::Seconds(4));
+  EXPECT_EQ(server.Wait().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ParamServerTest, StartRefusesAJobWithBadTableIds) {
+  proto::JobSpec job = MakeJob();
+  job.mutable_tables(1)->set_id(5);
+  master_->set_job(job);
+  ParamServer server(Options());
+  const Status started = server.Start();
+  EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument) << started;
+}
+
+TEST_F(ParamServerTest, LosingTheMasterEndsWaitWithUnavailable) {
+  ParamServerOptions options = Options();
+  options.master_wait = absl::Seconds(1);
+  StartServer(options);
+  AwaitMap();
+  master_->Stop();
+  const absl::Time start = absl::Now();
+  const Status waited = server_->Wait();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr(master_->endpoint()));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+}
+
+TEST_F(ParamServerTest, FencedHeartbeatEndsWaitWithFailedPrecondition) {
+  StartServer();
+  AwaitMap();
+  master_->set_heartbeat_error(ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                                               "ps[3] is not registered", proto::FENCED));
+  const absl::Time start = absl::Now();
+  const Status waited = server_->Wait();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kFailedPrecondition) << waited;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+}  // namespace
+}  // namespace eps
