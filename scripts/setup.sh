@@ -55,7 +55,7 @@ configure_and_build() {
     targets+=(--target "$target")
   done
   echo "eps: building in $EPS_BUILD_DIR with $jobs jobs" >&2
-  cmake --build "$EPS_BUILD_DIR" -j "$jobs" "${targets[@]}"
+  cmake --build "$EPS_BUILD_DIR" -j "$jobs" "${targets[@]}" >&2
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -135,6 +135,40 @@ TEST(Job, DistributedRunMatchesSingleProcessAccuracy) {
   EXPECT_NEAR(distributed_logloss, reference->eval_logloss, 0.01);
 }
 
+// SIGTERM on a worker mid-epoch: it finishes and commits the batch in hand,
+// hands its shard back and exits 0; the other worker finishes the job and
+// every record is still counted exactly once.
+TEST(Job, WorkerStoppedBySigtermHandsItsShardBackAndExitsZero) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  ASSERT_NO_FATAL_FAILURE(Generate(dir, 300000));
+  LocalJob job(dir.path(), config, DataFlags(dir));
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    StatusOr<json> live = job.LiveStatus();
+    if (live.ok() && (*live)["records_trained"].get<uint64_t>() > 0) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  job.workers()[0]->Signal(SIGTERM);
+  EXPECT_EQ(job.workers()[0]->Wait(absl::Seconds(30)), 0) << job.Logs();
+
+  StatusOr<int> master_exit = job.WaitForMaster(kJobTimeout);
+  ASSERT_TRUE(master_exit.ok() && *master_exit == 0) << job.Logs();
+  StatusOr<json> status = job.FinalStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ((*status)["records_trained"].get<uint64_t>(), CountTrainRecords(dir));
+  const std::string first_log = job.workers()[0]->Log();
+  EXPECT_TRUE(absl::StrContains(first_log, "received Terminated")) << first_log;
+  bool found = false;
+  for (const json& worker : (*status)["workers"]) {
+    if (worker["pid"].get<pid_t>() != job.workers()[0]->pid()) continue;
+    found = true;
+    EXPECT_EQ(worker["state"], "left") << status->dump();
+  }
+  EXPECT_TRUE(found) << status->dump();
+}
+
 // Runs `argv` to completion and returns (exit code, output).
 std::pair<int, std::string> RunToExit(const TempDir& dir, std::vector<std::string> argv,
                                       absl::Duration timeout = absl::Seconds(30)) {
