@@ -90,6 +90,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("worker.rpc_attempts", &worker.rpc_attempts, "attempts per call");
   v.Visit("worker.master_wait_s", &worker.master_wait_s,
           "seconds to keep trying to reach the master at startup");
+  v.Visit("worker.max_records_per_s", &worker.max_records_per_s,
+          "cap on a worker's records/s, 0 none (demos, tests)");
 
   v.Visit("master.heartbeat_ms", &master.heartbeat_ms, "heartbeat interval");
   v.Visit("master.lease_ms", &master.lease_ms, "heartbeat silence after which a peer is dead");
@@ -155,6 +157,7 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckAtLeast("worker.rpc_timeout_ms", worker.rpc_timeout_ms, 1));
   RETURN_IF_ERROR(CheckAtLeast("worker.rpc_attempts", worker.rpc_attempts, 1));
   RETURN_IF_ERROR(CheckAtLeast("worker.master_wait_s", worker.master_wait_s, 0));
+  RETURN_IF_ERROR(CheckAtLeast("worker.max_records_per_s", worker.max_records_per_s, 0));
 
   RETURN_IF_ERROR(CheckAtLeast("master.heartbeat_ms", master.heartbeat_ms, 1));
   if (master.lease_ms <= master.heartbeat_ms) {

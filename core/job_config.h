@@ -109,6 +109,9 @@ struct JobConfig {
     // How long a worker or server keeps trying to reach the master at
     // startup, in seconds. Default 30.
     int64_t master_wait_s = 30;
+    // Caps a worker's training rate, in records/s; 0 = no cap. For demos
+    // and tests of elasticity on small data. Default 0.
+    int64_t max_records_per_s = 0;
   } worker;
 
   struct Master {

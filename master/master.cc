@@ -12,12 +12,15 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -25,12 +28,15 @@
 #include "core/message.h"
 #include "core/net.h"
 #include "core/placement.h"
+#include "core/rpc_channel.h"
 #include "core/rpc_server.h"
 #include "core/socket_factory.h"
 #include "httplib.h"
 #include "master/data_set.h"
+#include "master/event_log.h"
 #include "master/job_spec.h"
 #include "master/shard_tracker.h"
+#include "master/state_store.h"
 #include "models/metrics.h"
 #include "nlohmann/json.hpp"
 
@@ -53,7 +59,8 @@ Status MasterOptions::Validate() const {
 
 namespace {
 
-enum class Phase { kScanning, kTraining, kEvaluating, kFinished, kFailed };
+// Persisted as MasterRecord.phase: never renumber.
+enum class Phase { kScanning = 0, kTraining = 1, kEvaluating = 2, kFinished = 3, kFailed = 4 };
 
 const char* PhaseName(Phase phase) {
   switch (phase) {
@@ -84,7 +91,8 @@ struct WorkerEntry {
   PeerState state = PeerState::kAlive;
   absl::Time last_seen;
   absl::Time joined;
-  uint64_t records = 0;  // committed, counted by the master
+  uint64_t records = 0;         // committed by this worker, counted by the master
+  uint64_t records_pushed = 0;  // as the worker reports it
   double records_per_s = 0;
   bool told_to_exit = false;
 };
@@ -98,6 +106,69 @@ struct ServerEntry {
   proto::ServerStats stats;
   bool told_to_exit = false;
 };
+
+// Options that must not change while a job's state lives in --data-dir, as
+// "key=value" lines (the master names the ones that differ).
+std::string ConfigFingerprint(const JobConfig& config, const std::vector<std::string>& train,
+                              const std::vector<std::string>& eval) {
+  std::vector<std::string> lines = {
+      absl::StrCat("data.train=", absl::StrJoin(train, ",")),
+      absl::StrCat("data.eval=", absl::StrJoin(eval, ",")),
+      absl::StrCat("data.format=", config.data.format),
+      absl::StrCat("data.schema=", config.data.schema),
+      absl::StrCat("data.shard_records=", config.data.shard_records),
+      absl::StrCat("job.seed=", config.job.seed),
+      absl::StrCat("model.type=", config.model.type),
+      absl::StrCat("model.embedding_dim=", config.model.embedding_dim),
+      absl::StrCat("ps.partitions=", config.ps.partitions),
+      absl::StrCat("ps.num_servers=", config.ps.num_servers),
+  };
+  return absl::StrJoin(lines, "\n");
+}
+
+// The options whose values differ between two fingerprints.
+std::string FingerprintDifference(const std::string& saved, const std::string& now) {
+  std::vector<std::string> a = absl::StrSplit(saved, '\n');
+  std::vector<std::string> b = absl::StrSplit(now, '\n');
+  std::vector<std::string> differ;
+  for (const std::string& line : b) {
+    if (std::find(a.begin(), a.end(), line) == a.end()) {
+      differ.push_back(line.substr(0, line.find('=')));
+    }
+  }
+  return differ.empty() ? "unknown options" : absl::StrJoin(differ, ", ");
+}
+
+proto::DataSetRecord ToRecord(const DataSet& data) {
+  proto::DataSetRecord record;
+  for (const std::string& file : data.files) record.add_files(file);
+  record.set_records(data.records);
+  record.set_bytes(data.bytes);
+  for (const ShardSpec& spec : data.shards) {
+    proto::ShardRecord* shard = record.add_shards();
+    shard->set_file(spec.file);
+    shard->set_begin(spec.begin);
+    shard->set_end(spec.end);
+    shard->set_first_line(spec.first_line);
+    shard->set_records(spec.records);
+  }
+  return record;
+}
+
+DataSet FromRecord(const proto::DataSetRecord& record) {
+  DataSet data;
+  data.files.assign(record.files().begin(), record.files().end());
+  data.records = record.records();
+  data.bytes = record.bytes();
+  for (const proto::ShardRecord& shard : record.shards()) {
+    data.shards.push_back(ShardSpec{.file = shard.file(),
+                                    .begin = shard.begin(),
+                                    .end = shard.end(),
+                                    .first_line = shard.first_line(),
+                                    .records = shard.records()});
+  }
+  return data;
+}
 
 // Writes `text` to `path` atomically (temporary file, then rename).
 Status WriteFileAtomically(const std::string& path, const std::string& text) {
@@ -166,6 +237,11 @@ class Master::Impl {
   const std::string& http_url() const { return http_url_; }
 
  private:
+  // Restores the job saved in --data-dir, if any. kFailedPrecondition when
+  // it belongs to another configuration or is over.
+  Status Restore(const MasterSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status StartServing();
+
   Status Handle(Message& request, Message* reply);
   Status HandleRegisterServer(const Message& request, Message* reply);
   Status HandleRegisterWorker(const Message& request, Message* reply);
@@ -173,18 +249,27 @@ class Master::Impl {
   Status HandleGetClusterMap(const Message& request, Message* reply);
   Status HandleGetShard(const Message& request, Message* reply);
   Status HandleCommit(const Message& request, Message* reply);
+  Status HandleSplitShard(const Message& request, Message* reply);
   Status HandleDeregister(const Message& request, Message* reply);
 
-  // The worker sending `request`, if it is registered and alive.
+  // The worker sending `request`, if it is registered and alive; FENCED
+  // otherwise.
   StatusOr<WorkerEntry*> LiveWorker(const Message& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Background: scans the data, then watches leases and progress.
+  // Background: scans the data, then watches leases, fences and progress.
   void JobLoop();
-  // Scans data.train and data.eval into `train` and `eval`; kCancelled
-  // when RequestStop came first.
   Status ScanData(DataSet* train, DataSet* eval);
   void CheckLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops accepting anything from `id` and queues its shards for release
+  // once every server refuses its pushes too.
+  void FenceWorker(uint32_t id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the fence list to every live server; when all acknowledge,
+  // releases the shards of the workers waiting for it. Never holds mu_
+  // across the calls.
+  void PropagateFences(RpcChannel& channel);
+  void ReleaseShardsOf(uint32_t id, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybePlaceServers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<uint32_t> EpochOrder(uint32_t epoch, size_t shards) const;
   void StartEpoch(uint32_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartEvaluation() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves to the next epoch / evaluation / the end when the pass is done.
@@ -194,12 +279,22 @@ class Master::Impl {
   bool PassIsOver(bool eval, uint32_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteFinalStatus() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogProgress(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool JobOver() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return phase_ == Phase::kFinished || phase_ == Phase::kFailed;
   }
   // True when every live peer has been told to exit.
   bool EveryoneTold() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  proto::EpochLedger& Ledger(uint32_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t RetryAfterMs() const;
+
+  // Persistence: state changes mark what they touched; Persist() writes it
+  // (outside mu_, in the order the changes were made) before replies go out.
+  void MarkShard(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { dirty_shards_.insert(id); }
+  void MarkAllShards() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  proto::MasterRecord MasterRecordNow() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Persist() ABSL_LOCKS_EXCLUDED(mu_);
 
   json StatusDocument() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MetricsText() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -219,19 +314,24 @@ class Master::Impl {
   // The expanded data.train and data.eval; set by Start, then read-only.
   std::vector<std::string> train_files_;
   std::vector<std::string> eval_files_;
+  std::string fingerprint_;
   // Set by RequestStop: a scan in progress stops.
   std::atomic<bool> stop_scan_{false};
   const absl::Time started_ = absl::Now();
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<EventLog> events_;
+  // Orders whole Persist() calls, so writes land in the order of changes.
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_ ABSL_GUARDED_BY(mu_);
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool threads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool resumed_ ABSL_GUARDED_BY(mu_) = false;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kScanning;
   bool data_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::string failure_ ABSL_GUARDED_BY(mu_);
   uint32_t epoch_ ABSL_GUARDED_BY(mu_) = 0;  // 0-based
-  // Set once the scan is done (data_ready_); trackers point into them.
   DataSet train_data_ ABSL_GUARDED_BY(mu_);
   DataSet eval_data_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ShardTracker> tracker_ ABSL_GUARDED_BY(mu_);
@@ -242,22 +342,39 @@ class Master::Impl {
   proto::ClusterMap cluster_map_ ABSL_GUARDED_BY(mu_);
   uint64_t membership_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time done_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Every worker id ever fenced (sorted); ids are never reused.
+  std::vector<uint32_t> fenced_ ABSL_GUARDED_BY(mu_);
+  // Fenced workers whose shards wait until every server refuses them.
+  std::map<uint32_t, absl::Time> awaiting_fence_ ABSL_GUARDED_BY(mu_);
+  // Size of fenced_ every live server has acknowledged.
+  size_t fences_acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
+  // Dirty state for Persist().
+  std::set<uint64_t> dirty_shards_ ABSL_GUARDED_BY(mu_);
+  bool clear_pass_ ABSL_GUARDED_BY(mu_) = false;
+  bool data_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // Something in MasterRecord changed that no shard change implies.
+  bool master_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  StateUpdate pending_eval_ ABSL_GUARDED_BY(mu_);
 
   // Accounting.
   uint64_t records_trained_ ABSL_GUARDED_BY(mu_) = 0;  // every epoch, each record once
+  uint64_t records_retrained_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t records_malformed_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> malformed_examples_ ABSL_GUARDED_BY(mu_);
-  double epoch_loss_sum_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t epoch_loss_count_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<double> train_loss_ ABSL_GUARDED_BY(mu_);
-  std::vector<double> epoch_losses_ ABSL_GUARDED_BY(mu_);
-  // Eval predictions per eval shard, kept until the pass ends.
-  std::vector<std::vector<float>> eval_labels_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::vector<float>> eval_predictions_ ABSL_GUARDED_BY(mu_);
+  std::vector<proto::EpochLedger> ledger_ ABSL_GUARDED_BY(mu_);
+  // Eval commits by (shard, begin offset): labels, predictions.
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<std::vector<float>, std::vector<float>>>
+      eval_results_ ABSL_GUARDED_BY(mu_);
   uint64_t eval_records_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<double> eval_auc_ ABSL_GUARDED_BY(mu_);
   std::optional<double> eval_logloss_ ABSL_GUARDED_BY(mu_);
+  // Totals over finished passes (the current tracker holds its own).
   uint64_t reassignments_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t splits_ ABSL_GUARDED_BY(mu_) = 0;
+  // Worst time from a worker's last heartbeat to its shard being handed out
+  // again, and the shards waiting for that hand-out (shard -> last seen).
+  absl::Duration worst_reassign_delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  std::map<uint64_t, absl::Time> reassign_started_ ABSL_GUARDED_BY(mu_);
   // Throughput over the last progress interval.
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t records_at_last_progress_ ABSL_GUARDED_BY(mu_) = 0;
@@ -273,6 +390,7 @@ Status Master::Impl::Start() {
   if (!job.data.eval.empty()) {
     ASSIGN_OR_RETURN(eval_files_, ExpandDataPaths(job.data.eval, "data.eval"));
   }
+  fingerprint_ = ConfigFingerprint(job, train_files_, eval_files_);
 
   std::error_code error;
   std::filesystem::create_directories(options_.data_dir, error);
@@ -280,7 +398,116 @@ Status Master::Impl::Start() {
     return absl::UnavailableError(
         absl::StrCat("--data-dir: cannot create ", options_.data_dir, ": ", error.message()));
   }
+  const std::filesystem::path dir(options_.data_dir);
+  ASSIGN_OR_RETURN(store_, StateStore::Open((dir / "state").string()));
+  events_ = std::make_unique<EventLog>((dir / "events.jsonl").string());
+  ASSIGN_OR_RETURN(std::optional<MasterSnapshot> snapshot, store_->Load());
+  {
+    absl::MutexLock lock(&mu_);
+    if (snapshot.has_value()) {
+      RETURN_IF_ERROR(Restore(*snapshot));
+    } else {
+      events_->Record("job_started", {{"job", job.job.name}});
+    }
+  }
+  RETURN_IF_ERROR(StartServing());
+  job_thread_ = std::thread([this] { JobLoop(); });
+  return absl::OkStatus();
+}
 
+Status Master::Impl::Restore(const MasterSnapshot& snapshot) {
+  const proto::MasterRecord& record = snapshot.master;
+  if (record.format_version() != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--data-dir ", options_.data_dir, " holds state of format ", record.format_version(),
+        ", which this version cannot read"));
+  }
+  if (record.config_fingerprint() != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--data-dir ", options_.data_dir, " holds a job whose ",
+        FingerprintDifference(record.config_fingerprint(), fingerprint_),
+        " differ from this config; resume it with the same config, or use a fresh --data-dir"));
+  }
+  const Phase phase = static_cast<Phase>(record.phase());
+  if (phase == Phase::kFinished || phase == Phase::kFailed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job in --data-dir ", options_.data_dir, " is over (",
+        phase == Phase::kFinished ? "finished" : absl::StrCat("failed: ", record.failure()),
+        "); see ", (std::filesystem::path(options_.data_dir) / "final_status.json").string(),
+        ", or use a fresh --data-dir to train again"));
+  }
+  resumed_ = true;
+  next_worker_id_ = record.next_worker_id();
+  next_server_id_ = record.next_server_id();
+  membership_epoch_ = record.membership_epoch() + 1;
+  cluster_map_ = record.cluster_map();
+  const absl::Time now = absl::Now();
+  for (const proto::ServerInfo& info : record.servers()) {
+    ServerEntry& server = servers_[info.id()];
+    server.endpoint = info.endpoint();
+    // Servers keep running while the master is away: give them a lease.
+    server.last_seen = now;
+  }
+  fenced_.assign(record.fenced_workers().begin(), record.fenced_workers().end());
+  records_trained_ = record.records_trained();
+  records_retrained_ = record.records_retrained();
+  records_malformed_ = record.records_malformed();
+  reassignments_ = record.reassignments();
+  splits_ = record.splits();
+  ledger_.assign(record.ledger().begin(), record.ledger().end());
+  if (record.has_eval_auc()) eval_auc_ = record.eval_auc();
+  if (record.has_eval_logloss()) eval_logloss_ = record.eval_logloss();
+  malformed_examples_.assign(record.malformed_examples().begin(),
+                             record.malformed_examples().end());
+  epoch_ = record.epoch();
+  if (phase == Phase::kScanning) {
+    // Nothing was handed out yet: scan again.
+    LOG(INFO) << "resuming the job in " << options_.data_dir << " before its data was scanned";
+    events_->Record("master_resumed", {{"phase", "scanning"}});
+    return absl::OkStatus();
+  }
+  train_data_ = FromRecord(snapshot.train);
+  eval_data_ = FromRecord(snapshot.eval);
+  data_ready_ = true;
+  phase_ = phase;
+  std::vector<proto::ShardRecord> shards;
+  for (const auto& [id, shard] : snapshot.shards) {
+    if (id != shards.size()) return absl::DataLossError("the saved shard ids have a gap");
+    shards.push_back(shard);
+  }
+  const bool eval = phase == Phase::kEvaluating;
+  const DataSet& data = eval ? eval_data_ : train_data_;
+  std::vector<uint32_t> order(data.shards.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (!eval) order = EpochOrder(epoch_, data.shards.size());
+  ASSIGN_OR_RETURN(ShardTracker tracker, ShardTracker::FromRecords(shards, order));
+  tracker_ = std::make_unique<ShardTracker>(std::move(tracker));
+  for (const auto& [key, result] : snapshot.eval_results) {
+    eval_results_[key] = result;
+    eval_records_ += result.first.size();
+  }
+  // Workers of the previous master's life are gone for it: fence them
+  // before their shards move (their pushes must stop first).
+  std::set<uint32_t> holders;
+  for (uint64_t id = 0; id < tracker_->num_shards(); ++id) {
+    const ShardTracker::Shard& shard = tracker_->shard(id);
+    if (shard.state == ShardTracker::State::kDoing) holders.insert(shard.holder);
+  }
+  for (uint32_t holder : holders) FenceWorker(holder, "the master restarted");
+  LOG(INFO) << "resuming the job in " << options_.data_dir << ": " << PhaseName(phase_)
+            << (eval ? std::string() : absl::StrCat(" epoch ", epoch_ + 1)) << ", "
+            << tracker_->done() << "/" << tracker_->num_shards() << " shards done, "
+            << records_trained_ << " records trained; " << holders.size()
+            << " worker(s) of the previous run must register again";
+  events_->Record("master_resumed", {{"phase", PhaseName(phase_)},
+                                     {"epoch", epoch_ + 1},
+                                     {"shards_done", tracker_->done()},
+                                     {"records_trained", records_trained_}});
+  return absl::OkStatus();
+}
+
+Status Master::Impl::StartServing() {
+  const JobConfig& job = options_.job;
   RpcServerOptions rpc_options;
   rpc_options.endpoint = absl::StrCat("tcp://", job.master.bind_host, ":", options_.port);
   rpc_options.num_threads = 1;
@@ -344,8 +571,79 @@ Status Master::Impl::Start() {
   LOG(INFO) << "serving RPC on " << rpc_endpoint_ << " and HTTP on " << http_url_
             << "; waiting for " << job.ps.num_servers << " server(s)";
   VLOG(1) << "effective options:\n" << job.DebugString();
-  job_thread_ = std::thread([this] { JobLoop(); });
   return absl::OkStatus();
+}
+
+void Master::Impl::MarkAllShards() {
+  if (!tracker_) return;
+  for (uint64_t id = 0; id < tracker_->num_shards(); ++id) dirty_shards_.insert(id);
+}
+
+proto::MasterRecord Master::Impl::MasterRecordNow() const {
+  proto::MasterRecord record;
+  record.set_format_version(1);
+  record.set_config_fingerprint(fingerprint_);
+  record.set_phase(static_cast<uint32_t>(phase_));
+  record.set_epoch(epoch_);
+  record.set_failure(failure_);
+  record.set_next_worker_id(next_worker_id_);
+  record.set_next_server_id(next_server_id_);
+  record.set_membership_epoch(membership_epoch_);
+  *record.mutable_cluster_map() = cluster_map_;
+  for (const auto& [id, server] : servers_) {
+    proto::ServerInfo* info = record.add_servers();
+    info->set_id(id);
+    info->set_endpoint(server.endpoint);
+  }
+  for (uint32_t id : fenced_) record.add_fenced_workers(id);
+  // A worker alive now is a worker to fence after a restart: its shards'
+  // records name it as holder, which is what Restore looks at.
+  record.set_records_trained(records_trained_);
+  record.set_records_retrained(records_retrained_);
+  record.set_records_malformed(records_malformed_);
+  record.set_reassignments(reassignments_ + (tracker_ ? tracker_->reassignments() : 0));
+  record.set_splits(splits_ + (tracker_ ? tracker_->splits() : 0));
+  for (const proto::EpochLedger& entry : ledger_) *record.add_ledger() = entry;
+  if (eval_auc_) record.set_eval_auc(*eval_auc_);
+  if (eval_logloss_) record.set_eval_logloss(*eval_logloss_);
+  record.set_eval_records(eval_records_);
+  for (const std::string& example : malformed_examples_) record.add_malformed_examples(example);
+  if (tracker_) record.set_shards_in_pass(tracker_->num_shards());
+  return record;
+}
+
+void Master::Impl::Persist() {
+  absl::MutexLock persist_lock(&persist_mu_);
+  StateUpdate update;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!master_dirty_ && dirty_shards_.empty() && !clear_pass_ && !data_dirty_ &&
+        pending_eval_.empty()) {
+      return;
+    }
+    master_dirty_ = false;
+    if (clear_pass_) update.ClearPass();
+    clear_pass_ = false;
+    if (data_dirty_) {
+      update.PutDataSet(/*eval=*/false, ToRecord(train_data_));
+      update.PutDataSet(/*eval=*/true, ToRecord(eval_data_));
+      data_dirty_ = false;
+    }
+    if (tracker_) {
+      for (uint64_t id : dirty_shards_) update.PutShard(id, tracker_->ToRecord(id));
+    }
+    dirty_shards_.clear();
+    update.Append(std::move(pending_eval_));
+    pending_eval_ = StateUpdate();
+    update.PutMaster(MasterRecordNow());
+  }
+  // Written before any reply that depends on it goes out.
+  Status written = store_->Write(update);
+  if (!written.ok()) {
+    absl::MutexLock lock(&mu_);
+    Fail(absl::StrCat("cannot save the job's state, so acknowledged progress could be lost: ",
+                      written.message()));
+  }
 }
 
 Status Master::Impl::ScanData(DataSet* train, DataSet* eval) {
@@ -381,31 +679,56 @@ Status Master::Impl::ScanData(DataSet* train, DataSet* eval) {
 }
 
 void Master::Impl::JobLoop() {
-  DataSet train;
-  DataSet eval;
-  // Into locals, without the lock: the scan may take minutes.
-  Status scanned = ScanData(&train, &eval);
+  bool ready;
   {
     absl::MutexLock lock(&mu_);
-    if (!scanned.ok()) {
-      Fail(std::string(scanned.message()));  // a no-op after RequestStop
-    } else if (!JobOver()) {
-      train_data_ = std::move(train);
-      eval_data_ = std::move(eval);
-      data_ready_ = true;
-      MaybePlaceServers();
-    }
+    ready = data_ready_;
   }
+  if (!ready) {
+    DataSet train;
+    DataSet eval;
+    // Into locals, without the lock: the scan may take minutes.
+    Status scanned = ScanData(&train, &eval);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!scanned.ok()) {
+        Fail(std::string(scanned.message()));  // a no-op after RequestStop
+      } else if (!JobOver()) {
+        train_data_ = std::move(train);
+        eval_data_ = std::move(eval);
+        data_ready_ = true;
+        data_dirty_ = true;
+        MaybePlaceServers();
+      }
+    }
+    Persist();
+  }
+  RpcChannel fence_channel(&factory_, [] {
+    proto::NodeId self;
+    self.set_role(proto::ROLE_MASTER);
+    return self;
+  }());
   const absl::Duration tick =
       std::min(absl::Milliseconds(100), absl::Milliseconds(options_.job.master.heartbeat_ms) / 2);
-  absl::MutexLock lock(&mu_);
   while (true) {
-    const absl::Time now = absl::Now();
-    CheckLeases(now);
-    LogProgress(now);
-    if (JobOver() && (EveryoneTold() || now >= done_at_)) break;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      CheckLeases(now);
+      LogProgress(now);
+      if (JobOver() && (EveryoneTold() || now >= done_at_)) break;
+    }
+    PropagateFences(fence_channel);
+    Persist();
+    Status flushed = events_->Flush();
+    if (!flushed.ok()) LOG(WARNING) << flushed;
+    absl::MutexLock lock(&mu_);
     changed_.WaitWithTimeout(&mu_, tick);
   }
+  Persist();
+  Status flushed = events_->Flush();
+  if (!flushed.ok()) LOG(WARNING) << flushed;
+  absl::MutexLock lock(&mu_);
   threads_done_ = true;
   changed_.SignalAll();
 }
@@ -415,22 +738,106 @@ void Master::Impl::CheckLeases(absl::Time now) {
   for (auto& [id, worker] : workers_) {
     if (worker.state != PeerState::kAlive || now - worker.last_seen <= lease) continue;
     worker.state = PeerState::kDead;
-    ++membership_epoch_;
-    const int released = tracker_ ? tracker_->Release(id) : 0;
     LOG(WARNING) << "worker[" << id << "] (" << worker.host << " pid " << worker.pid
-                 << ") missed its lease (" << options_.job.master.lease_ms
-                 << " ms): dead; " << released << " shard(s) back to the queue";
+                 << ") missed its lease (" << options_.job.master.lease_ms << " ms): dead";
+    events_->Record("worker_dead", {{"worker", id},
+                                    {"host", worker.host},
+                                    {"pid", worker.pid},
+                                    {"silent_ms", absl::ToInt64Milliseconds(now - worker.last_seen)}});
+    // What it pushed but never committed is trained again by others.
+    if (worker.records_pushed > worker.records) {
+      records_retrained_ += worker.records_pushed - worker.records;
+    }
+    FenceWorker(id, "lease expired");
   }
   for (auto& [id, server] : servers_) {
     if (server.state != PeerState::kAlive || now - server.last_seen <= lease) continue;
     server.state = PeerState::kDead;
     ++membership_epoch_;
     LOG(ERROR) << "ps[" << id << "] at " << server.endpoint << " missed its lease";
+    events_->Record("server_dead", {{"server", id}, {"endpoint", server.endpoint}});
     if (!JobOver()) {
       Fail(absl::StrCat("parameter server ps[", id, "] at ", server.endpoint,
                         " stopped heartbeating; its parameters are lost (server recovery "
                         "needs checkpoints, not available in this version)"));
     }
+  }
+}
+
+void Master::Impl::FenceWorker(uint32_t id, const std::string& why) {
+  auto it = std::lower_bound(fenced_.begin(), fenced_.end(), id);
+  if (it == fenced_.end() || *it != id) fenced_.insert(it, id);
+  ++membership_epoch_;
+  master_dirty_ = true;
+  auto worker = workers_.find(id);
+  awaiting_fence_.emplace(id, worker != workers_.end() ? worker->second.last_seen : absl::Now());
+  VLOG(1) << "fencing worker[" << id << "]: " << why;
+}
+
+void Master::Impl::PropagateFences(RpcChannel& channel) {
+  std::vector<uint32_t> fenced;
+  std::vector<std::string> endpoints;
+  {
+    absl::MutexLock lock(&mu_);
+    if (awaiting_fence_.empty() && fences_acknowledged_ == fenced_.size()) return;
+    fenced = fenced_;
+    for (const auto& [id, server] : servers_) {
+      if (server.state == PeerState::kAlive) endpoints.push_back(server.endpoint);
+    }
+  }
+  // No server has seen a push before the cluster map exists; with none
+  // alive there is nobody to tell.
+  bool all_acknowledged = true;
+  if (!endpoints.empty()) {
+    CallOptions call;
+    call.attempt_timeout = absl::Milliseconds(std::max<int64_t>(200, options_.job.master.heartbeat_ms));
+    call.max_attempts = 1;
+    std::vector<uint64_t> calls;
+    for (const std::string& endpoint : endpoints) {
+      Message request;
+      request.header().set_method(proto::FENCE_WORKERS);
+      proto::FenceWorkersRequest* body = request.header().mutable_fence_workers_request();
+      for (uint32_t id : fenced) body->add_worker_ids(id);
+      calls.push_back(channel.Start(endpoint, std::move(request), call));
+    }
+    for (size_t i = 0; i < calls.size(); ++i) {
+      StatusOr<Message> reply = channel.Wait(calls[i]);
+      if (!reply.ok()) {
+        all_acknowledged = false;
+        VLOG(1) << "fencing at " << endpoints[i] << ": " << reply.status();
+      }
+    }
+  }
+  if (!all_acknowledged) return;  // again next tick
+  absl::MutexLock lock(&mu_);
+  fences_acknowledged_ = std::max(fences_acknowledged_, fenced.size());
+  for (auto it = awaiting_fence_.begin(); it != awaiting_fence_.end();) {
+    if (!std::binary_search(fenced.begin(), fenced.end(), it->first)) {
+      ++it;
+      continue;
+    }
+    events_->Record("worker_fenced", {{"worker", it->first}});
+    ReleaseShardsOf(it->first, "fenced");
+    it = awaiting_fence_.erase(it);
+  }
+  changed_.SignalAll();
+}
+
+void Master::Impl::ReleaseShardsOf(uint32_t id, const char* why) {
+  if (!tracker_) return;
+  auto worker = workers_.find(id);
+  const absl::Time last_seen = worker != workers_.end() ? worker->second.last_seen : absl::Now();
+  for (uint64_t shard : tracker_->Release(id)) {
+    MarkShard(shard);
+    reassign_started_[shard] = last_seen;
+    const ShardTracker::Shard& state = tracker_->shard(shard);
+    LOG(INFO) << "shard " << shard << " back to the queue from worker[" << id << "] (" << why
+              << "), resuming at line " << state.committed_line;
+    events_->Record("shard_reassigned", {{"shard", shard},
+                                         {"from_worker", id},
+                                         {"reason", why},
+                                         {"resume_offset", state.committed},
+                                         {"resume_line", state.committed_line}});
   }
 }
 
@@ -445,6 +852,7 @@ void Master::Impl::MaybePlaceServers() {
       infos.push_back(info);
     }
     cluster_map_ = MakeClusterMap(/*version=*/1, job_spec_.num_partitions(), infos);
+    master_dirty_ = true;
     LOG(INFO) << "placed " << job_spec_.num_partitions() << " partitions on " << infos.size()
               << " server(s) (cluster map v1)";
   }
@@ -454,29 +862,57 @@ void Master::Impl::MaybePlaceServers() {
   if (data_ready_ && phase_ == Phase::kScanning) StartEpoch(0);
 }
 
-void Master::Impl::StartEpoch(uint32_t epoch) {
-  epoch_ = epoch;
-  phase_ = Phase::kTraining;
-  std::vector<uint32_t> order(train_data_.shards.size());
+std::vector<uint32_t> Master::Impl::EpochOrder(uint32_t epoch, size_t shards) const {
+  std::vector<uint32_t> order(shards);
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
   std::mt19937_64 rng(Mix64(static_cast<uint64_t>(options_.job.job.seed) * 1000003u + epoch));
   std::shuffle(order.begin(), order.end(), rng);
-  tracker_ = std::make_unique<ShardTracker>(&train_data_, order);
-  epoch_loss_sum_ = 0;
-  epoch_loss_count_ = 0;
+  return order;
+}
+
+proto::EpochLedger& Master::Impl::Ledger(uint32_t epoch) {
+  while (ledger_.size() <= epoch) {
+    proto::EpochLedger entry;
+    entry.set_epoch(static_cast<uint32_t>(ledger_.size()) + 1);
+    entry.set_records_expected(train_data_.records);
+    ledger_.push_back(entry);
+  }
+  return ledger_[epoch];
+}
+
+void Master::Impl::StartEpoch(uint32_t epoch) {
+  if (tracker_) {
+    reassignments_ += tracker_->reassignments();
+    splits_ += tracker_->splits();
+  }
+  epoch_ = epoch;
+  phase_ = Phase::kTraining;
+  tracker_ = std::make_unique<ShardTracker>(train_data_, EpochOrder(epoch, train_data_.shards.size()));
+  Ledger(epoch);
+  reassign_started_.clear();
+  clear_pass_ = true;
+  dirty_shards_.clear();
+  MarkAllShards();
   LOG(INFO) << "epoch " << epoch + 1 << "/" << options_.job.job.epochs << ": "
             << train_data_.shards.size() << " shards, " << train_data_.records << " records";
+  events_->Record("epoch_started", {{"epoch", epoch + 1}, {"shards", train_data_.shards.size()}});
 }
 
 void Master::Impl::StartEvaluation() {
+  reassignments_ += tracker_->reassignments();
+  splits_ += tracker_->splits();
   phase_ = Phase::kEvaluating;
   std::vector<uint32_t> order(eval_data_.shards.size());
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  tracker_ = std::make_unique<ShardTracker>(&eval_data_, order);
-  eval_labels_.assign(eval_data_.shards.size(), {});
-  eval_predictions_.assign(eval_data_.shards.size(), {});
+  tracker_ = std::make_unique<ShardTracker>(eval_data_, order);
+  eval_results_.clear();
+  reassign_started_.clear();
+  clear_pass_ = true;
+  dirty_shards_.clear();
+  MarkAllShards();
   LOG(INFO) << "evaluating on " << eval_data_.records << " records (" << eval_data_.shards.size()
             << " shards)";
+  events_->Record("evaluation_started", {{"shards", eval_data_.shards.size()}});
 }
 
 bool Master::Impl::PassIsOver(bool eval, uint32_t epoch) const {
@@ -497,14 +933,18 @@ bool Master::Impl::PassIsOver(bool eval, uint32_t epoch) const {
 
 void Master::Impl::AdvanceIfPassDone() {
   if (!tracker_ || !tracker_->finished()) return;
-  reassignments_ += tracker_->reassignments();
   if (phase_ == Phase::kTraining) {
-    if (epoch_loss_count_ > 0) {
-      train_loss_ = epoch_loss_sum_ / static_cast<double>(epoch_loss_count_);
-      epoch_losses_.push_back(*train_loss_);
-    }
-    LOG(INFO) << "epoch " << epoch_ + 1 << " done: train loss "
-              << (train_loss_ ? absl::StrFormat("%.5f", *train_loss_) : "n/a");
+    const proto::EpochLedger& entry = Ledger(epoch_);
+    const double loss = entry.records_committed() > 0
+                            ? entry.loss_sum() / static_cast<double>(entry.records_committed())
+                            : 0.0;
+    LOG(INFO) << "epoch " << epoch_ + 1 << " done: " << entry.lines_committed() << " of "
+              << entry.records_expected() << " lines committed once each, train loss "
+              << absl::StrFormat("%.5f", loss);
+    events_->Record("epoch_finished", {{"epoch", epoch_ + 1},
+                                       {"lines_committed", entry.lines_committed()},
+                                       {"lines_expected", entry.records_expected()},
+                                       {"train_loss", loss}});
     if (epoch_ + 1 < static_cast<uint32_t>(options_.job.job.epochs)) {
       StartEpoch(epoch_ + 1);
     } else if (!eval_data_.shards.empty()) {
@@ -519,50 +959,66 @@ void Master::Impl::AdvanceIfPassDone() {
     std::vector<float> predictions;
     labels.reserve(eval_records_);
     predictions.reserve(eval_records_);
-    for (size_t i = 0; i < eval_labels_.size(); ++i) {
-      labels.insert(labels.end(), eval_labels_[i].begin(), eval_labels_[i].end());
-      predictions.insert(predictions.end(), eval_predictions_[i].begin(),
-                         eval_predictions_[i].end());
+    for (const auto& [key, result] : eval_results_) {
+      labels.insert(labels.end(), result.first.begin(), result.first.end());
+      predictions.insert(predictions.end(), result.second.begin(), result.second.end());
     }
     eval_auc_ = ComputeAuc(predictions, labels);
     eval_logloss_ = ComputeLogLoss(predictions, labels);
-    eval_labels_.clear();
-    eval_predictions_.clear();
     LOG(INFO) << "evaluation over " << labels.size() << " records: AUC "
               << absl::StrFormat("%.5f", *eval_auc_) << ", log loss "
               << absl::StrFormat("%.5f", *eval_logloss_);
+    events_->Record("evaluation_finished", {{"records", labels.size()},
+                                            {"eval_auc", *eval_auc_},
+                                            {"eval_logloss", *eval_logloss_}});
     Finish();
   }
 }
 
-void Master::Impl::Finish() {
-  phase_ = Phase::kFinished;
-  tracker_.reset();
-  done_at_ = absl::Now() + absl::Milliseconds(options_.job.master.lease_ms);
+void Master::Impl::WriteFinalStatus() {
+  // Under mu_: a peer told to exit must find the file in place.
   const std::string path =
       (std::filesystem::path(options_.data_dir) / "final_status.json").string();
   Status written = WriteFileAtomically(path, DumpJson(StatusDocument()));
   if (!written.ok()) LOG(ERROR) << written;
-  LOG(INFO) << "job finished in " << absl::FormatDuration(absl::Trunc(absl::Now() - started_, absl::Milliseconds(100)))
+}
+
+void Master::Impl::Finish() {
+  if (tracker_) {
+    reassignments_ += tracker_->reassignments();
+    splits_ += tracker_->splits();
+  }
+  phase_ = Phase::kFinished;
+  master_dirty_ = true;
+  tracker_.reset();
+  done_at_ = absl::Now() + absl::Milliseconds(options_.job.master.lease_ms);
+  WriteFinalStatus();
+  LOG(INFO) << "job finished in "
+            << absl::FormatDuration(absl::Trunc(absl::Now() - started_, absl::Milliseconds(100)))
             << ": " << records_trained_ << " records trained"
             << (eval_auc_ ? absl::StrFormat(", eval AUC %.5f, eval log loss %.5f", *eval_auc_,
                                             *eval_logloss_)
                           : std::string())
-            << "; final status in " << path;
+            << "; final status in "
+            << (std::filesystem::path(options_.data_dir) / "final_status.json").string();
+  events_->Record("job_finished", {{"records_trained", records_trained_}});
   changed_.SignalAll();
 }
 
 void Master::Impl::Fail(const std::string& reason) {
   if (JobOver()) return;
+  if (tracker_) {
+    reassignments_ += tracker_->reassignments();
+    splits_ += tracker_->splits();
+  }
   phase_ = Phase::kFailed;
+  master_dirty_ = true;
   failure_ = reason;
   tracker_.reset();
   done_at_ = absl::Now() + absl::Milliseconds(options_.job.master.lease_ms);
   LOG(ERROR) << "job failed: " << reason;
-  const std::string path =
-      (std::filesystem::path(options_.data_dir) / "final_status.json").string();
-  Status written = WriteFileAtomically(path, DumpJson(StatusDocument()));
-  if (!written.ok()) LOG(ERROR) << written;
+  events_->Record("job_failed", {{"error", reason}});
+  WriteFinalStatus();
   changed_.SignalAll();
 }
 
@@ -574,6 +1030,13 @@ bool Master::Impl::EveryoneTold() const {
     if (server.state == PeerState::kAlive && !server.told_to_exit) return false;
   }
   return true;
+}
+
+uint32_t Master::Impl::RetryAfterMs() const {
+  // Well within a heartbeat, so a shard freed by a death is picked up
+  // within lease + one heartbeat.
+  return static_cast<uint32_t>(
+      std::clamp<int64_t>(options_.job.master.heartbeat_ms / 4, 5, 200));
 }
 
 void Master::Impl::LogProgress(absl::Time now) {
@@ -601,16 +1064,18 @@ void Master::Impl::LogProgress(absl::Time now) {
                         records_per_s_;
     eta = absl::FormatDuration(absl::Seconds(static_cast<int64_t>(left)));
   }
+  std::string loss = "n/a";
+  if (phase_ == Phase::kTraining && epoch_ < ledger_.size() &&
+      ledger_[epoch_].records_committed() > 0) {
+    loss = absl::StrFormat("%.5f", ledger_[epoch_].loss_sum() / ledger_[epoch_].records_committed());
+  }
   LOG(INFO) << (phase_ == Phase::kEvaluating
                     ? std::string("eval")
                     : absl::StrCat("epoch ", epoch_ + 1, "/", options_.job.job.epochs))
             << ": " << absl::StrFormat("%.1f", 100 * fraction) << "% (" << tracker_->done()
             << "/" << tracker_->num_shards() << " shards done, " << tracker_->doing()
             << " in progress), " << absl::StrFormat("%.0f", records_per_s_) << " records/s, "
-            << alive_workers << " worker(s), loss "
-            << (epoch_loss_count_ ? absl::StrFormat("%.5f", epoch_loss_sum_ / epoch_loss_count_)
-                                  : std::string("n/a"))
-            << ", ETA " << eta;
+            << alive_workers << " worker(s), loss " << loss << ", ETA " << eta;
 }
 
 StatusOr<WorkerEntry*> Master::Impl::LiveWorker(const Message& request) {
@@ -620,10 +1085,12 @@ StatusOr<WorkerEntry*> Master::Impl::LiveWorker(const Message& request) {
   }
   auto it = workers_.find(sender.id());
   if (it == workers_.end() || it->second.state != PeerState::kAlive) {
-    return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
-                           absl::StrCat("worker ", sender.id(),
-                                        " is not registered (lease expired?); register again"),
-                           proto::FENCED);
+    return ErrorWithReason(
+        absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("worker ", sender.id(),
+                     " is fenced (its lease expired, it left, or the master restarted); "
+                     "it must register again"),
+        proto::FENCED);
   }
   return &it->second;
 }
@@ -633,18 +1100,23 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
     return absl::InvalidArgumentError(absl::StrCat(proto::Method_Name(request.header().method()),
                                                    " takes no bulk frames"));
   }
+  Status status;
   switch (request.header().method()) {
-    case proto::REGISTER_SERVER: return HandleRegisterServer(request, reply);
-    case proto::REGISTER_WORKER: return HandleRegisterWorker(request, reply);
-    case proto::HEARTBEAT: return HandleHeartbeat(request, reply);
-    case proto::GET_CLUSTER_MAP: return HandleGetClusterMap(request, reply);
-    case proto::GET_SHARD: return HandleGetShard(request, reply);
-    case proto::COMMIT_PROGRESS: return HandleCommit(request, reply);
-    case proto::DEREGISTER: return HandleDeregister(request, reply);
+    case proto::REGISTER_SERVER: status = HandleRegisterServer(request, reply); break;
+    case proto::REGISTER_WORKER: status = HandleRegisterWorker(request, reply); break;
+    case proto::HEARTBEAT: status = HandleHeartbeat(request, reply); break;
+    case proto::GET_CLUSTER_MAP: status = HandleGetClusterMap(request, reply); break;
+    case proto::GET_SHARD: status = HandleGetShard(request, reply); break;
+    case proto::COMMIT_PROGRESS: status = HandleCommit(request, reply); break;
+    case proto::SPLIT_SHARD: status = HandleSplitShard(request, reply); break;
+    case proto::DEREGISTER: status = HandleDeregister(request, reply); break;
     default:
       return absl::UnimplementedError(absl::StrCat(
           "the master does not serve ", proto::Method_Name(request.header().method())));
   }
+  // What the reply acknowledges is on disk before the reply leaves.
+  Persist();
+  return status;
 }
 
 Status Master::Impl::HandleRegisterServer(const Message& request, Message* reply) {
@@ -673,6 +1145,7 @@ Status Master::Impl::HandleRegisterServer(const Message& request, Message* reply
         " server(s) (ps.num_servers); adding servers to a running job is not supported yet"));
   }
   const uint32_t id = next_server_id_++;
+  master_dirty_ = true;
   ServerEntry& server = servers_[id];
   server.endpoint = body.endpoint();
   server.host = body.hostname();
@@ -682,6 +1155,8 @@ Status Master::Impl::HandleRegisterServer(const Message& request, Message* reply
   LOG(INFO) << "ps[" << id << "] registered: " << body.endpoint() << " (" << body.hostname()
             << " pid " << body.pid() << "), " << servers_.size() << "/"
             << options_.job.ps.num_servers;
+  events_->Record("server_registered",
+                  {{"server", id}, {"endpoint", body.endpoint()}, {"host", body.hostname()}});
   reply->header().mutable_register_server_reply()->set_server_id(id);
   *reply->header().mutable_register_server_reply()->mutable_job() = job_spec_;
   MaybePlaceServers();
@@ -696,6 +1171,7 @@ Status Master::Impl::HandleRegisterWorker(const Message& request, Message* reply
   absl::MutexLock lock(&mu_);
   if (JobOver()) return absl::FailedPreconditionError("the job is over");
   const uint32_t id = next_worker_id_++;
+  master_dirty_ = true;
   WorkerEntry& worker = workers_[id];
   worker.host = body.hostname();
   worker.pid = body.pid();
@@ -704,10 +1180,15 @@ Status Master::Impl::HandleRegisterWorker(const Message& request, Message* reply
   ++membership_epoch_;
   LOG(INFO) << "worker[" << id << "] joined (" << body.hostname() << " pid " << body.pid() << ", "
             << body.device() << ")";
+  events_->Record("worker_joined", {{"worker", id},
+                                    {"host", body.hostname()},
+                                    {"pid", body.pid()},
+                                    {"device", body.device()}});
   proto::RegisterWorkerReply* out = reply->header().mutable_register_worker_reply();
   out->set_worker_id(id);
   *out->mutable_job() = job_spec_;
   out->set_heartbeat_ms(static_cast<uint32_t>(options_.job.master.heartbeat_ms));
+  out->set_lease_ms(static_cast<uint32_t>(options_.job.master.lease_ms));
   return absl::OkStatus();
 }
 
@@ -718,11 +1199,18 @@ Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
   const proto::NodeId& sender = request.header().sender();
   absl::MutexLock lock(&mu_);
   bool* told = nullptr;
+  proto::HeartbeatReply* out = reply->header().mutable_heartbeat_reply();
   if (sender.role() == proto::ROLE_WORKER) {
     ASSIGN_OR_RETURN(WorkerEntry * worker, LiveWorker(request));
+    const proto::WorkerStats& stats = request.header().heartbeat_request().worker();
     worker->last_seen = absl::Now();
-    worker->records_per_s = request.header().heartbeat_request().worker().records_per_s();
+    worker->records_per_s = stats.records_per_s();
+    worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());
     told = &worker->told_to_exit;
+    if (tracker_) {
+      std::optional<uint64_t> split = tracker_->SplitRequestedOf(sender.id());
+      if (split.has_value()) out->set_split_shard(*split);
+    }
   } else if (sender.role() == proto::ROLE_SERVER) {
     auto it = servers_.find(sender.id());
     if (it == servers_.end() || it->second.state != PeerState::kAlive) {
@@ -736,11 +1224,11 @@ Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
   } else {
     return absl::InvalidArgumentError("heartbeat from an unknown role");
   }
-  proto::HeartbeatReply* out = reply->header().mutable_heartbeat_reply();
   out->set_state(phase_ == Phase::kFinished ? proto::JOB_FINISHED
                  : phase_ == Phase::kFailed ? proto::JOB_FAILED
                                             : proto::JOB_RUNNING);
   out->set_cluster_map_version(cluster_map_.version());
+  out->set_membership_epoch(membership_epoch_);
   if (JobOver()) {
     out->set_shutdown(true);
     *told = true;
@@ -764,7 +1252,9 @@ Status Master::Impl::HandleGetClusterMap(const Message& request, Message* reply)
 Status Master::Impl::HandleGetShard(const Message& request, Message* reply) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerEntry * worker, LiveWorker(request));
-  worker->last_seen = absl::Now();
+  const uint32_t worker_id = request.header().sender().id();
+  const absl::Time now = absl::Now();
+  worker->last_seen = now;
   proto::GetShardReply* out = reply->header().mutable_get_shard_reply();
   if (JobOver()) {
     out->set_action(proto::GetShardReply::FINISHED);
@@ -773,11 +1263,37 @@ Status Master::Impl::HandleGetShard(const Message& request, Message* reply) {
     return absl::OkStatus();
   }
   std::optional<ShardTracker::Assignment> assignment;
-  if (tracker_) assignment = tracker_->Assign(request.header().sender().id());
+  if (tracker_) assignment = tracker_->Assign(worker_id);
   if (!assignment.has_value()) {
     out->set_action(proto::GetShardReply::WAIT);
-    out->set_retry_after_ms(200);
+    out->set_retry_after_ms(RetryAfterMs());
+    if (tracker_ && tracker_->todo() == 0) {
+      // An idle worker and nothing queued: ask the slowest holder to share.
+      std::optional<uint64_t> split =
+          tracker_->RequestSplit(2 * static_cast<uint64_t>(options_.job.worker.batch_size));
+      if (split.has_value()) {
+        const ShardTracker::Shard& shard = tracker_->shard(*split);
+        VLOG(1) << "asking worker[" << shard.holder << "] to split shard " << *split
+                << " for idle worker[" << worker_id << "]";
+        events_->Record("split_requested", {{"shard", *split},
+                                            {"holder", shard.holder},
+                                            {"idle_worker", worker_id},
+                                            {"records_left", shard.spec.records -
+                                                                 shard.committed_records}});
+      }
+    }
     return absl::OkStatus();
+  }
+  MarkShard(assignment->shard_id);
+  auto started = reassign_started_.find(assignment->shard_id);
+  if (started != reassign_started_.end()) {
+    const absl::Duration delay = now - started->second;
+    worst_reassign_delay_ = std::max(worst_reassign_delay_, delay);
+    events_->Record("shard_assigned_again", {{"shard", assignment->shard_id},
+                                             {"worker", worker_id},
+                                             {"since_last_heartbeat_ms",
+                                              absl::ToDoubleMilliseconds(delay)}});
+    reassign_started_.erase(started);
   }
   const bool eval = phase_ == Phase::kEvaluating;
   const DataSet& data = eval ? eval_data_ : train_data_;
@@ -792,10 +1308,9 @@ Status Master::Impl::HandleGetShard(const Message& request, Message* reply) {
   shard->set_start(assignment->start);
   shard->set_start_line(assignment->start_line);
   shard->set_records(assignment->records);
-  VLOG(1) << "worker[" << request.header().sender().id() << "] takes "
-          << (eval ? "eval" : "train") << " shard " << assignment->shard_id << " ("
-          << assignment->records << " records from line " << assignment->start_line << " of "
-          << shard->path() << ")";
+  VLOG(1) << "worker[" << worker_id << "] takes " << (eval ? "eval" : "train") << " shard "
+          << assignment->shard_id << " (" << assignment->records << " records from line "
+          << assignment->start_line << " of " << shard->path() << ")";
   return absl::OkStatus();
 }
 
@@ -841,15 +1356,16 @@ Status Master::Impl::HandleCommit(const Message& request, Message* reply) {
     // commit, resent because its reply was late. Acknowledge it like the
     // tracker acknowledges any repeat, so the worker carries on.
     const DataSet& data = eval ? eval_data_ : train_data_;
-    if (body.shard_id() >= data.shards.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown shard ", body.shard_id()));
-    }
-    const ShardSpec& spec = data.shards[body.shard_id()];
-    if (body.begin_offset() < spec.begin || body.begin_offset() > body.end_offset() ||
-        body.end_offset() > spec.end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "commit [", body.begin_offset(), ", ", body.end_offset(), ") is outside shard ",
-          body.shard_id(), " [", spec.begin, ", ", spec.end, ")"));
+    // Shards split off stragglers have ids past the scan's; their ranges lie
+    // within the scan's files, which is all that can be checked now.
+    if (body.shard_id() < data.shards.size()) {
+      const ShardSpec& spec = data.shards[body.shard_id()];
+      if (body.begin_offset() < spec.begin || body.begin_offset() > body.end_offset() ||
+          body.end_offset() > spec.end) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "commit [", body.begin_offset(), ", ", body.end_offset(), ") is outside shard ",
+            body.shard_id(), " [", spec.begin, ", ", spec.end, ")"));
+      }
     }
     reply->header().mutable_commit_progress_reply()->set_applied(false);
     return absl::OkStatus();
@@ -860,31 +1376,84 @@ Status Master::Impl::HandleCommit(const Message& request, Message* reply) {
                      " but the job is ", PhaseName(phase_),
                      phase_ == Phase::kTraining ? absl::StrCat(" epoch ", epoch_ + 1) : ""));
   }
+  const uint32_t worker_id = request.header().sender().id();
   ASSIGN_OR_RETURN(ShardTracker::CommitResult result,
-                   tracker_->Commit(request.header().sender().id(), body.shard_id(),
-                                    body.begin_offset(), body.end_offset(), body.lines()));
+                   tracker_->Commit(worker_id, body.shard_id(), body.begin_offset(),
+                                    body.end_offset(), body.lines()));
   const bool applied = result == ShardTracker::CommitResult::kApplied;
-  reply->header().mutable_commit_progress_reply()->set_applied(applied);
+  proto::CommitProgressReply* out = reply->header().mutable_commit_progress_reply();
+  out->set_applied(applied);
+  std::optional<uint64_t> split = tracker_->SplitRequestedOf(worker_id);
+  if (split.has_value()) out->set_split_shard(*split);
   if (!applied) return absl::OkStatus();
 
+  MarkShard(body.shard_id());
   const uint64_t valid = body.lines() - body.malformed();
   records_malformed_ += body.malformed();
   for (const std::string& example : body.malformed_examples()) {
     if (malformed_examples_.size() < 20) malformed_examples_.push_back(example);
   }
   if (eval) {
-    eval_labels_[body.shard_id()].insert(eval_labels_[body.shard_id()].end(), labels.begin(),
-                                         labels.end());
-    eval_predictions_[body.shard_id()].insert(eval_predictions_[body.shard_id()].end(),
-                                              predictions.begin(), predictions.end());
+    auto& [saved_labels, saved_predictions] =
+        eval_results_[{body.shard_id(), body.begin_offset()}];
+    saved_labels.assign(labels.begin(), labels.end());
+    saved_predictions.assign(predictions.begin(), predictions.end());
+    pending_eval_.PutEvalResult(body.shard_id(), body.begin_offset(), saved_labels,
+                                saved_predictions);
     eval_records_ += valid;
   } else {
     records_trained_ += valid;
     worker->records += valid;
-    epoch_loss_sum_ += body.loss_sum();
-    epoch_loss_count_ += valid;
+    proto::EpochLedger& entry = Ledger(epoch_);
+    entry.set_lines_committed(entry.lines_committed() + body.lines());
+    entry.set_records_committed(entry.records_committed() + valid);
+    entry.set_malformed(entry.malformed() + body.malformed());
+    entry.set_loss_sum(entry.loss_sum() + body.loss_sum());
   }
   AdvanceIfPassDone();
+  return absl::OkStatus();
+}
+
+Status Master::Impl::HandleSplitShard(const Message& request, Message* reply) {
+  if (!request.header().has_split_shard_request()) {
+    return absl::InvalidArgumentError("SPLIT_SHARD without its body");
+  }
+  const proto::SplitShardRequest& body = request.header().split_shard_request();
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(WorkerEntry * worker, LiveWorker(request));
+  worker->last_seen = absl::Now();
+  const bool eval = body.phase() == proto::EVAL;
+  proto::SplitShardReply* out = reply->header().mutable_split_shard_reply();
+  const bool current_pass = tracker_ != nullptr && body.epoch() == epoch_ &&
+                            (eval ? phase_ == Phase::kEvaluating : phase_ == Phase::kTraining);
+  if (!current_pass) {
+    out->set_accepted(false);
+    return absl::OkStatus();
+  }
+  const uint32_t worker_id = request.header().sender().id();
+  StatusOr<uint64_t> child =
+      tracker_->Split(worker_id, body.shard_id(), body.split_offset(), body.split_line());
+  if (!child.ok()) {
+    if (absl::IsFailedPrecondition(child.status())) {
+      out->set_accepted(false);  // no longer wanted (or no longer its shard)
+      return absl::OkStatus();
+    }
+    return child.status();
+  }
+  MarkShard(body.shard_id());
+  MarkShard(*child);
+  const ShardTracker::Shard& part = tracker_->shard(*child);
+  LOG(INFO) << "split shard " << body.shard_id() << " of worker[" << worker_id << "] at line "
+            << body.split_line() << ": " << part.spec.records << " records go to shard " << *child;
+  events_->Record("shard_split", {{"shard", body.shard_id()},
+                                  {"new_shard", *child},
+                                  {"worker", worker_id},
+                                  {"split_offset", body.split_offset()},
+                                  {"split_line", body.split_line()},
+                                  {"records_moved", part.spec.records}});
+  out->set_accepted(true);
+  out->set_new_shard_id(*child);
+  changed_.SignalAll();
   return absl::OkStatus();
 }
 
@@ -898,10 +1467,15 @@ Status Master::Impl::HandleDeregister(const Message& request, Message* reply) {
   if (it == workers_.end()) return absl::NotFoundError("unknown worker");
   if (it->second.state == PeerState::kAlive) {
     it->second.state = PeerState::kLeft;
+    master_dirty_ = true;
+    LOG(INFO) << "worker[" << sender.id() << "] left";
+    events_->Record("worker_left", {{"worker", sender.id()}, {"records", it->second.records}});
+    // It committed what it pushed and stops pushing: its shards move now.
+    // Its id is still fenced, so nothing it might send later lands.
+    auto fenced = std::lower_bound(fenced_.begin(), fenced_.end(), sender.id());
+    if (fenced == fenced_.end() || *fenced != sender.id()) fenced_.insert(fenced, sender.id());
     ++membership_epoch_;
-    const int released = tracker_ ? tracker_->Release(sender.id()) : 0;
-    LOG(INFO) << "worker[" << sender.id() << "] left"
-              << (released ? absl::StrCat("; ", released, " shard(s) back to the queue") : "");
+    ReleaseShardsOf(sender.id(), "left");
   }
   reply->header().mutable_deregister_reply();
   changed_.SignalAll();
@@ -919,6 +1493,7 @@ json Master::Impl::StatusDocument() const {
   doc["epoch"] = epoch_ + 1;
   doc["epochs"] = options_.job.job.epochs;
   doc["elapsed_s"] = absl::ToDoubleSeconds(absl::Now() - started_);
+  doc["resumed"] = resumed_;
   json shards = {{"total", 0}, {"todo", 0}, {"doing", 0}, {"done", 0}};
   if (tracker_) {
     shards = {{"total", tracker_->num_shards()},
@@ -931,13 +1506,30 @@ json Master::Impl::StatusDocument() const {
   }
   doc["shards"] = shards;
   doc["records_trained"] = records_trained_;
+  doc["records_retrained"] = records_retrained_;
   doc["records_per_epoch"] = train_data_.records;
   doc["records_per_s"] = records_per_s_;
   doc["records_malformed"] = records_malformed_;
   doc["malformed_examples"] = malformed_examples_;
   doc["membership_epoch"] = membership_epoch_;
   doc["reassignments"] = reassignments_ + (tracker_ ? tracker_->reassignments() : 0);
+  doc["splits"] = splits_ + (tracker_ ? tracker_->splits() : 0);
+  doc["workers_fenced"] = fenced_.size();
+  doc["max_reassign_delay_ms"] = absl::ToDoubleMilliseconds(worst_reassign_delay_);
   doc["cluster_map_version"] = cluster_map_.version();
+  json ledger = json::array();
+  for (size_t e = 0; e < ledger_.size(); ++e) {
+    const proto::EpochLedger& entry = ledger_[e];
+    const bool complete = e < epoch_ || phase_ == Phase::kEvaluating || phase_ == Phase::kFinished;
+    ledger.push_back({{"epoch", entry.epoch()},
+                      {"lines_expected", entry.records_expected()},
+                      {"lines_committed", entry.lines_committed()},
+                      {"records_committed", entry.records_committed()},
+                      {"malformed", entry.malformed()},
+                      {"complete", complete},
+                      {"exactly_once", complete && entry.lines_committed() == entry.records_expected()}});
+  }
+  doc["ledger"] = ledger;
   json workers = json::array();
   for (const auto& [id, worker] : workers_) {
     workers.push_back({{"id", id},
@@ -946,7 +1538,8 @@ json Master::Impl::StatusDocument() const {
                        {"pid", worker.pid},
                        {"device", worker.device},
                        {"records", worker.records},
-                       {"records_per_s", worker.state == PeerState::kAlive ? worker.records_per_s : 0.0}});
+                       {"records_per_s",
+                        worker.state == PeerState::kAlive ? worker.records_per_s : 0.0}});
   }
   doc["workers"] = workers;
   json servers = json::array();
@@ -958,11 +1551,21 @@ json Master::Impl::StatusDocument() const {
                        {"endpoint", server.endpoint},
                        {"partitions", partitions},
                        {"rows", server.stats.rows()},
-                       {"memory_bytes", server.stats.bytes()}});
+                       {"memory_bytes", server.stats.bytes()},
+                       {"pushes_fenced", server.stats.pushes_fenced()},
+                       {"pushes_deduplicated", server.stats.pushes_deduplicated()}});
   }
   doc["servers"] = servers;
-  doc["metrics"] = {{"train_loss", NullableNumber(train_loss_)},
-                    {"epoch_train_loss", epoch_losses_},
+  std::optional<double> train_loss;
+  json epoch_losses = json::array();
+  for (size_t e = 0; e < ledger_.size(); ++e) {
+    const bool complete = e < epoch_ || phase_ == Phase::kEvaluating || phase_ == Phase::kFinished;
+    if (!complete || ledger_[e].records_committed() == 0) continue;
+    train_loss = ledger_[e].loss_sum() / static_cast<double>(ledger_[e].records_committed());
+    epoch_losses.push_back(*train_loss);
+  }
+  doc["metrics"] = {{"train_loss", NullableNumber(train_loss)},
+                    {"epoch_train_loss", epoch_losses},
                     {"eval_auc", NullableNumber(eval_auc_)},
                     {"eval_logloss", NullableNumber(eval_logloss_)},
                     {"eval_records", eval_records_}};
@@ -977,13 +1580,24 @@ std::string Master::Impl::MetricsText() const {
   };
   gauge("eps_records_trained", "Records committed, each once, over all epochs.",
         static_cast<double>(records_trained_));
+  gauge("eps_records_retrained", "Records trained again after a worker failed.",
+        static_cast<double>(records_retrained_));
   gauge("eps_records_per_second", "Records committed per second, last interval.", records_per_s_);
   gauge("eps_epoch", "Current epoch (1-based).", epoch_ + 1);
   int alive = 0;
   for (const auto& [id, worker] : workers_) alive += worker.state == PeerState::kAlive;
   gauge("eps_workers_alive", "Workers holding a lease.", alive);
-  gauge("eps_membership_epoch", "Membership changes so far.", static_cast<double>(membership_epoch_));
-  if (train_loss_) gauge("eps_train_loss", "Mean train loss of the last epoch.", *train_loss_);
+  gauge("eps_membership_epoch", "Membership changes so far.",
+        static_cast<double>(membership_epoch_));
+  gauge("eps_reassignments", "Shards handed back after their worker died or left.",
+        static_cast<double>(reassignments_ + (tracker_ ? tracker_->reassignments() : 0)));
+  for (size_t e = ledger_.size(); e-- > 0;) {
+    const bool complete = e < epoch_ || phase_ == Phase::kEvaluating || phase_ == Phase::kFinished;
+    if (!complete || ledger_[e].records_committed() == 0) continue;
+    gauge("eps_train_loss", "Mean train loss of the last finished epoch.",
+          ledger_[e].loss_sum() / static_cast<double>(ledger_[e].records_committed()));
+    break;
+  }
   if (eval_auc_) gauge("eps_eval_auc", "Final evaluation AUC.", *eval_auc_);
   if (eval_logloss_) gauge("eps_eval_logloss", "Final evaluation log loss.", *eval_logloss_);
   return out;
@@ -1002,10 +1616,12 @@ Status Master::Impl::Wait() {
 
 void Master::Impl::RequestStop(const std::string& reason) {
   stop_scan_.store(true);
-  absl::MutexLock lock(&mu_);
-  if (stop_requested_) return;
-  stop_requested_ = true;
-  Fail(reason);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_requested_) return;
+    stop_requested_ = true;
+    Fail(reason);
+  }
 }
 
 void Master::Impl::StopThreads() {

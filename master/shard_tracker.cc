@@ -1,13 +1,15 @@
 #include "master/shard_tracker.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 
 namespace eps {
 
-ShardTracker::ShardTracker(const DataSet* data, const std::vector<uint32_t>& order) {
-  shards_.reserve(data->shards.size());
-  for (const ShardSpec& spec : data->shards) {
+ShardTracker::ShardTracker(const DataSet& data, const std::vector<uint32_t>& order) {
+  shards_.reserve(data.shards.size());
+  for (const ShardSpec& spec : data.shards) {
     Shard shard;
     shard.spec = spec;
     shard.committed = spec.begin;
@@ -96,19 +98,163 @@ StatusOr<ShardTracker::CommitResult> ShardTracker::Commit(uint32_t worker, uint6
   return CommitResult::kApplied;
 }
 
-int ShardTracker::Release(uint32_t worker) {
-  int released = 0;
+std::vector<uint64_t> ShardTracker::Release(uint32_t worker) {
+  std::vector<uint64_t> released;
   // Front of the queue, so a half-done shard finishes before new ones.
   for (uint32_t id = static_cast<uint32_t>(shards_.size()); id-- > 0;) {
     Shard& shard = shards_[id];
     if (shard.state != State::kDoing || shard.holder != worker) continue;
     shard.state = State::kTodo;
+    shard.split_requested = false;
     --doing_;
     todo_.push_front(id);
     ++reassignments_;
-    ++released;
+    released.push_back(id);
   }
   return released;
+}
+
+std::optional<uint64_t> ShardTracker::RequestSplit(uint64_t min_records) {
+  std::optional<uint64_t> best;
+  uint64_t best_left = 0;
+  for (uint64_t id = 0; id < shards_.size(); ++id) {
+    const Shard& shard = shards_[id];
+    if (shard.state != State::kDoing || shard.split_requested) continue;
+    const uint64_t left = shard.spec.records - shard.committed_records;
+    if (left >= std::max<uint64_t>(min_records, 2) && left > best_left) {
+      best = id;
+      best_left = left;
+    }
+  }
+  if (best.has_value()) shards_[*best].split_requested = true;
+  return best;
+}
+
+std::optional<uint64_t> ShardTracker::SplitRequestedOf(uint32_t worker) const {
+  for (uint64_t id = 0; id < shards_.size(); ++id) {
+    const Shard& shard = shards_[id];
+    if (shard.state == State::kDoing && shard.holder == worker && shard.split_requested) return id;
+  }
+  return std::nullopt;
+}
+
+StatusOr<uint64_t> ShardTracker::Split(uint32_t worker, uint64_t shard_id, uint64_t offset,
+                                       uint64_t line) {
+  if (shard_id >= shards_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown shard ", shard_id));
+  }
+  Shard& shard = shards_[shard_id];
+  if (shard.state != State::kDoing || shard.holder != worker) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, " is not held by worker ", worker));
+  }
+  if (!shard.split_requested) {
+    return absl::FailedPreconditionError(absl::StrCat("no split of shard ", shard_id, " was asked"));
+  }
+  const uint64_t end_line = shard.spec.first_line + shard.spec.records;
+  if (offset <= shard.committed || offset >= shard.spec.end || line <= shard.committed_line ||
+      line >= end_line) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split of shard ", shard_id, " at byte ", offset, ", line ", line,
+        " is not strictly inside its uncommitted part (bytes ", shard.committed, "-",
+        shard.spec.end, ", lines ", shard.committed_line, "-", end_line, ")"));
+  }
+  Shard child;
+  child.spec = shard.spec;
+  child.spec.begin = offset;
+  child.spec.first_line = line;
+  child.spec.records = end_line - line;
+  child.committed = offset;
+  child.committed_line = line;
+  child.split_from = shard_id;
+  shard.spec.end = offset;
+  shard.spec.records = line - shard.spec.first_line;
+  shard.split_requested = false;
+  const uint64_t child_id = shards_.size();
+  shards_.push_back(child);
+  todo_.push_front(static_cast<uint32_t>(child_id));
+  ++splits_;
+  return child_id;
+}
+
+proto::ShardRecord ShardTracker::ToRecord(uint64_t id) const {
+  const Shard& shard = shards_[id];
+  proto::ShardRecord record;
+  record.set_file(shard.spec.file);
+  record.set_begin(shard.spec.begin);
+  record.set_end(shard.spec.end);
+  record.set_first_line(shard.spec.first_line);
+  record.set_records(shard.spec.records);
+  record.set_state(shard.state == State::kTodo    ? proto::SHARD_TODO
+                   : shard.state == State::kDoing ? proto::SHARD_DOING
+                                                  : proto::SHARD_DONE);
+  record.set_holder(shard.holder);
+  record.set_committed(shard.committed);
+  record.set_committed_line(shard.committed_line);
+  record.set_committed_records(shard.committed_records);
+  record.set_assignments(shard.assignments);
+  if (shard.split_from.has_value()) record.set_split_from(*shard.split_from);
+  return record;
+}
+
+StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardRecord>& records,
+                                                 const std::vector<uint32_t>& order) {
+  ShardTracker tracker(DataSet{}, {});
+  for (size_t id = 0; id < records.size(); ++id) {
+    const proto::ShardRecord& record = records[id];
+    Shard shard;
+    shard.spec = ShardSpec{.file = record.file(),
+                           .begin = record.begin(),
+                           .end = record.end(),
+                           .first_line = record.first_line(),
+                           .records = record.records()};
+    shard.holder = record.holder();
+    shard.committed = record.committed();
+    shard.committed_line = record.committed_line();
+    shard.committed_records = record.committed_records();
+    shard.assignments = record.assignments();
+    if (record.has_split_from()) shard.split_from = record.split_from();
+    if (shard.committed < shard.spec.begin || shard.committed > shard.spec.end ||
+        shard.committed_records > shard.spec.records) {
+      return absl::DataLossError(absl::StrCat("shard record ", id, " is inconsistent"));
+    }
+    switch (record.state()) {
+      case proto::SHARD_TODO: shard.state = State::kTodo; break;
+      case proto::SHARD_DOING:
+        shard.state = State::kDoing;
+        ++tracker.doing_;
+        break;
+      case proto::SHARD_DONE:
+        shard.state = State::kDone;
+        ++tracker.done_;
+        break;
+      default: return absl::DataLossError(absl::StrCat("shard record ", id, " has no state"));
+    }
+    tracker.committed_records_ += shard.committed_records;
+    tracker.splits_ += shard.split_from.has_value();
+    tracker.shards_.push_back(shard);
+  }
+  // Split-offs first (they were at the front), then the pass's order.
+  std::vector<bool> queued(records.size(), false);
+  for (uint64_t id = 0; id < records.size(); ++id) {
+    if (tracker.shards_[id].split_from.has_value() && tracker.shards_[id].state == State::kTodo) {
+      tracker.todo_.push_back(static_cast<uint32_t>(id));
+      queued[id] = true;
+    }
+  }
+  for (uint32_t id : order) {
+    if (id >= records.size()) return absl::DataLossError("shard order names an unknown shard");
+    if (!queued[id] && tracker.shards_[id].state == State::kTodo) {
+      tracker.todo_.push_back(id);
+      queued[id] = true;
+    }
+  }
+  for (uint64_t id = 0; id < records.size(); ++id) {
+    if (tracker.shards_[id].state == State::kTodo && !queued[id]) {
+      tracker.todo_.push_back(static_cast<uint32_t>(id));  // not in `order`: keep it anyway
+    }
+  }
+  return tracker;
 }
 
 }  // namespace eps

@@ -6,6 +6,11 @@
 //     +----Release------+   (the worker died or left: back to TODO, resuming
 //                            from the committed offset; nothing is dropped)
 //
+// Stragglers: when TODO is empty and a worker idles, RequestSplit marks the
+// DOING shard with the most records left; its holder answers with Split at
+// a record start past what it has read, and [split, end) becomes a new
+// shard at the front of TODO. A record is in exactly one of the two.
+//
 // A commit covers [begin, end) of a shard and is accepted only from the
 // shard's holder and only when `begin` is the committed offset, so records
 // are counted exactly once; a commit that repeats one already applied (end
@@ -23,6 +28,7 @@
 
 #include "core/status.h"
 #include "master/data_set.h"
+#include "proto/eps.pb.h"
 
 namespace eps {
 
@@ -38,6 +44,8 @@ class ShardTracker {
     uint64_t committed_line = 1;  // line number at `committed`
     uint64_t committed_records = 0;
     uint32_t assignments = 0;     // times handed out
+    bool split_requested = false;
+    std::optional<uint64_t> split_from;  // parent shard of a split-off shard
   };
 
   struct Assignment {
@@ -51,8 +59,17 @@ class ShardTracker {
   enum class CommitResult { kApplied, kDuplicate };
 
   // Tracks `data`'s shards, handed out in `order` (a permutation of shard
-  // indices). `data` must outlive the tracker.
-  ShardTracker(const DataSet* data, const std::vector<uint32_t>& order);
+  // indices).
+  ShardTracker(const DataSet& data, const std::vector<uint32_t>& order);
+
+  // Rebuilds a tracker from persisted records (ids 0..n-1, `records[i]`
+  // shard i). TODO shards are queued split-offs first, then in `order` (a
+  // permutation of the scan's shard ids, which come first in `records`).
+  // kDataLoss when the records are inconsistent.
+  static StatusOr<ShardTracker> FromRecords(const std::vector<proto::ShardRecord>& records,
+                                            const std::vector<uint32_t>& order);
+  // Shard `id` as a persisted record.
+  proto::ShardRecord ToRecord(uint64_t id) const;
 
   // Hands the next TODO shard to `worker`; nullopt when none is left.
   std::optional<Assignment> Assign(uint32_t worker);
@@ -69,8 +86,21 @@ class ShardTracker {
                                 uint64_t records);
 
   // Puts every shard `worker` holds back to TODO (at its committed offset,
-  // ahead of untouched shards). Returns how many.
-  int Release(uint32_t worker);
+  // ahead of untouched shards). Returns their ids.
+  std::vector<uint64_t> Release(uint32_t worker);
+
+  // Marks the DOING shard with the most records left (at least
+  // `min_records`, not asked before) for splitting; nullopt when none
+  // qualifies.
+  std::optional<uint64_t> RequestSplit(uint64_t min_records);
+  // The shard `worker` holds that was asked to split, if any.
+  std::optional<uint64_t> SplitRequestedOf(uint32_t worker) const;
+  // Cuts [offset, end) off shard `shard_id` as a new TODO shard (front of
+  // the queue) whose first record is on line `line`; returns its id.
+  //   kFailedPrecondition: not held by `worker`, or no split was requested.
+  //   kInvalidArgument: `offset` not strictly inside (committed, end), or
+  //     `line` leaving either part without records.
+  StatusOr<uint64_t> Split(uint32_t worker, uint64_t shard_id, uint64_t offset, uint64_t line);
 
   uint64_t num_shards() const { return shards_.size(); }
   uint64_t todo() const { return todo_.size(); }
@@ -81,6 +111,8 @@ class ShardTracker {
   uint64_t committed_records() const { return committed_records_; }
   // Shards put back to TODO because their worker died or left.
   uint64_t reassignments() const { return reassignments_; }
+  // Shards split off stragglers in this pass.
+  uint64_t splits() const { return splits_; }
   const Shard& shard(uint64_t id) const { return shards_[id]; }
 
  private:
@@ -90,6 +122,7 @@ class ShardTracker {
   uint64_t done_ = 0;
   uint64_t committed_records_ = 0;
   uint64_t reassignments_ = 0;
+  uint64_t splits_ = 0;
 };
 
 }  // namespace eps

@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "core/logging.h"
 #include "core/message.h"
@@ -18,6 +20,7 @@
 #include "core/rpc_channel.h"
 #include "core/rpc_server.h"
 #include "core/socket_factory.h"
+#include "ps/push_deduplicator.h"
 #include "ps/table.h"
 
 namespace eps {
@@ -49,6 +52,13 @@ namespace {
 // Most keys one request may carry per table (bounds the reply too).
 constexpr size_t kMaxKeysPerTable = size_t{1} << 22;
 
+Status FencedError(uint32_t worker) {
+  return ErrorWithReason(
+      absl::StatusCode::kFailedPrecondition,
+      absl::StrCat("worker ", worker, " is fenced (its lease expired); it must register again"),
+      proto::FENCED);
+}
+
 }  // namespace
 
 class ParamServer::Impl {
@@ -74,6 +84,10 @@ class ParamServer::Impl {
   Status Handle(Message& request, Message* reply);
   Status HandlePull(const Message& request, Message* reply);
   Status HandlePush(const Message& request, Message* reply);
+  Status HandleFenceWorkers(const Message& request, Message* reply);
+  // FENCED when `sender` is a fenced worker (counting a refused push).
+  Status CheckNotFenced(const proto::NodeId& sender, proto::Method method);
+  bool IsFenced(const proto::NodeId& sender) const ABSL_SHARED_LOCKS_REQUIRED(fence_mu_);
   // The table `table_id` if known; kInvalidArgument otherwise.
   StatusOr<Table*> FindTable(uint32_t table_id);
   // kFailedPrecondition/WRONG_OWNER unless this server owns every key;
@@ -100,6 +114,16 @@ class ParamServer::Impl {
   std::atomic<uint64_t> pushes_{0};
   std::atomic<uint64_t> rows_pulled_{0};
   std::atomic<uint64_t> rows_pushed_{0};
+  std::atomic<uint64_t> pushes_fenced_{0};
+  std::atomic<uint64_t> pushes_deduplicated_{0};
+
+  // Held shared while a request is checked against the fence and, for a
+  // push, recorded by dedup_; exclusively while workers are fenced. So a
+  // push is either recorded before its worker is fenced (and forgotten with
+  // it) or refused, and dedup_ never keeps state for a fenced worker.
+  mutable absl::Mutex fence_mu_;
+  absl::flat_hash_set<uint32_t> fenced_ ABSL_GUARDED_BY(fence_mu_);
+  PushDeduplicator dedup_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);
@@ -210,6 +234,8 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_bytes(bytes);
   stats.set_pulls(pulls_.load());
   stats.set_pushes(pushes_.load());
+  stats.set_pushes_fenced(pushes_fenced_.load());
+  stats.set_pushes_deduplicated(pushes_deduplicated_.load());
   return stats;
 }
 
@@ -286,7 +312,8 @@ void ParamServer::Impl::HeartbeatLoop() {
   const proto::ServerStats stats = Stats();
   LOG(INFO) << "summary: " << stats.rows() << " rows, " << stats.pulls() << " pulls ("
             << rows_pulled_.load() << " rows), " << stats.pushes() << " pushes ("
-            << rows_pushed_.load() << " rows)";
+            << rows_pushed_.load() << " rows), " << stats.pushes_fenced() << " pushes fenced, "
+            << stats.pushes_deduplicated() << " pushes deduplicated";
   absl::MutexLock lock(&mu_);
   result_ = result;
   done_ = true;
@@ -294,7 +321,11 @@ void ParamServer::Impl::HeartbeatLoop() {
 
 Status ParamServer::Impl::Handle(Message& request, Message* reply) {
   const proto::Method method = request.header().method();
+  // Needs neither the tables nor the map: served from the first moment.
+  if (method == proto::FENCE_WORKERS) return HandleFenceWorkers(request, reply);
   if (method == proto::PULL || method == proto::PUSH) {
+    // A fenced worker learns that first: nothing else it could fix matters.
+    RETURN_IF_ERROR(CheckNotFenced(request.header().sender(), method));
     // Requests can arrive as soon as the port is bound, while Start still
     // fills in id_ and tables_. Only the heartbeat thread, started after
     // that, installs the map; so with a map both are complete and visible.
@@ -311,6 +342,50 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
       return absl::UnimplementedError(absl::StrCat(
           "a parameter server does not serve ", proto::Method_Name(method)));
   }
+}
+
+bool ParamServer::Impl::IsFenced(const proto::NodeId& sender) const {
+  return sender.role() == proto::ROLE_WORKER && fenced_.contains(sender.id());
+}
+
+Status ParamServer::Impl::CheckNotFenced(const proto::NodeId& sender, proto::Method method) {
+  absl::ReaderMutexLock lock(&fence_mu_);
+  if (!IsFenced(sender)) return absl::OkStatus();
+  if (method == proto::PUSH) pushes_fenced_.fetch_add(1, std::memory_order_relaxed);
+  return FencedError(sender.id());
+}
+
+Status ParamServer::Impl::HandleFenceWorkers(const Message& request, Message* reply) {
+  const proto::NodeId& sender = request.header().sender();
+  if (sender.role() != proto::ROLE_MASTER) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("FENCE_WORKERS comes from the master only, not from ",
+                     proto::Role_Name(sender.role()), " ", sender.id()));
+  }
+  if (!request.header().has_fence_workers_request()) {
+    return absl::InvalidArgumentError("FENCE_WORKERS without its body");
+  }
+  const proto::FenceWorkersRequest& body = request.header().fence_workers_request();
+  std::vector<uint32_t> added;
+  size_t fenced = 0;
+  {
+    absl::MutexLock lock(&fence_mu_);
+    for (uint32_t worker : body.worker_ids()) {
+      if (fenced_.insert(worker).second) {
+        // Under fence_mu_: no push of this worker is between its fence
+        // check and its record in dedup_ now, and none will be again.
+        dedup_.Forget(worker);
+        added.push_back(worker);
+      }
+    }
+    fenced = fenced_.size();
+  }
+  if (!added.empty()) {
+    LOG(INFO) << "fenced worker(s) " << absl::StrJoin(added, ", ") << " (membership epoch "
+              << body.membership_epoch() << "); " << fenced << " fenced in all";
+  }
+  reply->header().mutable_fence_workers_reply()->set_fenced(fenced);
+  return absl::OkStatus();
 }
 
 StatusOr<Table*> ParamServer::Impl::FindTable(uint32_t table_id) {
@@ -420,12 +495,35 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     keys.push_back(table_keys);
     grads.push_back(table_grads);
   }
+  // Valid: now the fence (again, it may have arrived meanwhile) and
+  // whether this is a retry of a push already applied.
+  const proto::NodeId& sender = request.header().sender();
+  bool first_time = true;
+  {
+    absl::ReaderMutexLock lock(&fence_mu_);
+    if (IsFenced(sender)) {
+      pushes_fenced_.fetch_add(1, std::memory_order_relaxed);
+      return FencedError(sender.id());
+    }
+    // Sequence numbers are per worker; other senders have no id space of
+    // their own to key them by.
+    if (sender.role() == proto::ROLE_WORKER) {
+      first_time = dedup_.FirstTime(sender.id(), request.header().push_request().client_seq());
+    }
+  }
+  if (!first_time) {
+    VLOG(2) << "push " << request.header().push_request().client_seq() << " of worker "
+            << sender.id() << " repeats one already applied";
+    reply->header().mutable_push_reply()->set_applied(false);
+    pushes_deduplicated_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
   uint64_t rows = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
     tables[i]->Push(keys[i], grads[i]);
     rows += keys[i].size();
   }
-  reply->header().mutable_push_reply();
+  reply->header().mutable_push_reply()->set_applied(true);
   pushes_.fetch_add(1, std::memory_order_relaxed);
   rows_pushed_.fetch_add(rows, std::memory_order_relaxed);
   return absl::OkStatus();

@@ -5,6 +5,26 @@
 // WRONG_OWNER for others), heartbeats its stats, and exits when the master
 // says the job is over.
 //
+// Fencing: the master sends FENCE_WORKERS (sender ROLE_MASTER only;
+// others get kPermissionDenied) with every worker whose lease expired. The
+// server remembers them for its lifetime (worker ids are never reused, so
+// the set only grows and a repeated list changes nothing) and from then on
+// refuses every PULL and PUSH a fenced worker sends with
+// kFailedPrecondition/FENCED, before touching any table and before the
+// cluster map matters: FENCE_WORKERS is served even before the server has
+// its map. A push that was already being applied when the fence arrived
+// still lands; one that reaches its deduplication step after the fence
+// does not. Refused pushes are counted in ServerStats.pushes_fenced.
+//
+// Retried pushes: a PUSH from a worker carries PushRequest.client_seq; after
+// validation and the fence check the server applies it only the first time
+// it sees that (worker, client_seq) (ps/push_deduplicator.h) and answers
+// PushReply.applied = true; a repeat (a retry whose first delivery was
+// applied) is acknowledged with applied = false, applied nothing, and is
+// counted in ServerStats.pushes_deduplicated. A repeat may be acknowledged
+// while its first delivery is still being applied. client_seq 0, and pushes
+// from senders that are not workers, are applied every time.
+//
 // Thread-safety: safe for concurrent use; request handlers run on
 // `threads` threads. Start/Wait/RequestStop from the owning thread
 // (RequestStop also from a signal-watching thread).

@@ -14,7 +14,7 @@ PACKAGES=(
   build-essential cmake pkg-config python3
   libzmq3-dev cppzmq-dev
   libprotobuf-dev protobuf-compiler
-  libeigen3-dev
+  libeigen3-dev librocksdb-dev
   libboost-program-options-dev
   libabsl-dev libspdlog-dev libcpp-httplib-dev nlohmann-json3-dev libxxhash-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 
 namespace eps {
 namespace {
@@ -85,6 +86,15 @@ bool LineReader::Fill() {
   return true;
 }
 
+void LineReader::Truncate(uint64_t end) {
+  CHECK_LE(offset_, end);
+  CHECK_LE(end, end_);
+  end_ = end;
+  // Drop what the buffer holds beyond the new end.
+  tail_ = std::min<size_t>(tail_, head_ + static_cast<size_t>(end - offset_));
+  file_pos_ = std::min(file_pos_, end);
+}
+
 bool LineReader::Next(absl::string_view* line) {
   while (true) {
     const char* begin = buffer_.data() + head_;
@@ -111,6 +121,20 @@ bool LineReader::Next(absl::string_view* line) {
     ++line_number_;
     return true;
   }
+}
+
+StatusOr<std::optional<LinePosition>> FindMiddleLine(const std::string& path, uint64_t from,
+                                                     uint64_t from_line, uint64_t end) {
+  const uint64_t middle = from + (end - from) / 2;
+  ASSIGN_OR_RETURN(std::unique_ptr<LineReader> reader, LineReader::Open(path, from, end, from_line));
+  absl::string_view line;
+  // Lines that start before the middle; the next one starts at or after it.
+  while (reader->offset() < middle && reader->Next(&line)) {
+  }
+  RETURN_IF_ERROR(reader->status());
+  if (reader->offset() >= end) return std::optional<LinePosition>();
+  return std::optional<LinePosition>(
+      LinePosition{.offset = reader->offset(), .line = reader->line_number() + 1});
 }
 
 }  // namespace eps

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,11 @@ class LineReader {
   // Byte offset just past the line Next returned last (its terminator
   // included): where a reader resuming after it would start.
   uint64_t offset() const { return offset_; }
+  // Ends the range at `end` instead: lines starting there or later are not
+  // returned. REQUIRES: offset() <= end <= the current end.
+  void Truncate(uint64_t end);
+  uint64_t end() const { return end_; }
+
   // OK, or the read error that ended the range early.
   const Status& status() const { return status_; }
   const std::string& path() const { return path_; }
@@ -52,7 +58,7 @@ class LineReader {
 
   const std::string path_;
   const int fd_;
-  const uint64_t end_;
+  uint64_t end_;
   uint64_t file_pos_;       // next byte to read from the file
   uint64_t offset_;         // file offset of buffer_[head_]
   uint64_t line_number_;
@@ -61,6 +67,19 @@ class LineReader {
   size_t tail_ = 0;         // one past the last valid byte in buffer_
   Status status_;
 };
+
+// A record start inside a byte range, with its line number.
+struct LinePosition {
+  uint64_t offset = 0;
+  uint64_t line = 0;
+};
+
+// The first line start at or after the middle of [from, end) of `path`,
+// where `from` is a line start on line `from_line`; nullopt when no line
+// starts in [middle, end). Reads the file from `from` up to that point.
+// Errors as LineReader::Open, or the read error.
+StatusOr<std::optional<LinePosition>> FindMiddleLine(const std::string& path, uint64_t from,
+                                                     uint64_t from_line, uint64_t end);
 
 }  // namespace eps
 

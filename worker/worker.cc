@@ -87,11 +87,13 @@ class BatchQueue {
     return item;
   }
 
-  // Ends the queue; the first status given is kept.
-  void Close(const Status& status) {
+  // Ends the queue; the first status given is kept. Items still queued are
+  // dropped when `drop` is set.
+  void Close(const Status& status, bool drop = false) {
     absl::MutexLock lock(&mu_);
     if (!closed_) status_ = status;
     closed_ = true;
+    if (drop) items_.clear();
   }
 
   Status status() const {
@@ -107,12 +109,13 @@ class BatchQueue {
   Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+bool IsFenced(const Status& status) { return ReasonOf(status) == proto::FENCED; }
+
 }  // namespace
 
 class Worker::Impl {
  public:
-  explicit Impl(const WorkerOptions& options)
-      : options_(options), queue_(static_cast<size_t>(options.job.worker.prefetch_batches)) {}
+  explicit Impl(const WorkerOptions& options) : options_(options) {}
 
   Status Run();
   void RequestStop() {
@@ -121,72 +124,99 @@ class Worker::Impl {
   }
 
  private:
+  // What one registration with the master owns. A worker that loses its
+  // lease (frozen, partitioned, or the master restarted) drops its session
+  // and registers again with a new id.
+  struct Session {
+    explicit Session(size_t queue_capacity) : queue(queue_capacity) {}
+    proto::NodeId self;
+    proto::JobSpec job;
+    proto::ClusterMap initial_map;
+    absl::Duration heartbeat = absl::Seconds(1);
+    absl::Duration lease = absl::Seconds(10);
+    // Per model parameter: its table id, and for dense tensors the chunk keys.
+    std::vector<uint32_t> table_ids;
+    std::vector<std::vector<uint64_t>> dense_keys;
+    BatchQueue queue;
+    // Shard the master asked to split (-1: none), from heartbeats and commits.
+    std::atomic<int64_t> split_shard{-1};
+    std::atomic<bool> over{false};  // fenced, failed or finished: wind down
+    absl::Mutex mu;
+    // When the last heartbeat the master answered was sent: the master's
+    // lease on this session runs from no earlier than that.
+    absl::Time lease_start ABSL_GUARDED_BY(mu);
+    Status failure ABSL_GUARDED_BY(mu);
+  };
+
   CallOptions MasterCallOptions() const {
     CallOptions call;
     call.attempt_timeout = absl::Milliseconds(options_.job.worker.rpc_timeout_ms);
     call.max_attempts = static_cast<int>(options_.job.worker.rpc_attempts);
     return call;
   }
-  Status Register(RpcChannel& master);
+  // One registration: trains until the job ends (OK), the worker is asked to
+  // stop (OK), it is fenced (FENCED) or something fails.
+  Status RunSession();
+  Status Register(RpcChannel& master, Session& session);
   StatusOr<proto::ClusterMap> FetchClusterMap(RpcChannel& master);
-  // Waits for the parameter servers to be placed.
   StatusOr<proto::ClusterMap> AwaitClusterMap(RpcChannel& master);
-  std::unique_ptr<PsClient> MakePsClient(RpcChannel* master);
+  std::unique_ptr<PsClient> MakePsClient(Session& session, RpcChannel* master);
 
-  void LoaderLoop();
-  Status LoadShards(RpcChannel& master, PsClient& ps);
-  Status LoadShard(const proto::ShardAssignment& shard, PsClient& ps);
-  Status PullParams(PsClient& ps, PreparedBatch& prepared);
-  Status Train(PreparedBatch& prepared, PsClient& ps, double* loss_sum,
+  void LoaderLoop(Session& session);
+  Status LoadShards(Session& session, RpcChannel& master, PsClient& ps);
+  Status LoadShard(Session& session, RpcChannel& master, const proto::ShardAssignment& shard,
+                   PsClient& ps);
+  // Answers the master's request to split `shard`: gives up the second half
+  // of what `reader` has not read yet.
+  Status MaybeSplit(Session& session, RpcChannel& master, const proto::ShardAssignment& shard,
+                    LineReader& reader);
+  Status PullParams(Session& session, PsClient& ps, PreparedBatch& prepared);
+  Status Train(Session& session, PreparedBatch& prepared, PsClient& ps, double* loss_sum,
                std::vector<float>* predictions);
-  Status Commit(RpcChannel& master, const PreparedBatch& prepared, double loss_sum,
-                const std::vector<float>& predictions);
-  void HeartbeatLoop();
+  Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
+                double loss_sum, const std::vector<float>& predictions);
+  void HeartbeatLoop(Session& session);
   Status Deregister(RpcChannel& master);
+  // kFailedPrecondition/FENCED when the session's lease may have run out:
+  // nothing may be pushed or committed then.
+  Status CheckLease(Session& session);
+  void EndSession(Session& session, const Status& status);
+  void Throttle(absl::Time started, uint64_t records);
 
   bool stopping() const {
     absl::MutexLock lock(&mu_);
-    return stop_;
+    return stop_ || finished_;
+  }
+  bool StoppingOrOver(const Session& session) const {
+    return session.over.load() || stopping();
   }
   // Sleeps up to `duration`, waking early on RequestStop. True if stopping.
   bool SleepUnlessStopping(absl::Duration duration) {
     absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithTimeout(absl::Condition(&stop_), duration);
-  }
-  void Fail(const Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (failure_.ok()) failure_ = status;
-    stop_ = true;
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || finished_; };
+    return mu_.AwaitWithTimeout(absl::Condition(&stop), duration);
   }
 
   const WorkerOptions options_;
   SocketFactory factory_;
   std::unique_ptr<RecordParser> parser_;
   std::unique_ptr<Model> model_;
-  proto::NodeId self_;
-  proto::JobSpec job_;
-  proto::ClusterMap initial_map_;
   std::string device_ = "cpu";
-  uint32_t heartbeat_ms_ = 1000;
-  // Per model parameter: its table id, and for dense tensors the chunk keys.
-  std::vector<uint32_t> table_ids_;
-  std::vector<std::vector<uint64_t>> dense_keys_;
-  BatchQueue queue_;
-  std::thread loader_;
-  std::thread heartbeat_;
 
+  // Across sessions.
   std::atomic<uint64_t> records_committed_{0};
+  std::atomic<uint64_t> records_pushed_{0};
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> batches_{0};
   std::atomic<int> malformed_logged_{0};
+  std::atomic<uint64_t> fenced_sessions_{0};
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the master said the job is over
-  Status failure_ ABSL_GUARDED_BY(mu_);
 };
 
-Status Worker::Impl::Register(RpcChannel& master) {
+Status Worker::Impl::Register(RpcChannel& master, Session& session) {
   Message request;
   request.header().set_method(proto::REGISTER_WORKER);
   proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
@@ -197,24 +227,31 @@ Status Worker::Impl::Register(RpcChannel& master) {
   CallOptions call;
   call.attempt_timeout = absl::Seconds(1);
   call.max_attempts = std::max<int>(1, static_cast<int>(options_.job.worker.master_wait_s));
+  const absl::Time sent = absl::Now();
   StatusOr<Message> reply = master.Call(options_.master, std::move(request), call);
   if (!reply.ok()) {
     return Annotate(reply.status(),
                     absl::StrCat("cannot register with the master at ", options_.master));
   }
   const proto::RegisterWorkerReply& registered = reply->header().register_worker_reply();
-  self_.set_role(proto::ROLE_WORKER);
-  self_.set_id(registered.worker_id());
-  job_ = registered.job();
-  heartbeat_ms_ = std::max<uint32_t>(1, registered.heartbeat_ms());
-  master.set_self(self_);
-  SetLogNode(absl::StrCat("worker[", self_.id(), "]"));
+  session.self.set_role(proto::ROLE_WORKER);
+  session.self.set_id(registered.worker_id());
+  session.job = registered.job();
+  session.heartbeat = absl::Milliseconds(std::max<uint32_t>(1, registered.heartbeat_ms()));
+  session.lease = absl::Milliseconds(
+      registered.lease_ms() > 0 ? registered.lease_ms() : options_.job.master.lease_ms);
+  {
+    absl::MutexLock lock(&session.mu);
+    session.lease_start = sent;
+  }
+  master.set_self(session.self);
+  SetLogNode(absl::StrCat("worker[", session.self.id(), "]"));
 
   // The master's tables must be this worker's model's parameters.
   const std::vector<ParamSpec>& params = model_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     const proto::TableSpec* found = nullptr;
-    for (const proto::TableSpec& table : job_.tables()) {
+    for (const proto::TableSpec& table : session.job.tables()) {
       if (table.name() == params[i].name) found = &table;
     }
     const bool embedding = params[i].kind == ParamSpec::Kind::kEmbedding;
@@ -225,14 +262,14 @@ Status Worker::Impl::Register(RpcChannel& master) {
           "the master's job has no table matching this worker's parameter '", params[i].name,
           "' (do the master and the worker read the same config?)"));
     }
-    table_ids_.push_back(found->id());
+    session.table_ids.push_back(found->id());
     std::vector<uint64_t> keys;
     if (!embedding) {
       for (uint64_t c = 0; c < DenseChunkCount(found->dense_size(), found->dim()); ++c) {
         keys.push_back(DenseChunkKey(found->id(), c));
       }
     }
-    dense_keys_.push_back(std::move(keys));
+    session.dense_keys.push_back(std::move(keys));
   }
   LOG(INFO) << "registered with " << options_.master << " (" << device_ << ", model "
             << options_.job.model.type << ")";
@@ -263,29 +300,54 @@ StatusOr<proto::ClusterMap> Worker::Impl::AwaitClusterMap(RpcChannel& master) {
   }
 }
 
-std::unique_ptr<PsClient> Worker::Impl::MakePsClient(RpcChannel* master) {
+std::unique_ptr<PsClient> Worker::Impl::MakePsClient(Session& session, RpcChannel* master) {
   CallOptions call;
   call.attempt_timeout = absl::Milliseconds(options_.job.worker.rpc_timeout_ms);
   call.max_attempts = static_cast<int>(options_.job.worker.rpc_attempts);
-  auto client = std::make_unique<PsClient>(&factory_, self_, job_, call,
+  auto client = std::make_unique<PsClient>(&factory_, session.self, session.job, call,
                                            [this, master] { return FetchClusterMap(*master); });
-  CHECK_OK(client->SetClusterMap(initial_map_));
+  CHECK_OK(client->SetClusterMap(session.initial_map));
   return client;
 }
 
-void Worker::Impl::LoaderLoop() {
-  RpcChannel master(&factory_, self_);
-  std::unique_ptr<PsClient> ps = MakePsClient(&master);
-  Status status = LoadShards(master, *ps);
-  if (!status.ok()) {
-    // Unblock the trainer right away; it reports the failure.
-    Fail(status);
-  }
-  queue_.Close(status);
+Status Worker::Impl::CheckLease(Session& session) {
+  absl::MutexLock lock(&session.mu);
+  if (absl::Now() - session.lease_start < session.lease) return absl::OkStatus();
+  return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                         absl::StrCat("no heartbeat answered for ",
+                                      absl::FormatDuration(absl::Now() - session.lease_start),
+                                      ", longer than the lease (",
+                                      absl::FormatDuration(session.lease),
+                                      "): this worker may be fenced"),
+                         proto::FENCED);
 }
 
-Status Worker::Impl::LoadShards(RpcChannel& master, PsClient& ps) {
-  while (!stopping()) {
+void Worker::Impl::EndSession(Session& session, const Status& status) {
+  {
+    absl::MutexLock lock(&session.mu);
+    if (session.failure.ok()) session.failure = status;
+  }
+  session.over.store(true);
+}
+
+void Worker::Impl::Throttle(absl::Time started, uint64_t records) {
+  const int64_t cap = options_.job.worker.max_records_per_s;
+  if (cap <= 0) return;
+  const absl::Time due = started + absl::Seconds(static_cast<double>(records) / cap);
+  const absl::Duration wait = due - absl::Now();
+  if (wait > absl::ZeroDuration()) SleepUnlessStopping(wait);
+}
+
+void Worker::Impl::LoaderLoop(Session& session) {
+  RpcChannel master(&factory_, session.self);
+  std::unique_ptr<PsClient> ps = MakePsClient(session, &master);
+  Status status = LoadShards(session, master, *ps);
+  if (!status.ok()) EndSession(session, status);
+  session.queue.Close(status);
+}
+
+Status Worker::Impl::LoadShards(Session& session, RpcChannel& master, PsClient& ps) {
+  while (!StoppingOrOver(session)) {
     Message request;
     request.header().set_method(proto::GET_SHARD);
     request.header().mutable_get_shard_request();
@@ -299,10 +361,10 @@ Status Worker::Impl::LoadShards(RpcChannel& master, PsClient& ps) {
         return absl::OkStatus();
       }
       case proto::GetShardReply::WAIT:
-        SleepUnlessStopping(absl::Milliseconds(std::max<uint32_t>(10, body.retry_after_ms())));
+        SleepUnlessStopping(absl::Milliseconds(std::max<uint32_t>(5, body.retry_after_ms())));
         break;
       case proto::GetShardReply::ASSIGNED:
-        RETURN_IF_ERROR(LoadShard(body.shard(), ps));
+        RETURN_IF_ERROR(LoadShard(session, master, body.shard(), ps));
         break;
       default:
         return absl::DataLossError("GET_SHARD reply without an action");
@@ -311,7 +373,43 @@ Status Worker::Impl::LoadShards(RpcChannel& master, PsClient& ps) {
   return absl::OkStatus();
 }
 
-Status Worker::Impl::LoadShard(const proto::ShardAssignment& shard, PsClient& ps) {
+Status Worker::Impl::MaybeSplit(Session& session, RpcChannel& master,
+                                const proto::ShardAssignment& shard, LineReader& reader) {
+  if (session.split_shard.load() != static_cast<int64_t>(shard.shard_id())) return absl::OkStatus();
+  session.split_shard.store(-1);
+  // Give up the second half of what is left unread; too little left keeps it.
+  const uint64_t from = reader.offset();
+  ASSIGN_OR_RETURN(std::optional<LinePosition> middle,
+                   FindMiddleLine(shard.path(), from, reader.line_number() + 1, reader.end()));
+  if (!middle.has_value()) return absl::OkStatus();
+  Message request;
+  request.header().set_method(proto::SPLIT_SHARD);
+  proto::SplitShardRequest* body = request.header().mutable_split_shard_request();
+  body->set_shard_id(shard.shard_id());
+  body->set_epoch(shard.epoch());
+  body->set_phase(shard.phase());
+  body->set_split_offset(middle->offset);
+  body->set_split_line(middle->line);
+  // Cut first: if the reply is lost the master may have split, and this
+  // worker must not read the other part. If the master refused, the rest
+  // of the shard stays uncommitted and goes back to the queue when this
+  // worker leaves or finishes what it kept.
+  const uint64_t old_end = reader.end();
+  StatusOr<Message> reply = master.Call(options_.master, std::move(request), MasterCallOptions());
+  RETURN_IF_ERROR_CTX(reply.status(), absl::StrCat("split of shard ", shard.shard_id()));
+  if (!reply->header().split_shard_reply().accepted()) {
+    VLOG(1) << "the master no longer wants shard " << shard.shard_id() << " split";
+    return absl::OkStatus();
+  }
+  reader.Truncate(middle->offset);
+  LOG(INFO) << "gave lines " << middle->line << "+ of shard " << shard.shard_id() << " ("
+            << shard.path() << " bytes " << middle->offset << "-" << old_end << ") to shard "
+            << reply->header().split_shard_reply().new_shard_id() << " for an idle worker";
+  return absl::OkStatus();
+}
+
+Status Worker::Impl::LoadShard(Session& session, RpcChannel& master,
+                               const proto::ShardAssignment& shard, PsClient& ps) {
   VLOG(1) << (shard.phase() == proto::EVAL ? "eval" : "train") << " shard " << shard.shard_id()
           << ": " << shard.path() << " from line " << shard.start_line() << " ("
           << shard.records() << " records)";
@@ -323,7 +421,9 @@ Status Worker::Impl::LoadShard(const proto::ShardAssignment& shard, PsClient& ps
   std::vector<uint64_t> ids(schema.num_cat);
   const int64_t batch_size = options_.job.worker.batch_size;
   uint64_t offset = shard.start();
-  while (offset < shard.end()) {
+  while (offset < reader->end()) {
+    RETURN_IF_ERROR(MaybeSplit(session, master, shard, *reader));
+    if (offset >= reader->end()) break;
     auto prepared = std::make_unique<PreparedBatch>();
     prepared->shard = shard;
     prepared->begin = offset;
@@ -331,7 +431,8 @@ Status Worker::Impl::LoadShard(const proto::ShardAssignment& shard, PsClient& ps
     while (builder.size() < batch_size && reader->Next(&line)) {
       ++prepared->lines;
       float label = 0;
-      Status parsed = parser_->Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids));
+      Status parsed =
+          parser_->Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids));
       if (parsed.ok()) {
         builder.Add(label, dense, ids);
         continue;
@@ -350,25 +451,25 @@ Status Worker::Impl::LoadShard(const proto::ShardAssignment& shard, PsClient& ps
     prepared->end = reader->offset();
     if (prepared->lines == 0) {
       return absl::DataLossError(absl::StrCat(shard.path(), ": no record at byte ", offset,
-                                              " although the shard ends at ", shard.end()));
+                                              " although the shard ends at ", reader->end()));
     }
     prepared->batch = builder.Finish();
-    if (prepared->batch.size() > 0) RETURN_IF_ERROR(PullParams(ps, *prepared));
+    if (prepared->batch.size() > 0) RETURN_IF_ERROR(PullParams(session, ps, *prepared));
     offset = prepared->end;
-    if (!queue_.Push(std::move(prepared))) return absl::OkStatus();
-    if (stopping()) return absl::OkStatus();  // the rest of the shard goes back
+    if (!session.queue.Push(std::move(prepared))) return absl::OkStatus();
+    if (StoppingOrOver(session)) return absl::OkStatus();  // the rest goes back
   }
   return absl::OkStatus();
 }
 
-Status Worker::Impl::PullParams(PsClient& ps, PreparedBatch& prepared) {
+Status Worker::Impl::PullParams(Session& session, PsClient& ps, PreparedBatch& prepared) {
   const std::vector<ParamSpec>& params = model_->params();
   std::vector<PsClient::Keys> keys(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    keys[i].table_id = table_ids_[i];
+    keys[i].table_id = session.table_ids[i];
     keys[i].keys = params[i].kind == ParamSpec::Kind::kEmbedding
                        ? std::span<const uint64_t>(prepared.batch.keys)
-                       : std::span<const uint64_t>(dense_keys_[i]);
+                       : std::span<const uint64_t>(session.dense_keys[i]);
   }
   RETURN_IF_ERROR_CTX(ps.Pull(keys, &prepared.params), "pull");
   // Dense tensors arrive as whole chunks; the model sees the tensor.
@@ -378,8 +479,8 @@ Status Worker::Impl::PullParams(PsClient& ps, PreparedBatch& prepared) {
   return absl::OkStatus();
 }
 
-Status Worker::Impl::Train(PreparedBatch& prepared, PsClient& ps, double* loss_sum,
-                           std::vector<float>* predictions) {
+Status Worker::Impl::Train(Session& session, PreparedBatch& prepared, PsClient& ps,
+                           double* loss_sum, std::vector<float>* predictions) {
   const bool eval = prepared.shard.phase() == proto::EVAL;
   ParamBuffers grads;
   *loss_sum = model_->ForwardBackward(prepared.batch, prepared.params, predictions,
@@ -389,21 +490,26 @@ Status Worker::Impl::Train(PreparedBatch& prepared, PsClient& ps, double* loss_s
   std::vector<PsClient::Keys> keys(params.size());
   std::vector<std::span<const float>> values(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    keys[i].table_id = table_ids_[i];
+    keys[i].table_id = session.table_ids[i];
     if (params[i].kind == ParamSpec::Kind::kEmbedding) {
       keys[i].keys = prepared.batch.keys;
     } else {
-      keys[i].keys = dense_keys_[i];
+      keys[i].keys = session.dense_keys[i];
       // Pad the gradient to whole chunks.
-      grads[i].resize(dense_keys_[i].size() * ps.table(table_ids_[i]).dim(), 0.0f);
+      grads[i].resize(session.dense_keys[i].size() * ps.table(session.table_ids[i]).dim(), 0.0f);
     }
     values[i] = grads[i];
   }
-  return Annotate(ps.Push(keys, values), "push");
+  // A worker that was frozen past its lease must not push: its shard may
+  // be another worker's by now.
+  RETURN_IF_ERROR(CheckLease(session));
+  RETURN_IF_ERROR(Annotate(ps.Push(keys, values), "push"));
+  records_pushed_.fetch_add(static_cast<uint64_t>(prepared.batch.size()));
+  return absl::OkStatus();
 }
 
-Status Worker::Impl::Commit(RpcChannel& master, const PreparedBatch& prepared, double loss_sum,
-                            const std::vector<float>& predictions) {
+Status Worker::Impl::Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
+                            double loss_sum, const std::vector<float>& predictions) {
   Message request;
   request.header().set_method(proto::COMMIT_PROGRESS);
   proto::CommitProgressRequest* body = request.header().mutable_commit_progress_request();
@@ -424,18 +530,19 @@ Status Worker::Impl::Commit(RpcChannel& master, const PreparedBatch& prepared, d
   }
   StatusOr<Message> reply = master.Call(options_.master, std::move(request), MasterCallOptions());
   RETURN_IF_ERROR_CTX(reply.status(), absl::StrCat("commit of shard ", prepared.shard.shard_id()));
+  const proto::CommitProgressReply& answer = reply->header().commit_progress_reply();
+  if (answer.has_split_shard()) session.split_shard.store(static_cast<int64_t>(answer.split_shard()));
   return absl::OkStatus();
 }
 
-void Worker::Impl::HeartbeatLoop() {
-  RpcChannel master(&factory_, self_);
-  absl::Time last_contact = absl::Now();
+void Worker::Impl::HeartbeatLoop(Session& session) {
+  RpcChannel master(&factory_, session.self);
   absl::Time last_sample = absl::Now();
-  uint64_t records_before = 0;
+  uint64_t records_before = records_committed_.load();
   double rate = 0;
-  const absl::Duration interval = absl::Milliseconds(heartbeat_ms_);
   const absl::Duration master_wait = absl::Seconds(options_.job.worker.master_wait_s);
-  while (!SleepUnlessStopping(interval)) {
+  while (!StoppingOrOver(session) && !SleepUnlessStopping(session.heartbeat)) {
+    if (session.over.load()) break;
     const absl::Time now = absl::Now();
     const uint64_t records = records_committed_.load();
     const double seconds = absl::ToDoubleSeconds(now - last_sample);
@@ -451,33 +558,43 @@ void Worker::Impl::HeartbeatLoop() {
     stats->set_records_per_s(rate);
     stats->set_batches(batches_.load());
     stats->set_malformed(malformed_.load());
+    stats->set_records_pushed(records_pushed_.load());
     CallOptions call;
-    call.attempt_timeout = std::max(interval, absl::Seconds(1));
+    call.attempt_timeout = std::max(session.heartbeat, absl::Seconds(1));
     call.max_attempts = 1;
     StatusOr<Message> reply = master.Call(options_.master, std::move(request), call);
     if (!reply.ok()) {
-      if (ReasonOf(reply.status()) == proto::FENCED) {
-        Fail(absl::FailedPreconditionError(absl::StrCat(
-            "the master fenced this worker (its lease expired): ", reply.status().message())));
+      if (IsFenced(reply.status())) {
+        EndSession(session, reply.status());
         return;
       }
-      if (absl::Now() - last_contact > master_wait) {
-        Fail(absl::UnavailableError(absl::StrCat("lost the master at ", options_.master,
-                                                 " for ", absl::FormatDuration(master_wait), ": ",
-                                                 reply.status().message())));
+      absl::Time lease_start;
+      {
+        absl::MutexLock lock(&session.mu);
+        lease_start = session.lease_start;
+      }
+      if (absl::Now() - lease_start > master_wait) {
+        EndSession(session, absl::UnavailableError(absl::StrCat(
+                                "lost the master at ", options_.master, " for ",
+                                absl::FormatDuration(master_wait), ": ",
+                                reply.status().message())));
         return;
       }
       VLOG(1) << "heartbeat failed: " << reply.status();
       continue;
     }
-    last_contact = absl::Now();
-    if (reply->header().heartbeat_reply().shutdown()) {
+    {
+      absl::MutexLock lock(&session.mu);
+      session.lease_start = now;
+    }
+    const proto::HeartbeatReply& body = reply->header().heartbeat_reply();
+    if (body.has_split_shard()) session.split_shard.store(static_cast<int64_t>(body.split_shard()));
+    if (body.shutdown()) {
       // Usually the loader hears it from GET_SHARD first; a worker waiting
       // for work hears it here.
       VLOG(1) << "the master says the job is over";
       absl::MutexLock lock(&mu_);
       finished_ = true;
-      stop_ = true;
       return;
     }
   }
@@ -490,6 +607,95 @@ Status Worker::Impl::Deregister(RpcChannel& master) {
   CallOptions call = MasterCallOptions();
   call.max_attempts = 1;
   return master.Call(options_.master, std::move(request), call).status();
+}
+
+Status Worker::Impl::RunSession() {
+  Session session(static_cast<size_t>(options_.job.worker.prefetch_batches));
+  RpcChannel master(&factory_, proto::NodeId());
+  RETURN_IF_ERROR(Register(master, session));
+  std::thread heartbeat([this, &session] { HeartbeatLoop(session); });
+  StatusOr<proto::ClusterMap> map = AwaitClusterMap(master);
+  if (!map.ok()) {
+    EndSession(session, absl::OkStatus());
+    heartbeat.join();
+    if (absl::IsCancelled(map.status())) return Deregister(master);
+    return Annotate(map.status(), "cannot get the cluster map");
+  }
+  session.initial_map = *map;
+  std::thread loader([this, &session] { LoaderLoop(session); });
+
+  std::unique_ptr<PsClient> ps = MakePsClient(session, &master);
+  const absl::Time started = absl::Now();
+  absl::Time last_progress = started;
+  uint64_t records_at_progress = records_committed_.load();
+  uint64_t session_records = 0;
+  double loss_sum_since = 0;
+  uint64_t loss_count_since = 0;
+  Status status;
+  std::vector<float> predictions;
+  while (std::unique_ptr<PreparedBatch> prepared = session.queue.Pop()) {
+    if (session.over.load()) break;  // fenced: nothing queued may land
+    double loss_sum = 0;
+    predictions.clear();
+    if (prepared->batch.size() > 0) {
+      status = Train(session, *prepared, *ps, &loss_sum, &predictions);
+      if (!status.ok()) break;
+    }
+    status = CheckLease(session);
+    if (!status.ok()) break;
+    status = Commit(session, master, *prepared, loss_sum, predictions);
+    if (!status.ok()) break;
+    batches_.fetch_add(1);
+    malformed_.fetch_add(prepared->malformed);
+    if (prepared->shard.phase() == proto::TRAIN) {
+      const uint64_t records = static_cast<uint64_t>(prepared->batch.size());
+      records_committed_.fetch_add(records);
+      session_records += records;
+      loss_sum_since += loss_sum;
+      loss_count_since += records;
+      Throttle(started, session_records);
+    }
+    const absl::Time now = absl::Now();
+    if (now - last_progress >= absl::Seconds(options_.job.job.progress_interval_s)) {
+      const uint64_t records = records_committed_.load();
+      LOG(INFO) << records << " records trained, "
+                << absl::StrFormat("%.0f", (records - records_at_progress) /
+                                               absl::ToDoubleSeconds(now - last_progress))
+                << " records/s, loss "
+                << (loss_count_since ? absl::StrFormat("%.5f", loss_sum_since / loss_count_since)
+                                     : std::string("n/a"))
+                << (prepared->shard.phase() == proto::EVAL ? " (evaluating)" : "");
+      last_progress = now;
+      records_at_progress = records;
+      loss_sum_since = 0;
+      loss_count_since = 0;
+    }
+  }
+  // Stop the loader (it may be blocked on a full queue) and collect it;
+  // batches still queued were never pushed and are simply dropped.
+  EndSession(session, absl::OkStatus());
+  session.queue.Close(absl::CancelledError("worker stopping"), /*drop=*/true);
+  loader.join();
+  heartbeat.join();
+  if (status.ok()) status = session.queue.status();
+  if (absl::IsCancelled(status)) status = absl::OkStatus();
+  {
+    absl::MutexLock lock(&session.mu);
+    if (status.ok()) status = session.failure;
+  }
+  bool finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished = finished_;
+  }
+  // Leaving hands any shard still held back to the master at its committed
+  // offset; a fenced worker's shards move anyway, and after the job
+  // finished the master may be gone already.
+  if (!finished && !IsFenced(status)) {
+    Status left = Deregister(master);
+    if (!left.ok()) VLOG(1) << "deregistering: " << left;
+  }
+  return status;
 }
 
 Status Worker::Impl::Run() {
@@ -509,88 +715,22 @@ Status Worker::Impl::Run() {
   ASSIGN_OR_RETURN(ModelOptions model_options, ModelOptions::FromConfig(options_.job));
   ASSIGN_OR_RETURN(model_, Model::Create(model_options));
 
-  RpcChannel master(&factory_, proto::NodeId());
-  RETURN_IF_ERROR(Register(master));
-  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-  StatusOr<proto::ClusterMap> map = AwaitClusterMap(master);
-  if (!map.ok()) {
-    RequestStop();
-    heartbeat_.join();
-    if (absl::IsCancelled(map.status())) return Deregister(master);
-    return Annotate(map.status(), "cannot get the cluster map");
-  }
-  initial_map_ = *map;
-  loader_ = std::thread([this] { LoaderLoop(); });
-
-  std::unique_ptr<PsClient> ps = MakePsClient(&master);
   const absl::Time started = absl::Now();
-  absl::Time last_progress = started;
-  uint64_t records_at_progress = 0;
-  double loss_sum_since = 0;
-  uint64_t loss_count_since = 0;
   Status status;
-  std::vector<float> predictions;
-  while (std::unique_ptr<PreparedBatch> prepared = queue_.Pop()) {
-    double loss_sum = 0;
-    predictions.clear();
-    if (prepared->batch.size() > 0) {
-      status = Train(*prepared, *ps, &loss_sum, &predictions);
-      if (!status.ok()) break;
-    }
-    status = Commit(master, *prepared, loss_sum, predictions);
-    if (!status.ok()) break;
-    batches_.fetch_add(1);
-    malformed_.fetch_add(prepared->malformed);
-    if (prepared->shard.phase() == proto::TRAIN) {
-      records_committed_.fetch_add(static_cast<uint64_t>(prepared->batch.size()));
-      loss_sum_since += loss_sum;
-      loss_count_since += static_cast<uint64_t>(prepared->batch.size());
-    }
-    const absl::Time now = absl::Now();
-    if (now - last_progress >= absl::Seconds(options_.job.job.progress_interval_s)) {
-      const uint64_t records = records_committed_.load();
-      LOG(INFO) << records << " records trained, "
-                << absl::StrFormat("%.0f", (records - records_at_progress) /
-                                               absl::ToDoubleSeconds(now - last_progress))
-                << " records/s, loss "
-                << (loss_count_since ? absl::StrFormat("%.5f", loss_sum_since / loss_count_since)
-                                     : std::string("n/a"))
-                << (prepared->shard.phase() == proto::EVAL ? " (evaluating)" : "");
-      last_progress = now;
-      records_at_progress = records;
-      loss_sum_since = 0;
-      loss_count_since = 0;
-    }
-  }
-  // Stop the loader (it may be blocked on a full queue) and collect it.
-  RequestStop();
-  queue_.Close(absl::CancelledError("worker stopping"));
-  while (queue_.Pop() != nullptr) {
-  }
-  loader_.join();
-  heartbeat_.join();
-  if (status.ok()) status = queue_.status();
-  {
-    absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) status = failure_;
-  }
-  // Leaving hands any shard still held back to the master at its committed
-  // offset; after the job finished the master may be gone already.
-  bool finished;
-  {
-    absl::MutexLock lock(&mu_);
-    finished = finished_;
-  }
-  if (!finished) {
-    Status left = Deregister(master);
-    if (!left.ok()) VLOG(1) << "deregistering: " << left;
+  while (true) {
+    status = RunSession();
+    if (!IsFenced(status) || stopping()) break;
+    fenced_sessions_.fetch_add(1);
+    LOG(WARNING) << "fenced: " << status.message()
+                 << "; dropping uncommitted work and registering again";
+    status = absl::OkStatus();
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
   LOG(INFO) << "summary: " << records_committed_.load() << " records trained ("
             << malformed_.load() << " malformed lines skipped) in "
             << absl::StrFormat("%.1f", seconds) << " s, "
             << absl::StrFormat("%.0f", records_committed_.load() / std::max(seconds, 1e-9))
-            << " records/s";
+            << " records/s, fenced " << fenced_sessions_.load() << " time(s)";
   return status;
 }
 

@@ -30,6 +30,8 @@
 #include "absl/time/time.h"
 #include "core/message.h"
 #include "core/rpc_channel.h"
+#include "core/rpc_server.h"
+#include "absl/synchronization/mutex.h"
 #include "core/socket_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -299,13 +301,36 @@ class MasterTest : public ::testing::Test {
     return std::make_unique<FakePeer>(&factory_, master_->rpc_endpoint());
   }
 
-  // Two registered fake servers.
+  // Two registered fake servers. Each listens for the master's
+  // FENCE_WORKERS (the master moves a dead worker's shards only once every
+  // server refuses that worker) and records the ids it is told.
   void RegisterServers() {
     for (int i = 0; i < 2; ++i) {
+      RpcServerOptions options;
+      options.name = absl::StrCat("fake-ps", i);
+      StatusOr<std::unique_ptr<RpcServer>> listener = RpcServer::Start(
+          &factory_, options, [this](Message& request, Message* reply) -> Status {
+            if (request.header().method() != proto::FENCE_WORKERS) {
+              return absl::UnimplementedError("fake server");
+            }
+            absl::MutexLock lock(&fenced_mu_);
+            for (uint32_t id : request.header().fence_workers_request().worker_ids()) {
+              fenced_seen_.insert(id);
+            }
+            reply->header().mutable_fence_workers_reply()->set_fenced(fenced_seen_.size());
+            return absl::OkStatus();
+          });
+      ASSERT_TRUE(listener.ok()) << listener.status();
+      const std::string endpoint = (*listener)->endpoint();
+      fake_server_listeners_.push_back(std::move(*listener));
       servers_.push_back(Peer());
-      ASSERT_TRUE(
-          servers_.back()->RegisterServer(absl::StrCat("tcp://127.0.0.1:", 40001 + i)).ok());
+      ASSERT_TRUE(servers_.back()->RegisterServer(endpoint).ok());
     }
+  }
+
+  std::set<uint32_t> FencedSeen() {
+    absl::MutexLock lock(&fenced_mu_);
+    return fenced_seen_;
   }
 
   json Doc() const { return json::parse(master_->StatusJson()); }
@@ -371,6 +396,10 @@ class MasterTest : public ::testing::Test {
 
   std::string dir_;
   SocketFactory factory_;
+  absl::Mutex fenced_mu_;
+  std::set<uint32_t> fenced_seen_ ABSL_GUARDED_BY(fenced_mu_);
+  // Declared before master_ so they outlive it.
+  std::vector<std::unique_ptr<RpcServer>> fake_server_listeners_;
   std::unique_ptr<Master> master_;
   std::vector<std::unique_ptr<FakePeer>> servers_;
 };
@@ -404,7 +433,7 @@ TEST_F(MasterTest, RunsAWholeJob) {
   EXPECT_EQ(servers_[0]->job().tables_size(), 2);
   // A retried registration gets the same id; a third server is refused.
   std::unique_ptr<FakePeer> again = Peer();
-  ASSERT_TRUE(again->RegisterServer("tcp://127.0.0.1:40001").ok());
+  ASSERT_TRUE(again->RegisterServer(fake_server_listeners_[0]->endpoint()).ok());
   EXPECT_EQ(again->id(), 0u);
   std::unique_ptr<FakePeer> third = Peer();
   EXPECT_EQ(third->RegisterServer("tcp://127.0.0.1:40003").code(),
@@ -415,8 +444,8 @@ TEST_F(MasterTest, RunsAWholeJob) {
   EXPECT_EQ(map->map().version(), 1u);
   EXPECT_EQ(map->map().num_partitions(), 8u);
   ASSERT_EQ(map->map().servers_size(), 2);
-  EXPECT_EQ(map->map().servers(0).endpoint(), "tcp://127.0.0.1:40001");
-  EXPECT_EQ(map->map().servers(1).endpoint(), "tcp://127.0.0.1:40002");
+  EXPECT_EQ(map->map().servers(0).endpoint(), fake_server_listeners_[0]->endpoint());
+  EXPECT_EQ(map->map().servers(1).endpoint(), fake_server_listeners_[1]->endpoint());
   ASSERT_EQ(map->map().partition_owner_size(), 8);
   for (int p = 0; p < 8; ++p) EXPECT_EQ(map->map().partition_owner(p), p % 2u) << p;
 

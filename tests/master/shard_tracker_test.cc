@@ -57,7 +57,7 @@ StatusOr<ShardTracker::CommitResult> CommitLines(ShardTracker& tracker, uint32_t
 
 TEST(ShardTracker, AssignsInTheGivenOrder) {
   const DataSet data = MakeData(4);
-  ShardTracker tracker(&data, {2, 0, 3, 1});
+  ShardTracker tracker(data, {2, 0, 3, 1});
   EXPECT_EQ(tracker.num_shards(), 4u);
   EXPECT_EQ(tracker.todo(), 4u);
   std::vector<uint64_t> handed;
@@ -80,7 +80,7 @@ TEST(ShardTracker, AssignsInTheGivenOrder) {
 
 TEST(ShardTracker, CommitAppliesAndAdvances) {
   const DataSet data = MakeData(2);
-  ShardTracker tracker(&data, Identity(2));
+  ShardTracker tracker(data, Identity(2));
   ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
 
   ASSERT_EQ(*CommitLines(tracker, 1, 0, 3), ShardTracker::CommitResult::kApplied);
@@ -106,7 +106,7 @@ TEST(ShardTracker, CommitAppliesAndAdvances) {
 
 TEST(ShardTracker, RepeatedCommitIsADuplicateCountedOnce) {
   const DataSet data = MakeData(2);
-  ShardTracker tracker(&data, Identity(2));
+  ShardTracker tracker(data, Identity(2));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_EQ(*tracker.Commit(1, 0, 0, 40, 4), ShardTracker::CommitResult::kApplied);
   EXPECT_EQ(*tracker.Commit(1, 0, 0, 40, 4), ShardTracker::CommitResult::kDuplicate);
@@ -120,7 +120,7 @@ TEST(ShardTracker, RepeatedCommitIsADuplicateCountedOnce) {
   EXPECT_EQ(tracker.done(), 1u);
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_EQ(*tracker.Commit(1, 1, 100, 120, 2), ShardTracker::CommitResult::kApplied);
-  EXPECT_EQ(tracker.Release(1), 1);
+  EXPECT_EQ(tracker.Release(1).size(), 1u);
   ASSERT_EQ(tracker.Assign(2)->shard_id, 1u);
   EXPECT_EQ(*tracker.Commit(1, 1, 100, 120, 2), ShardTracker::CommitResult::kDuplicate);
   EXPECT_EQ(tracker.committed_records(), 12u);
@@ -128,7 +128,7 @@ TEST(ShardTracker, RepeatedCommitIsADuplicateCountedOnce) {
 
 TEST(ShardTracker, CommitByNonHolderIsRefused) {
   const DataSet data = MakeData(3);
-  ShardTracker tracker(&data, Identity(3));
+  ShardTracker tracker(data, Identity(3));
   ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
   StatusOr<ShardTracker::CommitResult> other = tracker.Commit(2, 0, 0, 10, 1);
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -141,7 +141,7 @@ TEST(ShardTracker, CommitByNonHolderIsRefused) {
 
 TEST(ShardTracker, GapOrOverlapIsRefused) {
   const DataSet data = MakeData(1, kRecords);
-  ShardTracker tracker(&data, Identity(1));
+  ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_TRUE(tracker.Commit(1, 0, 0, 30, 3).ok());
   // A gap: starts past the committed offset.
@@ -154,7 +154,7 @@ TEST(ShardTracker, GapOrOverlapIsRefused) {
 
 TEST(ShardTracker, OutOfRangeCommitIsInvalid) {
   const DataSet data = MakeData(2);
-  ShardTracker tracker(&data, Identity(2));
+  ShardTracker tracker(data, Identity(2));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_TRUE(tracker.Assign(1).has_value());
   EXPECT_EQ(tracker.Commit(1, 2, 0, 10, 1).status().code(), absl::StatusCode::kInvalidArgument);
@@ -167,7 +167,7 @@ TEST(ShardTracker, OutOfRangeCommitIsInvalid) {
 
 TEST(ShardTracker, TooManyRecordsIsInvalid) {
   const DataSet data = MakeData(1, kRecords);
-  ShardTracker tracker(&data, Identity(1));
+  ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_TRUE(tracker.Commit(1, 0, 0, 50, 5).ok());
   StatusOr<ShardTracker::CommitResult> result = tracker.Commit(1, 0, 50, 90, 6);
@@ -181,7 +181,7 @@ TEST(ShardTracker, TooManyRecordsIsInvalid) {
 // otherwise must get an error, not crash the master.
 TEST(ShardTracker, RecordCountInconsistentWithRangeIsInvalid) {
   const DataSet data = MakeData(1, kRecords);
-  ShardTracker tracker(&data, Identity(1));
+  ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   // Reaches the end with records left over.
   EXPECT_EQ(tracker.Commit(1, 0, 0, 100, 9).status().code(), absl::StatusCode::kInvalidArgument);
@@ -198,18 +198,18 @@ TEST(ShardTracker, RecordCountInconsistentWithRangeIsInvalid) {
 
 TEST(ShardTracker, ReleaseResumesAtTheCommittedOffsetAtTheFront) {
   const DataSet data = MakeData(4);
-  ShardTracker tracker(&data, {3, 1, 0, 2});
+  ShardTracker tracker(data, {3, 1, 0, 2});
   ASSERT_EQ(tracker.Assign(1)->shard_id, 3u);
   ASSERT_EQ(tracker.Assign(1)->shard_id, 1u);
   ASSERT_EQ(*CommitLines(tracker, 1, 1, 4), ShardTracker::CommitResult::kApplied);
   EXPECT_EQ(tracker.todo(), 2u);
   EXPECT_EQ(tracker.doing(), 2u);
 
-  EXPECT_EQ(tracker.Release(1), 2);
+  EXPECT_EQ(tracker.Release(1).size(), 2u);
   EXPECT_EQ(tracker.todo(), 4u);
   EXPECT_EQ(tracker.doing(), 0u);
   EXPECT_EQ(tracker.reassignments(), 2u);
-  EXPECT_EQ(tracker.Release(1), 0);
+  EXPECT_EQ(tracker.Release(1).size(), 0u);
 
   // Released shards come before the untouched 0 and 2.
   std::optional<ShardTracker::Assignment> first = tracker.Assign(2);
@@ -242,7 +242,7 @@ TEST(ShardTracker, ReleaseResumesAtTheCommittedOffsetAtTheFront) {
 // records is counted once however often it moves.
 TEST(ShardTracker, RepeatedDeathsNeverDropOrDoubleCount) {
   const DataSet data = MakeData(3);
-  ShardTracker tracker(&data, Identity(3));
+  ShardTracker tracker(data, Identity(3));
   uint32_t worker = 0;
   for (uint64_t i = 0; i < kRecords - 1; ++i) {
     std::optional<ShardTracker::Assignment> a = tracker.Assign(++worker);
@@ -255,7 +255,7 @@ TEST(ShardTracker, RepeatedDeathsNeverDropOrDoubleCount) {
     // The dying worker's last commit may arrive twice.
     EXPECT_EQ(*tracker.Commit(worker, 0, i * kLineBytes, (i + 1) * kLineBytes, 1),
               ShardTracker::CommitResult::kDuplicate);
-    EXPECT_EQ(tracker.Release(worker), 1);
+    EXPECT_EQ(tracker.Release(worker).size(), 1u);
     EXPECT_EQ(tracker.committed_records(), i + 1);
     EXPECT_EQ(tracker.todo(), 3u);
   }
@@ -276,7 +276,7 @@ TEST(ShardTracker, RepeatedDeathsNeverDropOrDoubleCount) {
 
 TEST(ShardTracker, EmptyDataSetIsFinishedAtOnce) {
   const DataSet data;
-  ShardTracker tracker(&data, {});
+  ShardTracker tracker(data, {});
   EXPECT_TRUE(tracker.finished());
   EXPECT_FALSE(tracker.Assign(1).has_value());
 }

@@ -3,12 +3,15 @@
 // embedding table and a dense tensor, answers heartbeats as the test says,
 // and serves a cluster map giving the server the even partitions (the odd
 // ones belong to a server that does not exist). The test then speaks PULL
-// and PUSH to the server's endpoint over an RpcChannel.
+// and PUSH (as workers) and FENCE_WORKERS (as the master) to the server's
+// endpoint over RpcChannels.
 
 #include "ps/param_server.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -148,8 +151,15 @@ class FakeMaster {
   // Waits until a heartbeat reports at least `pushes` pushes; the stats of
   // the last heartbeat.
   proto::ServerStats AwaitPushes(uint64_t pushes, absl::Duration timeout) {
+    return AwaitStats([&](const proto::ServerStats& stats) { return stats.pushes() >= pushes; },
+                      timeout);
+  }
+  // Waits until a heartbeat's stats satisfy `done`; the stats of the last
+  // heartbeat.
+  proto::ServerStats AwaitStats(const std::function<bool(const proto::ServerStats&)>& done,
+                                absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return last_stats_.pushes() >= pushes; };
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return done(last_stats_); };
     mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
     return last_stats_;
   }
@@ -229,13 +239,19 @@ Message PullRequest(const std::vector<uint32_t>& table_ids,
   return request;
 }
 
+// A rising push sequence number, as a worker's push client numbers them.
+uint64_t NextSeq() {
+  static std::atomic<uint64_t> seq{0};
+  return ++seq;
+}
+
 // A PUSH: for each table id, its keys frame then its gradients frame.
 Message PushRequest(const std::vector<uint32_t>& table_ids,
                     const std::vector<std::vector<uint64_t>>& keys,
-                    const std::vector<std::vector<float>>& grads) {
+                    const std::vector<std::vector<float>>& grads, uint64_t client_seq = NextSeq()) {
   Message request;
   request.header().set_method(proto::PUSH);
-  request.header().mutable_push_request()->set_client_seq(1);
+  request.header().mutable_push_request()->set_client_seq(client_seq);
   for (uint32_t id : table_ids) request.header().mutable_push_request()->add_table_ids(id);
   for (size_t i = 0; i < keys.size(); ++i) {
     request.AddArray(keys[i]);
@@ -279,19 +295,37 @@ class ParamServerTest : public ::testing::Test {
   }
   void StartServer() { StartServer(Options()); }
 
-  StatusOr<Message> Call(Message request) {
+  StatusOr<Message> Call(Message request) { return CallOn(channel_, std::move(request)); }
+  StatusOr<Message> CallOn(RpcChannel& channel, Message request) {
     CallOptions call;
     call.attempt_timeout = absl::Seconds(3);
     call.max_attempts = 1;
-    return channel_.Call(server_->endpoint(), std::move(request), call);
+    return channel.Call(server_->endpoint(), std::move(request), call);
   }
 
-  // Pulls `keys` of `table`, retrying while the server is NOT_READY (it gets
-  // the map with its first heartbeats).
-  StatusOr<std::vector<float>> Pull(uint32_t table, const std::vector<uint64_t>& keys) {
+  // FENCE_WORKERS of `workers` sent by `channel` (the master by default);
+  // the reply's count of fenced workers.
+  StatusOr<uint64_t> Fence(const std::vector<uint32_t>& workers, RpcChannel* channel = nullptr) {
+    Message request;
+    request.header().set_method(proto::FENCE_WORKERS);
+    proto::FenceWorkersRequest* body = request.header().mutable_fence_workers_request();
+    for (uint32_t worker : workers) body->add_worker_ids(worker);
+    body->set_membership_epoch(7);
+    ASSIGN_OR_RETURN(Message reply,
+                     CallOn(channel != nullptr ? *channel : master_channel_, std::move(request)));
+    if (!reply.header().has_fence_workers_reply()) return absl::DataLossError("no reply body");
+    return reply.header().fence_workers_reply().fenced();
+  }
+
+  // Pulls `keys` of `table` (as worker 1 unless `channel` says otherwise),
+  // retrying while the server is NOT_READY (it gets the map with its first
+  // heartbeats).
+  StatusOr<std::vector<float>> Pull(uint32_t table, const std::vector<uint64_t>& keys,
+                                    RpcChannel* channel = nullptr) {
     const absl::Time deadline = absl::Now() + absl::Seconds(3);
     while (true) {
-      StatusOr<Message> reply = Call(PullRequest({table}, {keys}));
+      StatusOr<Message> reply =
+          CallOn(channel != nullptr ? *channel : channel_, PullRequest({table}, {keys}));
       if (!reply.ok()) {
         if (ReasonOf(reply.status()) == proto::NOT_READY && absl::Now() < deadline) {
           absl::SleepFor(absl::Milliseconds(5));  // polling for the map, bounded
@@ -318,12 +352,15 @@ class ParamServerTest : public ::testing::Test {
   // Declared first: destroyed after the server, the master and the channel.
   SocketFactory factory_;
   std::unique_ptr<FakeMaster> master_ = std::make_unique<FakeMaster>(&factory_);
-  RpcChannel channel_{&factory_, [] {
-                        proto::NodeId self;
-                        self.set_role(proto::ROLE_WORKER);
-                        self.set_id(1);
-                        return self;
-                      }()};
+  static proto::NodeId Node(proto::Role role, uint32_t id) {
+    proto::NodeId node;
+    node.set_role(role);
+    node.set_id(id);
+    return node;
+  }
+  RpcChannel channel_{&factory_, Node(proto::ROLE_WORKER, 1)};
+  RpcChannel other_worker_{&factory_, Node(proto::ROLE_WORKER, 2)};
+  RpcChannel master_channel_{&factory_, Node(proto::ROLE_MASTER, 0)};
   // Destroyed before the master: its heartbeats find the master until the end.
   std::unique_ptr<ParamServer> server_;
 };
@@ -549,6 +586,186 @@ TEST_F(ParamServerTest, RejectsMalformedRequestsWithoutTouchingTables) {
   expect_invalid(
       PushRequest({kEmb, kDense}, {keys, {DenseChunkKey(kDense, 1u << 20)}}, {grads, Grads(1)}),
       "PUSH of a chunk far past the end");
+}
+
+TEST_F(ParamServerTest, FencedWorkerIsRefusedAndOthersAreNot) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> keys = EmbKeys(5, /*here=*/true);
+  const std::vector<float> grads = Grads(keys.size());
+  ASSERT_TRUE(Push(kEmb, keys, grads).ok());
+  StatusOr<std::vector<float>> before = Pull(kEmb, keys, &other_worker_);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  StatusOr<uint64_t> fenced = Fence({1});
+  ASSERT_TRUE(fenced.ok()) << fenced.status();
+  EXPECT_EQ(*fenced, 1u);
+
+  // Worker 1: everything refused with FENCED, even a malformed push.
+  StatusOr<Message> reply = Call(PullRequest({kEmb}, {keys}));
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition) << reply.status();
+  EXPECT_EQ(ReasonOf(reply.status()), proto::FENCED) << reply.status();
+  EXPECT_THAT(reply.status().message(), HasSubstr("worker 1 is fenced"));
+  reply = Call(PushRequest({kEmb}, {keys}, {grads}));
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition) << reply.status();
+  EXPECT_EQ(ReasonOf(reply.status()), proto::FENCED) << reply.status();
+  reply = Call(PushRequest({7}, {keys}, {grads}));
+  EXPECT_EQ(ReasonOf(reply.status()), proto::FENCED) << reply.status();
+
+  // Worker 2 sees the table as worker 1 left it, and is served as before.
+  StatusOr<std::vector<float>> after = Pull(kEmb, keys, &other_worker_);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, *before);
+  reply = CallOn(other_worker_, PushRequest({kEmb}, {keys}, {grads}));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->header().push_reply().applied());
+  after = Pull(kEmb, keys, &other_worker_);
+  ASSERT_TRUE(after.ok()) << after.status();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_EQ((*after)[i], Sgd((*before)[i], grads[i])) << i;
+  }
+
+  // Only workers are fenced by worker id: a tool with id 1 is not.
+  RpcChannel tool(&factory_, Node(proto::ROLE_TOOL, 1));
+  EXPECT_TRUE(Pull(kEmb, keys, &tool).ok());
+
+  const proto::ServerStats stats = master_->AwaitStats(
+      [](const proto::ServerStats& s) { return s.pushes_fenced() >= 2 && s.pushes() >= 2; },
+      absl::Seconds(3));
+  EXPECT_EQ(stats.pushes_fenced(), 2u);
+  EXPECT_EQ(stats.pushes(), 2u);
+}
+
+TEST_F(ParamServerTest, FenceWorkersIsIdempotentMasterOnlyAndServedBeforeTheMap) {
+  master_->set_map_version(0);  // no map: PULL and PUSH are NOT_READY
+  StartServer();
+  ASSERT_TRUE(master_->AwaitHeartbeats(2, absl::Seconds(3)));
+
+  StatusOr<uint64_t> fenced = Fence({5, 7});
+  ASSERT_TRUE(fenced.ok()) << fenced.status();
+  EXPECT_EQ(*fenced, 2u);
+  fenced = Fence({5, 7});  // re-sent: nothing changes
+  ASSERT_TRUE(fenced.ok()) << fenced.status();
+  EXPECT_EQ(*fenced, 2u);
+  fenced = Fence({5, 7, 9});  // the list grew
+  ASSERT_TRUE(fenced.ok()) << fenced.status();
+  EXPECT_EQ(*fenced, 3u);
+  fenced = Fence({});
+  ASSERT_TRUE(fenced.ok()) << fenced.status();
+  EXPECT_EQ(*fenced, 3u);
+
+  // Only the master may fence.
+  fenced = Fence({1}, &channel_);
+  EXPECT_EQ(fenced.status().code(), absl::StatusCode::kPermissionDenied) << fenced.status();
+  RpcChannel server(&factory_, Node(proto::ROLE_SERVER, 4));
+  fenced = Fence({1}, &server);
+  EXPECT_EQ(fenced.status().code(), absl::StatusCode::kPermissionDenied) << fenced.status();
+  {
+    Message request;
+    request.header().set_method(proto::FENCE_WORKERS);  // no body
+    StatusOr<Message> reply = CallOn(master_channel_, std::move(request));
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument) << reply.status();
+  }
+
+  // Still no map: a fenced worker hears FENCED, the others NOT_READY.
+  const std::vector<uint64_t> keys = EmbKeys(2, /*here=*/true);
+  RpcChannel worker5(&factory_, Node(proto::ROLE_WORKER, 5));
+  StatusOr<Message> reply = CallOn(worker5, PushRequest({kEmb}, {keys}, {Grads(keys.size())}));
+  EXPECT_EQ(ReasonOf(reply.status()), proto::FENCED) << reply.status();
+  reply = Call(PullRequest({kEmb}, {keys}));
+  EXPECT_EQ(ReasonOf(reply.status()), proto::NOT_READY) << reply.status();
+
+  // With the map the fence still holds.
+  master_->set_map_version(1);
+  AwaitMap();
+  reply = CallOn(worker5, PullRequest({kEmb}, {keys}));
+  EXPECT_EQ(ReasonOf(reply.status()), proto::FENCED) << reply.status();
+  fenced = Fence({1});
+  ASSERT_TRUE(fenced.ok()) << fenced.status();
+  EXPECT_EQ(*fenced, 4u);
+}
+
+TEST_F(ParamServerTest, FenceWorkersIsServedWhileStillRegistering) {
+  master_->HoldRegister();
+  Status started;
+  server_ = std::make_unique<ParamServer>(Options());
+  std::thread starter([&] { started = server_->Start(); });
+  const std::string endpoint = master_->AwaitRegistration(absl::Seconds(3));
+  StatusOr<Message> reply = absl::UnknownError("no server registered");
+  if (!endpoint.empty()) {
+    Message request;
+    request.header().set_method(proto::FENCE_WORKERS);
+    request.header().mutable_fence_workers_request()->add_worker_ids(1);
+    CallOptions call;
+    call.attempt_timeout = absl::Milliseconds(500);  // the server's Start waits 1 s per attempt
+    call.max_attempts = 1;
+    reply = master_channel_.Call(endpoint, std::move(request), call);
+  }
+  master_->ReleaseRegister();
+  starter.join();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->header().fence_workers_reply().fenced(), 1u);
+  ASSERT_TRUE(started.ok()) << started;
+  StatusOr<std::vector<float>> rows = Pull(kEmb, EmbKeys(1, /*here=*/true));
+  EXPECT_EQ(ReasonOf(rows.status()), proto::FENCED) << rows.status();
+}
+
+TEST_F(ParamServerTest, RetriedPushIsAppliedOnce) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> keys = EmbKeys(6, /*here=*/true);
+  const std::vector<float> grads = Grads(keys.size());
+  const uint64_t seq = NextSeq();
+
+  // The same request delivered twice (a retry after a lost reply).
+  StatusOr<Message> reply = Call(PushRequest({kEmb}, {keys}, {grads}, seq));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->header().push_reply().applied());
+  reply = Call(PushRequest({kEmb}, {keys}, {grads}, seq));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->header().has_push_reply());
+  EXPECT_FALSE(reply->header().push_reply().applied());
+  StatusOr<std::vector<float>> rows = Pull(kEmb, keys);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  std::vector<float> expected(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) expected[i] = Sgd(0.0f, grads[i]);
+  EXPECT_EQ(*rows, expected);
+
+  // The same number from another worker is another push.
+  reply = CallOn(other_worker_, PushRequest({kEmb}, {keys}, {grads}, seq));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->header().push_reply().applied());
+  for (size_t i = 0; i < grads.size(); ++i) expected[i] = Sgd(expected[i], grads[i]);
+  rows = Pull(kEmb, keys);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, expected);
+
+  // Without a sequence number (0) every delivery is applied.
+  for (int i = 0; i < 2; ++i) {
+    reply = Call(PushRequest({kEmb}, {keys}, {grads}, /*client_seq=*/0));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_TRUE(reply->header().push_reply().applied());
+    for (size_t j = 0; j < grads.size(); ++j) expected[j] = Sgd(expected[j], grads[j]);
+  }
+  rows = Pull(kEmb, keys);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, expected);
+
+  // A rejected push records nothing: resent valid, it is applied.
+  const uint64_t next = NextSeq();
+  std::vector<float> bad = grads;
+  bad[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(Call(PushRequest({kEmb}, {keys}, {bad}, next)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  reply = Call(PushRequest({kEmb}, {keys}, {grads}, next));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->header().push_reply().applied());
+
+  const proto::ServerStats stats = master_->AwaitStats(
+      [](const proto::ServerStats& s) { return s.pushes() >= 5; }, absl::Seconds(3));
+  EXPECT_EQ(stats.pushes(), 5u);
+  EXPECT_EQ(stats.pushes_deduplicated(), 1u);
+  EXPECT_EQ(stats.pushes_fenced(), 0u);
 }
 
 TEST_F(ParamServerTest, OtherMethodsAreUnimplemented) {

@@ -1,0 +1,51 @@
+// EventLog: the job's history as JSON lines in DATA_DIR/events.jsonl.
+//
+// One object per line: {"time": <unix seconds>, "event": "<name>", ...}.
+// Events: job_started, master_resumed, server_registered, server_dead,
+// worker_joined, worker_left, worker_dead, worker_fenced, shard_reassigned,
+// shard_split, epoch_started, epoch_finished, evaluation_finished,
+// job_finished, job_failed.
+//
+// Record() only queues (no I/O, so it may be called under other locks);
+// Flush() appends the queue to the file.
+//
+// Thread-safety: safe for concurrent use.
+
+#ifndef EPS_MASTER_EVENT_LOG_H_
+#define EPS_MASTER_EVENT_LOG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace eps {
+
+class EventLog {
+ public:
+  // Appends to `path` (created if missing).
+  explicit EventLog(std::string path);
+
+  // Queues `event` with `fields` (an object) and the current time.
+  void Record(const std::string& event, nlohmann::json fields = nlohmann::json::object());
+
+  // Appends every queued event to the file. kUnavailable on write errors
+  // (the events stay queued).
+  Status Flush();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  const std::string path_;
+  absl::Mutex queue_mu_;
+  std::vector<std::string> queue_ ABSL_GUARDED_BY(queue_mu_);
+  // Orders whole flushes so lines land in record order.
+  absl::Mutex file_mu_ ABSL_ACQUIRED_BEFORE(queue_mu_);
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_EVENT_LOG_H_

@@ -1,0 +1,138 @@
+#include "master/state_store.h"
+
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "rocksdb/db.h"
+#include "rocksdb/write_batch.h"
+
+namespace eps {
+namespace {
+
+constexpr char kMasterKey[] = "master";
+constexpr char kTrainKey[] = "data/train";
+constexpr char kEvalKey[] = "data/eval";
+constexpr char kShardPrefix[] = "pass/shard/";
+constexpr char kEvalPrefix[] = "eval/";
+
+// Fixed-width hex keeps keys in numeric order.
+std::string Hex(uint64_t value) { return absl::StrCat(absl::Hex(value, absl::kZeroPad16)); }
+
+bool ParseHex(absl::string_view text, uint64_t* out) {
+  return text.size() == 16 && absl::SimpleHexAtoi(text, out);
+}
+
+}  // namespace
+
+void StateUpdate::PutMaster(const proto::MasterRecord& record) {
+  puts_.emplace_back(kMasterKey, record.SerializeAsString());
+}
+
+void StateUpdate::PutDataSet(bool eval, const proto::DataSetRecord& record) {
+  puts_.emplace_back(eval ? kEvalKey : kTrainKey, record.SerializeAsString());
+}
+
+void StateUpdate::PutShard(uint64_t id, const proto::ShardRecord& record) {
+  puts_.emplace_back(absl::StrCat(kShardPrefix, Hex(id)), record.SerializeAsString());
+}
+
+void StateUpdate::PutEvalResult(uint64_t shard, uint64_t begin, const std::vector<float>& labels,
+                                const std::vector<float>& predictions) {
+  std::string value(sizeof(float) * (labels.size() + predictions.size()), '\0');
+  std::memcpy(value.data(), labels.data(), sizeof(float) * labels.size());
+  std::memcpy(value.data() + sizeof(float) * labels.size(), predictions.data(),
+              sizeof(float) * predictions.size());
+  puts_.emplace_back(absl::StrCat(kEvalPrefix, Hex(shard), "/", Hex(begin)), std::move(value));
+}
+
+StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  // The master's state is small: keep RocksDB's footprint small too.
+  options.max_background_jobs = 1;
+  options.write_buffer_size = 8 << 20;
+  options.keep_log_file_num = 2;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status status = rocksdb::DB::Open(options, dir, &db);
+  if (!status.ok()) {
+    const std::string message =
+        absl::StrCat("cannot open the master's state in ", dir, ": ", status.ToString());
+    if (status.IsCorruption()) return absl::DataLossError(message);
+    return absl::UnavailableError(message);
+  }
+  return std::unique_ptr<StateStore>(new StateStore(db));
+}
+
+StateStore::StateStore(rocksdb::DB* db) : db_(db) {}
+StateStore::~StateStore() = default;
+
+StatusOr<std::optional<MasterSnapshot>> StateStore::Load() const {
+  std::string value;
+  rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), kMasterKey, &value);
+  if (status.IsNotFound()) return std::optional<MasterSnapshot>();
+  if (!status.ok()) return absl::UnavailableError(status.ToString());
+  MasterSnapshot snapshot;
+  if (!snapshot.master.ParseFromString(value)) {
+    return absl::DataLossError("the master record does not parse");
+  }
+  for (auto [key, record] : {std::pair{kTrainKey, &snapshot.train}, {kEvalKey, &snapshot.eval}}) {
+    status = db_->Get(rocksdb::ReadOptions(), key, &value);
+    if (status.IsNotFound()) continue;
+    if (!status.ok()) return absl::UnavailableError(status.ToString());
+    if (!record->ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat("record ", key, " does not parse"));
+    }
+  }
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(kShardPrefix); it->Valid() && it->key().starts_with(kShardPrefix); it->Next()) {
+    uint64_t id = 0;
+    const std::string key = it->key().ToString();
+    if (!ParseHex(absl::string_view(key).substr(std::strlen(kShardPrefix)), &id) ||
+        !snapshot.shards[id].ParseFromArray(it->value().data(),
+                                            static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(absl::StrCat("record ", key, " does not parse"));
+    }
+  }
+  for (it->Seek(kEvalPrefix); it->Valid() && it->key().starts_with(kEvalPrefix); it->Next()) {
+    const std::string key = it->key().ToString();
+    std::vector<absl::string_view> parts =
+        absl::StrSplit(absl::string_view(key).substr(std::strlen(kEvalPrefix)), '/');
+    uint64_t shard = 0;
+    uint64_t begin = 0;
+    const size_t bytes = it->value().size();
+    if (parts.size() != 2 || !ParseHex(parts[0], &shard) || !ParseHex(parts[1], &begin) ||
+        bytes % (2 * sizeof(float)) != 0) {
+      return absl::DataLossError(absl::StrCat("record ", key, " does not parse"));
+    }
+    const size_t n = bytes / (2 * sizeof(float));
+    auto& [labels, predictions] = snapshot.eval_results[{shard, begin}];
+    labels.resize(n);
+    predictions.resize(n);
+    std::memcpy(labels.data(), it->value().data(), n * sizeof(float));
+    std::memcpy(predictions.data(), it->value().data() + n * sizeof(float), n * sizeof(float));
+  }
+  if (!it->status().ok()) return absl::UnavailableError(it->status().ToString());
+  return std::optional<MasterSnapshot>(std::move(snapshot));
+}
+
+Status StateStore::Write(const StateUpdate& update) {
+  rocksdb::WriteBatch batch;
+  if (update.clear_pass_) {
+    batch.DeleteRange(kShardPrefix, "pass/shard0");  // '0' follows '/'
+    batch.DeleteRange(kEvalPrefix, "eval0");
+  }
+  for (const auto& [key, value] : update.puts_) batch.Put(key, value);
+  rocksdb::WriteOptions options;
+  // The WAL survives a killed process; fsync per commit would only add
+  // protection against a machine crash, at a large cost.
+  options.sync = false;
+  rocksdb::Status status = db_->Write(options, &batch);
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("writing the master's state: ", status.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace eps

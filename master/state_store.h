@@ -1,0 +1,92 @@
+// StateStore: the master's durable state, in RocksDB under --data-dir.
+//
+// Keys hold protobuf records (proto/eps.proto, "persisted state"):
+//   "master"                 MasterRecord (phase, epoch, membership, ledger)
+//   "data/train", "data/eval" DataSetRecord (files and the scan's shards)
+//   "pass/shard/<id>"        ShardRecord of the current pass
+//   "eval/<shard>/<begin>"   an eval commit's labels then predictions
+// Writes go through the WAL and are applied atomically per Write call; the
+// master writes before it acknowledges, so a master killed with -9 restarts
+// with every commit it acknowledged.
+//
+// Thread-safety: safe for concurrent use (RocksDB is); callers order their
+// writes (Master serialises them).
+
+#ifndef EPS_MASTER_STATE_STORE_H_
+#define EPS_MASTER_STATE_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "proto/eps.pb.h"
+
+namespace rocksdb {
+class DB;
+}  // namespace rocksdb
+
+namespace eps {
+
+// Everything a restarted master needs.
+struct MasterSnapshot {
+  proto::MasterRecord master;
+  proto::DataSetRecord train;
+  proto::DataSetRecord eval;
+  std::map<uint64_t, proto::ShardRecord> shards;  // current pass, by shard id
+  // Eval commits: (shard id, begin offset) -> labels, predictions.
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<std::vector<float>, std::vector<float>>>
+      eval_results;
+};
+
+// One atomic update.
+class StateUpdate {
+ public:
+  void PutMaster(const proto::MasterRecord& record);
+  void PutDataSet(bool eval, const proto::DataSetRecord& record);
+  void PutShard(uint64_t id, const proto::ShardRecord& record);
+  // Drops every shard record and eval result (a new pass begins).
+  void ClearPass() { clear_pass_ = true; }
+  void PutEvalResult(uint64_t shard, uint64_t begin, const std::vector<float>& labels,
+                     const std::vector<float>& predictions);
+  bool empty() const { return puts_.empty() && !clear_pass_; }
+  // Adds `other`'s changes after this one's.
+  void Append(StateUpdate&& other) {
+    clear_pass_ = clear_pass_ || other.clear_pass_;
+    for (auto& put : other.puts_) puts_.push_back(std::move(put));
+  }
+
+ private:
+  friend class StateStore;
+  bool clear_pass_ = false;
+  std::vector<std::pair<std::string, std::string>> puts_;
+};
+
+class StateStore {
+ public:
+  // Opens (creating if missing) the store in `dir`. kUnavailable naming
+  // the directory when RocksDB cannot open it (e.g. another master holds
+  // its lock), kDataLoss when it is corrupt.
+  static StatusOr<std::unique_ptr<StateStore>> Open(const std::string& dir);
+  ~StateStore();
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  // The saved state, or nullopt when the store is new. kDataLoss when a
+  // record does not parse.
+  StatusOr<std::optional<MasterSnapshot>> Load() const;
+
+  // Applies `update` atomically, through the WAL. kUnavailable on I/O errors.
+  Status Write(const StateUpdate& update);
+
+ private:
+  explicit StateStore(rocksdb::DB* db);
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_STATE_STORE_H_
