@@ -371,10 +371,9 @@ class Master::Impl {
   // Totals over finished passes (the current tracker holds its own).
   uint64_t reassignments_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t splits_ ABSL_GUARDED_BY(mu_) = 0;
-  // Worst time from a worker's last heartbeat to its shard being handed out
-  // again, and the shards waiting for that hand-out (shard -> last seen).
+  // Worst time from a dead worker's last sign of life to its shards being
+  // back in the queue (lease + detection + fencing every server).
   absl::Duration worst_reassign_delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
-  std::map<uint64_t, absl::Time> reassign_started_ ABSL_GUARDED_BY(mu_);
   // Throughput over the last progress interval.
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t records_at_last_progress_ ABSL_GUARDED_BY(mu_) = 0;
@@ -826,10 +825,12 @@ void Master::Impl::PropagateFences(RpcChannel& channel) {
 void Master::Impl::ReleaseShardsOf(uint32_t id, const char* why) {
   if (!tracker_) return;
   auto worker = workers_.find(id);
-  const absl::Time last_seen = worker != workers_.end() ? worker->second.last_seen : absl::Now();
+  const bool died = worker != workers_.end() && worker->second.state == PeerState::kDead;
+  const absl::Duration delay =
+      worker != workers_.end() ? absl::Now() - worker->second.last_seen : absl::ZeroDuration();
   for (uint64_t shard : tracker_->Release(id)) {
     MarkShard(shard);
-    reassign_started_[shard] = last_seen;
+    if (died) worst_reassign_delay_ = std::max(worst_reassign_delay_, delay);
     const ShardTracker::Shard& state = tracker_->shard(shard);
     LOG(INFO) << "shard " << shard << " back to the queue from worker[" << id << "] (" << why
               << "), resuming at line " << state.committed_line;
@@ -837,7 +838,9 @@ void Master::Impl::ReleaseShardsOf(uint32_t id, const char* why) {
                                          {"from_worker", id},
                                          {"reason", why},
                                          {"resume_offset", state.committed},
-                                         {"resume_line", state.committed_line}});
+                                         {"resume_line", state.committed_line},
+                                         {"since_last_seen_ms",
+                                          died ? absl::ToDoubleMilliseconds(delay) : 0.0}});
   }
 }
 
@@ -889,7 +892,6 @@ void Master::Impl::StartEpoch(uint32_t epoch) {
   phase_ = Phase::kTraining;
   tracker_ = std::make_unique<ShardTracker>(train_data_, EpochOrder(epoch, train_data_.shards.size()));
   Ledger(epoch);
-  reassign_started_.clear();
   clear_pass_ = true;
   dirty_shards_.clear();
   MarkAllShards();
@@ -906,7 +908,6 @@ void Master::Impl::StartEvaluation() {
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
   tracker_ = std::make_unique<ShardTracker>(eval_data_, order);
   eval_results_.clear();
-  reassign_started_.clear();
   clear_pass_ = true;
   dirty_shards_.clear();
   MarkAllShards();
@@ -1285,16 +1286,6 @@ Status Master::Impl::HandleGetShard(const Message& request, Message* reply) {
     return absl::OkStatus();
   }
   MarkShard(assignment->shard_id);
-  auto started = reassign_started_.find(assignment->shard_id);
-  if (started != reassign_started_.end()) {
-    const absl::Duration delay = now - started->second;
-    worst_reassign_delay_ = std::max(worst_reassign_delay_, delay);
-    events_->Record("shard_assigned_again", {{"shard", assignment->shard_id},
-                                             {"worker", worker_id},
-                                             {"since_last_heartbeat_ms",
-                                              absl::ToDoubleMilliseconds(delay)}});
-    reassign_started_.erase(started);
-  }
   const bool eval = phase_ == Phase::kEvaluating;
   const DataSet& data = eval ? eval_data_ : train_data_;
   out->set_action(proto::GetShardReply::ASSIGNED);

@@ -52,26 +52,15 @@ std::string WriteJobConfig(const TempDir& dir) {
 
 // Generates `rows` training rows (and the default eval split) into DIR/data.
 void Generate(const TempDir& dir, int rows) {
-  auto datagen = Process::Start({BinaryPath("eps-datagen"), "--rows", std::to_string(rows),
-                                 "--out", dir.Join("data"), "--seed", "7", "--files", "3"},
-                                dir.Join("datagen.log"));
-  ASSERT_TRUE(datagen.ok()) << datagen.status();
-  ASSERT_EQ((*datagen)->Wait(absl::Seconds(120)), 0) << (*datagen)->Log();
+  Status generated = GenerateData(dir.Join("data"), rows, /*seed=*/7, /*files=*/3);
+  ASSERT_TRUE(generated.ok()) << generated;
 }
 
 std::vector<std::string> DataFlags(const TempDir& dir) {
   return {"--data.train=" + dir.Join("data/train"), "--data.eval=" + dir.Join("data/eval")};
 }
 
-// Line count of every file under DIR/data/train.
-uint64_t CountTrainRecords(const TempDir& dir) {
-  uint64_t lines = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir.Join("data/train"))) {
-    const std::string text = ReadFile(entry.path().string());
-    lines += static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n'));
-  }
-  return lines;
-}
+uint64_t CountTrainRecords(const TempDir& dir) { return CountLines(dir.Join("data/train")); }
 
 TEST(Job, DistributedRunMatchesSingleProcessAccuracy) {
   TempDir dir;

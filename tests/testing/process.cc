@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <sstream>
 #include <thread>
 
@@ -109,6 +110,37 @@ void WriteFile(const std::string& path, const std::string& text) {
   out << text;
 }
 
+Status GenerateData(const std::string& out, int rows, int seed, int files) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Process> datagen,
+                   Process::Start({BinaryPath("eps-datagen"), "--rows", std::to_string(rows),
+                                   "--out", out, "--seed", std::to_string(seed), "--files",
+                                   std::to_string(files)},
+                                  out + ".log"));
+  std::optional<int> code = datagen->Wait(absl::Seconds(120));
+  if (code != 0) return absl::InternalError(absl::StrCat("eps-datagen failed: ", datagen->Log()));
+  return absl::OkStatus();
+}
+
+uint64_t CountLines(const std::string& dir) {
+  uint64_t lines = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string text = ReadFile(entry.path().string());
+    lines += static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n'));
+  }
+  return lines;
+}
+
+std::vector<nlohmann::json> ReadEvents(const std::string& master_dir) {
+  std::vector<nlohmann::json> events;
+  std::istringstream in(ReadFile(master_dir + "/events.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json event = nlohmann::json::parse(line, nullptr, false);
+    if (!event.is_discarded()) events.push_back(std::move(event));
+  }
+  return events;
+}
+
 LocalJob::LocalJob(std::string dir, std::string config, std::vector<std::string> overrides)
     : dir_(std::move(dir)),
       config_(std::move(config)),
@@ -123,11 +155,25 @@ std::vector<std::string> LocalJob::CommonArgs() const {
   return args;
 }
 
-Status LocalJob::StartMaster(absl::Duration timeout) {
-  std::vector<std::string> argv = {BinaryPath("eps-master"), "--port", "0", "--http-port", "0",
-                                   "--data-dir", master_dir_};
+Status LocalJob::StartMaster(absl::Duration timeout) { return LaunchMaster("0", "0", timeout); }
+
+Status LocalJob::RestartMaster(absl::Duration timeout) {
+  const std::string rpc_port = endpoint_.substr(endpoint_.rfind(':') + 1);
+  const std::string http_port = http_.substr(http_.rfind(':') + 1);
+  std::error_code error;
+  std::filesystem::remove(master_dir_ + "/master.json", error);
+  return LaunchMaster(rpc_port, http_port, timeout);
+}
+
+Status LocalJob::LaunchMaster(const std::string& port, const std::string& http_port,
+                              absl::Duration timeout) {
+  std::vector<std::string> argv = {BinaryPath("eps-master"), "--port", port, "--http-port",
+                                   http_port, "--data-dir", master_dir_};
   for (const std::string& arg : CommonArgs()) argv.push_back(arg);
-  ASSIGN_OR_RETURN(master_, Process::Start(argv, dir_ + "/master.log"));
+  const std::string log = master_starts_++ == 0
+                              ? dir_ + "/master.log"
+                              : absl::StrCat(dir_, "/master-", master_starts_, ".log");
+  ASSIGN_OR_RETURN(master_, Process::Start(argv, log));
   const absl::Time deadline = absl::Now() + timeout;
   const std::string endpoints = master_dir_ + "/master.json";
   while (absl::Now() < deadline) {

@@ -69,6 +69,14 @@ std::string BinaryPath(const std::string& name);
 std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& text);
 
+// Runs eps-datagen: `rows` training rows in `files` files (and the default
+// eval split) into `out`. Its output goes to `out` + ".log".
+Status GenerateData(const std::string& out, int rows, int seed, int files);
+// Lines in every file of directory `dir`.
+uint64_t CountLines(const std::string& dir);
+// The master's events log (DATA_DIR/events.jsonl), one object per line.
+std::vector<nlohmann::json> ReadEvents(const std::string& master_dir);
+
 // A job on loopback: one master, servers and workers, all in `dir`.
 class LocalJob {
  public:
@@ -79,6 +87,9 @@ class LocalJob {
 
   // Starts the master on ephemeral ports and waits for its endpoints.
   Status StartMaster(absl::Duration timeout = absl::Seconds(20));
+  // Starts the master again on the ports and data dir of the first one
+  // (which must have exited) and waits for it to serve.
+  Status RestartMaster(absl::Duration timeout = absl::Seconds(20));
   // Starts the master, then `servers` servers and `workers` workers.
   Status Start(int servers, int workers);
   // Starts a server / worker; returns its index in servers() / workers().
@@ -106,6 +117,9 @@ class LocalJob {
 
  private:
   std::vector<std::string> CommonArgs() const;
+  Status LaunchMaster(const std::string& port, const std::string& http_port,
+                      absl::Duration timeout);
+  int master_starts_ = 0;
   std::string dir_;
   std::string config_;
   std::vector<std::string> overrides_;
