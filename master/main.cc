@@ -32,8 +32,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (resume) {
-    std::cerr << "eps-master: --resume: this version does not persist job state yet, so there "
-                 "is nothing to resume; start the job without --resume\n";
+    std::cerr << "eps-master: --resume: resuming a stopped job from a checkpoint is not "
+                 "available in this version; a master restarted on the same --data-dir "
+                 "resumes a job it did not finish without --resume\n";
     return 2;
   }
   options.job = *std::move(config);
@@ -46,7 +47,9 @@ int main(int argc, char** argv) {
   eps::Master master(options);
   if (eps::Status started = master.Start(); !started.ok()) {
     std::cerr << "eps-master: " << started.message() << "\n";
+    // The data dir holding another (or a finished) job is a usage error too.
     const bool config_error = started.code() == absl::StatusCode::kNotFound ||
+                              started.code() == absl::StatusCode::kFailedPrecondition ||
                               started.code() == absl::StatusCode::kInvalidArgument;
     return config_error ? 2 : 1;
   }

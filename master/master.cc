@@ -481,6 +481,14 @@ Status Master::Impl::Restore(const MasterSnapshot& snapshot) {
   if (!eval) order = EpochOrder(epoch_, data.shards.size());
   ASSIGN_OR_RETURN(ShardTracker tracker, ShardTracker::FromRecords(shards, order));
   tracker_ = std::make_unique<ShardTracker>(std::move(tracker));
+  // The saved total includes this pass's splits, which the tracker counts
+  // again from its split-off shards: keep only the earlier passes' here.
+  if (splits_ < tracker_->splits()) {
+    return absl::DataLossError(absl::StrCat("the saved state counts ", splits_,
+                                            " splits but its pass holds ", tracker_->splits(),
+                                            " split-off shards"));
+  }
+  splits_ -= tracker_->splits();
   for (const auto& [key, result] : snapshot.eval_results) {
     eval_results_[key] = result;
     eval_records_ += result.first.size();
@@ -707,8 +715,10 @@ void Master::Impl::JobLoop() {
     self.set_role(proto::ROLE_MASTER);
     return self;
   }());
+  // Leases are checked 4 times a heartbeat, so a dead worker's shards are
+  // back in the queue within lease + a quarter heartbeat + one fencing call.
   const absl::Duration tick =
-      std::min(absl::Milliseconds(100), absl::Milliseconds(options_.job.master.heartbeat_ms) / 2);
+      std::min(absl::Milliseconds(100), absl::Milliseconds(options_.job.master.heartbeat_ms) / 4);
   while (true) {
     {
       absl::MutexLock lock(&mu_);

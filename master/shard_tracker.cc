@@ -214,9 +214,18 @@ StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardR
     shard.committed_records = record.committed_records();
     shard.assignments = record.assignments();
     if (record.has_split_from()) shard.split_from = record.split_from();
-    if (shard.committed < shard.spec.begin || shard.committed > shard.spec.end ||
-        shard.committed_records > shard.spec.records) {
+    // What Commit and Split maintain: the committed offset inside the
+    // range, its line number following from the records before it, and
+    // bytes and records reaching the end together.
+    if (shard.spec.begin > shard.spec.end || shard.committed < shard.spec.begin ||
+        shard.committed > shard.spec.end || shard.committed_records > shard.spec.records ||
+        shard.committed_line != shard.spec.first_line + shard.committed_records ||
+        (shard.committed == shard.spec.end) != (shard.committed_records == shard.spec.records)) {
       return absl::DataLossError(absl::StrCat("shard record ", id, " is inconsistent"));
+    }
+    if (record.state() == proto::SHARD_DONE && shard.committed != shard.spec.end) {
+      return absl::DataLossError(
+          absl::StrCat("shard record ", id, " is done but not committed to its end"));
     }
     switch (record.state()) {
       case proto::SHARD_TODO: shard.state = State::kTodo; break;

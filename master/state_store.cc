@@ -2,9 +2,11 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/logging.h"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
 
@@ -40,11 +42,27 @@ void StateUpdate::PutShard(uint64_t id, const proto::ShardRecord& record) {
 
 void StateUpdate::PutEvalResult(uint64_t shard, uint64_t begin, const std::vector<float>& labels,
                                 const std::vector<float>& predictions) {
+  // Load splits the value in two halves: unequal ones would read back wrong.
+  CHECK_EQ(labels.size(), predictions.size());
   std::string value(sizeof(float) * (labels.size() + predictions.size()), '\0');
   std::memcpy(value.data(), labels.data(), sizeof(float) * labels.size());
   std::memcpy(value.data() + sizeof(float) * labels.size(), predictions.data(),
               sizeof(float) * predictions.size());
   puts_.emplace_back(absl::StrCat(kEvalPrefix, Hex(shard), "/", Hex(begin)), std::move(value));
+}
+
+void StateUpdate::Append(StateUpdate&& other) {
+  if (other.clear_pass_) {
+    // Write applies a clear before every put, so this one's puts of the
+    // pass would survive the clear that follows them.
+    std::erase_if(puts_, [](const std::pair<std::string, std::string>& put) {
+      return absl::StartsWith(put.first, kShardPrefix) || absl::StartsWith(put.first, kEvalPrefix);
+    });
+    clear_pass_ = true;
+  }
+  for (auto& put : other.puts_) puts_.push_back(std::move(put));
+  other.puts_.clear();
+  other.clear_pass_ = false;
 }
 
 StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {

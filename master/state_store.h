@@ -50,14 +50,13 @@ class StateUpdate {
   void PutShard(uint64_t id, const proto::ShardRecord& record);
   // Drops every shard record and eval result (a new pass begins).
   void ClearPass() { clear_pass_ = true; }
+  // REQUIRES: labels.size() == predictions.size().
   void PutEvalResult(uint64_t shard, uint64_t begin, const std::vector<float>& labels,
                      const std::vector<float>& predictions);
   bool empty() const { return puts_.empty() && !clear_pass_; }
-  // Adds `other`'s changes after this one's.
-  void Append(StateUpdate&& other) {
-    clear_pass_ = clear_pass_ || other.clear_pass_;
-    for (auto& put : other.puts_) puts_.push_back(std::move(put));
-  }
+  // Adds `other`'s changes after this one's: when `other` clears the pass,
+  // this one's shard and eval puts are dropped with it.
+  void Append(StateUpdate&& other);
 
  private:
   friend class StateStore;

@@ -266,6 +266,30 @@ TEST(Job, MalformedLinesAreSkippedCountedAndReportedWithFileAndLine) {
   EXPECT_TRUE(absl::StrContains(job.workers()[0]->Log(), "part-00001.txt:10:"));
 }
 
+// The master keeps its job in --data-dir: started again there it refuses
+// a job that is over, and one whose options changed, naming them.
+TEST(Job, MasterRefusesTheDataDirOfAFinishedOrDifferentJob) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  ASSERT_NO_FATAL_FAILURE(Generate(dir, 20000));
+  LocalJob job(dir.path(), config, DataFlags(dir));
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/1).ok()) << job.Logs();
+  StatusOr<int> master_exit = job.WaitForMaster(kJobTimeout);
+  ASSERT_TRUE(master_exit.ok() && *master_exit == 0) << job.Logs();
+
+  std::vector<std::string> argv = {BinaryPath("eps-master"), "--config", config, "--port", "0",
+                                   "--http-port", "0", "--data-dir", job.master_dir()};
+  for (const std::string& flag : DataFlags(dir)) argv.push_back(flag);
+  auto [code, output] = RunToExit(dir, argv);
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_TRUE(absl::StrContains(LastLine(output), "is over")) << output;
+
+  argv.push_back("--data.shard_records=5000");
+  std::tie(code, output) = RunToExit(dir, argv);
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_TRUE(absl::StrContains(LastLine(output), "data.shard_records")) << output;
+}
+
 // eps's LR against a careful single-machine PyTorch LR (bench/reference_lr.py:
 // sparse Adagrad on the ids, one epoch, batch 1024, best of several learning
 // rates) on the same files: within 0.01 eval AUC.

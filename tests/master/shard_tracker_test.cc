@@ -1,10 +1,13 @@
 // Tests master/shard_tracker.h: the TODO -> DOING -> DONE state machine,
-// exactly-once commits and Release.
+// exactly-once commits, Release, straggler splits and the persisted
+// records a restarted master rebuilds the tracker from.
 
 #include "master/shard_tracker.h"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -279,6 +282,390 @@ TEST(ShardTracker, EmptyDataSetIsFinishedAtOnce) {
   ShardTracker tracker(data, {});
   EXPECT_TRUE(tracker.finished());
   EXPECT_FALSE(tracker.Assign(1).has_value());
+}
+
+// ---------------------------------------------------------------------------
+// Straggler splits.
+
+TEST(ShardTracker, RequestSplitPicksTheDoingShardWithMostRecordsLeft) {
+  // Shards 0..3 of 10 records each; 4 of kLastRecords.
+  const DataSet data = MakeData(5);
+  ShardTracker tracker(data, Identity(5));
+  ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
+  ASSERT_EQ(tracker.Assign(2)->shard_id, 1u);
+  ASSERT_EQ(tracker.Assign(3)->shard_id, 2u);
+  ASSERT_EQ(*CommitLines(tracker, 1, 0, 3), ShardTracker::CommitResult::kApplied);   // 7 left
+  ASSERT_EQ(*CommitLines(tracker, 2, 1, 6), ShardTracker::CommitResult::kApplied);   // 4 left
+  ASSERT_EQ(*CommitLines(tracker, 3, 2, 10), ShardTracker::CommitResult::kApplied);  // DONE
+  // Shards 3 (10 records) and 4 are TODO: never asked, however large.
+  EXPECT_EQ(tracker.shard(3).state, ShardTracker::State::kTodo);
+  EXPECT_FALSE(tracker.SplitRequestedOf(1).has_value());
+
+  // Nothing has 8 left; 7 qualifies for a minimum of 7.
+  EXPECT_FALSE(tracker.RequestSplit(8).has_value());
+  EXPECT_FALSE(tracker.shard(0).split_requested);
+  EXPECT_EQ(tracker.RequestSplit(7), std::optional<uint64_t>(0));
+  EXPECT_TRUE(tracker.shard(0).split_requested);
+  EXPECT_EQ(tracker.SplitRequestedOf(1), std::optional<uint64_t>(0));
+  EXPECT_FALSE(tracker.SplitRequestedOf(2).has_value());
+  EXPECT_FALSE(tracker.SplitRequestedOf(3).has_value());
+  // Not asked twice: the next largest comes next, then nothing.
+  EXPECT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(1));
+  EXPECT_EQ(tracker.SplitRequestedOf(2), std::optional<uint64_t>(1));
+  EXPECT_FALSE(tracker.RequestSplit(0).has_value());
+  EXPECT_FALSE(tracker.shard(2).split_requested);
+  EXPECT_FALSE(tracker.shard(3).split_requested);
+  EXPECT_FALSE(tracker.shard(4).split_requested);
+}
+
+// A shard with one record left cannot be split, whatever the minimum.
+TEST(ShardTracker, RequestSplitNeedsTwoRecordsLeft) {
+  const DataSet data = MakeData(1, kRecords);
+  ShardTracker tracker(data, Identity(1));
+  ASSERT_TRUE(tracker.Assign(1).has_value());
+  ASSERT_TRUE(CommitLines(tracker, 1, 0, kRecords - 1).ok());
+  EXPECT_FALSE(tracker.RequestSplit(0).has_value());
+  EXPECT_FALSE(tracker.RequestSplit(1).has_value());
+  EXPECT_FALSE(tracker.SplitRequestedOf(1).has_value());
+}
+
+TEST(ShardTracker, SplitIsRefusedUnlessRequestedAndHeld) {
+  const DataSet data = MakeData(3);
+  ShardTracker tracker(data, Identity(3));
+  ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
+  ASSERT_EQ(tracker.Assign(2)->shard_id, 1u);
+  ASSERT_TRUE(CommitLines(tracker, 1, 0, 2).ok());  // committed: byte 20, line 3
+  ASSERT_TRUE(CommitLines(tracker, 2, 1, 5).ok());  // 5 left, fewer than shard 0's 8
+  // Not requested yet.
+  StatusOr<uint64_t> split = tracker.Split(1, 0, 60, 7);
+  EXPECT_EQ(split.status().code(), absl::StatusCode::kFailedPrecondition) << split.status();
+  ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(0));
+  // Requested, but asked by a worker that does not hold it.
+  split = tracker.Split(2, 0, 60, 7);
+  EXPECT_EQ(split.status().code(), absl::StatusCode::kFailedPrecondition) << split.status();
+  EXPECT_THAT(split.status().message(), HasSubstr("not held by worker 2"));
+  // A held shard nobody asked to split.
+  EXPECT_EQ(tracker.Split(2, 1, 160, 17).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A TODO shard.
+  EXPECT_EQ(tracker.Split(1, 2, 260, 27).status().code(), absl::StatusCode::kFailedPrecondition);
+  // An unknown one.
+  EXPECT_EQ(tracker.Split(1, 3, 260, 27).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Offsets not strictly inside (committed, end) of shard 0 = [0, 100).
+  for (uint64_t offset : {uint64_t{0}, uint64_t{10}, uint64_t{20}, uint64_t{100}, uint64_t{150}}) {
+    split = tracker.Split(1, 0, offset, 7);
+    EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << offset;
+  }
+  // Lines leaving either part without records: shard 0 holds lines 1..10,
+  // committed up to line 3.
+  for (uint64_t line : {uint64_t{1}, uint64_t{3}, uint64_t{11}, uint64_t{20}}) {
+    split = tracker.Split(1, 0, 60, line);
+    EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << line;
+    EXPECT_THAT(split.status().message(), HasSubstr("not strictly inside")) << line;
+  }
+  // Nothing changed; the request still stands.
+  EXPECT_EQ(tracker.num_shards(), 3u);
+  EXPECT_EQ(tracker.splits(), 0u);
+  EXPECT_EQ(tracker.shard(0).spec.end, 100u);
+  EXPECT_EQ(tracker.SplitRequestedOf(1), std::optional<uint64_t>(0));
+  EXPECT_TRUE(tracker.Split(1, 0, 60, 7).ok());
+}
+
+TEST(ShardTracker, SplitCutsTheRestIntoANewShardAtTheFrontCountedOnce) {
+  const DataSet data = MakeData(3);
+  ShardTracker tracker(data, Identity(3));
+  ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
+  ASSERT_TRUE(CommitLines(tracker, 1, 0, 2).ok());
+  ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(0));
+
+  // Lines 7..10 ([60, 100)) go; lines 1..6 ([0, 60)) stay.
+  StatusOr<uint64_t> child = tracker.Split(1, 0, 60, 7);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ(*child, 3u);
+  EXPECT_EQ(tracker.num_shards(), 4u);
+  EXPECT_EQ(tracker.splits(), 1u);
+  EXPECT_EQ(tracker.todo(), 3u);
+  EXPECT_EQ(tracker.doing(), 1u);
+  EXPECT_FALSE(tracker.SplitRequestedOf(1).has_value());
+  EXPECT_FALSE(tracker.shard(0).split_requested);
+
+  const ShardTracker::Shard& parent = tracker.shard(0);
+  EXPECT_EQ(parent.state, ShardTracker::State::kDoing);
+  EXPECT_EQ(parent.holder, 1u);
+  EXPECT_EQ(parent.spec.begin, 0u);
+  EXPECT_EQ(parent.spec.end, 60u);
+  EXPECT_EQ(parent.spec.first_line, 1u);
+  EXPECT_EQ(parent.spec.records, 6u);
+  EXPECT_EQ(parent.committed, 20u);
+  EXPECT_EQ(parent.committed_records, 2u);
+  EXPECT_FALSE(parent.split_from.has_value());
+  const ShardTracker::Shard& part = tracker.shard(3);
+  EXPECT_EQ(part.state, ShardTracker::State::kTodo);
+  EXPECT_EQ(part.spec.file, data.shards[0].file);
+  EXPECT_EQ(part.spec.begin, 60u);
+  EXPECT_EQ(part.spec.end, 100u);
+  EXPECT_EQ(part.spec.first_line, 7u);
+  EXPECT_EQ(part.spec.records, 4u);
+  EXPECT_EQ(part.committed, 60u);
+  EXPECT_EQ(part.committed_line, 7u);
+  EXPECT_EQ(part.committed_records, 0u);
+  EXPECT_EQ(part.assignments, 0u);
+  EXPECT_EQ(part.split_from, std::optional<uint64_t>(0));
+
+  // The holder can no longer commit past the cut.
+  EXPECT_EQ(tracker.Commit(1, 0, 20, 80, 6).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // The new shard comes first, ahead of the untouched 1 and 2.
+  std::optional<ShardTracker::Assignment> taken = tracker.Assign(2);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->shard_id, 3u);
+  EXPECT_EQ(taken->start, 60u);
+  EXPECT_EQ(taken->start_line, 7u);
+  EXPECT_EQ(taken->records, 4u);
+  EXPECT_EQ(taken->spec->end, 100u);
+
+  // Both halves complete; every record of the original shard counts once.
+  ASSERT_EQ(*tracker.Commit(2, 3, 60, 100, 4), ShardTracker::CommitResult::kApplied);
+  EXPECT_EQ(tracker.shard(3).state, ShardTracker::State::kDone);
+  ASSERT_EQ(*tracker.Commit(1, 0, 20, 60, 4), ShardTracker::CommitResult::kApplied);
+  EXPECT_EQ(tracker.shard(0).state, ShardTracker::State::kDone);
+  EXPECT_EQ(tracker.committed_records(), kRecords);
+  EXPECT_EQ(*tracker.Commit(1, 0, 20, 60, 4), ShardTracker::CommitResult::kDuplicate);
+  while (std::optional<ShardTracker::Assignment> a = tracker.Assign(2)) {
+    ASSERT_TRUE(CommitLines(tracker, 2, a->shard_id, a->records).ok());
+  }
+  EXPECT_TRUE(tracker.finished());
+  EXPECT_EQ(tracker.done(), 4u);
+  EXPECT_EQ(tracker.committed_records(), data.records);
+}
+
+// A child can be split again, and a split right after the committed offset
+// leaves the holder a single record.
+TEST(ShardTracker, SplitsNestAndKeepEveryRecordOnce) {
+  const DataSet data = MakeData(1, kRecords);
+  ShardTracker tracker(data, Identity(1));
+  ASSERT_TRUE(tracker.Assign(1).has_value());
+  ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(0));
+  ASSERT_EQ(*tracker.Split(1, 0, 10, 2), 1u);  // worker 1 keeps line 1
+  EXPECT_EQ(tracker.shard(0).spec.records, 1u);
+  ASSERT_EQ(tracker.Assign(2)->shard_id, 1u);
+  ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(1));
+  EXPECT_EQ(tracker.SplitRequestedOf(2), std::optional<uint64_t>(1));
+  ASSERT_EQ(*tracker.Split(2, 1, 50, 6), 2u);  // lines 2..5 stay, 6..10 go
+  EXPECT_EQ(tracker.shard(1).spec.records, 4u);
+  EXPECT_EQ(tracker.shard(2).spec.records, 5u);
+  EXPECT_EQ(tracker.shard(2).split_from, std::optional<uint64_t>(1));
+  ASSERT_EQ(tracker.Assign(3)->shard_id, 2u);
+  ASSERT_TRUE(tracker.Commit(3, 2, 50, 100, 5).ok());
+  ASSERT_TRUE(tracker.Commit(2, 1, 10, 50, 4).ok());
+  ASSERT_TRUE(tracker.Commit(1, 0, 0, 10, 1).ok());
+  EXPECT_TRUE(tracker.finished());
+  EXPECT_EQ(tracker.splits(), 2u);
+  EXPECT_EQ(tracker.committed_records(), kRecords);
+}
+
+TEST(ShardTracker, ReleaseOfASplitShardsHolder) {
+  const DataSet data = MakeData(2);
+  ShardTracker tracker(data, Identity(2));
+  ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
+  ASSERT_TRUE(CommitLines(tracker, 1, 0, 2).ok());
+  ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(0));
+  ASSERT_EQ(*tracker.Split(1, 0, 60, 7), 2u);
+  ASSERT_TRUE(CommitLines(tracker, 1, 0, 1).ok());  // up to byte 30, line 4
+
+  // Only the shortened parent was the holder's; the new shard stays queued.
+  EXPECT_EQ(tracker.Release(1), (std::vector<uint64_t>{0}));
+  EXPECT_EQ(tracker.todo(), 3u);
+  EXPECT_EQ(tracker.doing(), 0u);
+  EXPECT_EQ(tracker.shard(2).state, ShardTracker::State::kTodo);
+  // The parent resumes at its committed offset, up to the cut.
+  std::optional<ShardTracker::Assignment> resumed = tracker.Assign(2);
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(resumed->shard_id, 0u);
+  EXPECT_EQ(resumed->start, 30u);
+  EXPECT_EQ(resumed->start_line, 4u);
+  EXPECT_EQ(resumed->records, 3u);
+  EXPECT_EQ(resumed->spec->end, 60u);
+  EXPECT_EQ(tracker.Assign(3)->shard_id, 2u);
+  ASSERT_TRUE(tracker.Commit(2, 0, 30, 60, 3).ok());
+  ASSERT_TRUE(tracker.Commit(3, 2, 60, 100, 4).ok());
+  EXPECT_EQ(tracker.committed_records(), kRecords);
+}
+
+// A split asked of a worker that then dies is dropped with its shard: the
+// next holder is not asked, and the shard may be asked again.
+TEST(ShardTracker, ReleaseClearsASplitRequest) {
+  const DataSet data = MakeData(1, kRecords);
+  ShardTracker tracker(data, Identity(1));
+  ASSERT_TRUE(tracker.Assign(1).has_value());
+  ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(0));
+  EXPECT_EQ(tracker.Release(1), (std::vector<uint64_t>{0}));
+  EXPECT_FALSE(tracker.shard(0).split_requested);
+  ASSERT_TRUE(tracker.Assign(2).has_value());
+  EXPECT_FALSE(tracker.SplitRequestedOf(2).has_value());
+  EXPECT_EQ(tracker.Split(2, 0, 50, 6).status().code(), absl::StatusCode::kFailedPrecondition);
+  // The dead worker's late answer is refused too.
+  EXPECT_EQ(tracker.Split(1, 0, 50, 6).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(0));
+  EXPECT_EQ(tracker.SplitRequestedOf(2), std::optional<uint64_t>(0));
+}
+
+// ---------------------------------------------------------------------------
+// Persistence.
+
+void ExpectSameShard(const ShardTracker::Shard& a, const ShardTracker::Shard& b) {
+  EXPECT_EQ(a.spec.file, b.spec.file);
+  EXPECT_EQ(a.spec.begin, b.spec.begin);
+  EXPECT_EQ(a.spec.end, b.spec.end);
+  EXPECT_EQ(a.spec.first_line, b.spec.first_line);
+  EXPECT_EQ(a.spec.records, b.spec.records);
+  EXPECT_EQ(a.state, b.state);
+  if (a.state == ShardTracker::State::kDoing) {
+    EXPECT_EQ(a.holder, b.holder);
+  }
+  EXPECT_EQ(a.committed, b.committed);
+  EXPECT_EQ(a.committed_line, b.committed_line);
+  EXPECT_EQ(a.committed_records, b.committed_records);
+  EXPECT_EQ(a.assignments, b.assignments);
+  EXPECT_EQ(a.split_from, b.split_from);
+}
+
+std::vector<proto::ShardRecord> Records(const ShardTracker& tracker) {
+  std::vector<proto::ShardRecord> records;
+  for (uint64_t id = 0; id < tracker.num_shards(); ++id) records.push_back(tracker.ToRecord(id));
+  return records;
+}
+
+TEST(ShardTracker, RecordsRoundTripEveryState) {
+  // Shards 0..4 of 10 records, 5 of 4; handed out in `order`.
+  const DataSet data = MakeData(6);
+  const std::vector<uint32_t> order = {2, 0, 5, 1, 4, 3};
+  ShardTracker tracker(data, order);
+  ASSERT_EQ(tracker.Assign(1)->shard_id, 2u);
+  ASSERT_TRUE(CommitLines(tracker, 1, 2, 3).ok());  // DOING, committed
+  ASSERT_EQ(tracker.Assign(2)->shard_id, 0u);
+  ASSERT_TRUE(CommitLines(tracker, 2, 0, kRecords).ok());  // DONE
+  ASSERT_EQ(tracker.Assign(3)->shard_id, 5u);
+  ASSERT_TRUE(CommitLines(tracker, 3, 5, 1).ok());
+  ASSERT_EQ(tracker.Assign(4)->shard_id, 1u);
+  ASSERT_TRUE(CommitLines(tracker, 4, 1, 5).ok());
+  // Shard 2 has 7 records left, 1 has 5, 5 has 3.
+  ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(2));
+  ASSERT_EQ(*tracker.Split(1, 2, data.shards[2].begin + 60, data.shards[2].first_line + 6), 6u);
+  ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(1));
+  ASSERT_EQ(*tracker.Split(4, 1, data.shards[1].begin + 70, data.shards[1].first_line + 7), 7u);
+  EXPECT_EQ(tracker.Release(3), (std::vector<uint64_t>{5}));  // TODO, committed
+  // TODO now, front to back: 5 (released), 7, 6 (split-offs), 4, 3.
+
+  const std::vector<proto::ShardRecord> records = Records(tracker);
+  ASSERT_EQ(records.size(), 8u);
+  EXPECT_EQ(records[2].state(), proto::SHARD_DOING);
+  EXPECT_EQ(records[2].holder(), 1u);
+  EXPECT_EQ(records[0].state(), proto::SHARD_DONE);
+  EXPECT_EQ(records[5].state(), proto::SHARD_TODO);
+  EXPECT_EQ(records[6].split_from(), 2u);
+  EXPECT_FALSE(records[3].has_split_from());
+
+  StatusOr<ShardTracker> restored = ShardTracker::FromRecords(records, order);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_EQ(restored->num_shards(), tracker.num_shards());
+  for (uint64_t id = 0; id < tracker.num_shards(); ++id) {
+    SCOPED_TRACE(id);
+    ExpectSameShard(restored->shard(id), tracker.shard(id));
+  }
+  EXPECT_EQ(restored->todo(), 5u);
+  EXPECT_EQ(restored->doing(), 2u);
+  EXPECT_EQ(restored->done(), 1u);
+  EXPECT_EQ(restored->committed_records(), tracker.committed_records());
+  EXPECT_EQ(restored->splits(), 2u);
+  EXPECT_FALSE(restored->finished());
+  // Records of the restored tracker are the same records.
+  const std::vector<proto::ShardRecord> again = Records(*restored);
+  for (size_t id = 0; id < records.size(); ++id) {
+    EXPECT_EQ(again[id].SerializeAsString(), records[id].SerializeAsString()) << id;
+  }
+
+  // DOING shards stay with their holders, who carry on committing.
+  EXPECT_EQ(restored->shard(2).holder, 1u);
+  EXPECT_EQ(restored->shard(1).holder, 4u);
+  ASSERT_EQ(*restored->Commit(1, 2, data.shards[2].begin + 30, data.shards[2].begin + 60, 3),
+            ShardTracker::CommitResult::kApplied);
+  // TODO order: split-offs first (by id), then `order`.
+  std::vector<uint64_t> handed;
+  while (std::optional<ShardTracker::Assignment> a = restored->Assign(9)) {
+    handed.push_back(a->shard_id);
+    if (a->shard_id == 5) {
+      EXPECT_EQ(a->start, data.shards[5].begin + kLineBytes);
+      EXPECT_EQ(a->start_line, data.shards[5].first_line + 1);
+      EXPECT_EQ(a->records, kLastRecords - 1);
+    }
+    ASSERT_TRUE(CommitLines(*restored, 9, a->shard_id, a->records).ok()) << a->shard_id;
+  }
+  EXPECT_EQ(handed, (std::vector<uint64_t>{6, 7, 5, 4, 3}));
+  ASSERT_TRUE(CommitLines(*restored, 4, 1, 2).ok());
+  EXPECT_TRUE(restored->finished());
+  // Every record once, the ones committed before the restart included.
+  EXPECT_EQ(restored->committed_records(), data.records);
+}
+
+// Shards missing from `order` are still queued; duplicates are harmless.
+TEST(ShardTracker, RecordsNotInTheOrderAreStillQueued) {
+  const DataSet data = MakeData(3);
+  ShardTracker tracker(data, Identity(3));
+  StatusOr<ShardTracker> restored = ShardTracker::FromRecords(Records(tracker), {1, 1});
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->todo(), 3u);
+  std::vector<uint64_t> handed;
+  while (std::optional<ShardTracker::Assignment> a = restored->Assign(1)) {
+    handed.push_back(a->shard_id);
+  }
+  EXPECT_EQ(handed, (std::vector<uint64_t>{1, 0, 2}));
+}
+
+TEST(ShardTracker, InconsistentRecordsAreDataLoss) {
+  const DataSet data = MakeData(2);
+  ShardTracker tracker(data, Identity(2));
+  ASSERT_TRUE(tracker.Assign(1).has_value());
+  ASSERT_TRUE(CommitLines(tracker, 1, 0, 4).ok());
+  const std::vector<proto::ShardRecord> good = Records(tracker);
+  ASSERT_TRUE(ShardTracker::FromRecords(good, Identity(2)).ok());
+
+  const std::vector<std::pair<const char*, std::function<void(proto::ShardRecord&)>>> breakages = {
+      {"committed before begin", [](proto::ShardRecord& r) { r.set_begin(50); }},
+      {"committed past end", [](proto::ShardRecord& r) { r.set_committed(200); }},
+      {"more committed records than records",
+       [](proto::ShardRecord& r) { r.set_committed_records(11); }},
+      {"no state", [](proto::ShardRecord& r) { r.set_state(proto::SHARD_STATE_UNSPECIFIED); }},
+      {"begin past end",
+       [](proto::ShardRecord& r) {
+         r.set_begin(120);
+         r.set_committed(120);
+       }},
+      {"line and records disagree", [](proto::ShardRecord& r) { r.set_committed_line(9); }},
+      {"done but not committed to the end",
+       [](proto::ShardRecord& r) { r.set_state(proto::SHARD_DONE); }},
+      {"every record committed short of the end",
+       [](proto::ShardRecord& r) {
+         r.set_committed_records(10);
+         r.set_committed_line(11);
+       }},
+  };
+  for (const auto& [what, breakage] : breakages) {
+    std::vector<proto::ShardRecord> bad = good;
+    breakage(bad[0]);
+    StatusOr<ShardTracker> restored = ShardTracker::FromRecords(bad, Identity(2));
+    EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss) << what;
+  }
+  // An order naming a shard that does not exist.
+  EXPECT_EQ(ShardTracker::FromRecords(good, {0, 1, 2}).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(ShardTracker, EmptyRecordsAreAFinishedTracker) {
+  StatusOr<ShardTracker> restored = ShardTracker::FromRecords({}, {});
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(restored->finished());
+  EXPECT_FALSE(restored->Assign(1).has_value());
 }
 
 }  // namespace

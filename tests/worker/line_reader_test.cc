@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,146 @@ TEST_F(LineReaderTest, FileTruncatedAfterOpenIsDataLoss) {
   EXPECT_EQ((*reader)->status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string((*reader)->status().message()), HasSubstr(path));
   EXPECT_FALSE((*reader)->Next(&line));
+}
+
+// Truncate after the first read: the buffer already holds the whole file,
+// yet nothing at or past the new end comes back.
+TEST_F(LineReaderTest, TruncateStopsAtTheNewEndWithTheBufferAhead) {
+  // Offsets:          0    4    8    12   16   20
+  const std::string path = WriteFile("a.txt", "aaa\nbbb\nccc\nddd\neee\n");
+  StatusOr<std::unique_ptr<LineReader>> reader = LineReader::Open(path, 0, 20, 1);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  absl::string_view line;
+  ASSERT_TRUE((*reader)->Next(&line));
+  EXPECT_EQ(line, "aaa");
+  (*reader)->Truncate(12);
+  EXPECT_EQ((*reader)->end(), 12u);
+  std::vector<Line> rest;
+  while ((*reader)->Next(&line)) {
+    rest.push_back({std::string(line), (*reader)->line_number(), (*reader)->offset()});
+  }
+  EXPECT_EQ(rest, (std::vector<Line>{{"bbb", 2, 8}, {"ccc", 3, 12}}));
+  EXPECT_TRUE((*reader)->status().ok()) << (*reader)->status();
+  EXPECT_EQ((*reader)->offset(), 12u);
+  EXPECT_FALSE((*reader)->Next(&line));
+}
+
+// Truncate before anything was read, across a refill of the buffer.
+TEST_F(LineReaderTest, TruncateBeforeReadingAndAcrossRefills) {
+  std::string contents;
+  for (int i = 0; i < 300000; ++i) contents += "line-" + std::to_string(i) + "\n";
+  const std::string path = WriteFile("many.txt", contents);
+  // The start of line 250001, well past the first 1 MiB read.
+  const uint64_t cut = contents.find("line-250000\n");
+  ASSERT_NE(cut, std::string::npos);
+  StatusOr<std::unique_ptr<LineReader>> reader = LineReader::Open(path, 0, contents.size(), 1);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  (*reader)->Truncate(cut);
+  absl::string_view line;
+  uint64_t lines = 0;
+  std::string last;
+  while ((*reader)->Next(&line)) {
+    ++lines;
+    last = std::string(line);
+  }
+  EXPECT_TRUE((*reader)->status().ok()) << (*reader)->status();
+  EXPECT_EQ(lines, 250000u);
+  EXPECT_EQ(last, "line-249999");
+  EXPECT_EQ((*reader)->offset(), cut);
+}
+
+TEST_F(LineReaderTest, TruncateToTheCurrentOffsetEndsAtOnce) {
+  const std::string path = WriteFile("a.txt", "aaa\nbbb\nccc\n");
+  StatusOr<std::unique_ptr<LineReader>> reader = LineReader::Open(path, 0, 12, 1);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  absl::string_view line;
+  ASSERT_TRUE((*reader)->Next(&line));
+  (*reader)->Truncate((*reader)->offset());
+  EXPECT_EQ((*reader)->end(), 4u);
+  EXPECT_FALSE((*reader)->Next(&line));
+  EXPECT_TRUE((*reader)->status().ok()) << (*reader)->status();
+  EXPECT_EQ((*reader)->offset(), 4u);
+  EXPECT_EQ((*reader)->line_number(), 1u);
+  // Truncating to the same end again is allowed and changes nothing.
+  (*reader)->Truncate(4);
+  EXPECT_FALSE((*reader)->Next(&line));
+}
+
+TEST_F(LineReaderTest, FindMiddleLineFindsTheFirstLineStartAtOrAfterTheMiddle) {
+  // Offsets:          0    4    8    12   16
+  const std::string path = WriteFile("a.txt", "aaa\nbbb\nccc\nddd\n");
+  // [0, 16): the middle, 8, is a line start itself.
+  StatusOr<std::optional<LinePosition>> found = FindMiddleLine(path, 0, 1, 16);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->offset, 8u);
+  EXPECT_EQ((*found)->line, 3u);
+  // [4, 16) from line 2: the middle, 10, is inside line 3; line 4 follows.
+  found = FindMiddleLine(path, 4, 2, 16);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->offset, 12u);
+  EXPECT_EQ((*found)->line, 4u);
+  // Two lines: the second.
+  found = FindMiddleLine(path, 8, 3, 16);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->offset, 12u);
+  EXPECT_EQ((*found)->line, 4u);
+  // A long first line: the middle is inside it, the short line after it
+  // starts before the end.
+  const std::string skewed = WriteFile("skewed.txt", "xxxxxxxxxx\ny\n");
+  found = FindMiddleLine(skewed, 0, 1, 13);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->offset, 11u);
+  EXPECT_EQ((*found)->line, 2u);
+}
+
+TEST_F(LineReaderTest, FindMiddleLineIsNulloptWhenNoLineStartsInTheSecondHalf) {
+  const std::string path = WriteFile("a.txt", "aaa\nbbb\nccc\nddd\n");
+  // One line.
+  StatusOr<std::optional<LinePosition>> found = FindMiddleLine(path, 12, 4, 16);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_FALSE(found->has_value());
+  // An empty range.
+  found = FindMiddleLine(path, 4, 2, 4);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_FALSE(found->has_value());
+  // A short line, then a long one covering the middle and the end.
+  const std::string skewed = WriteFile("skewed.txt", "a\nbbbbbbbbbb\n");
+  found = FindMiddleLine(skewed, 0, 1, 13);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_FALSE(found->has_value());
+}
+
+TEST_F(LineReaderTest, FindMiddleLineHandlesALastLineWithoutNewline) {
+  // Offsets:              0         9
+  const std::string path = WriteFile("a.txt", "aaaaaaaa\nbb");
+  StatusOr<std::optional<LinePosition>> found = FindMiddleLine(path, 0, 1, 11);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->offset, 9u);
+  EXPECT_EQ((*found)->line, 2u);
+  // The unterminated line covers the middle and reaches the end.
+  const std::string tail = WriteFile("tail.txt", "aaa\nbbbbbbbb");
+  found = FindMiddleLine(tail, 0, 1, 12);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_FALSE(found->has_value());
+  // Starting on the unterminated line itself.
+  found = FindMiddleLine(tail, 4, 2, 12);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_FALSE(found->has_value());
+}
+
+TEST_F(LineReaderTest, FindMiddleLineReportsOpenErrors) {
+  const std::string missing = dir_ + "/no-such-file.txt";
+  StatusOr<std::optional<LinePosition>> found = FindMiddleLine(missing, 0, 1, 10);
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(found.status().message()), HasSubstr(missing));
+  const std::string path = WriteFile("a.txt", "aaa\n");
+  found = FindMiddleLine(path, 0, 1, 10);
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
