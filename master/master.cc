@@ -288,6 +288,7 @@ class Master::Impl {
   bool EveryoneTold() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::EpochLedger& Ledger(uint32_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t RetryAfterMs() const;
+  absl::Time ShutdownDeadline() const;
 
   // Persistence: state changes mark what they touched; Persist() writes it
   // (outside mu_, in the order the changes were made) before replies go out.
@@ -757,7 +758,7 @@ void Master::Impl::CheckLeases(absl::Time now) {
     if (worker.records_pushed > worker.records) {
       records_retrained_ += worker.records_pushed - worker.records;
     }
-    FenceWorker(id, "lease expired");
+    if (!JobOver()) FenceWorker(id, "lease expired");
   }
   for (auto& [id, server] : servers_) {
     if (server.state != PeerState::kAlive || now - server.last_seen <= lease) continue;
@@ -1002,7 +1003,7 @@ void Master::Impl::Finish() {
   phase_ = Phase::kFinished;
   master_dirty_ = true;
   tracker_.reset();
-  done_at_ = absl::Now() + absl::Milliseconds(options_.job.master.lease_ms);
+  done_at_ = ShutdownDeadline();
   WriteFinalStatus();
   LOG(INFO) << "job finished in "
             << absl::FormatDuration(absl::Trunc(absl::Now() - started_, absl::Milliseconds(100)))
@@ -1026,7 +1027,7 @@ void Master::Impl::Fail(const std::string& reason) {
   master_dirty_ = true;
   failure_ = reason;
   tracker_.reset();
-  done_at_ = absl::Now() + absl::Milliseconds(options_.job.master.lease_ms);
+  done_at_ = ShutdownDeadline();
   LOG(ERROR) << "job failed: " << reason;
   events_->Record("job_failed", {{"error", reason}});
   WriteFinalStatus();
@@ -1041,6 +1042,14 @@ bool Master::Impl::EveryoneTold() const {
     if (server.state == PeerState::kAlive && !server.told_to_exit) return false;
   }
   return true;
+}
+
+absl::Time Master::Impl::ShutdownDeadline() const {
+  // The job loop ends once every live peer heard that the job is over; a
+  // peer that stops heartbeating instead loses its lease and no longer
+  // counts. This bound only guards against a peer that heartbeats without
+  // ever hearing (which should not happen).
+  return absl::Now() + 3 * absl::Milliseconds(options_.job.master.lease_ms) + absl::Seconds(10);
 }
 
 uint32_t Master::Impl::RetryAfterMs() const {
@@ -1432,6 +1441,17 @@ Status Master::Impl::HandleSplitShard(const Message& request, Message* reply) {
     return absl::OkStatus();
   }
   const uint32_t worker_id = request.header().sender().id();
+  // A retried split (its reply was lost) gets the first one's answer.
+  for (uint64_t id = 0; id < tracker_->num_shards(); ++id) {
+    const ShardTracker::Shard& part = tracker_->shard(id);
+    if (part.split_from == body.shard_id() && part.spec.begin == body.split_offset() &&
+        body.shard_id() < tracker_->num_shards() &&
+        tracker_->shard(body.shard_id()).holder == worker_id) {
+      out->set_accepted(true);
+      out->set_new_shard_id(id);
+      return absl::OkStatus();
+    }
+  }
   StatusOr<uint64_t> child =
       tracker_->Split(worker_id, body.shard_id(), body.split_offset(), body.split_line());
   if (!child.ok()) {

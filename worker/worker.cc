@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -154,6 +155,12 @@ class Worker::Impl {
     call.max_attempts = static_cast<int>(options_.job.worker.rpc_attempts);
     return call;
   }
+  // Calls the master with the message `make` builds, riding out short
+  // outages (a master being restarted): a call that gets no answer is made
+  // again until worker.master_wait_s has passed since the first attempt.
+  // Stops early with the last error when the session is over.
+  StatusOr<Message> CallMaster(Session& session, RpcChannel& master,
+                               const std::function<Message()>& make);
   // One registration: trains until the job ends (OK), the worker is asked to
   // stop (OK), it is fenced (FENCED) or something fails.
   Status RunSession();
@@ -310,6 +317,19 @@ std::unique_ptr<PsClient> Worker::Impl::MakePsClient(Session& session, RpcChanne
   return client;
 }
 
+StatusOr<Message> Worker::Impl::CallMaster(Session& session, RpcChannel& master,
+                                           const std::function<Message()>& make) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(options_.job.worker.master_wait_s);
+  while (true) {
+    StatusOr<Message> reply = master.Call(options_.master, make(), MasterCallOptions());
+    const bool unanswered = absl::IsDeadlineExceeded(reply.status()) ||
+                            (absl::IsUnavailable(reply.status()) &&
+                             ReasonOf(reply.status()) == proto::REASON_UNSPECIFIED);
+    if (!unanswered || absl::Now() >= give_up || StoppingOrOver(session)) return reply;
+    VLOG(1) << "the master does not answer (" << reply.status() << "); trying again";
+  }
+}
+
 Status Worker::Impl::CheckLease(Session& session) {
   absl::MutexLock lock(&session.mu);
   if (absl::Now() - session.lease_start < session.lease) return absl::OkStatus();
@@ -348,11 +368,12 @@ void Worker::Impl::LoaderLoop(Session& session) {
 
 Status Worker::Impl::LoadShards(Session& session, RpcChannel& master, PsClient& ps) {
   while (!StoppingOrOver(session)) {
-    Message request;
-    request.header().set_method(proto::GET_SHARD);
-    request.header().mutable_get_shard_request();
-    ASSIGN_OR_RETURN(Message reply,
-                     master.Call(options_.master, std::move(request), MasterCallOptions()));
+    ASSIGN_OR_RETURN(Message reply, CallMaster(session, master, [] {
+                       Message request;
+                       request.header().set_method(proto::GET_SHARD);
+                       request.header().mutable_get_shard_request();
+                       return request;
+                     }));
     const proto::GetShardReply& body = reply.header().get_shard_reply();
     switch (body.action()) {
       case proto::GetShardReply::FINISHED: {
@@ -382,20 +403,20 @@ Status Worker::Impl::MaybeSplit(Session& session, RpcChannel& master,
   ASSIGN_OR_RETURN(std::optional<LinePosition> middle,
                    FindMiddleLine(shard.path(), from, reader.line_number() + 1, reader.end()));
   if (!middle.has_value()) return absl::OkStatus();
-  Message request;
-  request.header().set_method(proto::SPLIT_SHARD);
-  proto::SplitShardRequest* body = request.header().mutable_split_shard_request();
-  body->set_shard_id(shard.shard_id());
-  body->set_epoch(shard.epoch());
-  body->set_phase(shard.phase());
-  body->set_split_offset(middle->offset);
-  body->set_split_line(middle->line);
-  // Cut first: if the reply is lost the master may have split, and this
-  // worker must not read the other part. If the master refused, the rest
-  // of the shard stays uncommitted and goes back to the queue when this
-  // worker leaves or finishes what it kept.
   const uint64_t old_end = reader.end();
-  StatusOr<Message> reply = master.Call(options_.master, std::move(request), MasterCallOptions());
+  // The master treats a repeated split as the same split, so a retry after
+  // a lost reply is safe.
+  StatusOr<Message> reply = CallMaster(session, master, [&] {
+    Message request;
+    request.header().set_method(proto::SPLIT_SHARD);
+    proto::SplitShardRequest* body = request.header().mutable_split_shard_request();
+    body->set_shard_id(shard.shard_id());
+    body->set_epoch(shard.epoch());
+    body->set_phase(shard.phase());
+    body->set_split_offset(middle->offset);
+    body->set_split_line(middle->line);
+    return request;
+  });
   RETURN_IF_ERROR_CTX(reply.status(), absl::StrCat("split of shard ", shard.shard_id()));
   if (!reply->header().split_shard_reply().accepted()) {
     VLOG(1) << "the master no longer wants shard " << shard.shard_id() << " split";
@@ -510,25 +531,28 @@ Status Worker::Impl::Train(Session& session, PreparedBatch& prepared, PsClient& 
 
 Status Worker::Impl::Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
                             double loss_sum, const std::vector<float>& predictions) {
-  Message request;
-  request.header().set_method(proto::COMMIT_PROGRESS);
-  proto::CommitProgressRequest* body = request.header().mutable_commit_progress_request();
-  body->set_shard_id(prepared.shard.shard_id());
-  body->set_epoch(prepared.shard.epoch());
-  body->set_phase(prepared.shard.phase());
-  body->set_begin_offset(prepared.begin);
-  body->set_end_offset(prepared.end);
-  body->set_lines(prepared.lines);
-  body->set_malformed(prepared.malformed);
-  body->set_loss_sum(loss_sum);
-  for (const std::string& example : prepared.malformed_examples) {
-    body->add_malformed_examples(example);
-  }
-  if (prepared.shard.phase() == proto::EVAL) {
-    request.AddArray(prepared.batch.labels);
-    request.AddArray(predictions);
-  }
-  StatusOr<Message> reply = master.Call(options_.master, std::move(request), MasterCallOptions());
+  // A repeated commit is acknowledged without effect, so retrying is safe.
+  StatusOr<Message> reply = CallMaster(session, master, [&] {
+    Message request;
+    request.header().set_method(proto::COMMIT_PROGRESS);
+    proto::CommitProgressRequest* body = request.header().mutable_commit_progress_request();
+    body->set_shard_id(prepared.shard.shard_id());
+    body->set_epoch(prepared.shard.epoch());
+    body->set_phase(prepared.shard.phase());
+    body->set_begin_offset(prepared.begin);
+    body->set_end_offset(prepared.end);
+    body->set_lines(prepared.lines);
+    body->set_malformed(prepared.malformed);
+    body->set_loss_sum(loss_sum);
+    for (const std::string& example : prepared.malformed_examples) {
+      body->add_malformed_examples(example);
+    }
+    if (prepared.shard.phase() == proto::EVAL) {
+      request.AddArray(prepared.batch.labels);
+      request.AddArray(predictions);
+    }
+    return request;
+  });
   RETURN_IF_ERROR_CTX(reply.status(), absl::StrCat("commit of shard ", prepared.shard.shard_id()));
   const proto::CommitProgressReply& answer = reply->header().commit_progress_reply();
   if (answer.has_split_shard()) session.split_shard.store(static_cast<int64_t>(answer.split_shard()));

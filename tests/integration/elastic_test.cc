@@ -244,7 +244,9 @@ TEST_F(ElasticTest, MasterKilledAndRestarted) {
   const uint64_t before = job.LiveStatus()->value("records_trained", uint64_t{0});
   job.master().Signal(SIGKILL);
   ASSERT_TRUE(job.master().Wait(absl::Seconds(10)).has_value());
-  absl::SleepFor(absl::Milliseconds(500));
+  // Down for longer than a lease and an RPC attempt: workers fence
+  // themselves and wait; servers keep their parameters.
+  absl::SleepFor(absl::Seconds(3));
   ASSERT_TRUE(job.RestartMaster().ok()) << job.Logs();
   StatusOr<json> resumed = job.LiveStatus();
   ASSERT_TRUE(resumed.ok());

@@ -1312,6 +1312,11 @@ TEST_F(MasterTest, IdleWorkerGetsThePartAStragglerSplitsOff) {
   beat = slow->Heartbeat();
   ASSERT_TRUE(beat.ok()) << beat.status();
   EXPECT_FALSE(beat->has_split_shard());
+  // The same split again (its reply lost): the same answer, no new shard.
+  StatusOr<proto::SplitShardReply> again = slow->Split(shard, cut, 11);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->accepted());
+  EXPECT_EQ(again->new_shard_id(), 1u);
   // Asked once, answered once.
   refused = slow->Split(shard, LineStart(text, 9), 9);
   ASSERT_TRUE(refused.ok()) << refused.status();
