@@ -1,11 +1,18 @@
 #include "core/job_config.h"
 
-#include "core/data_schema.h"
-
+#include <cmath>
+#include <functional>
+#include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/data_schema.h"
 
 namespace eps {
 namespace {
@@ -28,6 +35,63 @@ Status CheckOneOf(absl::string_view option, const std::string& value,
   }
   return OptionError(option, absl::StrCat("'", value, "' is not one of: ",
                                           absl::StrJoin(allowed, ", ")));
+}
+
+constexpr char kPerTableOption[] = "optimizer.per_table";
+
+// The numeric settings of JobConfig::Optimizer, by key (the option name
+// without "optimizer."), with the values each accepts.
+struct OptimizerField {
+  enum class Range { kPositive, kNonNegative, kUnitInterval };
+  const char* key;
+  double JobConfig::Optimizer::*member;
+  Range range;
+};
+
+constexpr OptimizerField kOptimizerFields[] = {
+    {"learning_rate", &JobConfig::Optimizer::learning_rate, OptimizerField::Range::kPositive},
+    {"initial_accumulator", &JobConfig::Optimizer::initial_accumulator,
+     OptimizerField::Range::kNonNegative},
+    {"epsilon", &JobConfig::Optimizer::epsilon, OptimizerField::Range::kPositive},
+    {"l2", &JobConfig::Optimizer::l2, OptimizerField::Range::kNonNegative},
+    {"beta1", &JobConfig::Optimizer::beta1, OptimizerField::Range::kUnitInterval},
+    {"beta2", &JobConfig::Optimizer::beta2, OptimizerField::Range::kUnitInterval},
+    {"ftrl_beta", &JobConfig::Optimizer::ftrl_beta, OptimizerField::Range::kNonNegative},
+    {"l1", &JobConfig::Optimizer::l1, OptimizerField::Range::kNonNegative},
+};
+
+constexpr absl::string_view kOptimizerTypes[] = {"sgd", "adagrad", "adam", "ftrl"};
+
+// Checks one set of optimizer settings. `error(key, message)` makes the
+// Status, naming where the setting came from.
+Status CheckOptimizer(const JobConfig::Optimizer& optimizer,
+                      const std::function<Status(absl::string_view, absl::string_view)>& error) {
+  bool known_type = false;
+  for (absl::string_view type : kOptimizerTypes) known_type |= optimizer.type == type;
+  if (!known_type) {
+    return error("type", absl::StrCat("'", optimizer.type,
+                                      "' is not one of: ", absl::StrJoin(kOptimizerTypes, ", ")));
+  }
+  // Comparisons are written so that NaN fails them.
+  for (const OptimizerField& field : kOptimizerFields) {
+    const double value = optimizer.*field.member;
+    absl::string_view requirement;
+    switch (field.range) {
+      case OptimizerField::Range::kPositive:
+        if (!(value > 0) || !std::isfinite(value)) requirement = "must be finite and > 0";
+        break;
+      case OptimizerField::Range::kNonNegative:
+        if (!(value >= 0) || !std::isfinite(value)) requirement = "must be finite and >= 0";
+        break;
+      case OptimizerField::Range::kUnitInterval:
+        if (!(value >= 0 && value < 1)) requirement = "must be in [0, 1)";
+        break;
+    }
+    if (!requirement.empty()) {
+      return error(field.key, absl::StrCat(requirement, " (got ", value, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 class PrintVisitor : public OptionVisitor {
@@ -70,18 +134,25 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("model.initializer", &model.initializer, "auto, zeros, normal or uniform");
   v.Visit("model.init_scale", &model.init_scale, "stddev (normal) or half-width (uniform)");
 
-  v.Visit("optimizer.type", &optimizer.type, "sgd or adagrad");
-  v.Visit("optimizer.learning_rate", &optimizer.learning_rate, "step size");
+  v.Visit("optimizer.type", &optimizer.type, "sgd, adagrad, adam or ftrl");
+  v.Visit("optimizer.learning_rate", &optimizer.learning_rate, "step size (ftrl: alpha)");
   v.Visit("optimizer.initial_accumulator", &optimizer.initial_accumulator,
           "adagrad accumulator start value");
-  v.Visit("optimizer.epsilon", &optimizer.epsilon, "adagrad denominator epsilon");
+  v.Visit("optimizer.epsilon", &optimizer.epsilon, "adagrad and adam denominator epsilon");
   v.Visit("optimizer.l2", &optimizer.l2, "L2 penalty");
+  v.Visit("optimizer.beta1", &optimizer.beta1, "adam first-moment decay, in [0, 1)");
+  v.Visit("optimizer.beta2", &optimizer.beta2, "adam second-moment decay, in [0, 1)");
+  v.Visit("optimizer.ftrl_beta", &optimizer.ftrl_beta, "ftrl beta, >= 0");
+  v.Visit("optimizer.l1", &optimizer.l1, "ftrl L1 penalty");
+  v.Visit("optimizer.per_table", &optimizer.per_table,
+          "per-table settings, TABLE:key=value[,key=value...][;TABLE:...]");
 
   v.Visit("ps.num_servers", &ps.num_servers, "servers the master waits for");
   v.Visit("ps.partitions", &ps.partitions, "virtual partitions of the key space");
   v.Visit("ps.threads", &ps.threads, "request threads per server");
   v.Visit("ps.memory_budget_mb", &ps.memory_budget_mb, "hot-tier budget in MiB, 0 unlimited");
   v.Visit("ps.flush_interval_ms", &ps.flush_interval_ms, "longest time rows stay unflushed");
+  v.Visit("ps.durability", &ps.durability, "flush or every_push");
   v.Visit("ps.dense_chunk_floats", &ps.dense_chunk_floats, "floats per dense-tensor chunk");
 
   v.Visit("worker.batch_size", &worker.batch_size, "records per batch");
@@ -98,6 +169,9 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("master.bind_host", &master.bind_host, "address the master binds to");
 
   v.Visit("checkpoint.interval_s", &checkpoint.interval_s, "seconds between checkpoints");
+  v.Visit("checkpoint.keep", &checkpoint.keep, "checkpoints each server keeps");
+  v.Visit("checkpoint.restore", &checkpoint.restore,
+          "checkpoint id a server restores before opening its store");
 }
 
 Status JobConfig::Validate() const {
@@ -128,15 +202,10 @@ Status JobConfig::Validate() const {
       CheckOneOf("model.initializer", model.initializer, {"auto", "zeros", "normal", "uniform"}));
   if (!(model.init_scale >= 0)) return OptionError("model.init_scale", "must be >= 0");
 
-  RETURN_IF_ERROR(CheckOneOf("optimizer.type", optimizer.type, {"sgd", "adagrad"}));
-  if (!(optimizer.learning_rate > 0)) {
-    return OptionError("optimizer.learning_rate", "must be > 0");
-  }
-  if (!(optimizer.initial_accumulator >= 0)) {
-    return OptionError("optimizer.initial_accumulator", "must be >= 0");
-  }
-  if (!(optimizer.epsilon > 0)) return OptionError("optimizer.epsilon", "must be > 0");
-  if (!(optimizer.l2 >= 0)) return OptionError("optimizer.l2", "must be >= 0");
+  RETURN_IF_ERROR(CheckOptimizer(optimizer, [](absl::string_view key, absl::string_view message) {
+    return OptionError(absl::StrCat("optimizer.", key), message);
+  }));
+  RETURN_IF_ERROR(OptimizerOverrides().status());
 
   RETURN_IF_ERROR(CheckAtLeast("ps.num_servers", ps.num_servers, 1));
   RETURN_IF_ERROR(CheckAtLeast("ps.partitions", ps.partitions, ps.num_servers));
@@ -168,7 +237,71 @@ Status JobConfig::Validate() const {
   if (master.bind_host.empty()) return OptionError("master.bind_host", "must not be empty");
 
   RETURN_IF_ERROR(CheckAtLeast("checkpoint.interval_s", checkpoint.interval_s, 1));
+  RETURN_IF_ERROR(CheckAtLeast("checkpoint.keep", checkpoint.keep, 1));
+  RETURN_IF_ERROR(CheckOneOf("ps.durability", ps.durability, {"flush", "every_push"}));
   return absl::OkStatus();
+}
+
+StatusOr<std::map<std::string, JobConfig::Optimizer>> JobConfig::OptimizerOverrides() const {
+  std::map<std::string, Optimizer> overrides;
+  for (absl::string_view entry : absl::StrSplit(optimizer.per_table, ';')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    // Tolerates "a:...;" and "a:...;;b:...".
+    if (entry.empty()) continue;
+    auto bad_entry = [entry](absl::string_view why) {
+      return OptionError(kPerTableOption, absl::StrCat("entry '", entry, "': ", why));
+    };
+    const size_t colon = entry.find(':');
+    if (colon == absl::string_view::npos) {
+      return bad_entry("expected TABLE:key=value[,key=value...]");
+    }
+    const std::string table(absl::StripAsciiWhitespace(entry.substr(0, colon)));
+    if (table.empty()) return bad_entry("no table name before ':'");
+    if (overrides.count(table)) {
+      return bad_entry(absl::StrCat("table '", table, "' is named in more than one entry"));
+    }
+    const absl::string_view settings = absl::StripAsciiWhitespace(entry.substr(colon + 1));
+    if (settings.empty()) return bad_entry("sets nothing after ':'");
+
+    Optimizer table_optimizer = optimizer;
+    table_optimizer.per_table.clear();
+    std::set<std::string> keys_seen;
+    for (absl::string_view setting : absl::StrSplit(settings, ',')) {
+      setting = absl::StripAsciiWhitespace(setting);
+      const size_t eq = setting.find('=');
+      if (eq == absl::string_view::npos) {
+        return bad_entry(absl::StrCat("'", setting, "' is not key=value"));
+      }
+      const std::string key(absl::StripAsciiWhitespace(setting.substr(0, eq)));
+      const absl::string_view value = absl::StripAsciiWhitespace(setting.substr(eq + 1));
+      if (!keys_seen.insert(key).second) {
+        return bad_entry(absl::StrCat("key '", key, "' is set twice"));
+      }
+      if (key == "type") {
+        table_optimizer.type = std::string(value);
+        continue;
+      }
+      const OptimizerField* field = nullptr;
+      for (const OptimizerField& f : kOptimizerFields) {
+        if (key == f.key) field = &f;
+      }
+      if (field == nullptr) {
+        std::vector<std::string> known = {"type"};
+        for (const OptimizerField& f : kOptimizerFields) known.emplace_back(f.key);
+        return bad_entry(
+            absl::StrCat("unknown key '", key, "' (known: ", absl::StrJoin(known, ", "), ")"));
+      }
+      if (!absl::SimpleAtod(value, &(table_optimizer.*field->member))) {
+        return bad_entry(absl::StrCat(key, " = '", value, "' is not a number"));
+      }
+    }
+    RETURN_IF_ERROR(CheckOptimizer(table_optimizer,
+                                   [&bad_entry](absl::string_view key, absl::string_view message) {
+                                     return bad_entry(absl::StrCat(key, " ", message));
+                                   }));
+    overrides.emplace(table, std::move(table_optimizer));
+  }
+  return overrides;
 }
 
 std::string JobConfig::DebugString() const {

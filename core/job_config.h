@@ -12,9 +12,10 @@
 #define EPS_CORE_JOB_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 
+#include "absl/strings/string_view.h"
 #include "core/status.h"
 
 namespace eps {
@@ -67,17 +68,37 @@ struct JobConfig {
     double init_scale = 0.01;
   } model;
 
+  // The update rule the servers apply to every table (formulas in
+  // ps/optimizer.h); per_table overrides it for named tables. Settings a
+  // type does not use are ignored.
   struct Optimizer {
-    // sgd or adagrad, applied on the servers. Default adagrad.
+    // sgd, adagrad, adam or ftrl, applied on the servers. Default adagrad.
     std::string type = "adagrad";
-    // Step size. Default 0.05.
+    // Step size; FTRL's alpha. Default 0.05.
     double learning_rate = 0.05;
     // Adagrad: starting value of the squared-gradient accumulator. Default 0.
     double initial_accumulator = 0.0;
-    // Adagrad: added to the denominator sqrt(accumulator). Default 1e-8.
+    // Adagrad and Adam: added to the denominator. Default 1e-8.
     double epsilon = 1e-8;
-    // L2 penalty on the weights a gradient touches. Default 0.
+    // L2 penalty (l2 / 2) * |w|^2 on the weights a gradient touches.
+    // Default 0.
     double l2 = 0.0;
+    // Adam: decay rate of the first moment, in [0, 1). Default 0.9.
+    double beta1 = 0.9;
+    // Adam: decay rate of the second moment, in [0, 1). Default 0.999.
+    double beta2 = 0.999;
+    // FTRL: beta of the per-coordinate rate alpha / (beta + sqrt(n)), >= 0.
+    // Default 1.
+    double ftrl_beta = 1.0;
+    // FTRL: L1 penalty l1 * |w|_1; > 0 zeroes small weights. Default 0.
+    double l1 = 0.0;
+    // Per-table settings over the ones above:
+    // "TABLE:key=value[,key=value...][;TABLE:...]", keys as above without
+    // the section (type, learning_rate, initial_accumulator, epsilon, l2,
+    // beta1, beta2, ftrl_beta, l1), e.g.
+    // "lr.dense:type=sgd,learning_rate=0.1;lr.w:type=ftrl,l1=1".
+    // Default empty (every table uses the settings above).
+    std::string per_table;
   } optimizer;
 
   struct Ps {
@@ -87,12 +108,18 @@ struct JobConfig {
     int64_t partitions = 256;
     // Request-handling threads per server. Default 2.
     int64_t threads = 2;
-    // Memory budget of a server's hot tier in MiB; 0 = unlimited. Default 0.
-    // Rows are kept in memory until the RocksDB store lands.
+    // Memory budget of a server's hot tier in MiB; 0 = unlimited. Over it,
+    // rows already written to the server's store leave memory. Needs
+    // --data-dir. Default 0.
     int64_t memory_budget_mb = 0;
-    // Longest time dirty rows stay unflushed, in ms. Default 1000.
-    // Takes effect with the RocksDB store.
+    // Longest time a changed row stays unwritten to the store, in ms.
+    // Default 1000.
     int64_t flush_interval_ms = 1000;
+    // "flush": a push is acknowledged once applied in memory (a crash loses
+    // at most the last flush interval); "every_push": only once its rows
+    // are in the store's write-ahead log (a crash loses no acknowledged
+    // push). Default flush.
+    std::string durability = "flush";
     // Floats per chunk of a dense tensor. Default 16384.
     int64_t dense_chunk_floats = 16384;
   } ps;
@@ -127,8 +154,13 @@ struct JobConfig {
 
   struct Checkpoint {
     // Seconds between coordinated checkpoints. Default 600.
-    // Takes effect with checkpointing.
+    // Takes effect with coordinated checkpoints.
     int64_t interval_s = 600;
+    // Checkpoints each server keeps (newest first). Default 3.
+    int64_t keep = 3;
+    // Checkpoint id a server restores into its --data-dir before opening it;
+    // empty restores nothing. Default empty.
+    std::string restore;
   } checkpoint;
 
   // Calls `visitor` once for every option, in file order.
@@ -137,6 +169,14 @@ struct JobConfig {
   // Rejects nonsense values. kInvalidArgument, its message naming the option;
   // the option's name is also attached as the payload kOptionPayload.
   Status Validate() const;
+
+  // The effective optimizer of every table optimizer.per_table names: the
+  // [optimizer] settings with that table's entry applied (its per_table is
+  // empty). Table names are not checked against a model here. Errors,
+  // kInvalidArgument naming optimizer.per_table and the bad piece (with the
+  // kOptionPayload payload as for Validate): a malformed entry, an unknown
+  // key, a key set twice, a table named twice, a bad value.
+  StatusOr<std::map<std::string, Optimizer>> OptimizerOverrides() const;
 
   // "section.key = value" lines for every option, for startup logs.
   std::string DebugString() const;

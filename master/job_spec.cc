@@ -1,7 +1,11 @@
 #include "master/job_spec.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "models/model.h"
 
 namespace eps {
@@ -20,19 +24,47 @@ proto::InitializerSpec MakeInitializer(const std::string& kind, double scale) {
   return spec;
 }
 
+// An unknown type (a config that skipped Validate) stays KIND_UNSPECIFIED,
+// which the servers reject.
+proto::OptimizerSpec MakeOptimizer(const JobConfig::Optimizer& config) {
+  proto::OptimizerSpec spec;
+  if (config.type == "sgd") {
+    spec.set_kind(proto::OptimizerSpec::SGD);
+  } else if (config.type == "adagrad") {
+    spec.set_kind(proto::OptimizerSpec::ADAGRAD);
+  } else if (config.type == "adam") {
+    spec.set_kind(proto::OptimizerSpec::ADAM);
+  } else if (config.type == "ftrl") {
+    spec.set_kind(proto::OptimizerSpec::FTRL);
+  }
+  spec.set_learning_rate(static_cast<float>(config.learning_rate));
+  spec.set_initial_accumulator(static_cast<float>(config.initial_accumulator));
+  spec.set_epsilon(static_cast<float>(config.epsilon));
+  spec.set_l2(static_cast<float>(config.l2));
+  spec.set_beta1(static_cast<float>(config.beta1));
+  spec.set_beta2(static_cast<float>(config.beta2));
+  spec.set_ftrl_beta(static_cast<float>(config.ftrl_beta));
+  spec.set_l1(static_cast<float>(config.l1));
+  return spec;
+}
+
 }  // namespace
 
 StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
   ASSIGN_OR_RETURN(ModelOptions model_options, ModelOptions::FromConfig(config));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(model_options));
+  ASSIGN_OR_RETURN(auto overrides, config.OptimizerOverrides());
 
-  proto::OptimizerSpec optimizer;
-  optimizer.set_kind(config.optimizer.type == "sgd" ? proto::OptimizerSpec::SGD
-                                                    : proto::OptimizerSpec::ADAGRAD);
-  optimizer.set_learning_rate(static_cast<float>(config.optimizer.learning_rate));
-  optimizer.set_initial_accumulator(static_cast<float>(config.optimizer.initial_accumulator));
-  optimizer.set_epsilon(static_cast<float>(config.optimizer.epsilon));
-  optimizer.set_l2(static_cast<float>(config.optimizer.l2));
+  std::vector<std::string> table_names;
+  for (const ParamSpec& param : model->params()) table_names.push_back(param.name);
+  for (const auto& entry : overrides) {
+    if (std::find(table_names.begin(), table_names.end(), entry.first) == table_names.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer.per_table names table '", entry.first,
+                       "'; the model's tables are: ", absl::StrJoin(table_names, ", ")));
+    }
+  }
+  const proto::OptimizerSpec optimizer = MakeOptimizer(config.optimizer);
 
   proto::JobSpec spec;
   spec.set_name(config.job.name);
@@ -58,7 +90,9 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
       *table->mutable_initializer() =
           MakeInitializer(param.default_initializer, param.default_init_scale);
     }
-    *table->mutable_optimizer() = optimizer;
+    auto override_it = overrides.find(param.name);
+    *table->mutable_optimizer() =
+        override_it == overrides.end() ? optimizer : MakeOptimizer(override_it->second);
   }
   return spec;
 }

@@ -16,7 +16,10 @@ namespace eps {
 // embeddings with the configured initializer (model.initializer, "auto"
 // taking the model's choice) and dense tensors chunked by
 // ps.dense_chunk_floats with the model's initializer; every table uses the
-// [optimizer] section. kInvalidArgument when the model config is invalid.
+// [optimizer] section, with its optimizer.per_table entry applied where it
+// has one. kInvalidArgument when the model config or optimizer.per_table is
+// invalid, or when optimizer.per_table names a table the model lacks (the
+// message lists the model's tables).
 StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config);
 
 }  // namespace eps

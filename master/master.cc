@@ -556,6 +556,50 @@ Status Master::Impl::StartServing() {
                      options_.job.job.name, "</h1><pre>", escaped, "</pre></body></html>"),
         "text/html");
   });
+  // An operator's checkpoint: every live server writes checkpoint N, N being
+  // the current Unix time in milliseconds.
+  http_.Post("/checkpoint", [this](const httplib::Request&, httplib::Response& response) {
+    std::vector<std::pair<uint32_t, std::string>> servers;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, server] : servers_) {
+        if (server.state == PeerState::kAlive) servers.emplace_back(id, server.endpoint);
+      }
+    }
+    const uint64_t checkpoint = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
+    proto::NodeId self;
+    self.set_role(proto::ROLE_MASTER);
+    RpcChannel channel(&factory_, self);  // this handler thread's own
+    CallOptions call;
+    call.attempt_timeout = absl::Seconds(600);
+    call.max_attempts = 1;
+    std::vector<uint64_t> calls;
+    for (const auto& [id, endpoint] : servers) {
+      Message request;
+      request.header().set_method(proto::CHECKPOINT);
+      request.header().mutable_checkpoint_request()->set_checkpoint_id(checkpoint);
+      calls.push_back(channel.Start(endpoint, std::move(request), call));
+    }
+    json result = {{"checkpoint", checkpoint}, {"servers", json::array()}};
+    bool ok = !servers.empty();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      StatusOr<Message> reply = channel.Wait(calls[i]);
+      json server = {{"id", servers[i].first}};
+      if (reply.ok()) {
+        const proto::CheckpointReply& body = reply->header().checkpoint_reply();
+        server["path"] = body.path();
+        server["bytes"] = body.bytes();
+        server["duration_ms"] = body.duration_ms();
+      } else {
+        ok = false;
+        server["error"] = std::string(reply.status().message());
+      }
+      result["servers"].push_back(server);
+    }
+    events_->Record("checkpoint", result);
+    response.status = ok ? 200 : 500;
+    response.set_content(DumpJson(result), "application/json");
+  });
   int http_port = static_cast<int>(options_.http_port);
   if (http_port == 0) {
     http_port = http_.bind_to_any_port(job.master.bind_host);
@@ -1573,6 +1617,15 @@ json Master::Impl::StatusDocument() const {
                        {"partitions", partitions},
                        {"rows", server.stats.rows()},
                        {"memory_bytes", server.stats.bytes()},
+                       {"rows_on_disk", server.stats.rows_on_disk()},
+                       {"disk_bytes", server.stats.disk_bytes()},
+                       {"hit_rate", server.stats.hits() + server.stats.misses() > 0
+                                        ? static_cast<double>(server.stats.hits()) /
+                                              static_cast<double>(server.stats.hits() +
+                                                                  server.stats.misses())
+                                        : 1.0},
+                       {"evictions", server.stats.evictions()},
+                       {"last_flush_ms", server.stats.last_flush_ms()},
                        {"pushes_fenced", server.stats.pushes_fenced()},
                        {"pushes_deduplicated", server.stats.pushes_deduplicated()}});
   }

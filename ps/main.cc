@@ -16,11 +16,13 @@ int main(int argc, char** argv) {
       "eps-server", "--config JOB.ini --master tcp://HOST:PORT [--port N] [--data-dir DIR]");
   std::string master;
   int64_t port = 0;
-  std::string data_dir = "eps-server";
+  std::string data_dir;
   command_line.AddString("master", &master, "the master's endpoint, tcp://HOST:PORT",
                          /*required=*/true);
   command_line.AddInt("port", &port, "port to serve on (0 picks a free one)");
-  command_line.AddString("data-dir", &data_dir, "directory for the server's files");
+  command_line.AddString("data-dir", &data_dir,
+                         "directory of the server's RocksDB store and checkpoints (without it, "
+                         "parameters live in memory only)");
   eps::StatusOr<eps::JobConfig> config = command_line.Parse(argc, argv);
   if (command_line.help_requested()) {
     std::cout << command_line.Usage();
@@ -33,12 +35,15 @@ int main(int argc, char** argv) {
   eps::ParamServerOptions options = eps::ParamServerOptions::FromConfig(*config);
   options.master = master;
   options.port = port;
-  options.data_dir = data_dir;
+  options.storage.data_dir = data_dir;
   if (eps::Status valid = options.Validate(); !valid.ok()) {
     std::cerr << "eps-server: " << valid.message() << "\n";
     return 2;
   }
   eps::SetLogNode("ps");
+  if (data_dir.empty()) {
+    LOG(WARNING) << "no --data-dir: parameters live in memory only, and a crash loses them";
+  }
 
   eps::ParamServer server(options);
   if (eps::Status started = server.Start(); !started.ok()) {

@@ -8,6 +8,39 @@
 //   Adagrad:  g' = g + l2 * w;  acc += g'^2;  w -= lr * g' / (sqrt(acc) + eps)
 //             (acc starts at initial_accumulator; PyTorch's torch.optim.Adagrad
 //              with lr_decay = 0 and weight_decay = l2 computes the same)
+//   Adam:     g' = g + l2 * w;  t += 1;
+//             m = beta1 * m + (1 - beta1) * g';  v = beta2 * v + (1 - beta2) * g'^2;
+//             w -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//             (m, v start at 0; per step this is torch.optim.Adam with
+//              weight_decay = l2, amsgrad off. The step count t is kept per
+//              row, not per table: a row is updated only when a batch touches
+//              it, so under a table-wide count a rare row's first update
+//              would get the bias correction of a late step (about 1) while
+//              its m and v are still near 0, and move by about
+//              lr * (1 - beta1) / sqrt(1 - beta2) (3.2 lr for the usual
+//              0.9 / 0.999) instead of lr. Per row, every row's first step
+//              moves each weight by about lr, as Adam's first step does.
+//              TF's LazyAdam and PyTorch's SparseAdam keep one count per
+//              tensor instead. t is a float and stops
+//              rising at 2^24 updates of a row, where 1 - beta^t is 1 to
+//              float precision for any beta <= 0.999999.)
+//   FTRL:     FTRL-Proximal (McMahan et al., "Ad Click Prediction: a View from
+//             the Trenches", KDD 2013, Algorithm 1), per coordinate, with
+//             alpha = learning_rate, beta = ftrl_beta, lambda1 = l1,
+//             lambda2 = l2:
+//             sigma = (sqrt(n + g^2) - sqrt(n)) / alpha;
+//             z += g - sigma * w;  n += g^2;
+//             w = 0                                           if |z| <= l1
+//             w = -(z - sign(z) * l1) / ((beta + sqrt(n)) / alpha + l2)  else
+//             (z, n start at 0. The paper starts from w = 0; here a
+//              coordinate keeps the initializer's weight until its first
+//              nonzero gradient, and that weight enters z through sigma * w.
+//              A coordinate with n = 0 is left untouched. With l1 > 0 many
+//              weights become exactly 0. For ftrl_beta = 0 this is TF's
+//              Ftrl with learning_rate_power = -0.5,
+//              initial_accumulator_value = 0 and its
+//              l2_regularization_strength = l2 / 2, except that TF zeroes a
+//              weight whose gradients so far were all 0.)
 //
 // Thread-safety: immutable after Create; Apply is safe for concurrent use on
 // different rows.
@@ -24,9 +57,11 @@ namespace eps {
 
 class Optimizer {
  public:
-  // kInvalidArgument for an unknown kind or nonsense hyperparameters
-  // (learning_rate <= 0, negative l2/initial_accumulator, epsilon <= 0 for
-  // Adagrad), naming the field.
+  // kInvalidArgument for an unknown kind or nonsense hyperparameters, naming
+  // the field: learning_rate <= 0, l2 < 0 or any of them not finite; for
+  // Adagrad initial_accumulator < 0 or epsilon <= 0; for Adam beta1 or beta2
+  // outside [0, 1) or epsilon <= 0; for FTRL ftrl_beta < 0 or l1 < 0.
+  // Fields a kind does not use are not checked.
   static StatusOr<std::unique_ptr<Optimizer>> Create(const proto::OptimizerSpec& spec);
   virtual ~Optimizer() = default;
 

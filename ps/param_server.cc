@@ -21,6 +21,7 @@
 #include "core/rpc_server.h"
 #include "core/socket_factory.h"
 #include "ps/push_deduplicator.h"
+#include "ps/storage.h"
 #include "ps/table.h"
 
 namespace eps {
@@ -32,11 +33,17 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   options.master_wait = absl::Seconds(config.worker.master_wait_s);
   options.rpc_timeout = absl::Milliseconds(config.worker.rpc_timeout_ms);
   options.progress_interval = absl::Seconds(config.job.progress_interval_s);
+  options.storage.memory_budget_mb = config.ps.memory_budget_mb;
+  options.storage.flush_interval = absl::Milliseconds(config.ps.flush_interval_ms);
+  options.storage.every_push = config.ps.durability == "every_push";
+  options.storage.keep_checkpoints = static_cast<int>(config.checkpoint.keep);
+  options.storage.restore_checkpoint = config.checkpoint.restore;
   return options;
 }
 
 Status ParamServerOptions::Validate() const {
   RETURN_IF_ERROR_CTX(ParseTcpEndpoint(master).status(), "--master");
+  RETURN_IF_ERROR(storage.Validate());
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port must be 0..65535 (got ", port, ")"));
   }
@@ -85,6 +92,8 @@ class ParamServer::Impl {
   Status HandlePull(const Message& request, Message* reply);
   Status HandlePush(const Message& request, Message* reply);
   Status HandleFenceWorkers(const Message& request, Message* reply);
+  // Writes checkpoint N (from the master or an operator's tool).
+  Status HandleCheckpoint(const Message& request, Message* reply);
   // FENCED when `sender` is a fenced worker (counting a refused push).
   Status CheckNotFenced(const proto::NodeId& sender, proto::Method method);
   bool IsFenced(const proto::NodeId& sender) const ABSL_SHARED_LOCKS_REQUIRED(fence_mu_);
@@ -108,7 +117,7 @@ class ParamServer::Impl {
   uint32_t id_ = 0;
   proto::JobSpec job_;
   // Immutable after Start; tables are internally synchronised.
-  std::vector<std::unique_ptr<Table>> tables_;
+  std::unique_ptr<ServerStorage> storage_;
   std::thread heartbeat_thread_;
   std::atomic<uint64_t> pulls_{0};
   std::atomic<uint64_t> pushes_{0};
@@ -135,6 +144,8 @@ class ParamServer::Impl {
 
 Status ParamServer::Impl::Start() {
   RETURN_IF_ERROR(options_.Validate());
+  // The store first: a bad data dir fails before anything is announced.
+  ASSIGN_OR_RETURN(storage_, ServerStorage::Open(options_.storage));
   std::string host = options_.host;
   if (host.empty()) {
     ASSIGN_OR_RETURN(host, LocalAddressFor(options_.master));
@@ -176,17 +187,9 @@ Status ParamServer::Impl::Start() {
   self.set_role(proto::ROLE_SERVER);
   self.set_id(id_);
   master_channel_.set_self(self);
-  for (const proto::TableSpec& spec : job_.tables()) {
-    // The job comes from a peer: a bad one is refused, not a crash.
-    if (spec.id() != tables_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the master's job lists table '", spec.name(), "' with id ", spec.id(),
-                       " at position ", tables_.size(), "; table ids must be 0..n-1"));
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<Table> table, Table::Create(spec, job_.seed()));
-    tables_.push_back(std::move(table));
-  }
-  LOG(INFO) << "serving " << tables_.size() << " table(s) of job '" << job_.name() << "' on "
+  // The job comes from a peer: a bad one is refused, not a crash.
+  RETURN_IF_ERROR_CTX(storage_->CreateTables(job_), "the master's job");
+  LOG(INFO) << "serving " << storage_->num_tables() << " table(s) of job '" << job_.name() << "' on "
             << endpoint_ << " with " << options_.threads << " thread(s)";
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   return absl::OkStatus();
@@ -224,14 +227,16 @@ Status ParamServer::Impl::RefreshClusterMap() {
 
 proto::ServerStats ParamServer::Impl::Stats() const {
   proto::ServerStats stats;
-  uint64_t rows = 0;
-  uint64_t bytes = 0;
-  for (const auto& table : tables_) {
-    rows += table->num_rows();
-    bytes += table->memory_bytes();
-  }
-  stats.set_rows(rows);
-  stats.set_bytes(bytes);
+  const StorageStats storage = storage_->stats();
+  stats.set_rows(storage.rows_in_memory);
+  stats.set_bytes(storage.memory_bytes);
+  stats.set_rows_on_disk(storage.rows_on_disk);
+  stats.set_disk_bytes(storage.disk_bytes);
+  stats.set_hits(storage.hits);
+  stats.set_misses(storage.misses);
+  stats.set_evictions(storage.evictions);
+  stats.set_last_flush_ms(storage.last_flush_ms);
+  stats.set_memory_budget_bytes(options_.storage.memory_budget_mb << 20);
   stats.set_pulls(pulls_.load());
   stats.set_pushes(pushes_.load());
   stats.set_pushes_fenced(pushes_fenced_.load());
@@ -323,7 +328,7 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
   const proto::Method method = request.header().method();
   // Needs neither the tables nor the map: served from the first moment.
   if (method == proto::FENCE_WORKERS) return HandleFenceWorkers(request, reply);
-  if (method == proto::PULL || method == proto::PUSH) {
+  if (method == proto::PULL || method == proto::PUSH || method == proto::CHECKPOINT) {
     // A fenced worker learns that first: nothing else it could fix matters.
     RETURN_IF_ERROR(CheckNotFenced(request.header().sender(), method));
     // Requests can arrive as soon as the port is bound, while Start still
@@ -338,10 +343,28 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
   switch (method) {
     case proto::PULL: return HandlePull(request, reply);
     case proto::PUSH: return HandlePush(request, reply);
+    case proto::CHECKPOINT: return HandleCheckpoint(request, reply);
     default:
       return absl::UnimplementedError(absl::StrCat(
           "a parameter server does not serve ", proto::Method_Name(method)));
   }
+}
+
+Status ParamServer::Impl::HandleCheckpoint(const Message& request, Message* reply) {
+  const proto::Role role = request.header().sender().role();
+  if (role != proto::ROLE_MASTER && role != proto::ROLE_TOOL) {
+    return absl::PermissionDeniedError("only the master or an operator's tool orders checkpoints");
+  }
+  if (!request.header().has_checkpoint_request()) {
+    return absl::InvalidArgumentError("CHECKPOINT without its body");
+  }
+  ASSIGN_OR_RETURN(CheckpointInfo info,
+                   storage_->Checkpoint(request.header().checkpoint_request().checkpoint_id()));
+  proto::CheckpointReply* out = reply->header().mutable_checkpoint_reply();
+  out->set_path(info.path);
+  out->set_bytes(info.bytes);
+  out->set_duration_ms(absl::ToDoubleMilliseconds(info.duration));
+  return absl::OkStatus();
 }
 
 bool ParamServer::Impl::IsFenced(const proto::NodeId& sender) const {
@@ -389,11 +412,12 @@ Status ParamServer::Impl::HandleFenceWorkers(const Message& request, Message* re
 }
 
 StatusOr<Table*> ParamServer::Impl::FindTable(uint32_t table_id) {
-  if (table_id >= tables_.size()) {
+  Table* table = storage_->table(table_id);
+  if (table == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown table ", table_id, " (the job has ", tables_.size(), ")"));
+        absl::StrCat("unknown table ", table_id, " (the job has ", storage_->num_tables(), ")"));
   }
-  return tables_[table_id].get();
+  return table;
 }
 
 Status ParamServer::Impl::CheckKeys(const Table& table, std::span<const uint64_t> keys) {
@@ -452,7 +476,7 @@ Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
   uint64_t rows = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
     std::span<float> out = reply->AddUninitializedArray<float>(keys[i].size() * tables[i]->dim());
-    tables[i]->Pull(keys[i], out);
+    RETURN_IF_ERROR(tables[i]->Pull(keys[i], out));
     rows += keys[i].size();
   }
   reply->header().mutable_pull_reply();
@@ -520,7 +544,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   }
   uint64_t rows = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
-    tables[i]->Push(keys[i], grads[i]);
+    RETURN_IF_ERROR(tables[i]->Push(keys[i], grads[i]));
     rows += keys[i].size();
   }
   reply->header().mutable_push_reply()->set_applied(true);

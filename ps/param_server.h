@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "core/job_config.h"
 #include "core/status.h"
+#include "ps/storage.h"
 
 namespace eps {
 
@@ -50,8 +51,9 @@ struct ParamServerOptions {
   // Address to bind and advertise; empty means the local address that
   // faces the master. Default empty.
   std::string host;
-  // Directory for the server's files. Default "eps-server".
-  std::string data_dir = "eps-server";
+  // Rows, store and checkpoints (StorageOptions.data_dir is the server's
+  // --data-dir; empty keeps everything in memory).
+  StorageOptions storage;
   // Request-handling threads. Default 2.
   int threads = 2;
   // Heartbeat interval. Default 1 s.

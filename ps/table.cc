@@ -17,22 +17,24 @@
 #include "core/hashing.h"
 #include "core/logging.h"
 #include "ps/initializer.h"
+#include "ps/kv_store.h"
 #include "ps/optimizer.h"
+#include "ps/write_queue.h"
 
 namespace eps {
 namespace {
 
-// A key's stripe is the top kStripeBits of Mix64(key); its index bucket uses
-// the low bits of the same hash, so the two are independent. (Partitions use
-// a differently salted Mix64, so all stripes stay busy on every server.)
+// A key's stripe is the top kStripeBits of Mix64(key), its index bucket the
+// low bits and its index tag bits 26..57 of the same hash, so the three are
+// independent. (Partitions use a differently salted Mix64, so all stripes
+// stay busy on every server.)
 constexpr int kStripeBits = 6;
 constexpr uint32_t kNumStripes = 1u << kStripeBits;
 
-// Index slots holding this row slot are empty; keys themselves can take any
-// 64-bit value, so emptiness cannot be marked in the key.
+// An index entry holding this slot is empty.
 constexpr uint32_t kEmptySlot = std::numeric_limits<uint32_t>::max();
 constexpr uint32_t kMinIndexCapacity = 16;
-// Largest index capacity: 2^31 entries of 16 bytes is far beyond memory.
+// Largest index capacity: 2^31 entries is far beyond memory.
 constexpr uint32_t kMaxIndexCapacity = 1u << 31;
 
 // Arena blocks per stripe start at kMinBlockRows rows and double up to
@@ -46,13 +48,48 @@ constexpr uint64_t kMaxBlockFloats = uint64_t{1} << 18;
 // Rows wider than this are a misconfiguration (64 MiB of weights per row).
 constexpr uint32_t kMaxDim = 1u << 24;
 
-// How many keys ahead Pull/Push prefetch index buckets and rows.
+// How many keys ahead lookups prefetch index buckets and rows.
 constexpr uint32_t kIndexPrefetchDistance = 8;
 constexpr uint32_t kRowPrefetchDistance = 4;
+
+// Rounds of store reads made without the stripe lock before one is made
+// holding it (which always completes: nothing can be evicted meanwhile).
+constexpr int kUnlockedFetchRounds = 3;
 
 inline uint32_t StripeOf(uint64_t hash) {
   return static_cast<uint32_t>(hash >> (64 - kStripeBits));
 }
+inline uint32_t TagOf(uint64_t hash) { return static_cast<uint32_t>(hash >> 26); }
+
+// Per-row metadata, 16 bytes, in blocks parallel to the row arena.
+enum : uint8_t {
+  kLive = 1,        // the slot holds a row
+  kDirty = 4,       // changed since its image was last queued for the store
+  kPending = 8,     // an image was queued; durable once pending_seq is
+  // Bits 4-5: a use count (GCLOCK): +1 per access up to 3, -1 each time the
+  // eviction hand passes; a row is evicted when the hand finds it at 0. A
+  // count rather than CLOCK's single bit keeps the often-used rows of a
+  // skewed (Zipf) access pattern, which a single bit cannot tell from rows
+  // used once.
+  kUseShift = 4,
+  kUseMask = 3 << kUseShift,
+};
+inline void NoteUse(uint8_t& flags) {
+  if ((flags & kUseMask) != kUseMask) flags = static_cast<uint8_t>(flags + (1 << kUseShift));
+}
+struct SlotMeta {
+  uint64_t key;
+  uint32_t pending_seq;  // low 32 bits of the queue sequence number
+  uint8_t flags;
+  uint8_t unused[3];
+};
+static_assert(sizeof(SlotMeta) == 16);
+
+struct IndexEntry {
+  uint32_t tag;
+  uint32_t slot;  // kEmptySlot when the entry is free
+};
+static_assert(sizeof(IndexEntry) == 8);
 
 Status ValidateInitializer(const proto::InitializerSpec& spec) {
   switch (spec.kind()) {
@@ -73,43 +110,71 @@ Status ValidateInitializer(const proto::InitializerSpec& spec) {
 
 class StripedTable final : public Table {
  public:
-  StripedTable(const proto::TableSpec& spec, uint64_t seed, std::unique_ptr<Optimizer> optimizer);
+  StripedTable(const proto::TableSpec& spec, uint64_t seed, std::unique_ptr<Optimizer> optimizer,
+               const TableStorage& storage);
 
   const proto::TableSpec& spec() const override { return spec_; }
-  void Pull(std::span<const uint64_t> keys, std::span<float> out) override;
-  void Push(std::span<const uint64_t> keys, std::span<const float> grads) override;
-  uint64_t num_rows() const override { return num_rows_.load(std::memory_order_relaxed); }
-  uint64_t memory_bytes() const override { return memory_bytes_.load(std::memory_order_relaxed); }
+  Status Pull(std::span<const uint64_t> keys, std::span<float> out) override;
+  Status Push(std::span<const uint64_t> keys, std::span<const float> grads) override;
+  uint64_t QueueDirtyRows() override;
+  TableStats stats() const override;
+  uint64_t bytes_per_row() const override { return bytes_per_row_; }
 
  private:
-  struct IndexEntry {
-    uint64_t key;
-    uint32_t slot;  // kEmptySlot when the entry is free
-  };
-
   // One lock, one open-addressing index (linear probing, power-of-two
-  // capacity, load <= 0.7) and one arena. Row slots are dense: slot s is the
-  // s-th row created in the stripe, so num_rows is also the next free slot.
+  // capacity, load <= 0.7, backward-shift deletion) and one arena of rows
+  // with their metadata. Freed slots are reused.
   struct alignas(64) Stripe {
     absl::Mutex mu;
     std::unique_ptr<IndexEntry[]> index ABSL_GUARDED_BY(mu);
     uint32_t index_capacity ABSL_GUARDED_BY(mu) = 0;
-    uint32_t num_rows ABSL_GUARDED_BY(mu) = 0;
+    uint32_t live ABSL_GUARDED_BY(mu) = 0;        // rows in memory
+    uint32_t high_water ABSL_GUARDED_BY(mu) = 0;  // slots ever used
+    std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
     // Block b holds BlockRows(b) rows; blocks are never freed or moved.
     std::vector<std::unique_ptr<float[]>> blocks ABSL_GUARDED_BY(mu);
+    std::vector<std::unique_ptr<SlotMeta[]>> meta_blocks ABSL_GUARDED_BY(mu);
     uint32_t arena_rows ABSL_GUARDED_BY(mu) = 0;
+    // Slots with kDirty set, each once.
+    std::vector<uint32_t> dirty ABSL_GUARDED_BY(mu);
+    uint32_t clock_hand ABSL_GUARDED_BY(mu) = 0;
+    // Rises with every eviction: a row read from the store while the lock
+    // was released is current only if no eviction happened meanwhile.
+    uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
   };
 
-  // Finds every key's row (creating missing ones) and calls
-  // visit(position in keys, row) for each key, stripe by stripe, in request
-  // order within a stripe, under that stripe's lock.
+  // Resolves every key's row (reading missing ones from the store or
+  // creating them), then calls visit(position in keys, row) for each key,
+  // stripe by stripe, in request order within a stripe, under that stripe's
+  // lock. With `modify`, visited rows are changed: they become dirty, or
+  // with write_every_push are queued at once (*max_seq gets the highest
+  // sequence number queued).
   template <typename Visit>
-  void ForEachRow(std::span<const uint64_t> keys, Visit&& visit);
+  Status ForEachRow(std::span<const uint64_t> keys, bool modify, uint64_t* max_seq, Visit&& visit);
 
-  float* FindOrCreateLocked(Stripe& stripe, uint64_t key, uint64_t hash)
+  // The slot holding `key`, or kEmptySlot.
+  uint32_t FindLocked(const Stripe& stripe, uint64_t key, uint64_t hash) const
+      ABSL_SHARED_LOCKS_REQUIRED(stripe.mu);
+  // Inserts `key` (absent) with the row `image` (row_floats_ floats) or,
+  // when null, a newly initialised row. Returns its slot.
+  uint32_t InsertLocked(Stripe& stripe, uint64_t key, uint64_t hash, const float* image)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
   void GrowIndexLocked(Stripe& stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
+  void RemoveFromIndexLocked(Stripe& stripe, uint64_t key, uint64_t hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
+  // Evicts up to `count` rows whose image is durable, in GCLOCK order,
+  // while the budget is exceeded.
+  void EvictLocked(Stripe& stripe, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
+  bool DurableLocked(const SlotMeta& meta) const;
+  // Reads the rows of `keys` from the store into `images` (row_floats_ each);
+  // found[i] says which exist.
+  Status Fetch(const std::vector<uint64_t>& keys, std::vector<float>* images,
+               std::vector<bool>* found);
+
   float* RowLocked(const Stripe& stripe, uint32_t slot) const ABSL_SHARED_LOCKS_REQUIRED(stripe.mu);
+  SlotMeta& MetaLocked(const Stripe& stripe, uint32_t slot) const
+      ABSL_SHARED_LOCKS_REQUIRED(stripe.mu);
+  void Locate(uint32_t slot, uint32_t* block, uint32_t* offset) const;
   uint32_t BlockRows(size_t block) const {
     return block < doubling_blocks_ ? (min_block_rows_ << block) : max_block_rows_;
   }
@@ -117,8 +182,12 @@ class StripedTable final : public Table {
   const proto::TableSpec spec_;
   const uint64_t seed_;
   const std::unique_ptr<Optimizer> optimizer_;
+  const TableStorage storage_;
   const int dim_;
   const uint32_t row_floats_;  // dim_ weights, then the optimizer state
+  // Budget charge per resident row: the row, its metadata, and its share of
+  // an index kept between 35% and 70% full.
+  const uint64_t bytes_per_row_;
   // Arena geometry (see kMinBlockRows): blocks [0, doubling_blocks_) hold
   // min_block_rows_ << b rows, doubling_rows_ in all; later ones
   // max_block_rows_. Both row counts are powers of two.
@@ -130,17 +199,22 @@ class StripedTable final : public Table {
   uint32_t doubling_rows_;
 
   std::unique_ptr<Stripe[]> stripes_;
-  std::atomic<uint64_t> num_rows_{0};
+  std::atomic<uint64_t> rows_{0};
   std::atomic<uint64_t> memory_bytes_{0};
+  std::atomic<uint64_t> hits_{0};
+  std::atomic<uint64_t> misses_{0};
+  std::atomic<uint64_t> evictions_{0};
 };
 
 StripedTable::StripedTable(const proto::TableSpec& spec, uint64_t seed,
-                           std::unique_ptr<Optimizer> optimizer)
+                           std::unique_ptr<Optimizer> optimizer, const TableStorage& storage)
     : spec_(spec),
       seed_(seed),
       optimizer_(std::move(optimizer)),
+      storage_(storage),
       dim_(static_cast<int>(spec.dim())),
       row_floats_(static_cast<uint32_t>(dim_ + optimizer_->state_floats(dim_))),
+      bytes_per_row_(sizeof(float) * row_floats_ + sizeof(SlotMeta) + 2 * sizeof(IndexEntry)),
       stripes_(std::make_unique<Stripe[]>(kNumStripes)) {
   const uint64_t fit = std::max<uint64_t>(1, kMaxBlockFloats / row_floats_);
   max_block_rows_ = static_cast<uint32_t>(std::min<uint64_t>(kMaxBlockRows, std::bit_floor(fit)));
@@ -151,17 +225,27 @@ StripedTable::StripedTable(const proto::TableSpec& spec, uint64_t seed,
   doubling_rows_ = max_block_rows_ - min_block_rows_;
 }
 
+Status StripedTable::Fetch(const std::vector<uint64_t>& keys, std::vector<float>* images,
+                           std::vector<bool>* found) {
+  images->resize(keys.size() * row_floats_);
+  const size_t row_bytes = sizeof(float) * row_floats_;
+  return storage_.store->MultiGet(
+      spec_.id(), keys, row_bytes,
+      std::span<char>(reinterpret_cast<char*>(images->data()), keys.size() * row_bytes), found);
+}
+
 template <typename Visit>
-void StripedTable::ForEachRow(std::span<const uint64_t> keys, Visit&& visit) {
+Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uint64_t* max_seq,
+                                Visit&& visit) {
   const size_t n = keys.size();
-  if (n == 0) return;
+  if (n == 0) return absl::OkStatus();
   CHECK_LT(n, size_t{std::numeric_limits<uint32_t>::max()}) << "request too large";
 
   // Counting sort of the positions by stripe (stable, so duplicates keep
   // their order), then one lock per stripe touched.
   auto hashes = std::make_unique_for_overwrite<uint64_t[]>(n);
   auto order = std::make_unique_for_overwrite<uint32_t[]>(n);
-  auto rows = std::make_unique_for_overwrite<float*[]>(n);
+  auto slots = std::make_unique_for_overwrite<uint32_t[]>(n);
   std::array<uint32_t, kNumStripes + 1> begin{};
   for (size_t i = 0; i < n; ++i) {
     hashes[i] = Mix64(keys[i]);
@@ -172,88 +256,250 @@ void StripedTable::ForEachRow(std::span<const uint64_t> keys, Visit&& visit) {
   std::copy(begin.begin(), begin.begin() + kNumStripes, next.begin());
   for (size_t i = 0; i < n; ++i) order[next[StripeOf(hashes[i])]++] = static_cast<uint32_t>(i);
 
+  const size_t row_bytes = sizeof(float) * row_floats_;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+
+  // With a store: first find, stripe by stripe, which rows are not in
+  // memory, and read them all with one MultiGet without holding any lock.
+  // A stripe uses what was read only if it evicted nothing meanwhile (an
+  // eviction could make a read stale); otherwise it reads again itself.
+  std::vector<uint64_t> fetch_keys;
+  std::vector<float> images;
+  std::vector<bool> found;
+  std::array<uint64_t, kNumStripes> evictions_seen{};
+  // prefetched[j]: index into fetch_keys of the row read for position j.
+  std::unique_ptr<uint32_t[]> prefetched;
+  if (storage_.store != nullptr) {
+    prefetched = std::make_unique_for_overwrite<uint32_t[]>(n);
+    for (uint32_t s = 0; s < kNumStripes; ++s) {
+      if (begin[s] == begin[s + 1]) continue;
+      Stripe& stripe = stripes_[s];
+      absl::MutexLock lock(&stripe.mu);
+      evictions_seen[s] = stripe.evictions;
+      for (uint32_t j = begin[s]; j < begin[s + 1]; ++j) {
+        const uint32_t i = order[j];
+        prefetched[j] = kEmptySlot;
+        if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;
+        prefetched[j] = static_cast<uint32_t>(fetch_keys.size());
+        fetch_keys.push_back(keys[i]);
+      }
+    }
+    if (!fetch_keys.empty()) {
+      RETURN_IF_ERROR_CTX(Fetch(fetch_keys, &images, &found),
+                          absl::StrCat("reading rows of table '", spec_.name(), "'"));
+    }
+  }
+
+  std::vector<uint32_t> absent;  // positions j (into order) not in memory
+  std::vector<uint64_t> refetch_keys;
+  std::vector<float> refetch_images;
+  std::vector<bool> refetch_found;
   for (uint32_t s = 0; s < kNumStripes; ++s) {
     const uint32_t first = begin[s];
     const uint32_t last = begin[s + 1];
     if (first == last) continue;
     Stripe& stripe = stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
-    // Resolve all rows first (prefetching index buckets ahead), then visit
-    // them (prefetching rows ahead). Row pointers stay valid across index
-    // growth because rows never move.
-    for (uint32_t j = first; j < last; ++j) {
-      if (j + kIndexPrefetchDistance < last && stripe.index_capacity != 0) {
-        const uint64_t ahead = hashes[order[j + kIndexPrefetchDistance]];
-        __builtin_prefetch(&stripe.index[ahead & (stripe.index_capacity - 1)]);
+    stripe.mu.Lock();
+    const bool prefetch_current = storage_.store != nullptr && stripe.evictions == evictions_seen[s];
+    for (int round = 0;; ++round) {
+      absent.clear();
+      for (uint32_t j = first; j < last; ++j) {
+        if (j + kIndexPrefetchDistance < last && stripe.index_capacity != 0) {
+          const uint64_t ahead = hashes[order[j + kIndexPrefetchDistance]];
+          __builtin_prefetch(&stripe.index[ahead & (stripe.index_capacity - 1)]);
+        }
+        slots[j] = FindLocked(stripe, keys[order[j]], hashes[order[j]]);
+        if (slots[j] == kEmptySlot) absent.push_back(j);
       }
-      const uint32_t i = order[j];
-      rows[j] = FindOrCreateLocked(stripe, keys[i], hashes[i]);
+      if (round == 0) {
+        misses += absent.size();
+        hits += (last - first) - absent.size();
+      }
+      if (absent.empty()) break;
+      if (storage_.store == nullptr) {
+        for (uint32_t j : absent) {
+          const uint32_t i = order[j];
+          slots[j] = FindLocked(stripe, keys[i], hashes[i]);  // a duplicate inserted just now
+          if (slots[j] == kEmptySlot) slots[j] = InsertLocked(stripe, keys[i], hashes[i], nullptr);
+        }
+        break;
+      }
+      if (round == 0 && prefetch_current) {
+        // Every absent row was absent before the read too (nothing was
+        // evicted since), so the shared read covers it.
+        for (uint32_t j : absent) {
+          const uint32_t i = order[j];
+          if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;  // a duplicate
+          const uint32_t f = prefetched[j];
+          CHECK_NE(f, kEmptySlot);
+          InsertLocked(stripe, keys[i], hashes[i],
+                       found[f] ? images.data() + size_t{f} * row_floats_ : nullptr);
+        }
+        continue;  // resolve again
+      }
+      // Read this stripe's absent rows on its own: without the lock for a
+      // few rounds, then holding it (nothing can be evicted meanwhile).
+      refetch_keys.clear();
+      for (uint32_t j : absent) refetch_keys.push_back(keys[order[j]]);
+      const uint64_t evictions_before = stripe.evictions;
+      const bool unlocked = round < kUnlockedFetchRounds;
+      if (unlocked) stripe.mu.Unlock();
+      Status fetched = Fetch(refetch_keys, &refetch_images, &refetch_found);
+      if (unlocked) stripe.mu.Lock();
+      if (!fetched.ok()) {
+        stripe.mu.Unlock();
+        return Annotate(fetched, absl::StrCat("reading rows of table '", spec_.name(), "'"));
+      }
+      if (unlocked && stripe.evictions != evictions_before) continue;  // maybe stale: again
+      for (size_t a = 0; a < absent.size(); ++a) {
+        const uint32_t i = order[absent[a]];
+        if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;  // inserted meanwhile
+        InsertLocked(stripe, keys[i], hashes[i],
+                     refetch_found[a] ? refetch_images.data() + a * row_floats_ : nullptr);
+      }
+      // Resolve again: every key is present now (this round holds the lock
+      // from the inserts on).
     }
+    uint32_t inserted_or_touched = last - first;
     for (uint32_t j = first; j < last; ++j) {
+      const uint32_t slot = slots[j];
       if (j + kRowPrefetchDistance < last) {
-        const float* ahead = rows[j + kRowPrefetchDistance];
+        const float* ahead = RowLocked(stripe, slots[j + kRowPrefetchDistance]);
         __builtin_prefetch(ahead);
         __builtin_prefetch(ahead + row_floats_ - 1);
       }
-      visit(order[j], rows[j]);
+      float* row = RowLocked(stripe, slot);
+      visit(order[j], row);
+      SlotMeta& meta = MetaLocked(stripe, slot);
+      NoteUse(meta.flags);
+      if (!modify || storage_.store == nullptr) continue;
+      if (storage_.write_every_push) {
+        const uint64_t seq = storage_.queue->Append(spec_.id(), meta.key, row, row_bytes);
+        meta.pending_seq = static_cast<uint32_t>(seq);
+        meta.flags = static_cast<uint8_t>((meta.flags | kPending) & ~kDirty);
+        *max_seq = std::max(*max_seq, seq);
+      } else if (!(meta.flags & kDirty)) {
+        meta.flags |= kDirty;
+        stripe.dirty.push_back(slot);
+      }
     }
+    if (storage_.budget != nullptr && storage_.budget->over()) {
+      EvictLocked(stripe, inserted_or_touched + 1);
+    }
+    stripe.mu.Unlock();
   }
+  hits_.fetch_add(hits, std::memory_order_relaxed);
+  misses_.fetch_add(misses, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
-void StripedTable::Pull(std::span<const uint64_t> keys, std::span<float> out) {
+Status StripedTable::Pull(std::span<const uint64_t> keys, std::span<float> out) {
   CHECK_EQ(out.size(), keys.size() * dim_) << "Pull of table " << spec_.id();
   const size_t row_bytes = sizeof(float) * dim_;
   float* const dst = out.data();
-  ForEachRow(keys, [&](uint32_t i, const float* row) {
+  uint64_t max_seq = 0;
+  return ForEachRow(keys, /*modify=*/false, &max_seq, [&](uint32_t i, const float* row) {
     std::memcpy(dst + size_t{i} * dim_, row, row_bytes);
   });
 }
 
-void StripedTable::Push(std::span<const uint64_t> keys, std::span<const float> grads) {
+Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float> grads) {
   CHECK_EQ(grads.size(), keys.size() * dim_) << "Push to table " << spec_.id();
   const float* const src = grads.data();
   const Optimizer& optimizer = *optimizer_;
   const int dim = dim_;
-  ForEachRow(keys, [&](uint32_t i, float* row) {
+  uint64_t max_seq = 0;
+  RETURN_IF_ERROR(ForEachRow(keys, /*modify=*/true, &max_seq, [&](uint32_t i, float* row) {
     optimizer.Apply(row, row + dim, src + size_t{i} * dim, dim);
-  });
+  }));
+  if (max_seq == 0) return absl::OkStatus();
+  return Annotate(storage_.queue->WaitDurable(max_seq, storage_.durability_timeout),
+                  absl::StrCat("writing rows of table '", spec_.name(), "'"));
 }
 
-float* StripedTable::FindOrCreateLocked(Stripe& stripe, uint64_t key, uint64_t hash) {
-  // The free entry ending the probe; it stays valid unless the index grows.
-  uint32_t pos = 0;
-  if (stripe.index_capacity != 0) {
-    const uint32_t mask = stripe.index_capacity - 1;
-    for (pos = static_cast<uint32_t>(hash) & mask;; pos = (pos + 1) & mask) {
-      const IndexEntry& entry = stripe.index[pos];
-      if (entry.slot == kEmptySlot) break;
-      if (entry.key == key) return RowLocked(stripe, entry.slot);
+uint64_t StripedTable::QueueDirtyRows() {
+  if (storage_.store == nullptr) return 0;
+  const size_t row_bytes = sizeof(float) * row_floats_;
+  uint64_t max_seq = 0;
+  for (uint32_t s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    for (uint32_t slot : stripe.dirty) {
+      SlotMeta& meta = MetaLocked(stripe, slot);
+      if (!(meta.flags & kDirty)) continue;
+      const uint64_t seq =
+          storage_.queue->Append(spec_.id(), meta.key, RowLocked(stripe, slot), row_bytes);
+      meta.pending_seq = static_cast<uint32_t>(seq);
+      meta.flags = static_cast<uint8_t>((meta.flags | kPending) & ~kDirty);
+      max_seq = std::max(max_seq, seq);
+    }
+    stripe.dirty.clear();
+  }
+  return max_seq;
+}
+
+TableStats StripedTable::stats() const {
+  TableStats stats;
+  stats.rows_in_memory = rows_.load(std::memory_order_relaxed);
+  stats.memory_bytes = memory_bytes_.load(std::memory_order_relaxed);
+  stats.hits = hits_.load(std::memory_order_relaxed);
+  stats.misses = misses_.load(std::memory_order_relaxed);
+  stats.evictions = evictions_.load(std::memory_order_relaxed);
+  return stats;
+}
+
+uint32_t StripedTable::FindLocked(const Stripe& stripe, uint64_t key, uint64_t hash) const {
+  if (stripe.index_capacity == 0) return kEmptySlot;
+  const uint32_t mask = stripe.index_capacity - 1;
+  const uint32_t tag = TagOf(hash);
+  for (uint32_t pos = static_cast<uint32_t>(hash) & mask;; pos = (pos + 1) & mask) {
+    const IndexEntry& entry = stripe.index[pos];
+    if (entry.slot == kEmptySlot) return kEmptySlot;
+    if (entry.tag == tag && MetaLocked(stripe, entry.slot).key == key) return entry.slot;
+  }
+}
+
+uint32_t StripedTable::InsertLocked(Stripe& stripe, uint64_t key, uint64_t hash,
+                                    const float* image) {
+  if (uint64_t{stripe.live + 1} * 10 > uint64_t{stripe.index_capacity} * 7) GrowIndexLocked(stripe);
+  uint32_t slot;
+  if (!stripe.free_slots.empty()) {
+    slot = stripe.free_slots.back();
+    stripe.free_slots.pop_back();
+  } else {
+    slot = stripe.high_water++;
+    if (slot == stripe.arena_rows) {
+      const uint32_t rows = BlockRows(stripe.blocks.size());
+      stripe.blocks.push_back(std::make_unique_for_overwrite<float[]>(size_t{rows} * row_floats_));
+      stripe.meta_blocks.push_back(std::make_unique<SlotMeta[]>(rows));
+      stripe.arena_rows += rows;
+      memory_bytes_.fetch_add(uint64_t{rows} * (row_floats_ * sizeof(float) + sizeof(SlotMeta)),
+                              std::memory_order_relaxed);
     }
   }
-
-  // Missing: make room in the index (load <= 0.7) and in the arena.
-  if (uint64_t{stripe.num_rows + 1} * 10 > uint64_t{stripe.index_capacity} * 7) {
-    GrowIndexLocked(stripe);
-    const uint32_t mask = stripe.index_capacity - 1;
-    pos = static_cast<uint32_t>(hash) & mask;
-    while (stripe.index[pos].slot != kEmptySlot) pos = (pos + 1) & mask;
-  }
-  const uint32_t slot = stripe.num_rows;
-  if (slot == stripe.arena_rows) {
-    const uint32_t rows = BlockRows(stripe.blocks.size());
-    const size_t floats = size_t{rows} * row_floats_;
-    stripe.blocks.push_back(std::make_unique_for_overwrite<float[]>(floats));
-    stripe.arena_rows += rows;
-    memory_bytes_.fetch_add(floats * sizeof(float), std::memory_order_relaxed);
-  }
   float* row = RowLocked(stripe, slot);
-  InitializeRow(spec_.initializer(), seed_, spec_.id(), key, row, dim_);
-  optimizer_->InitState(row + dim_, dim_);
+  if (image != nullptr) {
+    std::memcpy(row, image, sizeof(float) * row_floats_);
+  } else {
+    // A new row is a pure function of (spec, seed, key): it needs no write
+    // until it changes.
+    InitializeRow(spec_.initializer(), seed_, spec_.id(), key, row, dim_);
+    optimizer_->InitState(row + dim_, dim_);
+  }
+  SlotMeta& meta = MetaLocked(stripe, slot);
+  meta.key = key;
+  meta.pending_seq = 0;
+  meta.flags = kLive;
 
-  stripe.index[pos] = IndexEntry{key, slot};
-  ++stripe.num_rows;
-  num_rows_.fetch_add(1, std::memory_order_relaxed);
-  return row;
+  const uint32_t mask = stripe.index_capacity - 1;
+  uint32_t pos = static_cast<uint32_t>(hash) & mask;
+  while (stripe.index[pos].slot != kEmptySlot) pos = (pos + 1) & mask;
+  stripe.index[pos] = IndexEntry{TagOf(hash), slot};
+  ++stripe.live;
+  rows_.fetch_add(1, std::memory_order_relaxed);
+  if (storage_.budget != nullptr) storage_.budget->Add(static_cast<int64_t>(bytes_per_row_));
+  return slot;
 }
 
 void StripedTable::GrowIndexLocked(Stripe& stripe) {
@@ -266,7 +512,7 @@ void StripedTable::GrowIndexLocked(Stripe& stripe) {
   for (uint32_t p = 0; p < old_capacity; ++p) {
     const IndexEntry& entry = stripe.index[p];
     if (entry.slot == kEmptySlot) continue;
-    uint32_t pos = static_cast<uint32_t>(Mix64(entry.key)) & mask;
+    uint32_t pos = static_cast<uint32_t>(Mix64(MetaLocked(stripe, entry.slot).key)) & mask;
     while (index[pos].slot != kEmptySlot) pos = (pos + 1) & mask;
     index[pos] = entry;
   }
@@ -276,25 +522,98 @@ void StripedTable::GrowIndexLocked(Stripe& stripe) {
                           std::memory_order_relaxed);
 }
 
-float* StripedTable::RowLocked(const Stripe& stripe, uint32_t slot) const {
-  uint32_t block;
-  uint32_t offset;
+void StripedTable::RemoveFromIndexLocked(Stripe& stripe, uint64_t key, uint64_t hash) {
+  const uint32_t mask = stripe.index_capacity - 1;
+  const uint32_t tag = TagOf(hash);
+  uint32_t hole = static_cast<uint32_t>(hash) & mask;
+  while (true) {
+    const IndexEntry& entry = stripe.index[hole];
+    CHECK_NE(entry.slot, kEmptySlot) << "evicting a key the index does not hold";
+    if (entry.tag == tag && MetaLocked(stripe, entry.slot).key == key) break;
+    hole = (hole + 1) & mask;
+  }
+  // Backward-shift deletion: pull later entries of the probe run into the
+  // hole when their home lies at or before it (cyclically).
+  for (uint32_t next = (hole + 1) & mask;; next = (next + 1) & mask) {
+    const IndexEntry entry = stripe.index[next];
+    if (entry.slot == kEmptySlot) break;
+    const uint32_t home = static_cast<uint32_t>(Mix64(MetaLocked(stripe, entry.slot).key)) & mask;
+    // Distance from home to next, and from hole to next, along the ring.
+    if (((next - home) & mask) >= ((next - hole) & mask)) {
+      stripe.index[hole] = entry;
+      hole = next;
+    }
+  }
+  stripe.index[hole].slot = kEmptySlot;
+}
+
+bool StripedTable::DurableLocked(const SlotMeta& meta) const {
+  if (meta.flags & kDirty) return false;
+  if (!(meta.flags & kPending)) return true;
+  const uint32_t durable = static_cast<uint32_t>(storage_.queue->durable_seq());
+  return static_cast<int32_t>(meta.pending_seq - durable) <= 0;
+}
+
+void StripedTable::EvictLocked(Stripe& stripe, uint32_t count) {
+  if (stripe.high_water == 0 || storage_.store == nullptr) return;
+  // Bounded work per call; the hand keeps its place across calls, so
+  // successive calls sweep the whole stripe (each pass lowers a row's use
+  // count; a row at 0 goes).
+  uint32_t steps = std::min(2 * stripe.high_water, 16 * count + 64);
+  uint32_t evicted = 0;
+  while (evicted < count && steps-- > 0 && storage_.budget->over()) {
+    const uint32_t slot = stripe.clock_hand;
+    stripe.clock_hand = stripe.clock_hand + 1 == stripe.high_water ? 0 : stripe.clock_hand + 1;
+    SlotMeta& meta = MetaLocked(stripe, slot);
+    if (!(meta.flags & kLive)) continue;
+    if (meta.flags & kUseMask) {
+      meta.flags = static_cast<uint8_t>(meta.flags - (1 << kUseShift));
+      continue;
+    }
+    if (!DurableLocked(meta)) continue;  // the flusher has to write it first
+    RemoveFromIndexLocked(stripe, meta.key, Mix64(meta.key));
+    meta.flags = 0;
+    stripe.free_slots.push_back(slot);
+    --stripe.live;
+    ++stripe.evictions;
+    ++evicted;
+    rows_.fetch_sub(1, std::memory_order_relaxed);
+    storage_.budget->Add(-static_cast<int64_t>(bytes_per_row_));
+  }
+  evictions_.fetch_add(evicted, std::memory_order_relaxed);
+}
+
+void StripedTable::Locate(uint32_t slot, uint32_t* block, uint32_t* offset) const {
   if (slot < doubling_rows_) {
     // Block b starts at slot min_rows * (2^b - 1).
     const uint32_t t = (slot >> min_block_rows_log2_) + 1;
-    block = static_cast<uint32_t>(std::bit_width(t)) - 1;
-    offset = slot - (((1u << block) - 1) << min_block_rows_log2_);
+    *block = static_cast<uint32_t>(std::bit_width(t)) - 1;
+    *offset = slot - (((1u << *block) - 1) << min_block_rows_log2_);
   } else {
     const uint32_t rest = slot - doubling_rows_;
-    block = doubling_blocks_ + (rest >> max_block_rows_log2_);
-    offset = rest & (max_block_rows_ - 1);
+    *block = doubling_blocks_ + (rest >> max_block_rows_log2_);
+    *offset = rest & (max_block_rows_ - 1);
   }
+}
+
+float* StripedTable::RowLocked(const Stripe& stripe, uint32_t slot) const {
+  uint32_t block;
+  uint32_t offset;
+  Locate(slot, &block, &offset);
   return stripe.blocks[block].get() + size_t{offset} * row_floats_;
+}
+
+SlotMeta& StripedTable::MetaLocked(const Stripe& stripe, uint32_t slot) const {
+  uint32_t block;
+  uint32_t offset;
+  Locate(slot, &block, &offset);
+  return stripe.meta_blocks[block][offset];
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Table>> Table::Create(const proto::TableSpec& spec, uint64_t seed) {
+StatusOr<std::unique_ptr<Table>> Table::Create(const proto::TableSpec& spec, uint64_t seed,
+                                               const TableStorage& storage) {
   const std::string name = absl::StrCat("table '", spec.name(), "' (id ", spec.id(), ")");
   if (spec.dim() == 0 || spec.dim() > kMaxDim) {
     return absl::InvalidArgumentError(
@@ -303,7 +622,16 @@ StatusOr<std::unique_ptr<Table>> Table::Create(const proto::TableSpec& spec, uin
   RETURN_IF_ERROR_CTX(ValidateInitializer(spec.initializer()), name);
   StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(spec.optimizer());
   if (!optimizer.ok()) return Annotate(optimizer.status(), name);
-  return std::unique_ptr<Table>(new StripedTable(spec, seed, *std::move(optimizer)));
+  if (storage.store != nullptr) {
+    if (storage.queue == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": a store needs a write queue"));
+    }
+    RETURN_IF_ERROR_CTX(storage.store->CreateTable(spec.id()), name);
+  } else if (storage.budget != nullptr && storage.budget->limit() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": a memory budget needs a store to evict rows to"));
+  }
+  return std::unique_ptr<Table>(new StripedTable(spec, seed, *std::move(optimizer), storage));
 }
 
 }  // namespace eps

@@ -1,52 +1,116 @@
-// Table: one embedding table or dense tensor held by a parameter server,
-// in memory.
+// Table: one embedding table or dense tensor held by a parameter server.
 //
 // Rows are keyed by the exact 64-bit key (feature id, or DenseChunkKey for
 // dense chunks), created on first touch by the table's initializer, and
-// updated by the table's optimizer. Storage is striped: a key's stripe is
-// chosen by its hash; each stripe is an open-addressing index (key -> slot)
-// over a chunked arena of fixed-size rows (weights then optimizer state),
-// so there is no heap allocation per row and rows never move.
+// updated by the table's optimizer. A row is its weights followed by its
+// optimizer state.
 //
-// Thread-safety: safe for concurrent use. Pull and Push lock each stripe
-// they touch once per call, never across I/O.
+// Hot tier: 64 lock stripes (by key hash), each an open-addressing index
+// (8-byte entries: a hash tag and a slot) over an arena of fixed-size rows
+// with 16 bytes of metadata per row; no allocation per row, rows never move.
+//
+// Cold tier and store of record (optional, TableStorage.store): a KvStore.
+// Changed rows are queued to it (in order, through the server's WriteQueue)
+// by the flusher at least every ps.flush_interval_ms, or on every push with
+// ps.durability = every_push, where a push returns only once its rows are
+// durable. Over the memory budget, rows whose latest image is durable leave
+// memory (GCLOCK order: a small use count per row); a miss reads them back with one MultiGet per
+// request, outside the stripe lock.
+//
+// Thread-safety: safe for concurrent use. Stripe locks are held only for
+// in-memory work, never across store reads or writes.
 
 #ifndef EPS_PS_TABLE_H_
 #define EPS_PS_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
 
+#include "absl/time/time.h"
 #include "core/status.h"
 #include "proto/eps.pb.h"
 
 namespace eps {
 
+class KvStore;
+class WriteQueue;
+
+// The hot-tier memory all tables of a server share.
+class MemoryBudget {
+ public:
+  // `limit_bytes` <= 0 means unlimited.
+  explicit MemoryBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
+  void Add(int64_t bytes) { used_.fetch_add(bytes, std::memory_order_relaxed); }
+  bool over() const { return limit_ > 0 && used_.load(std::memory_order_relaxed) > limit_; }
+  int64_t used() const { return used_.load(std::memory_order_relaxed); }
+  int64_t limit() const { return limit_; }
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> used_{0};
+};
+
+struct TableStorage {
+  // Cold tier and store of record; null keeps every row in memory only.
+  KvStore* store = nullptr;
+  // Required with `store`: the ordered path to it.
+  WriteQueue* queue = nullptr;
+  // Shared hot-tier budget; null is unlimited. Only rows already durable in
+  // `store` can be evicted, so a budget needs a store.
+  MemoryBudget* budget = nullptr;
+  // Queue rows on every push and return only when they are durable.
+  bool write_every_push = false;
+  // How long a push waits for durability before failing.
+  absl::Duration durability_timeout = absl::Seconds(30);
+};
+
+struct TableStats {
+  uint64_t rows_in_memory = 0;
+  uint64_t memory_bytes = 0;  // arenas, metadata and indexes
+  uint64_t hits = 0;          // row lookups served from memory
+  uint64_t misses = 0;        // lookups that went to the store
+  uint64_t evictions = 0;
+};
+
 class Table {
  public:
   // kInvalidArgument when the spec is unusable (dim 0, unknown optimizer or
-  // initializer), naming the table.
-  static StatusOr<std::unique_ptr<Table>> Create(const proto::TableSpec& spec, uint64_t seed);
+  // initializer), naming the table; kUnavailable when the store cannot make
+  // the table's column family.
+  static StatusOr<std::unique_ptr<Table>> Create(const proto::TableSpec& spec, uint64_t seed,
+                                                 const TableStorage& storage = {});
   virtual ~Table() = default;
 
   virtual const proto::TableSpec& spec() const = 0;
   uint32_t dim() const { return spec().dim(); }
 
-  // Copies the weights of each key into out[i*dim, (i+1)*dim), creating
-  // missing rows. Duplicate keys are allowed.
+  // Copies the weights of each key into out[i*dim, (i+1)*dim), reading
+  // rows from the store or creating them when missing. Duplicate keys are
+  // allowed. kUnavailable/kDataLoss when the store fails.
   // REQUIRES: out.size() == keys.size() * dim().
-  virtual void Pull(std::span<const uint64_t> keys, std::span<float> out) = 0;
+  virtual Status Pull(std::span<const uint64_t> keys, std::span<float> out) = 0;
 
-  // Applies grads[i*dim, (i+1)*dim) to key i with the optimizer, creating
-  // missing rows first. Duplicate keys are applied one after the other.
+  // Applies grads[i*dim, (i+1)*dim) to key i with the optimizer, fetching or
+  // creating missing rows first. Duplicate keys are applied one after the
+  // other. With write_every_push, returns once the rows are durable
+  // (kDeadlineExceeded after durability_timeout). Errors as Pull.
   // REQUIRES: grads.size() == keys.size() * dim().
-  virtual void Push(std::span<const uint64_t> keys, std::span<const float> grads) = 0;
+  virtual Status Push(std::span<const uint64_t> keys, std::span<const float> grads) = 0;
 
-  // Rows held.
-  virtual uint64_t num_rows() const = 0;
-  // Bytes of memory held (index and arena), for stats.
-  virtual uint64_t memory_bytes() const = 0;
+  // Queues every changed row for the store; returns the sequence number to
+  // wait for (WriteQueue::WaitDurable), 0 when nothing was queued. Without
+  // a store, does nothing and returns 0.
+  virtual uint64_t QueueDirtyRows() = 0;
+
+  // Rows held in memory.
+  uint64_t num_rows() const { return stats().rows_in_memory; }
+  // Bytes of memory held (arenas, metadata and indexes).
+  uint64_t memory_bytes() const { return stats().memory_bytes; }
+  virtual TableStats stats() const = 0;
+  // Bytes one resident row costs on average (row, metadata, index share).
+  virtual uint64_t bytes_per_row() const = 0;
 };
 
 }  // namespace eps

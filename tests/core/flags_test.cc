@@ -263,6 +263,41 @@ TEST_F(CommandLineTest, ValidationFailureInFileNamesOptionAndLine) {
   EXPECT_THAT(std::string(config.status().message()), Not(HasSubstr("command line")));
 }
 
+TEST_F(CommandLineTest, OptimizerPerTableFromFileAndCommandLine) {
+  // ';' and ',' are plain characters in values; '#' still starts a comment.
+  const std::string path = dir_.Write(
+      "job.ini",
+      "[data]\ntrain = x\n[optimizer]\ntype = adam\nbeta1 = 0.8\nbeta2 = 0.99\n"
+      "ftrl_beta = 0.5\nl1 = 0.25\n"
+      "per_table = lr.dense:type=sgd,learning_rate=0.1;lr.w:type=ftrl,l1=1  # comment\n");
+  StatusOr<JobConfig> config = Parse(cl_, {"--config", path});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->optimizer.type, "adam");
+  EXPECT_DOUBLE_EQ(config->optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(config->optimizer.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(config->optimizer.ftrl_beta, 0.5);
+  EXPECT_DOUBLE_EQ(config->optimizer.l1, 0.25);
+  EXPECT_EQ(config->optimizer.per_table, "lr.dense:type=sgd,learning_rate=0.1;lr.w:type=ftrl,l1=1");
+
+  CommandLine cl("eps-test", "--config JOB.ini");
+  config = Parse(cl, {"--config", path, "--optimizer.per_table=lr.w:type=sgd"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->optimizer.per_table, "lr.w:type=sgd");
+}
+
+TEST_F(CommandLineTest, BadPerTableEntryInFileNamesOptionLineAndPiece) {
+  const std::string path = dir_.Write(
+      "job.ini", "[data]\ntrain = x\n[optimizer]\nper_table = lr.w:type=sgd;lr.dense:lr=1\n");
+  StatusOr<JobConfig> config = Parse(cl_, {"--config", path});
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(config.status().message());
+  EXPECT_THAT(message, HasSubstr("optimizer.per_table"));
+  EXPECT_THAT(message, HasSubstr(path + ":4"));
+  EXPECT_THAT(message, HasSubstr("unknown key 'lr'"));
+  EXPECT_THAT(message, HasSubstr("lr.dense:lr=1"));
+}
+
 TEST_F(CommandLineTest, ValidationFailureOnCommandLineSaysCommandLine) {
   const std::string path = dir_.Write("job.ini", kValidConfig);  // epochs = 3 there
   for (const std::vector<std::string>& flag :

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -113,13 +114,24 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
       {"model.embedding_dim", [](JobConfig& c) { c.model.embedding_dim = 4097; }},
       {"model.initializer", [](JobConfig& c) { c.model.initializer = "ones"; }},
       {"model.init_scale", [](JobConfig& c) { c.model.init_scale = -0.1; }},
-      {"optimizer.type", [](JobConfig& c) { c.optimizer.type = "adam"; }},
+      {"optimizer.type", [](JobConfig& c) { c.optimizer.type = "rmsprop"; }},
       {"optimizer.learning_rate", [](JobConfig& c) { c.optimizer.learning_rate = 0; }},
       {"optimizer.learning_rate",
        [](JobConfig& c) { c.optimizer.learning_rate = std::numeric_limits<double>::quiet_NaN(); }},
       {"optimizer.initial_accumulator", [](JobConfig& c) { c.optimizer.initial_accumulator = -1; }},
       {"optimizer.epsilon", [](JobConfig& c) { c.optimizer.epsilon = 0; }},
       {"optimizer.l2", [](JobConfig& c) { c.optimizer.l2 = -1; }},
+      {"optimizer.learning_rate",
+       [](JobConfig& c) { c.optimizer.learning_rate = std::numeric_limits<double>::infinity(); }},
+      {"optimizer.beta1", [](JobConfig& c) { c.optimizer.beta1 = 1.0; }},
+      {"optimizer.beta1", [](JobConfig& c) { c.optimizer.beta1 = -0.1; }},
+      {"optimizer.beta2", [](JobConfig& c) { c.optimizer.beta2 = 1.0; }},
+      {"optimizer.beta2",
+       [](JobConfig& c) { c.optimizer.beta2 = std::numeric_limits<double>::quiet_NaN(); }},
+      {"optimizer.ftrl_beta", [](JobConfig& c) { c.optimizer.ftrl_beta = -1; }},
+      {"optimizer.l1", [](JobConfig& c) { c.optimizer.l1 = -0.5; }},
+      {"optimizer.per_table", [](JobConfig& c) { c.optimizer.per_table = "lr.w"; }},
+      {"optimizer.per_table", [](JobConfig& c) { c.optimizer.per_table = "lr.w:l3=1"; }},
       {"ps.num_servers", [](JobConfig& c) { c.ps.num_servers = 0; }},
       {"ps.partitions", [](JobConfig& c) { c.ps.partitions = 0; }},
       {"ps.partitions",
@@ -170,8 +182,120 @@ TEST(JobConfig, ValidateMessageShowsTheValue) {
   config.worker.batch_size = -5;
   EXPECT_THAT(std::string(config.Validate().message()), HasSubstr("-5"));
   config = ValidConfig();
+  config.optimizer.type = "rmsprop";
+  EXPECT_THAT(std::string(config.Validate().message()), HasSubstr("rmsprop"));
+}
+
+TEST(JobConfig, EveryOptimizerTypeIsValid) {
+  for (const char* type : {"sgd", "adagrad", "adam", "ftrl"}) {
+    JobConfig config = ValidConfig();
+    config.optimizer.type = type;
+    EXPECT_TRUE(config.Validate().ok()) << type << ": " << config.Validate();
+  }
+}
+
+TEST(JobConfig, OptimizerDefaults) {
+  const JobConfig config;
+  EXPECT_EQ(config.optimizer.type, "adagrad");
+  EXPECT_DOUBLE_EQ(config.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(config.optimizer.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(config.optimizer.ftrl_beta, 1.0);
+  EXPECT_DOUBLE_EQ(config.optimizer.l1, 0.0);
+  EXPECT_EQ(config.optimizer.per_table, "");
+  StatusOr<std::map<std::string, JobConfig::Optimizer>> overrides = config.OptimizerOverrides();
+  ASSERT_TRUE(overrides.ok()) << overrides.status();
+  EXPECT_TRUE(overrides->empty());
+}
+
+TEST(JobConfig, PerTableOverridesApplyOverTheSection) {
+  JobConfig config = ValidConfig();
   config.optimizer.type = "adam";
-  EXPECT_THAT(std::string(config.Validate().message()), HasSubstr("adam"));
+  config.optimizer.learning_rate = 0.01;
+  config.optimizer.l2 = 0.5;
+  config.optimizer.per_table =
+      " lr.dense : type=sgd, learning_rate=0.1 ;lr.w:type=ftrl,l1=1,ftrl_beta=0.5,"
+      "learning_rate=2e-2,l2=0;emb:beta1=0.5,beta2=0.75,epsilon=1e-6,initial_accumulator=0.1;";
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  StatusOr<std::map<std::string, JobConfig::Optimizer>> overrides = config.OptimizerOverrides();
+  ASSERT_TRUE(overrides.ok()) << overrides.status();
+  ASSERT_EQ(overrides->size(), 3u);
+
+  const JobConfig::Optimizer& dense = overrides->at("lr.dense");
+  EXPECT_EQ(dense.type, "sgd");
+  EXPECT_DOUBLE_EQ(dense.learning_rate, 0.1);
+  EXPECT_DOUBLE_EQ(dense.l2, 0.5);  // from the section
+  EXPECT_EQ(dense.per_table, "");
+
+  const JobConfig::Optimizer& w = overrides->at("lr.w");
+  EXPECT_EQ(w.type, "ftrl");
+  EXPECT_DOUBLE_EQ(w.l1, 1.0);
+  EXPECT_DOUBLE_EQ(w.ftrl_beta, 0.5);
+  EXPECT_DOUBLE_EQ(w.learning_rate, 0.02);
+  EXPECT_DOUBLE_EQ(w.l2, 0.0);
+
+  const JobConfig::Optimizer& emb = overrides->at("emb");
+  EXPECT_EQ(emb.type, "adam");
+  EXPECT_DOUBLE_EQ(emb.learning_rate, 0.01);
+  EXPECT_DOUBLE_EQ(emb.beta1, 0.5);
+  EXPECT_DOUBLE_EQ(emb.beta2, 0.75);
+  EXPECT_DOUBLE_EQ(emb.epsilon, 1e-6);
+  EXPECT_DOUBLE_EQ(emb.initial_accumulator, 0.1);
+}
+
+TEST(JobConfig, BadPerTableEntriesNameTheOptionAndThePiece) {
+  struct Case {
+    std::string per_table;
+    std::string piece;  // expected in the message
+  };
+  const std::vector<Case> cases = {
+      {"lr.w", "entry 'lr.w'"},
+      {"lr.w:", "sets nothing"},
+      {":type=sgd", "no table name"},
+      {"lr.w:type", "'type' is not key=value"},
+      {"lr.w:type=sgd,,learning_rate=1", "'' is not key=value"},
+      {"lr.w:momentum=0.9", "unknown key 'momentum'"},
+      {"lr.w:optimizer.l1=1", "unknown key 'optimizer.l1'"},
+      {"lr.w:type=rmsprop", "'rmsprop' is not one of"},
+      {"lr.w:learning_rate=fast", "learning_rate = 'fast' is not a number"},
+      {"lr.w:learning_rate=", "learning_rate = '' is not a number"},
+      {"lr.w:learning_rate=0", "learning_rate must be finite and > 0"},
+      {"lr.w:beta1=1", "beta1 must be in [0, 1)"},
+      {"lr.w:beta2=nan", "beta2 must be in [0, 1)"},
+      {"lr.w:l1=-1", "l1 must be finite and >= 0"},
+      {"lr.w:ftrl_beta=-2", "ftrl_beta must be finite and >= 0"},
+      {"lr.w:l2=inf", "l2 must be finite and >= 0"},
+      {"lr.w:l1=1,l1=2", "key 'l1' is set twice"},
+      {"lr.w:l1=1;lr.w:l2=1", "table 'lr.w' is named in more than one entry"},
+      {"lr.dense:type=sgd;lr.w:l1=-1", "entry 'lr.w:l1=-1'"},
+  };
+  for (const Case& bad : cases) {
+    SCOPED_TRACE(bad.per_table);
+    JobConfig config = ValidConfig();
+    config.optimizer.per_table = bad.per_table;
+    const Status status = config.OptimizerOverrides().status();
+    ASSERT_FALSE(status.ok());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("optimizer.per_table"));
+    EXPECT_THAT(std::string(status.message()), HasSubstr(bad.piece));
+    absl::optional<absl::Cord> payload = status.GetPayload(kOptionPayload);
+    ASSERT_TRUE(payload.has_value());
+    EXPECT_EQ(std::string(payload->Flatten()), "optimizer.per_table");
+    // Validate reports the same error.
+    EXPECT_EQ(config.Validate(), status);
+  }
+}
+
+TEST(JobConfig, PerTableInheritsABadSectionValue) {
+  // A per-table entry starts from the [optimizer] section; Validate names the
+  // section's option first.
+  JobConfig config = ValidConfig();
+  config.optimizer.beta1 = 2;
+  config.optimizer.per_table = "lr.w:type=adam";
+  EXPECT_THAT(std::string(config.Validate().message()), HasSubstr("optimizer.beta1"));
+  // An entry may fix it for its own table only.
+  config.optimizer.beta1 = 0.9;
+  config.optimizer.per_table = "lr.w:type=adam,beta1=0";
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
 }
 
 TEST(JobConfig, DebugStringListsEveryOption) {

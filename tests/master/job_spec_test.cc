@@ -82,6 +82,95 @@ TEST(BuildJobSpec, OptimizerComesFromTheOptimizerSection) {
   }
 }
 
+TEST(BuildJobSpec, EveryOptimizerFieldReachesTheSpec) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.optimizer.type = "adam";
+  config.optimizer.learning_rate = 0.01;
+  config.optimizer.epsilon = 1e-7;
+  config.optimizer.l2 = 0.25;
+  config.optimizer.beta1 = 0.5;
+  config.optimizer.beta2 = 0.75;
+  config.optimizer.ftrl_beta = 2.0;
+  config.optimizer.l1 = 0.125;
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const proto::TableSpec& table : spec->tables()) {
+    SCOPED_TRACE(table.name());
+    const proto::OptimizerSpec& optimizer = table.optimizer();
+    EXPECT_EQ(optimizer.kind(), proto::OptimizerSpec::ADAM);
+    EXPECT_FLOAT_EQ(optimizer.learning_rate(), 0.01f);
+    EXPECT_FLOAT_EQ(optimizer.epsilon(), 1e-7f);
+    EXPECT_FLOAT_EQ(optimizer.l2(), 0.25f);
+    EXPECT_FLOAT_EQ(optimizer.beta1(), 0.5f);
+    EXPECT_FLOAT_EQ(optimizer.beta2(), 0.75f);
+    EXPECT_FLOAT_EQ(optimizer.ftrl_beta(), 2.0f);
+    EXPECT_FLOAT_EQ(optimizer.l1(), 0.125f);
+  }
+
+  config.optimizer.type = "ftrl";
+  spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const proto::TableSpec& table : spec->tables()) {
+    EXPECT_EQ(table.optimizer().kind(), proto::OptimizerSpec::FTRL);
+  }
+}
+
+TEST(BuildJobSpec, PerTableOptimizersOverrideTheSection) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.optimizer.type = "adagrad";
+  config.optimizer.learning_rate = 0.05;
+  config.optimizer.l2 = 0.5;
+  config.optimizer.per_table = "lr.dense:type=sgd,learning_rate=0.1;lr.w:type=ftrl,l1=1";
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+
+  const proto::TableSpec* dense = FindTable(*spec, "lr.dense");
+  ASSERT_NE(dense, nullptr);
+  EXPECT_EQ(dense->optimizer().kind(), proto::OptimizerSpec::SGD);
+  EXPECT_FLOAT_EQ(dense->optimizer().learning_rate(), 0.1f);
+  EXPECT_FLOAT_EQ(dense->optimizer().l2(), 0.5f);
+
+  const proto::TableSpec* w = FindTable(*spec, "lr.w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->optimizer().kind(), proto::OptimizerSpec::FTRL);
+  EXPECT_FLOAT_EQ(w->optimizer().learning_rate(), 0.05f);
+  EXPECT_FLOAT_EQ(w->optimizer().l1(), 1.0f);
+  EXPECT_FLOAT_EQ(w->optimizer().ftrl_beta(), 1.0f);
+
+  // A table without an entry keeps the section.
+  config.optimizer.per_table = "lr.w:type=sgd";
+  spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(FindTable(*spec, "lr.w")->optimizer().kind(), proto::OptimizerSpec::SGD);
+  EXPECT_EQ(FindTable(*spec, "lr.dense")->optimizer().kind(), proto::OptimizerSpec::ADAGRAD);
+  EXPECT_FLOAT_EQ(FindTable(*spec, "lr.dense")->optimizer().learning_rate(), 0.05f);
+}
+
+TEST(BuildJobSpec, PerTableNamingAnUnknownTableListsTheModelsTables) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.optimizer.per_table = "lr.w:type=sgd;lr.bias:type=sgd";
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(),
+            "optimizer.per_table names table 'lr.bias'; the model's tables are: lr.w, lr.dense");
+}
+
+TEST(BuildJobSpec, MalformedPerTableIsInvalid) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.optimizer.per_table = "lr.w:l1=-1";
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), ::testing::HasSubstr("optimizer.per_table"));
+}
+
 TEST(BuildJobSpec, AutoInitializerIsTheModelsDefault) {
   JobConfig config;
   config.data.train = "unused";

@@ -281,7 +281,6 @@ class ParamServerTest : public ::testing::Test {
     ParamServerOptions options;
     options.master = master_->endpoint();
     options.host = "127.0.0.1";
-    options.data_dir = ::testing::TempDir() + "/param-server-test";
     options.heartbeat = absl::Milliseconds(50);
     options.master_wait = absl::Seconds(2);
     options.rpc_timeout = absl::Seconds(2);

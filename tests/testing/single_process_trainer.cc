@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/data_schema.h"
+#include "core/logging.h"
 #include "core/placement.h"
 #include "master/data_set.h"
 #include "master/job_spec.h"
@@ -48,10 +49,10 @@ class Trainer {
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].kind == ParamSpec::Kind::kEmbedding) {
         buffers[i].resize(batch.keys.size() * tables_[i]->dim());
-        tables_[i]->Pull(batch.keys, buffers[i]);
+        CHECK_OK(tables_[i]->Pull(batch.keys, buffers[i]));
       } else {
         buffers[i].resize(dense_keys_[i].size() * tables_[i]->dim());
-        tables_[i]->Pull(dense_keys_[i], buffers[i]);
+        CHECK_OK(tables_[i]->Pull(dense_keys_[i], buffers[i]));
         buffers[i].resize(params[i].size);
       }
     }
@@ -60,10 +61,10 @@ class Trainer {
     if (eval) return loss;
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].kind == ParamSpec::Kind::kEmbedding) {
-        tables_[i]->Push(batch.keys, grads[i]);
+        CHECK_OK(tables_[i]->Push(batch.keys, grads[i]));
       } else {
         grads[i].resize(dense_keys_[i].size() * tables_[i]->dim(), 0.0f);
-        tables_[i]->Push(dense_keys_[i], grads[i]);
+        CHECK_OK(tables_[i]->Push(dense_keys_[i], grads[i]));
       }
     }
     return loss;

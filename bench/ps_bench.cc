@@ -1,0 +1,161 @@
+// Parameter-server storage: pull and push throughput of one table on one
+// core, in memory and with a table ten times the memory budget (RocksDB
+// cold tier) under Zipf(1.1) access; and resident bytes per row.
+//
+//   build/bench/ps_bench [--benchmark_filter=...]
+//
+// Counters: rows_per_s (items), bytes_per_s (weights moved), hit_rate,
+// bytes_per_row and raw_bytes_per_row (key + weights + optimizer state).
+
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "core/hashing.h"
+#include "core/logging.h"
+#include "datagen/zipf.h"
+#include "ps/storage.h"
+#include "ps/table.h"
+
+namespace eps {
+namespace {
+
+constexpr int kKeysPerRequest = 4096;
+
+proto::TableSpec Spec(int dim) {
+  proto::TableSpec spec;
+  spec.set_id(0);
+  spec.set_name("bench");
+  spec.set_kind(proto::EMBEDDING);
+  spec.set_dim(static_cast<uint32_t>(dim));
+  spec.mutable_initializer()->set_kind(proto::InitializerSpec::UNIFORM);
+  spec.mutable_initializer()->set_scale(0.01f);
+  spec.mutable_optimizer()->set_kind(proto::OptimizerSpec::ADAGRAD);
+  spec.mutable_optimizer()->set_learning_rate(0.05f);
+  spec.mutable_optimizer()->set_epsilon(1e-8f);
+  return spec;
+}
+
+uint64_t RawBytesPerRow(int dim) { return 8 + 4 * (dim + dim); }  // key, weights, Adagrad state
+
+// A table of `rows` rows (all pushed once), in memory or over a budget of
+// a tenth of its raw size.
+struct Fixture {
+  Fixture(int dim, uint64_t rows, bool tiered) : dim(dim), rows(rows) {
+    StorageOptions options;
+    if (tiered) {
+      dir = std::filesystem::temp_directory_path() /
+            ("eps-ps-bench-" + std::to_string(::getpid()) + "-" + std::to_string(dim));
+      std::filesystem::remove_all(dir);
+      options.data_dir = dir.string();
+      options.memory_budget_mb =
+          std::max<int64_t>(1, static_cast<int64_t>(rows * RawBytesPerRow(dim) / 10) >> 20);
+    }
+    storage = *ServerStorage::Open(options);
+    proto::JobSpec job;
+    job.set_seed(1);
+    *job.add_tables() = Spec(dim);
+    CHECK_OK(storage->CreateTables(job));
+    table = storage->table(0);
+    std::vector<uint64_t> keys;
+    std::vector<float> grads;
+    for (uint64_t start = 0; start < rows; start += kKeysPerRequest) {
+      keys.clear();
+      for (uint64_t k = start; k < std::min(rows, start + kKeysPerRequest); ++k) {
+        keys.push_back(Mix64(k));
+      }
+      grads.assign(keys.size() * dim, 0.001f);
+      CHECK_OK(table->Push(keys, grads));
+    }
+    CHECK_OK(storage->Flush());
+    // Requests of Zipf(1.1)-distributed keys, drawn once.
+    datagen::ZipfSampler zipf(rows, 1.1);
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<double> uniform(0, 1);
+    requests.resize(64);
+    for (auto& request : requests) {
+      for (int i = 0; i < kKeysPerRequest; ++i) {
+        request.push_back(Mix64(zipf.Sample([&] { return uniform(rng); }) - 1));
+      }
+    }
+  }
+  ~Fixture() {
+    storage.reset();
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+
+  int dim;
+  uint64_t rows;
+  std::filesystem::path dir;
+  std::unique_ptr<ServerStorage> storage;
+  Table* table = nullptr;
+  std::vector<std::vector<uint64_t>> requests;
+};
+
+// Rows per table: enough that the in-memory table is far beyond the CPU
+// caches; the tiered one is 10x its budget.
+uint64_t RowsFor(int dim) { return dim <= 16 ? 1000000 : 250000; }
+
+void Report(benchmark::State& state, const Fixture& fixture, const TableStats& before) {
+  const TableStats after = fixture.table->stats();
+  const double lookups = static_cast<double>(after.hits + after.misses - before.hits - before.misses);
+  state.SetItemsProcessed(state.iterations() * kKeysPerRequest);
+  state.SetBytesProcessed(state.iterations() * kKeysPerRequest * fixture.dim * sizeof(float));
+  state.counters["hit_rate"] =
+      lookups > 0 ? static_cast<double>(after.hits - before.hits) / lookups : 1.0;
+}
+
+void BM_Pull(benchmark::State& state) {
+  const int dim = static_cast<int>(state.range(0));
+  const bool tiered = state.range(1) != 0;
+  Fixture fixture(dim, RowsFor(dim), tiered);
+  std::vector<float> out(kKeysPerRequest * dim);
+  const TableStats before = fixture.table->stats();
+  size_t r = 0;
+  for (auto _ : state) {
+    CHECK_OK(fixture.table->Pull(fixture.requests[r++ % fixture.requests.size()], out));
+    benchmark::DoNotOptimize(out.data());
+  }
+  Report(state, fixture, before);
+}
+
+void BM_Push(benchmark::State& state) {
+  const int dim = static_cast<int>(state.range(0));
+  const bool tiered = state.range(1) != 0;
+  Fixture fixture(dim, RowsFor(dim), tiered);
+  std::vector<float> grads(kKeysPerRequest * dim, 0.001f);
+  const TableStats before = fixture.table->stats();
+  size_t r = 0;
+  for (auto _ : state) {
+    CHECK_OK(fixture.table->Push(fixture.requests[r++ % fixture.requests.size()], grads));
+  }
+  Report(state, fixture, before);
+}
+
+// Resident bytes per row of a full in-memory table against the raw size.
+void BM_MemoryPerRow(benchmark::State& state) {
+  const int dim = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    Fixture fixture(dim, RowsFor(dim), /*tiered=*/false);
+    const TableStats stats = fixture.table->stats();
+    state.counters["bytes_per_row"] =
+        static_cast<double>(stats.memory_bytes) / static_cast<double>(stats.rows_in_memory);
+    state.counters["raw_bytes_per_row"] = static_cast<double>(RawBytesPerRow(dim));
+    state.counters["ratio"] = state.counters["bytes_per_row"] / state.counters["raw_bytes_per_row"];
+  }
+}
+
+BENCHMARK(BM_Pull)->ArgNames({"dim", "tiered"})->ArgsProduct({{16, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+BENCHMARK(BM_Push)->ArgNames({"dim", "tiered"})->ArgsProduct({{16, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+BENCHMARK(BM_MemoryPerRow)->ArgNames({"dim"})->Arg(16)->Arg(64)->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace eps
+
+BENCHMARK_MAIN();

@@ -1,0 +1,112 @@
+// KvStore: a parameter server's store of record and cold tier.
+//
+// Rows of each table live under their exact 64-bit key as fixed-width byte
+// values (weights, optimizer state, a version; the table decides). Two back
+// ends pass one conformance suite (tests/ps/kv_store_test.cc): an in-memory
+// fake, and RocksDB with one column family per table, batched reads
+// (MultiGet) and atomic batched writes (WriteBatch, WAL on).
+//
+// Keys are stored as 8-byte big-endian strings, so RocksDB's bytewise order
+// is numeric order.
+//
+// Thread-safety: safe for concurrent use (a KvStore's destruction excepted).
+
+#ifndef EPS_PS_KV_STORE_H_
+#define EPS_PS_KV_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "core/status.h"
+
+namespace eps {
+
+struct KvWrite {
+  uint32_t table = 0;
+  uint64_t key = 0;
+  absl::string_view value;  // must stay valid during Write
+};
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+
+  // Makes `table` usable (a column family "t<table>" in RocksDB). Idempotent.
+  // kUnavailable on I/O errors.
+  virtual Status CreateTable(uint32_t table) = 0;
+
+  // Reads `keys` of `table` from one consistent snapshot of it: *found is
+  // resized to keys.size(); for each found key i, its value is copied to
+  // out[i * value_bytes, (i + 1) * value_bytes) and (*found)[i] = true;
+  // missing keys leave their bytes untouched and (*found)[i] = false. Keys
+  // may repeat and need not be sorted. Blocks on disk reads. kDataLoss when
+  // a stored value is not `value_bytes` long or unreadable (corrupt);
+  // kNotFound for an unknown table; kUnavailable on I/O errors. On an error,
+  // `out` and *found hold unspecified contents.
+  // REQUIRES: out.size() == keys.size() * value_bytes; found != nullptr.
+  virtual Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
+                          std::span<char> out, std::vector<bool>* found) = 0;
+
+  // Applies all `writes` atomically (all or none), through the WAL. With
+  // `sync` the WAL is fsynced before returning. Later writes of the same key
+  // in one call win. Values may have any length. An empty `writes` is OK.
+  // kNotFound for an unknown table (nothing is written); kUnavailable on I/O
+  // errors.
+  virtual Status Write(std::span<const KvWrite> writes, bool sync) = 0;
+
+  // Writes a consistent snapshot of every table into `dir`, which must not
+  // exist (its parent must). Blocks while the memtables are flushed.
+  // RocksDB: a Checkpoint (SSTs hard-linked where possible, so it is cheap
+  // and shares disk space with the store until compaction replaces them).
+  // kAlreadyExists when `dir` exists; kNotFound when its parent does not;
+  // kUnavailable on other I/O errors; kUnimplemented for the fake.
+  virtual Status Checkpoint(const std::string& dir) = 0;
+
+  // Approximate number of stored rows of `table` (0 for an unknown table;
+  // RocksDB's estimate counts overwritten keys until compaction merges
+  // them), and approximate bytes on disk of the whole store (SST files plus
+  // unflushed memtables, which stand for the WAL; 0 for the fake). Cheap:
+  // no disk I/O.
+  virtual uint64_t ApproximateRows(uint32_t table) = 0;
+  virtual uint64_t ApproximateDiskBytes() = 0;
+};
+
+struct RocksKvStoreOptions {
+  // Directory of the database. Required.
+  std::string dir;
+  // RocksDB block cache, MiB. Default 8. Counts toward the server's fixed
+  // memory overhead.
+  int64_t block_cache_mb = 8;
+  // Memtable size per column family, MiB. Default 4.
+  int64_t write_buffer_mb = 4;
+};
+
+// Opens (creating if missing) a RocksDB store, with every column family it
+// already holds. kInvalidArgument for an empty dir or non-positive sizes;
+// kUnavailable naming the directory when it cannot be opened (locked by
+// another open store, in this process or another; not writable); kDataLoss
+// when corrupt or holding a column family that is not "t<id>".
+StatusOr<std::unique_ptr<KvStore>> OpenRocksKvStore(const RocksKvStoreOptions& options);
+
+// The in-memory fake: the same contract, nothing durable; its Checkpoint
+// returns kUnimplemented.
+std::unique_ptr<KvStore> NewMemoryKvStore();
+
+// Replaces the database in `dir` by a copy of checkpoint `checkpoint`
+// (made by KvStore::Checkpoint), leaving the checkpoint unchanged. The store
+// in `dir` must not be open. The copy is built and fsynced beside `dir`
+// (in `dir`.restore) and then renamed into place, so a crash leaves either
+// the old database or the restored one (or, between the two steps, no `dir`
+// and a complete `dir`.restore; calling again finishes the job). kNotFound
+// when the checkpoint does not exist; kDataLoss when it is not a database
+// (no CURRENT file); kInvalidArgument when it lies inside `dir`;
+// kUnavailable on I/O errors.
+Status RestoreRocksCheckpoint(const std::string& checkpoint, const std::string& dir);
+
+}  // namespace eps
+
+#endif  // EPS_PS_KV_STORE_H_

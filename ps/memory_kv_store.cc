@@ -1,0 +1,88 @@
+// The in-memory fake of KvStore (ps/kv_store.h): same contract, nothing
+// durable. Tests and the conformance suite use it in place of RocksDB.
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "core/logging.h"
+#include "ps/kv_store.h"
+
+namespace eps {
+namespace {
+
+class MemoryKvStore final : public KvStore {
+ public:
+  Status CreateTable(uint32_t table) override {
+    absl::MutexLock lock(&mu_);
+    tables_.try_emplace(table);
+    return absl::OkStatus();
+  }
+
+  Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
+                  std::span<char> out, std::vector<bool>* found) override {
+    CHECK(found != nullptr);
+    CHECK_EQ(out.size(), keys.size() * value_bytes);
+    // One reader lock over the whole batch: a consistent snapshot.
+    absl::ReaderMutexLock lock(&mu_);
+    auto table_it = tables_.find(table);
+    if (table_it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table ", table));
+    const Rows& rows = table_it->second;
+    found->assign(keys.size(), false);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = rows.find(keys[i]);
+      if (it == rows.end()) continue;
+      if (it->second.size() != value_bytes) {
+        return absl::DataLossError(absl::StrCat("key ", keys[i], " of table ", table, " holds ",
+                                                it->second.size(), " bytes, expected ",
+                                                value_bytes));
+      }
+      std::memcpy(out.data() + i * value_bytes, it->second.data(), value_bytes);
+      (*found)[i] = true;
+    }
+    return absl::OkStatus();
+  }
+
+  Status Write(std::span<const KvWrite> writes, bool sync) override {
+    absl::MutexLock lock(&mu_);
+    // All tables are checked first: an unknown one writes nothing.
+    for (const KvWrite& write : writes) {
+      if (!tables_.contains(write.table)) {
+        return absl::NotFoundError(absl::StrCat("no table ", write.table));
+      }
+    }
+    for (const KvWrite& write : writes) {
+      tables_[write.table][write.key].assign(write.value.data(), write.value.size());
+    }
+    return absl::OkStatus();
+  }
+
+  Status Checkpoint(const std::string& dir) override {
+    return absl::UnimplementedError("the in-memory kv store cannot checkpoint");
+  }
+
+  uint64_t ApproximateRows(uint32_t table) override {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = tables_.find(table);
+    return it == tables_.end() ? 0 : it->second.size();
+  }
+
+  uint64_t ApproximateDiskBytes() override { return 0; }
+
+ private:
+  using Rows = absl::flat_hash_map<uint64_t, std::string>;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint32_t, Rows> tables_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<KvStore> NewMemoryKvStore() { return std::make_unique<MemoryKvStore>(); }
+
+}  // namespace eps

@@ -1,0 +1,439 @@
+// The RocksDB back end of KvStore (ps/kv_store.h), and checkpoint restore.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "core/logging.h"
+#include "ps/kv_store.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/options.h"
+#include "rocksdb/table.h"
+#include "rocksdb/utilities/checkpoint.h"
+#include "rocksdb/write_batch.h"
+
+namespace eps {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kKeyBytes = sizeof(uint64_t);
+
+// MultiGet reads at most this many keys per RocksDB call: it bounds the
+// PinnableSlices (about 100 bytes each) and the cache blocks pinned at once.
+constexpr size_t kMultiGetChunk = 4096;
+
+std::string FamilyName(uint32_t table) { return absl::StrCat("t", table); }
+
+// The table of a family named "t<id>"; false for any other name.
+bool ParseFamilyName(const std::string& name, uint32_t* table) {
+  return name.size() > 1 && name[0] == 't' && absl::SimpleAtoi(name.substr(1), table) &&
+         name == FamilyName(*table);
+}
+
+// Big-endian, so that bytewise key order is numeric order.
+void EncodeKey(uint64_t key, char* out) {
+  for (size_t i = 0; i < kKeyBytes; ++i) {
+    out[i] = static_cast<char>(key >> (8 * (kKeyBytes - 1 - i)));
+  }
+}
+
+// Maps a RocksDB failure onto our codes: corruption is kDataLoss, anything
+// else from the disk is worth retrying (kUnavailable).
+Status FromRocks(const rocksdb::Status& status, absl::string_view context) {
+  const std::string message = absl::StrCat(context, ": ", status.ToString());
+  if (status.IsCorruption()) return absl::DataLossError(message);
+  return absl::UnavailableError(message);
+}
+
+// fsyncs a file or directory, so that a restored database survives a
+// machine crash.
+Status SyncPath(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path.string()));
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced) return absl::UnavailableError(absl::StrCat("cannot fsync ", path.string()));
+  return absl::OkStatus();
+}
+
+rocksdb::ColumnFamilyOptions FamilyOptions(const RocksKvStoreOptions& options,
+                                           const std::shared_ptr<rocksdb::Cache>& cache) {
+  rocksdb::BlockBasedTableOptions table;
+  // One LRU cache shared by every table: the block cache is a fixed part of
+  // the server's memory overhead, whatever the number of tables.
+  table.block_cache = cache;
+  // Pulls are point lookups, and a pull of a new row misses: a full (not
+  // block-based) 10 bits/key Bloom filter answers most misses without a
+  // data block read (~1% false positives), and is what the batched MultiGet
+  // path is optimized for. We keep filters on the last level too
+  // (optimize_filters_for_hits stays false), since misses are common.
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(/*bits_per_key=*/10));
+  table.whole_key_filtering = true;
+  // Index and filter blocks of a table larger than RAM are large too (10
+  // bits/key is 125 MB per 10^8 rows): charging them to the block cache
+  // keeps the server's memory bounded by the budget plus a fixed overhead.
+  // L0's are pinned since every lookup checks each L0 file.
+  table.cache_index_and_filter_blocks = true;
+  table.cache_index_and_filter_blocks_with_high_priority = true;
+  table.pin_l0_filter_and_index_blocks_in_cache = true;
+  // Rows are small (tens to hundreds of bytes): 4 KiB blocks keep a point
+  // read's I/O small.
+  table.block_size = 4 << 10;
+
+  rocksdb::ColumnFamilyOptions family;
+  family.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  family.write_buffer_size = static_cast<size_t>(options.write_buffer_mb) << 20;
+  // One memtable taking writes while the other flushes; more would only
+  // add memory.
+  family.max_write_buffer_number = 2;
+  // Leveled compaction: the least space and read amplification, at the cost
+  // of write amplification, which a flush-interval write pattern (each row
+  // rewritten at most once per interval) keeps moderate. Dynamic level sizes
+  // bound space amplification to ~1.1x.
+  family.compaction_style = rocksdb::kCompactionStyleLevel;
+  family.level_compaction_dynamic_level_bytes = true;
+  // Values are float weights and optimizer state, which general-purpose
+  // compressors shrink little: no compression, so a point read costs no
+  // decompression (measured: LZ4 bought no speed and little space).
+  family.compression = rocksdb::kNoCompression;
+  return family;
+}
+
+class RocksKvStore final : public KvStore {
+ public:
+  RocksKvStore(std::shared_ptr<rocksdb::Cache> cache, rocksdb::ColumnFamilyOptions family_options,
+               std::unique_ptr<rocksdb::DB> db, std::vector<rocksdb::ColumnFamilyHandle*> handles,
+               absl::flat_hash_map<uint32_t, rocksdb::ColumnFamilyHandle*> tables)
+      : cache_(std::move(cache)),
+        family_options_(std::move(family_options)),
+        db_(std::move(db)),
+        handles_(std::move(handles)),
+        tables_(std::move(tables)) {}
+
+  ~RocksKvStore() override {
+    // Handles belong to the DB: they go first; Close then reports what a
+    // destructor alone would swallow.
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    {
+      absl::MutexLock lock(&mu_);
+      tables_.clear();
+      handles.swap(handles_);
+    }
+    for (rocksdb::ColumnFamilyHandle* handle : handles) {
+      rocksdb::Status status = db_->DestroyColumnFamilyHandle(handle);
+      if (!status.ok()) LOG(ERROR) << "kv store: " << status.ToString();
+    }
+    rocksdb::Status status = db_->Close();
+    if (!status.ok()) LOG(ERROR) << "kv store: closing: " << status.ToString();
+  }
+
+  Status CreateTable(uint32_t table) override {
+    // create_mu_ serializes creators across the disk write, so two of them
+    // cannot both create "t<table>"; readers only ever take mu_, briefly.
+    absl::MutexLock create_lock(&create_mu_);
+    if (Family(table) != nullptr) return absl::OkStatus();
+    rocksdb::ColumnFamilyHandle* handle = nullptr;
+    rocksdb::Status status = db_->CreateColumnFamily(family_options_, FamilyName(table), &handle);
+    if (!status.ok()) return FromRocks(status, absl::StrCat("creating table ", table));
+    absl::MutexLock lock(&mu_);
+    handles_.push_back(handle);
+    tables_[table] = handle;
+    return absl::OkStatus();
+  }
+
+  Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
+                  std::span<char> out, std::vector<bool>* found) override {
+    CHECK(found != nullptr);
+    CHECK_EQ(out.size(), keys.size() * value_bytes);
+    rocksdb::ColumnFamilyHandle* family = Family(table);
+    if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
+    found->assign(keys.size(), false);
+    if (keys.empty()) return absl::OkStatus();
+
+    rocksdb::ReadOptions read_options;
+    // A batch larger than one chunk reads every chunk at one snapshot.
+    const rocksdb::Snapshot* snapshot = nullptr;
+    if (keys.size() > kMultiGetChunk) {
+      snapshot = db_->GetSnapshot();
+      read_options.snapshot = snapshot;
+    }
+    const size_t chunk = std::min(keys.size(), kMultiGetChunk);
+    std::vector<char> encoded(chunk * kKeyBytes);
+    std::vector<rocksdb::Slice> slices(chunk);
+    std::vector<rocksdb::PinnableSlice> values(chunk);
+    std::vector<rocksdb::Status> statuses(chunk);
+    Status result;
+    for (size_t begin = 0; begin < keys.size() && result.ok(); begin += chunk) {
+      const size_t n = std::min(chunk, keys.size() - begin);
+      for (size_t i = 0; i < n; ++i) {
+        EncodeKey(keys[begin + i], &encoded[i * kKeyBytes]);
+        slices[i] = rocksdb::Slice(&encoded[i * kKeyBytes], kKeyBytes);
+      }
+      db_->MultiGet(read_options, family, n, slices.data(), values.data(), statuses.data());
+      for (size_t i = 0; i < n; ++i) {
+        const size_t index = begin + i;
+        if (statuses[i].IsNotFound()) continue;
+        if (!statuses[i].ok()) {
+          result = FromRocks(statuses[i],
+                             absl::StrCat("reading key ", keys[index], " of table ", table));
+          break;
+        }
+        if (values[i].size() != value_bytes) {
+          result =
+              absl::DataLossError(absl::StrCat("key ", keys[index], " of table ", table, " holds ",
+                                               values[i].size(), " bytes, expected ", value_bytes));
+          break;
+        }
+        std::memcpy(out.data() + index * value_bytes, values[i].data(), value_bytes);
+        (*found)[index] = true;
+      }
+      // Releases the pinned blocks before the next chunk.
+      for (size_t i = 0; i < n; ++i) values[i].Reset();
+    }
+    if (snapshot != nullptr) db_->ReleaseSnapshot(snapshot);
+    return result;
+  }
+
+  Status Write(std::span<const KvWrite> writes, bool sync) override {
+    if (writes.empty()) return absl::OkStatus();
+    rocksdb::WriteBatch batch;
+    // Tables are looked up once per run of equal tables; all are checked
+    // before anything is written, so an unknown one writes nothing.
+    uint32_t last_table = writes.front().table;
+    rocksdb::ColumnFamilyHandle* family = Family(last_table);
+    char key[kKeyBytes];
+    for (const KvWrite& write : writes) {
+      if (write.table != last_table) {
+        last_table = write.table;
+        family = Family(last_table);
+      }
+      if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", write.table));
+      EncodeKey(write.key, key);
+      rocksdb::Status status = batch.Put(family, rocksdb::Slice(key, kKeyBytes),
+                                         rocksdb::Slice(write.value.data(), write.value.size()));
+      if (!status.ok()) return FromRocks(status, "building a write batch");
+    }
+    rocksdb::WriteOptions write_options;
+    write_options.sync = sync;
+    write_options.disableWAL = false;
+    rocksdb::Status status = db_->Write(write_options, &batch);
+    if (!status.ok()) return FromRocks(status, absl::StrCat("writing ", writes.size(), " rows"));
+    return absl::OkStatus();
+  }
+
+  Status Checkpoint(const std::string& dir) override {
+    std::error_code error;
+    // RocksDB wants an absolute path.
+    const fs::path target = fs::absolute(dir, error);
+    if (error) return absl::InvalidArgumentError(absl::StrCat("bad checkpoint path ", dir));
+    if (fs::exists(target, error)) {
+      return absl::AlreadyExistsError(absl::StrCat("checkpoint ", dir, " already exists"));
+    }
+    if (!fs::is_directory(target.parent_path(), error)) {
+      return absl::NotFoundError(
+          absl::StrCat("the parent of checkpoint ", dir, " is not a directory"));
+    }
+    rocksdb::Checkpoint* raw = nullptr;
+    rocksdb::Status status = rocksdb::Checkpoint::Create(db_.get(), &raw);
+    std::unique_ptr<rocksdb::Checkpoint> checkpoint(raw);
+    // log_size_for_flush 0: every memtable is flushed first, so the
+    // checkpoint holds every acknowledged write, in SSTs.
+    if (status.ok())
+      status = checkpoint->CreateCheckpoint(target.string(), /*log_size_for_flush=*/0);
+    if (!status.ok()) return FromRocks(status, absl::StrCat("checkpoint into ", dir));
+    return absl::OkStatus();
+  }
+
+  uint64_t ApproximateRows(uint32_t table) override {
+    rocksdb::ColumnFamilyHandle* family = Family(table);
+    uint64_t rows = 0;
+    if (family == nullptr || !db_->GetIntProperty(family, "rocksdb.estimate-num-keys", &rows)) {
+      return 0;
+    }
+    return rows;
+  }
+
+  uint64_t ApproximateDiskBytes() override {
+    // SSTs (live and those still referenced by old versions: all on disk),
+    // plus the memtables, whose contents the WAL holds on disk until they
+    // are flushed. Memtable arena sizes overstate the WAL a little; listing
+    // the WAL files instead would take the DB mutex and read the directory,
+    // too costly for every heartbeat.
+    uint64_t sst = 0;
+    uint64_t memtables = 0;
+    db_->GetAggregatedIntProperty("rocksdb.total-sst-files-size", &sst);
+    db_->GetAggregatedIntProperty("rocksdb.size-all-mem-tables", &memtables);
+    return sst + memtables;
+  }
+
+ private:
+  // The handle of `table`, or nullptr. Handles live as long as the store,
+  // so the pointer stays valid after mu_ is released.
+  rocksdb::ColumnFamilyHandle* Family(uint32_t table) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = tables_.find(table);
+    return it == tables_.end() ? nullptr : it->second;
+  }
+
+  // Members destroyed in reverse order: the cache outlives the DB.
+  const std::shared_ptr<rocksdb::Cache> cache_;
+  const rocksdb::ColumnFamilyOptions family_options_;
+  const std::unique_ptr<rocksdb::DB> db_;
+  absl::Mutex create_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex mu_;
+  // Every handle Open or CreateColumnFamily returned, default included.
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, rocksdb::ColumnFamilyHandle*> tables_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<KvStore>> OpenRocksKvStore(const RocksKvStoreOptions& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("the kv store needs a directory");
+  if (options.block_cache_mb <= 0 || options.write_buffer_mb <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv store: block_cache_mb (", options.block_cache_mb,
+                     ") and write_buffer_mb (", options.write_buffer_mb, ") must be positive"));
+  }
+  std::shared_ptr<rocksdb::Cache> cache =
+      rocksdb::NewLRUCache(static_cast<size_t>(options.block_cache_mb) << 20);
+  rocksdb::ColumnFamilyOptions family_options = FamilyOptions(options, cache);
+
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  // Flushes and compactions: two jobs keep up with a flush-interval write
+  // load without taking cores from serving.
+  db_options.max_background_jobs = 2;
+  // RocksDB's own info LOG: a couple of files is enough to debug with.
+  db_options.keep_log_file_num = 2;
+  db_options.max_log_file_size = 16 << 20;
+
+  // Every family the store holds must be opened; a new store holds only
+  // "default", and ListColumnFamilies fails on it (no MANIFEST yet).
+  std::vector<std::string> names;
+  rocksdb::Status status = rocksdb::DB::ListColumnFamilies(db_options, options.dir, &names);
+  if (!status.ok() || names.empty()) names = {rocksdb::kDefaultColumnFamilyName};
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (const std::string& name : names) {
+    uint32_t table = 0;
+    if (name != rocksdb::kDefaultColumnFamilyName && !ParseFamilyName(name, &table)) {
+      return absl::DataLossError(absl::StrCat("the kv store in ", options.dir,
+                                              " holds an unexpected column family ", name));
+    }
+    descriptors.emplace_back(name, family_options);
+  }
+
+  rocksdb::DB* raw = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  status = rocksdb::DB::Open(db_options, options.dir, descriptors, &handles, &raw);
+  if (!status.ok()) {
+    const std::string message =
+        absl::StrCat("cannot open the kv store in ", options.dir, ": ", status.ToString());
+    if (status.IsCorruption()) return absl::DataLossError(message);
+    return absl::UnavailableError(message);
+  }
+  std::unique_ptr<rocksdb::DB> db(raw);
+  absl::flat_hash_map<uint32_t, rocksdb::ColumnFamilyHandle*> tables;
+  for (rocksdb::ColumnFamilyHandle* handle : handles) {
+    uint32_t table = 0;
+    if (ParseFamilyName(handle->GetName(), &table)) tables[table] = handle;
+  }
+  return std::unique_ptr<KvStore>(new RocksKvStore(std::move(cache), std::move(family_options),
+                                                   std::move(db), std::move(handles),
+                                                   std::move(tables)));
+}
+
+Status RestoreRocksCheckpoint(const std::string& checkpoint, const std::string& dir) {
+  std::error_code error;
+  const fs::path source = fs::absolute(checkpoint, error);
+  if (error) return absl::InvalidArgumentError(absl::StrCat("bad checkpoint path ", checkpoint));
+  const fs::path target = fs::absolute(dir, error).lexically_normal();
+  if (error || !target.has_filename()) {
+    return absl::InvalidArgumentError(absl::StrCat("bad database path ", dir));
+  }
+  if (!fs::is_directory(source, error)) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint ", checkpoint));
+  }
+  if (!fs::is_regular_file(source / "CURRENT", error)) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", checkpoint, " is not a RocksDB database (no CURRENT)"));
+  }
+  // Removing `dir` would delete a checkpoint kept inside it.
+  const fs::path canonical_source = fs::weakly_canonical(source, error);
+  const fs::path canonical_target = fs::weakly_canonical(target, error);
+  if (error) return absl::UnavailableError(absl::StrCat("cannot resolve ", dir));
+  const auto [target_end, unused] = std::mismatch(canonical_target.begin(), canonical_target.end(),
+                                                  canonical_source.begin(), canonical_source.end());
+  if (target_end == canonical_target.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", checkpoint, " lies inside the database dir ", dir));
+  }
+
+  // Build the copy beside `dir`, then swap it in: a crash midway never
+  // leaves a half-copied database under `dir`.
+  const fs::path staging = fs::path(target.string() + ".restore");
+  fs::remove_all(staging, error);
+  if (error || !fs::create_directories(staging, error) || error) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", staging.string()));
+  }
+  // Error-code overloads throughout: std::filesystem must not throw here.
+  fs::directory_iterator it(source, error);
+  for (; !error && it != fs::directory_iterator(); it.increment(error)) {
+    const fs::directory_entry& entry = *it;
+    std::error_code type_error;
+    if (!entry.is_regular_file(type_error)) continue;
+    const fs::path to = staging / entry.path().filename();
+    // SSTs are immutable once written (RocksDB deletes them, never edits
+    // them), so a hard link is safe and costs no space or time. Every other
+    // file (CURRENT, MANIFEST, OPTIONS, WALs) is copied: the reopened
+    // database may append to or truncate them, which through a link would
+    // change the checkpoint.
+    bool linked = false;
+    if (entry.path().extension() == ".sst") {
+      std::error_code link_error;
+      fs::create_hard_link(entry.path(), to, link_error);
+      linked = !link_error;  // else another file system: copy
+    }
+    if (!linked) {
+      if (!fs::copy_file(entry.path(), to, error) || error) {
+        return absl::UnavailableError(absl::StrCat("cannot copy ", entry.path().string(), " to ",
+                                                   to.string(), ": ", error.message()));
+      }
+      RETURN_IF_ERROR(SyncPath(to));
+    }
+  }
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot list checkpoint ", checkpoint, ": ", error.message()));
+  }
+  RETURN_IF_ERROR(SyncPath(staging));
+  fs::remove_all(target, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("cannot remove ", dir, ": ", error.message()));
+  }
+  fs::rename(staging, target, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", staging.string(), " to ", dir, ": ", error.message()));
+  }
+  return SyncPath(target.parent_path());
+}
+
+}  // namespace eps

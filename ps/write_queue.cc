@@ -1,0 +1,89 @@
+#include "ps/write_queue.h"
+
+#include "absl/time/clock.h"
+#include "core/logging.h"
+
+namespace eps {
+
+WriteQueue::WriteQueue(KvStore* store) : store_(store) {
+  committer_ = std::thread([this] { CommitLoop(); });
+}
+
+WriteQueue::~WriteQueue() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  committer_.join();
+}
+
+uint64_t WriteQueue::Append(uint32_t table, uint64_t key, const void* bytes, size_t size) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(Entry{table, key, std::string(static_cast<const char*>(bytes), size)});
+  queued_bytes_ += size;
+  return next_seq_++;
+}
+
+Status WriteQueue::WaitDurable(uint64_t seq, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return durable_seq() >= seq || !error_.ok();
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+    return absl::DeadlineExceededError("rows were not written to the store in time");
+  }
+  return durable_seq() >= seq ? absl::OkStatus() : error_;
+}
+
+Status WriteQueue::status() const {
+  absl::MutexLock lock(&mu_);
+  return error_;
+}
+
+uint64_t WriteQueue::queued_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return queued_bytes_;
+}
+
+void WriteQueue::CommitLoop() {
+  std::vector<Entry> batch;
+  std::vector<KvWrite> writes;
+  while (true) {
+    uint64_t last_seq;
+    {
+      absl::MutexLock lock(&mu_);
+      // After a failed write nothing more is written: wait for the end.
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || (!queue_.empty() && error_.ok());
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty() || !error_.ok()) return;  // stopping
+      batch.swap(queue_);
+      queued_bytes_ = 0;
+      last_seq = next_seq_ - 1;
+    }
+    // Everything queued so far, in order, as one atomic write; a later image
+    // of a key in the batch wins.
+    writes.clear();
+    writes.reserve(batch.size());
+    for (const Entry& entry : batch) {
+      writes.push_back(KvWrite{entry.table, entry.key, entry.bytes});
+    }
+    const absl::Time start = absl::Now();
+    Status written = store_->Write(writes, /*sync=*/false);
+    last_write_us_.store(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)),
+                         std::memory_order_relaxed);
+    absl::MutexLock lock(&mu_);
+    if (!written.ok()) {
+      LOG(ERROR) << "writing " << batch.size() << " rows to the store failed: " << written;
+      error_ = written;
+      continue;
+    }
+    batches_.fetch_add(1, std::memory_order_relaxed);
+    rows_.fetch_add(batch.size(), std::memory_order_relaxed);
+    durable_seq_.store(last_seq, std::memory_order_release);
+    batch.clear();
+  }
+}
+
+}  // namespace eps

@@ -1,0 +1,84 @@
+// WriteQueue: the ordered path from a server's hot tier to its KvStore.
+//
+// Tables append row images (key + bytes) while holding the row's stripe
+// lock, so the queue holds every key's writes in the order they were made;
+// one committer thread writes whatever has queued up as one atomic batch
+// (group commit) and advances durable_seq(). A row whose latest image is
+// durable may leave memory: the store then holds exactly what memory held.
+//
+// Thread-safety: safe for concurrent use.
+
+#ifndef EPS_PS_WRITE_QUEUE_H_
+#define EPS_PS_WRITE_QUEUE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/status.h"
+#include "ps/kv_store.h"
+
+namespace eps {
+
+class WriteQueue {
+ public:
+  // `store` must outlive the queue. Starts the committer thread.
+  explicit WriteQueue(KvStore* store);
+  // Writes what is queued, then stops the committer.
+  ~WriteQueue();
+  WriteQueue(const WriteQueue&) = delete;
+  WriteQueue& operator=(const WriteQueue&) = delete;
+
+  // Queues a row image; returns its sequence number (rising from 1).
+  uint64_t Append(uint32_t table, uint64_t key, const void* bytes, size_t size);
+
+  // Highest sequence number written to the store (every lower one too).
+  uint64_t durable_seq() const { return durable_seq_.load(std::memory_order_acquire); }
+
+  // Blocks until `seq` is durable or `timeout` passes. kDeadlineExceeded on
+  // timeout; the committer's error (kUnavailable) when a write failed.
+  Status WaitDurable(uint64_t seq, absl::Duration timeout);
+
+  // The first write error, if any (the queue then stops writing: a server
+  // that cannot persist must not acknowledge more).
+  Status status() const;
+
+  // Statistics.
+  uint64_t batches_written() const { return batches_.load(std::memory_order_relaxed); }
+  uint64_t rows_written() const { return rows_.load(std::memory_order_relaxed); }
+  // Duration of the last batch write, in microseconds.
+  uint64_t last_write_us() const { return last_write_us_.load(std::memory_order_relaxed); }
+  // Bytes queued and not yet written.
+  uint64_t queued_bytes() const;
+
+ private:
+  struct Entry {
+    uint32_t table;
+    uint64_t key;
+    std::string bytes;
+  };
+  void CommitLoop();
+
+  KvStore* const store_;
+  mutable absl::Mutex mu_;
+  std::vector<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  Status error_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> durable_seq_{0};
+  std::atomic<uint64_t> batches_{0};
+  std::atomic<uint64_t> rows_{0};
+  std::atomic<uint64_t> last_write_us_{0};
+  std::thread committer_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_PS_WRITE_QUEUE_H_
