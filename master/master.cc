@@ -407,7 +407,11 @@ Status Master::Impl::Start() {
     if (snapshot.has_value()) {
       RETURN_IF_ERROR(Restore(*snapshot));
     } else {
-      events_->Record("job_started", {{"job", job.job.name}});
+      std::random_device random;
+      job_spec_.set_job_id(absl::StrFormat("%08x%08x%08x%08x", random(), random(), random(),
+                                           random()));
+      master_dirty_ = true;
+      events_->Record("job_started", {{"job", job.job.name}, {"job_id", job_spec_.job_id()}});
     }
   }
   RETURN_IF_ERROR(StartServing());
@@ -437,6 +441,7 @@ Status Master::Impl::Restore(const MasterSnapshot& snapshot) {
         ", or use a fresh --data-dir to train again"));
   }
   resumed_ = true;
+  job_spec_.set_job_id(record.job_id());
   next_worker_id_ = record.next_worker_id();
   next_server_id_ = record.next_server_id();
   membership_epoch_ = record.membership_epoch() + 1;
@@ -635,6 +640,7 @@ proto::MasterRecord Master::Impl::MasterRecordNow() const {
   proto::MasterRecord record;
   record.set_format_version(1);
   record.set_config_fingerprint(fingerprint_);
+  record.set_job_id(job_spec_.job_id());
   record.set_phase(static_cast<uint32_t>(phase_));
   record.set_epoch(epoch_);
   record.set_failure(failure_);
@@ -1190,6 +1196,12 @@ Status Master::Impl::HandleRegisterServer(const Message& request, Message* reply
   const proto::RegisterServerRequest& body = request.header().register_server_request();
   if (!ParseTcpEndpoint(body.endpoint()).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("bad server endpoint '", body.endpoint(), "'"));
+  }
+  const std::string this_job = absl::StrCat(job_spec_.job_id(), " ", job_spec_.name());
+  if (!body.stored_job().empty() && body.stored_job() != this_job) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the server's --data-dir holds the parameters of job ", body.stored_job(),
+        ", not of this job (", this_job, "); give it a fresh --data-dir"));
   }
   absl::MutexLock lock(&mu_);
   if (JobOver()) {

@@ -48,7 +48,9 @@ int main(int argc, char** argv) {
   eps::ParamServer server(options);
   if (eps::Status started = server.Start(); !started.ok()) {
     std::cerr << "eps-server: " << started.message() << "\n";
-    return 1;
+    // A data dir of another job, or a bad option, is a usage error.
+    const bool usage = absl::IsFailedPrecondition(started) || absl::IsInvalidArgument(started);
+    return usage ? 2 : 1;
   }
   signal_watcher.Start([&server](int signal) {
     LOG(WARNING) << "received " << strsignal(signal) << "; exiting";

@@ -167,6 +167,7 @@ Status ParamServer::Impl::Start() {
   body->set_endpoint(endpoint_);
   body->set_hostname(Hostname());
   body->set_pid(static_cast<uint32_t>(getpid()));
+  body->set_stored_job(storage_->stored_job());
   CallOptions call;
   call.attempt_timeout = absl::Seconds(1);
   call.max_attempts = std::max<int>(1, static_cast<int>(absl::ToInt64Seconds(options_.master_wait)));
@@ -177,8 +178,11 @@ Status ParamServer::Impl::Start() {
   }());
   StatusOr<Message> reply = master_channel_.Call(options_.master, std::move(request), call);
   if (!reply.ok()) {
-    return Annotate(reply.status(), absl::StrCat("cannot register with the master at ",
-                                                 options_.master));
+    return Annotate(reply.status(),
+                    absl::StrCat("cannot register with the master at ", options_.master,
+                                 options_.storage.data_dir.empty()
+                                     ? std::string()
+                                     : absl::StrCat(" (--data-dir ", options_.storage.data_dir, ")")));
   }
   id_ = reply->header().register_server_reply().server_id();
   job_ = reply->header().register_server_reply().job();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -90,6 +91,21 @@ ServerStorage::~ServerStorage() {
 }
 
 Status ServerStorage::CreateTables(const proto::JobSpec& job) {
+  if (!options_.data_dir.empty() && !job.job_id().empty()) {
+    const std::string want = absl::StrCat(job.job_id(), " ", job.name());
+    const std::string have = stored_job();
+    if (!have.empty() && have != want) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--data-dir ", options_.data_dir, " holds the parameters of job ", have,
+          ", not of this job (", want, "); give this server a fresh --data-dir"));
+    }
+    if (have.empty()) {
+      const std::filesystem::path marker = std::filesystem::path(options_.data_dir) / "JOB";
+      std::ofstream out(marker, std::ios::trunc);
+      out << want << "\n";
+      if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", marker.string()));
+    }
+  }
   TableStorage storage;
   storage.store = store_.get();
   storage.queue = queue_.get();
@@ -128,6 +144,9 @@ Status ServerStorage::Flush() {
   for (const auto& table : tables_) seq = std::max(seq, table->QueueDirtyRows());
   if (seq > 0) RETURN_IF_ERROR(queue_->WaitDurable(seq, options_.durability_timeout));
   RETURN_IF_ERROR(queue_->status());
+  // The rows just written may leave memory now; requests alone would evict
+  // them only as fast as they touch rows.
+  for (const auto& table : tables_) table->EvictToBudget();
   absl::MutexLock lock(&mu_);
   last_flush_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
   ++flushes_;
@@ -139,9 +158,12 @@ void ServerStorage::FlushLoop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      // Wake often enough to notice the budget being exceeded: dirty rows
-      // cannot leave memory until flushed.
-      const absl::Duration wait = std::min(options_.flush_interval, absl::Milliseconds(50));
+      // Wake when the next flush is due (not up to one poll later: the
+      // interval bounds what a crash loses), and often enough to notice the
+      // budget being exceeded: dirty rows cannot leave memory until flushed.
+      const absl::Duration due = last + options_.flush_interval - absl::Now();
+      const absl::Duration wait =
+          std::max(absl::ZeroDuration(), std::min(due, absl::Milliseconds(50)));
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
     }
     const absl::Time now = absl::Now();
@@ -183,6 +205,14 @@ StatusOr<CheckpointInfo> ServerStorage::Checkpoint(uint64_t id) {
   LOG(INFO) << "checkpoint " << id << " in " << path << ": " << info.bytes / 1024 << " KiB in "
             << absl::FormatDuration(info.duration);
   return info;
+}
+
+std::string ServerStorage::stored_job() const {
+  if (options_.data_dir.empty()) return "";
+  std::ifstream in(std::filesystem::path(options_.data_dir) / "JOB");
+  std::string line;
+  if (in) std::getline(in, line);
+  return line;
 }
 
 StorageStats ServerStorage::stats() const {

@@ -95,19 +95,28 @@ class ServerStorage {
   ServerStorage(const ServerStorage&) = delete;
   ServerStorage& operator=(const ServerStorage&) = delete;
 
-  // Creates the job's tables (ids 0..n-1). kInvalidArgument for a bad spec.
+  // Creates the job's tables (ids 0..n-1). With a data dir, first ties the
+  // dir to the job: a dir holding another job's parameters (DATA_DIR/JOB
+  // names it) is refused with kFailedPrecondition, naming both jobs.
+  // kInvalidArgument for a bad spec.
   Status CreateTables(const proto::JobSpec& job);
   // Table `id`, or null.
   Table* table(uint32_t id) const;
   size_t num_tables() const;
 
-  // Queues every changed row and waits until it is durable. No-op without
-  // a store.
+  // Queues every changed row and waits until it is durable, then evicts
+  // durable rows while over the memory budget. No-op without a store.
+  // Errors of the queue (kUnavailable; kDeadlineExceeded after
+  // durability_timeout).
   Status Flush();
   // Flush + checkpoint `id` into DATA_DIR/checkpoints/<id>, then drops all
   // but the newest keep_checkpoints. kFailedPrecondition without a store,
   // kAlreadyExists when that checkpoint exists.
   StatusOr<CheckpointInfo> Checkpoint(uint64_t id);
+
+  // The job (DATA_DIR/JOB: "id name") whose parameters the data dir holds;
+  // empty for a fresh or memory-only store.
+  std::string stored_job() const;
 
   StorageStats stats() const;
   const StorageOptions& options() const { return options_; }

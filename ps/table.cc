@@ -1,5 +1,6 @@
 #include "ps/table.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -74,16 +75,26 @@ enum : uint8_t {
   kUseShift = 4,
   kUseMask = 3 << kUseShift,
 };
-inline void NoteUse(uint8_t& flags) {
-  if ((flags & kUseMask) != kUseMask) flags = static_cast<uint8_t>(flags + (1 << kUseShift));
-}
+// Sequence numbers kept per row: 56 bits never wrap (2^56 row writes is
+// over 200 years at 10M rows/s). A narrower, wrapping number would make a
+// row that stays unwritten for half its range look not yet durable, and so
+// unevictable, until it is written again.
+constexpr int kSeqBits = 56;
 struct SlotMeta {
   uint64_t key;
-  uint32_t pending_seq;  // low 32 bits of the queue sequence number
-  uint8_t flags;
-  uint8_t unused[3];
+  uint64_t flags : 8;
+  uint64_t pending_seq : kSeqBits;  // the queue sequence number of its last image
 };
 static_assert(sizeof(SlotMeta) == 16);
+inline void NoteUse(SlotMeta& meta) {
+  if ((meta.flags & kUseMask) != kUseMask) meta.flags = meta.flags + (1 << kUseShift);
+}
+// The row's image `seq` was queued for the store.
+inline void MarkQueued(SlotMeta& meta, uint64_t seq) {
+  CHECK_LT(seq, uint64_t{1} << kSeqBits) << "write sequence numbers exhausted";
+  meta.pending_seq = seq;
+  meta.flags = (meta.flags | kPending) & ~uint64_t{kDirty};
+}
 
 struct IndexEntry {
   uint32_t tag;
@@ -117,6 +128,7 @@ class StripedTable final : public Table {
   Status Pull(std::span<const uint64_t> keys, std::span<float> out) override;
   Status Push(std::span<const uint64_t> keys, std::span<const float> grads) override;
   uint64_t QueueDirtyRows() override;
+  uint64_t EvictToBudget() override;
   TableStats stats() const override;
   uint64_t bytes_per_row() const override { return bytes_per_row_; }
 
@@ -163,9 +175,13 @@ class StripedTable final : public Table {
   void RemoveFromIndexLocked(Stripe& stripe, uint64_t key, uint64_t hash)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
   // Evicts up to `count` rows whose image is durable, in GCLOCK order,
-  // while the budget is exceeded.
-  void EvictLocked(Stripe& stripe, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
+  // while the budget is exceeded, moving the hand at most `steps` slots.
+  // Returns the rows evicted.
+  uint64_t EvictLocked(Stripe& stripe, uint64_t count, uint64_t steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
   bool DurableLocked(const SlotMeta& meta) const;
+  // One stripe's share of the rows over the budget (0 when not over).
+  uint64_t ExcessShare() const;
   // Reads the rows of `keys` from the store into `images` (row_floats_ each);
   // found[i] says which exist.
   Status Fetch(const std::vector<uint64_t>& keys, std::vector<float>* images,
@@ -291,6 +307,12 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
     }
   }
 
+  // Each stripe evicts what the request may add to it plus its share of
+  // the excess over the budget when the request began, so that an excess
+  // left behind (rows that could not leave memory until written) shrinks
+  // as requests arrive, not by one row per stripe and request.
+  const uint64_t excess_share = ExcessShare();
+
   std::vector<uint32_t> absent;  // positions j (into order) not in memory
   std::vector<uint64_t> refetch_keys;
   std::vector<float> refetch_images;
@@ -372,12 +394,11 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       float* row = RowLocked(stripe, slot);
       visit(order[j], row);
       SlotMeta& meta = MetaLocked(stripe, slot);
-      NoteUse(meta.flags);
+      NoteUse(meta);
       if (!modify || storage_.store == nullptr) continue;
       if (storage_.write_every_push) {
         const uint64_t seq = storage_.queue->Append(spec_.id(), meta.key, row, row_bytes);
-        meta.pending_seq = static_cast<uint32_t>(seq);
-        meta.flags = static_cast<uint8_t>((meta.flags | kPending) & ~kDirty);
+        MarkQueued(meta, seq);
         *max_seq = std::max(*max_seq, seq);
       } else if (!(meta.flags & kDirty)) {
         meta.flags |= kDirty;
@@ -385,7 +406,11 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       }
     }
     if (storage_.budget != nullptr && storage_.budget->over()) {
-      EvictLocked(stripe, inserted_or_touched + 1);
+      // Bounded work per request; the hand keeps its place across calls, so
+      // successive calls sweep the whole stripe.
+      const uint64_t count = uint64_t{inserted_or_touched} + 1 + excess_share;
+      EvictLocked(stripe, count,
+                  std::min<uint64_t>(2 * uint64_t{stripe.high_water}, 16 * count + 64));
     }
     stripe.mu.Unlock();
   }
@@ -430,8 +455,7 @@ uint64_t StripedTable::QueueDirtyRows() {
       if (!(meta.flags & kDirty)) continue;
       const uint64_t seq =
           storage_.queue->Append(spec_.id(), meta.key, RowLocked(stripe, slot), row_bytes);
-      meta.pending_seq = static_cast<uint32_t>(seq);
-      meta.flags = static_cast<uint8_t>((meta.flags | kPending) & ~kDirty);
+      MarkQueued(meta, seq);
       max_seq = std::max(max_seq, seq);
     }
     stripe.dirty.clear();
@@ -550,24 +574,27 @@ void StripedTable::RemoveFromIndexLocked(Stripe& stripe, uint64_t key, uint64_t 
 bool StripedTable::DurableLocked(const SlotMeta& meta) const {
   if (meta.flags & kDirty) return false;
   if (!(meta.flags & kPending)) return true;
-  const uint32_t durable = static_cast<uint32_t>(storage_.queue->durable_seq());
-  return static_cast<int32_t>(meta.pending_seq - durable) <= 0;
+  return meta.pending_seq <= storage_.queue->durable_seq();
 }
 
-void StripedTable::EvictLocked(Stripe& stripe, uint32_t count) {
-  if (stripe.high_water == 0 || storage_.store == nullptr) return;
-  // Bounded work per call; the hand keeps its place across calls, so
-  // successive calls sweep the whole stripe (each pass lowers a row's use
-  // count; a row at 0 goes).
-  uint32_t steps = std::min(2 * stripe.high_water, 16 * count + 64);
-  uint32_t evicted = 0;
+uint64_t StripedTable::ExcessShare() const {
+  if (storage_.budget == nullptr) return 0;
+  const int64_t excess_bytes = storage_.budget->used() - storage_.budget->limit();
+  if (storage_.budget->limit() <= 0 || excess_bytes <= 0) return 0;
+  return static_cast<uint64_t>(excess_bytes) / bytes_per_row_ / kNumStripes + 1;
+}
+
+uint64_t StripedTable::EvictLocked(Stripe& stripe, uint64_t count, uint64_t steps) {
+  if (stripe.high_water == 0 || storage_.store == nullptr) return 0;
+  // Each pass of the hand lowers a row's use count; a row at 0 goes.
+  uint64_t evicted = 0;
   while (evicted < count && steps-- > 0 && storage_.budget->over()) {
     const uint32_t slot = stripe.clock_hand;
     stripe.clock_hand = stripe.clock_hand + 1 == stripe.high_water ? 0 : stripe.clock_hand + 1;
     SlotMeta& meta = MetaLocked(stripe, slot);
     if (!(meta.flags & kLive)) continue;
     if (meta.flags & kUseMask) {
-      meta.flags = static_cast<uint8_t>(meta.flags - (1 << kUseShift));
+      meta.flags = meta.flags - (1 << kUseShift);
       continue;
     }
     if (!DurableLocked(meta)) continue;  // the flusher has to write it first
@@ -581,6 +608,38 @@ void StripedTable::EvictLocked(Stripe& stripe, uint32_t count) {
     storage_.budget->Add(-static_cast<int64_t>(bytes_per_row_));
   }
   evictions_.fetch_add(evicted, std::memory_order_relaxed);
+  return evicted;
+}
+
+uint64_t StripedTable::EvictToBudget() {
+  if (storage_.budget == nullptr || storage_.store == nullptr) return 0;
+  // Each stripe gives up its part of the excess, in proportion to the rows
+  // it holds, so that no stripe loses its hot rows for the others; with up
+  // to four sweeps of its hand, since a use count is at most 3 and so every
+  // durable row can go by the fourth. A stripe short of durable rows leaves
+  // a remainder, which the next pass shares out again. (The budget is the
+  // server's: this table evicts until it holds, whichever table used it.)
+  constexpr int kMaxPasses = 4;
+  constexpr uint64_t kSweeps = 4;
+  uint64_t evicted = 0;
+  for (int pass = 0; pass < kMaxPasses && storage_.budget->over(); ++pass) {
+    const int64_t excess_bytes = storage_.budget->used() - storage_.budget->limit();
+    const uint64_t rows = rows_.load(std::memory_order_relaxed);
+    if (excess_bytes <= 0 || rows == 0) break;
+    const uint64_t excess_rows =
+        (static_cast<uint64_t>(excess_bytes) + bytes_per_row_ - 1) / bytes_per_row_;
+    uint64_t evicted_in_pass = 0;
+    for (uint32_t s = 0; s < kNumStripes && storage_.budget->over(); ++s) {
+      Stripe& stripe = stripes_[s];
+      absl::MutexLock lock(&stripe.mu);
+      const auto part = static_cast<uint64_t>(
+          (static_cast<unsigned __int128>(excess_rows) * stripe.live + rows - 1) / rows);
+      evicted_in_pass += EvictLocked(stripe, part, kSweeps * stripe.high_water);
+    }
+    evicted += evicted_in_pass;
+    if (evicted_in_pass == 0) break;
+  }
+  return evicted;
 }
 
 void StripedTable::Locate(uint32_t slot, uint32_t* block, uint32_t* offset) const {

@@ -104,6 +104,14 @@ class Table {
   // a store, does nothing and returns 0.
   virtual uint64_t QueueDirtyRows() = 0;
 
+  // Evicts rows whose latest image is durable (GCLOCK order, evenly across
+  // the stripes) until the memory budget holds or no such row is left;
+  // returns how many. Requests evict only about as many rows as they touch,
+  // so call this once rows written by a flush are durable: the rows that
+  // could not leave memory while dirty leave now. Does no I/O; no-op
+  // without a budget.
+  virtual uint64_t EvictToBudget() = 0;
+
   // Rows held in memory.
   uint64_t num_rows() const { return stats().rows_in_memory; }
   // Bytes of memory held (arenas, metadata and indexes).

@@ -45,6 +45,13 @@ uint64_t WriteQueue::queued_bytes() const {
   return queued_bytes_;
 }
 
+void WriteQueue::SkipSequenceNumbersForTesting(uint64_t n) {
+  absl::MutexLock lock(&mu_);
+  CHECK(queue_.empty() && durable_seq() + 1 == next_seq_) << "rows are still being written";
+  next_seq_ += n;
+  durable_seq_.store(next_seq_ - 1, std::memory_order_release);
+}
+
 void WriteQueue::CommitLoop() {
   std::vector<Entry> batch;
   std::vector<KvWrite> writes;

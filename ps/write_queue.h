@@ -57,6 +57,10 @@ class WriteQueue {
   // Bytes queued and not yet written.
   uint64_t queued_bytes() const;
 
+  // Skips `n` sequence numbers, as if `n` more rows had been written.
+  // REQUIRES: everything appended so far is durable.
+  void SkipSequenceNumbersForTesting(uint64_t n);
+
  private:
   struct Entry {
     uint32_t table;

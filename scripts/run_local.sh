@@ -52,7 +52,8 @@ bin="$EPS_BUILD_DIR/bin"
 
 run_dir="$(realpath -m "${EPS_RUN_DIR:-./eps-run}")"
 mkdir -p "$run_dir/logs"
-rm -rf "$run_dir/master"
+# A new job: the master's state and the servers' parameters start empty.
+rm -rf "$run_dir/master" "$run_dir"/server-*
 
 extra=(--ps.num_servers="$servers")
 generate=false

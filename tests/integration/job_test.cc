@@ -290,6 +290,35 @@ TEST(Job, MasterRefusesTheDataDirOfAFinishedOrDifferentJob) {
   EXPECT_TRUE(absl::StrContains(LastLine(output), "data.shard_records")) << output;
 }
 
+// A server's --data-dir holds one job's parameters: a server of another
+// job started on it refuses to start, naming both jobs.
+TEST(Job, ServerRefusesTheDataDirOfAnotherJob) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  ASSERT_NO_FATAL_FAILURE(Generate(dir, 20000));
+  std::string server_dir;
+  {
+    LocalJob first(dir.Join("first"), config, DataFlags(dir));
+    std::filesystem::create_directories(dir.Join("first"));
+    ASSERT_TRUE(first.Start(/*servers=*/2, /*workers=*/1).ok()) << first.Logs();
+    StatusOr<int> master_exit = first.WaitForMaster(kJobTimeout);
+    ASSERT_TRUE(master_exit.ok() && *master_exit == 0) << first.Logs();
+    first.WaitForOthers(absl::Seconds(20));
+    server_dir = dir.Join("first/server-0");
+    ASSERT_TRUE(std::filesystem::exists(server_dir + "/JOB"));
+  }
+  std::filesystem::create_directories(dir.Join("second"));
+  LocalJob second(dir.Join("second"), config, DataFlags(dir));
+  ASSERT_TRUE(second.StartMaster().ok()) << second.Logs();
+  std::vector<std::string> argv = {BinaryPath("eps-server"), "--config", config, "--master",
+                                   second.endpoint(), "--data-dir", server_dir};
+  for (const std::string& flag : DataFlags(dir)) argv.push_back(flag);
+  auto [code, output] = RunToExit(dir, argv);
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_TRUE(absl::StrContains(LastLine(output), "holds the parameters of job")) << output;
+  EXPECT_TRUE(absl::StrContains(LastLine(output), server_dir)) << output;
+}
+
 // eps's LR against a careful single-machine PyTorch LR (bench/reference_lr.py:
 // sparse Adagrad on the ids, one epoch, batch 1024, best of several learning
 // rates) on the same files: within 0.01 eval AUC.

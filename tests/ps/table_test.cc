@@ -41,7 +41,7 @@ std::unique_ptr<Table> MustCreate(const proto::TableSpec& spec, uint64_t seed = 
 
 std::vector<float> PullAll(Table& table, const std::vector<uint64_t>& keys) {
   std::vector<float> out(keys.size() * table.dim(), -999.0f);
-  table.Pull(keys, out);
+  EXPECT_TRUE(table.Pull(keys, out).ok());
   return out;
 }
 
@@ -142,8 +142,8 @@ TEST(Table, PullOfDuplicateKeysCreatesOneRow) {
 TEST(Table, EmptyRequestsDoNothing) {
   auto table = MustCreate(MakeSpec(3, proto::OptimizerSpec::SGD, proto::InitializerSpec::UNIFORM));
   ASSERT_NE(table, nullptr);
-  table->Pull({}, {});
-  table->Push({}, {});
+  EXPECT_TRUE(table->Pull({}, {}).ok());
+  EXPECT_TRUE(table->Push({}, {}).ok());
   EXPECT_EQ(table->num_rows(), 0u);
   EXPECT_EQ(table->memory_bytes(), 0u);
 }
@@ -157,8 +157,8 @@ TEST(Table, PushAppliesOptimizer) {
     PullAll(*table, keys);
     const std::vector<float> g1 = {0.5f, -1.0f, 0.25f, 0.0f, 1.0f, 2.0f, -3.0f, 0.125f};
     const std::vector<float> g2 = {-0.5f, 0.75f, 1.5f, 2.0f, 0.0f, 0.5f, 1.0f, -1.0f};
-    table->Push(keys, g1);
-    table->Push(keys, g2);
+    EXPECT_TRUE(table->Push(keys, g1).ok());
+    EXPECT_TRUE(table->Push(keys, g2).ok());
     const std::vector<float> out = PullAll(*table, keys);
     for (size_t i = 0; i < keys.size(); ++i) {
       const std::vector<float> a(g1.begin() + 4 * i, g1.begin() + 4 * (i + 1));
@@ -175,7 +175,7 @@ TEST(Table, PushCreatesMissingRows) {
   auto table = MustCreate(spec);
   ASSERT_NE(table, nullptr);
   const std::vector<float> g = {0.5f, -0.5f};
-  table->Push(std::vector<uint64_t>{77}, g);
+  EXPECT_TRUE(table->Push(std::vector<uint64_t>{77}, g).ok());
   EXPECT_EQ(table->num_rows(), 1u);
   EXPECT_EQ(PullAll(*table, {77}), ReferenceRow(spec, 42, 77, {g}));
 }
@@ -187,7 +187,7 @@ TEST(Table, DuplicateKeysInPushAreAppliedInOrder) {
   ASSERT_NE(table, nullptr);
   const std::vector<uint64_t> keys = {5, 6, 5, 5};
   const std::vector<float> g = {1.0f, 0.0f, 2.0f, 2.0f, -0.5f, 0.25f, 3.0f, -1.0f};
-  table->Push(keys, g);
+  EXPECT_TRUE(table->Push(keys, g).ok());
   EXPECT_EQ(table->num_rows(), 2u);
   EXPECT_EQ(PullAll(*table, {5}),
             ReferenceRow(spec, 42, 5, {{1.0f, 0.0f}, {-0.5f, 0.25f}, {3.0f, -1.0f}}));
@@ -214,7 +214,7 @@ TEST(Table, ManyKeysGrowIndexAndArena) {
       keys.push_back(key_of(i));
       for (int e = 0; e < kDim; ++e) grads.push_back(static_cast<float>(i % 1000 + e));
     }
-    table->Push(keys, grads);
+    EXPECT_TRUE(table->Push(keys, grads).ok());
   }
   ASSERT_EQ(table->num_rows(), kNumKeys);
 
@@ -256,7 +256,7 @@ TEST(Table, WideRowsStayApart) {
   for (uint64_t k = 0; k < 40; ++k) keys.push_back(k * 1000003);
   std::vector<float> g(kDim, 0.0f);
   g[kDim - 1] = 1.0f;
-  table->Push(std::vector<uint64_t>{keys[7]}, g);
+  EXPECT_TRUE(table->Push(std::vector<uint64_t>{keys[7]}, g).ok());
   const std::vector<float> out = PullAll(*table, keys);
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::vector<float> row(out.begin() + i * kDim, out.begin() + (i + 1) * kDim);
@@ -292,12 +292,12 @@ TEST(Table, ConcurrentPushAndPull) {
       const std::vector<float> ones(keys.size() * kDim, 1.0f);
       std::vector<float> out(keys.size() * kDim);
       for (int round = 0; round < kRounds; ++round) {
-        table->Pull(keys, out);
+        EXPECT_TRUE(table->Pull(keys, out).ok());
         // Only this thread writes its own keys.
         for (size_t j = 0; j < kOwnKeys * kDim; ++j) {
           if (out[j] != -static_cast<float>(round)) mismatches.fetch_add(1);
         }
-        table->Push(keys, ones);
+        EXPECT_TRUE(table->Push(keys, ones).ok());
       }
     });
   }

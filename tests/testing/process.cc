@@ -94,6 +94,20 @@ std::optional<int> Process::Wait(absl::Duration timeout) {
 
 bool Process::Running() { return !Wait(absl::ZeroDuration()).has_value(); }
 
+std::optional<uint64_t> Process::PeakResidentBytes() const {
+  if (exit_code_.has_value()) return std::nullopt;
+  std::istringstream status(ReadFile(absl::StrCat("/proc/", pid_, "/status")));
+  std::string line;
+  while (std::getline(status, line)) {
+    // "VmHWM:\t   12345 kB"; a zombie has no such line.
+    if (line.rfind("VmHWM:", 0) != 0) continue;
+    std::istringstream fields(line.substr(6));
+    uint64_t kib = 0;
+    if (fields >> kib) return kib * 1024;
+  }
+  return std::nullopt;
+}
+
 std::string Process::Log() const { return ReadFile(log_path_); }
 
 std::string BinaryPath(const std::string& name) { return absl::StrCat(EPS_BIN_DIR, "/", name); }

@@ -52,6 +52,9 @@ class Process {
   // killed it, or nullopt when it still runs.
   std::optional<int> Wait(absl::Duration timeout);
   bool Running();
+  // The process's peak resident set size so far (VmHWM in /proc/PID/status),
+  // in bytes; nullopt once it has exited (or where /proc does not say).
+  std::optional<uint64_t> PeakResidentBytes() const;
   // What the process has written so far.
   std::string Log() const;
   const std::string& log_path() const { return log_path_; }

@@ -1,0 +1,327 @@
+// Tests of ps/storage.h: ServerStorage without and with a data dir,
+// reopening, checkpoints and their restore, and option validation.
+//
+// Updates are SGD with learning rate 0.5 on zero-initialised rows and
+// gradients that are powers of two, so every expected weight is exact.
+
+#include "ps/storage.h"
+
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/logging.h"
+#include "gtest/gtest.h"
+
+namespace eps {
+namespace {
+
+// Two tables: 0 "emb" (dim 4), 1 "wide" (dim 16).
+proto::JobSpec TwoTables() {
+  proto::JobSpec job;
+  job.set_name("storage-test");
+  job.set_seed(3);
+  for (uint32_t id : {0u, 1u}) {
+    proto::TableSpec& spec = *job.add_tables();
+    spec.set_id(id);
+    spec.set_name(id == 0 ? "emb" : "wide");
+    spec.set_kind(proto::EMBEDDING);
+    spec.set_dim(id == 0 ? 4 : 16);
+    spec.mutable_initializer()->set_kind(proto::InitializerSpec::ZEROS);
+    spec.mutable_optimizer()->set_kind(proto::OptimizerSpec::SGD);
+    spec.mutable_optimizer()->set_learning_rate(0.5f);
+  }
+  return job;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = ::testing::TempDir() + "/storage_XXXXXX";
+    CHECK(::mkdtemp(pattern.data()) != nullptr) << pattern;
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code error;
+    std::filesystem::remove_all(path_, error);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::unique_ptr<ServerStorage> MustOpen(const StorageOptions& options,
+                                        const proto::JobSpec& job = TwoTables()) {
+  StatusOr<std::unique_ptr<ServerStorage>> storage = ServerStorage::Open(options);
+  EXPECT_TRUE(storage.ok()) << storage.status();
+  if (!storage.ok()) return nullptr;
+  Status created = (*storage)->CreateTables(job);
+  EXPECT_TRUE(created.ok()) << created;
+  return created.ok() ? *std::move(storage) : nullptr;
+}
+
+std::vector<uint64_t> Keys(uint64_t first, size_t n) {
+  std::vector<uint64_t> keys;
+  for (size_t i = 0; i < n; ++i) keys.push_back(first + i * 7919);
+  return keys;
+}
+
+// Pushes gradient `g` to every weight of `keys` in `table`: each weight
+// moves by -g / 2.
+void PushAll(ServerStorage& storage, uint32_t table, const std::vector<uint64_t>& keys, float g) {
+  Table* t = storage.table(table);
+  ASSERT_NE(t, nullptr);
+  const std::vector<float> grads(keys.size() * t->dim(), g);
+  for (size_t pos = 0; pos < keys.size(); pos += 1000) {
+    const size_t n = std::min<size_t>(1000, keys.size() - pos);
+    Status pushed =
+        t->Push(std::span(keys).subspan(pos, n), std::span(grads).subspan(0, n * t->dim()));
+    ASSERT_TRUE(pushed.ok()) << pushed;
+  }
+}
+
+// Expects every weight of `keys` in `table` to be `want`.
+void ExpectAll(ServerStorage& storage, uint32_t table, const std::vector<uint64_t>& keys,
+               float want, const std::string& context) {
+  Table* t = storage.table(table);
+  ASSERT_NE(t, nullptr);
+  std::vector<float> out(keys.size() * t->dim(), -1e9f);
+  Status pulled = t->Pull(keys, out);
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(out[i], want) << context << ": table " << table << " key " << keys[i / t->dim()];
+  }
+}
+
+TEST(ServerStorage, MemoryOnlyWorksAndCannotCheckpoint) {
+  std::unique_ptr<ServerStorage> storage = MustOpen(StorageOptions{});
+  ASSERT_NE(storage, nullptr);
+  EXPECT_EQ(storage->num_tables(), 2u);
+  EXPECT_EQ(storage->table(2), nullptr);
+  const std::vector<uint64_t> keys = Keys(1, 500);
+  PushAll(*storage, 0, keys, 2.0f);
+  PushAll(*storage, 1, keys, -4.0f);
+  ExpectAll(*storage, 0, keys, -1.0f, "memory only");
+  ExpectAll(*storage, 1, keys, 2.0f, "memory only");
+  EXPECT_TRUE(storage->Flush().ok());
+  StatusOr<CheckpointInfo> checkpoint = storage->Checkpoint(1);
+  EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kFailedPrecondition)
+      << checkpoint.status();
+  const StorageStats stats = storage->stats();
+  EXPECT_EQ(stats.rows_in_memory, 2 * keys.size());
+  EXPECT_EQ(stats.rows_on_disk, 0u);
+  EXPECT_EQ(stats.disk_bytes, 0u);
+  EXPECT_EQ(stats.evictions, 0u);
+}
+
+TEST(ServerStorage, ValidatesOptions) {
+  auto expect_invalid = [](const StorageOptions& options, const std::string& needle) {
+    EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(options.Validate().message().find(needle), absl::string_view::npos)
+        << options.Validate();
+    EXPECT_EQ(ServerStorage::Open(options).status().code(), absl::StatusCode::kInvalidArgument);
+  };
+  StorageOptions options;
+  options.memory_budget_mb = 16;  // no data dir to evict rows to
+  expect_invalid(options, "memory_budget_mb");
+  options = StorageOptions{};
+  options.memory_budget_mb = -1;
+  expect_invalid(options, "memory_budget_mb");
+  options = StorageOptions{};
+  options.data_dir = "/nonexistent-but-unused";
+  options.keep_checkpoints = 0;
+  expect_invalid(options, "checkpoint.keep");
+  options = StorageOptions{};
+  options.flush_interval = absl::ZeroDuration();
+  expect_invalid(options, "flush_interval");
+  options = StorageOptions{};
+  options.restore_checkpoint = "3";  // no data dir to restore into
+  expect_invalid(options, "checkpoint.restore");
+  EXPECT_TRUE(StorageOptions{}.Validate().ok());
+}
+
+TEST(ServerStorage, RejectsTableIdsOutOfOrder) {
+  StatusOr<std::unique_ptr<ServerStorage>> storage = ServerStorage::Open(StorageOptions{});
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  proto::JobSpec job = TwoTables();
+  job.mutable_tables(1)->set_id(5);
+  EXPECT_EQ((*storage)->CreateTables(job).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Rows written by a server that shut down gracefully are there when the
+// next one opens the same data dir: the destructor flushes.
+void ExpectRowsSurviveReopen(StorageOptions options) {
+  TempDir temp;
+  options.data_dir = temp.path() + "/data";
+  // So that the flusher writes only when over the budget, and the last
+  // pushes reach the store through the destructor's flush.
+  options.flush_interval = absl::Hours(1);
+  const std::vector<uint64_t> keys = Keys(10, 60000);  // 2.9 MB of dim-4 rows
+  {
+    std::unique_ptr<ServerStorage> storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    PushAll(*storage, 0, keys, 1.0f);
+    if (options.memory_budget_mb > 0) {
+      // Within the budget once flushed.
+      const uint64_t budget_rows = (static_cast<uint64_t>(options.memory_budget_mb) << 20) /
+                                   storage->table(0)->bytes_per_row();
+      ASSERT_TRUE(storage->Flush().ok());
+      EXPECT_LE(storage->stats().rows_in_memory, budget_rows);
+    }
+    PushAll(*storage, 0, keys, 2.0f);
+    PushAll(*storage, 1, Keys(3, 100), 8.0f);
+    ExpectAll(*storage, 0, keys, -1.5f, "before closing");
+  }
+  EXPECT_TRUE(std::filesystem::exists(options.data_dir + "/db/CURRENT"));
+  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  ASSERT_NE(storage, nullptr);
+  ExpectAll(*storage, 0, keys, -1.5f, "reopened");
+  ExpectAll(*storage, 1, Keys(3, 100), -4.0f, "reopened");
+  ExpectAll(*storage, 1, Keys(5, 100), 0.0f, "never pushed");
+  const StorageStats stats = storage->stats();
+  EXPECT_EQ(stats.misses, keys.size() + 200);  // every row came from the store (or is new)
+  EXPECT_GT(stats.rows_on_disk, 0u);
+  EXPECT_GT(stats.disk_bytes, 0u);
+  if (options.memory_budget_mb > 0) {
+    EXPECT_GT(stats.evictions, 0u);
+    EXPECT_LE(stats.rows_in_memory * storage->table(0)->bytes_per_row(),
+              static_cast<uint64_t>(options.memory_budget_mb) << 20);
+  }
+}
+
+TEST(ServerStorage, RowsSurviveGracefulReopen) { ExpectRowsSurviveReopen(StorageOptions{}); }
+
+TEST(ServerStorage, RowsSurviveGracefulReopenOverBudget) {
+  StorageOptions options;
+  options.memory_budget_mb = 1;
+  ExpectRowsSurviveReopen(options);
+}
+
+TEST(ServerStorage, RowsSurviveGracefulReopenEveryPush) {
+  StorageOptions options;
+  options.every_push = true;
+  options.memory_budget_mb = 1;
+  ExpectRowsSurviveReopen(options);
+}
+
+TEST(ServerStorage, FlusherWritesChangedRows) {
+  TempDir temp;
+  StorageOptions options;
+  options.data_dir = temp.path();
+  options.flush_interval = absl::Milliseconds(10);
+  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  ASSERT_NE(storage, nullptr);
+  PushAll(*storage, 0, Keys(1, 100), 1.0f);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (storage->stats().flushes < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(storage->stats().flushes, 2u);
+  EXPECT_GT(storage->stats().rows_on_disk, 0u);
+}
+
+std::set<std::string> Checkpoints(const std::string& data_dir) {
+  std::set<std::string> names;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(data_dir + "/checkpoints", error)) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+TEST(ServerStorage, CheckpointsKeepTheNewest) {
+  TempDir temp;
+  StorageOptions options;
+  options.data_dir = temp.path();
+  options.keep_checkpoints = 2;
+  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  ASSERT_NE(storage, nullptr);
+  for (uint64_t id = 1; id <= 4; ++id) {
+    PushAll(*storage, 0, Keys(id, 10), 1.0f);
+    StatusOr<CheckpointInfo> info = storage->Checkpoint(id * 10);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->path, temp.path() + "/checkpoints/" + std::to_string(id * 10));
+    EXPECT_TRUE(std::filesystem::exists(info->path + "/CURRENT")) << info->path;
+    EXPECT_GT(info->bytes, 0u);
+  }
+  EXPECT_EQ(Checkpoints(temp.path()), (std::set<std::string>{"30", "40"}));
+  EXPECT_EQ(storage->Checkpoint(40).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Checkpoints(temp.path()), (std::set<std::string>{"30", "40"}));
+}
+
+TEST(ServerStorage, RestoreCheckpointBringsBackItsState) {
+  TempDir temp;
+  StorageOptions options;
+  options.data_dir = temp.path();
+  options.memory_budget_mb = 1;
+  options.flush_interval = absl::Hours(1);
+  const std::vector<uint64_t> keys = Keys(100, 30000);
+  const std::vector<uint64_t> later_keys = Keys(200000000, 1000);
+  {
+    std::unique_ptr<ServerStorage> storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    PushAll(*storage, 0, keys, 2.0f);  // -1
+    ASSERT_TRUE(storage->Checkpoint(7).ok());
+    PushAll(*storage, 0, keys, 4.0f);  // -3
+    PushAll(*storage, 1, later_keys, 1.0f);
+    ASSERT_TRUE(storage->Checkpoint(8).ok());
+    PushAll(*storage, 0, keys, 8.0f);  // -7, only written by the destructor
+  }
+  {
+    std::unique_ptr<ServerStorage> storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    ExpectAll(*storage, 0, keys, -7.0f, "latest");
+  }
+  options.restore_checkpoint = "7";
+  {
+    std::unique_ptr<ServerStorage> storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    ExpectAll(*storage, 0, keys, -1.0f, "checkpoint 7");
+    ExpectAll(*storage, 1, later_keys, 0.0f, "checkpoint 7");
+    PushAll(*storage, 0, keys, 2.0f);  // -2, in the restored database
+  }
+  options.restore_checkpoint.clear();
+  {
+    // The restored database is the database now; checkpoints are intact.
+    std::unique_ptr<ServerStorage> storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    ExpectAll(*storage, 0, keys, -2.0f, "after restoring 7");
+  }
+  options.restore_checkpoint = "8";
+  {
+    std::unique_ptr<ServerStorage> storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    ExpectAll(*storage, 0, keys, -3.0f, "checkpoint 8");
+    ExpectAll(*storage, 1, later_keys, -0.5f, "checkpoint 8");
+  }
+  EXPECT_EQ(Checkpoints(temp.path()), (std::set<std::string>{"7", "8"}));
+}
+
+TEST(ServerStorage, MissingCheckpointIsNotFound) {
+  TempDir temp;
+  StorageOptions options;
+  options.data_dir = temp.path();
+  {
+    std::unique_ptr<ServerStorage> storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    ASSERT_TRUE(storage->Checkpoint(1).ok());
+  }
+  options.restore_checkpoint = "2";
+  StatusOr<std::unique_ptr<ServerStorage>> storage = ServerStorage::Open(options);
+  ASSERT_FALSE(storage.ok());
+  EXPECT_EQ(storage.status().code(), absl::StatusCode::kNotFound) << storage.status();
+  // The database was left alone.
+  options.restore_checkpoint.clear();
+  EXPECT_NE(MustOpen(options), nullptr);
+}
+
+}  // namespace
+}  // namespace eps
