@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "core/logging.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 #include "ps/storage.h"
 #include "tests/ps/crash_job.h"
 
@@ -60,23 +61,7 @@ constexpr int64_t kFlushMs = 250;
 // thread waiting to be scheduled on a loaded machine.
 constexpr int64_t kLateFlushMs = 100;
 
-// A temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/crash_XXXXXX";
-    CHECK(::mkdtemp(pattern.data()) != nullptr) << pattern;
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code error;
-    std::filesystem::remove_all(path_, error);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::eps::testing::TempDir;
 
 // A ps_crash_child with its stdout on a pipe; killed (SIGKILL) and reaped
 // when it goes away, if not before.

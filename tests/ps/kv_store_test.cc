@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace eps {
 namespace {
@@ -75,23 +76,7 @@ Read Get(KvStore& store, uint32_t table, const std::vector<uint64_t>& keys, size
   return read;
 }
 
-// A temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/kv_store_XXXXXX";
-    EXPECT_NE(::mkdtemp(pattern.data()), nullptr) << pattern;
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code error;
-    std::filesystem::remove_all(path_, error);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::eps::testing::TempDir;
 
 std::unique_ptr<KvStore> OpenRocks(const std::string& dir) {
   RocksKvStoreOptions options;

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "core/logging.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace eps {
 namespace {
@@ -41,22 +42,7 @@ proto::JobSpec TwoTables() {
   return job;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/storage_XXXXXX";
-    CHECK(::mkdtemp(pattern.data()) != nullptr) << pattern;
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code error;
-    std::filesystem::remove_all(path_, error);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::eps::testing::TempDir;
 
 std::unique_ptr<ServerStorage> MustOpen(const StorageOptions& options,
                                         const proto::JobSpec& job = TwoTables()) {

@@ -32,6 +32,7 @@
 #include "core/hashing.h"
 #include "core/logging.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 #include "ps/initializer.h"
 #include "ps/kv_store.h"
 #include "ps/table.h"
@@ -63,23 +64,7 @@ uint64_t SgdBytesPerRow() {
   return (*table)->bytes_per_row();
 }
 
-// A temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/tiered_table_XXXXXX";
-    CHECK(::mkdtemp(pattern.data()) != nullptr) << pattern;
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code error;
-    std::filesystem::remove_all(path_, error);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::eps::testing::TempDir;
 
 std::unique_ptr<KvStore> OpenRocks(const std::string& dir) {
   RocksKvStoreOptions options;
@@ -471,7 +456,9 @@ void RunConcurrentPushes(BackEnd back_end, bool every_push) {
   ASSERT_FALSE(failed);
 
   const uint64_t seq = table.QueueDirtyRows();
-  if (seq > 0) ASSERT_TRUE(queue.WaitDurable(seq, absl::Seconds(20)).ok());
+  if (seq > 0) {
+    ASSERT_TRUE(queue.WaitDurable(seq, absl::Seconds(20)).ok());
+  }
   table.EvictToBudget();
   EXPECT_LE(table.stats().rows_in_memory, kBudgetRows);
   std::vector<float> out(all_keys.size() * kDim);

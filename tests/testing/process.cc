@@ -20,22 +20,6 @@
 
 namespace eps::testing {
 
-TempDir::TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string pattern = absl::StrCat(base ? base : "/tmp", "/eps-test-XXXXXX");
-  std::vector<char> buffer(pattern.begin(), pattern.end());
-  buffer.push_back('\0');
-  if (mkdtemp(buffer.data()) == nullptr) {
-    std::abort();
-  }
-  path_ = buffer.data();
-}
-
-TempDir::~TempDir() {
-  std::error_code error;
-  std::filesystem::remove_all(path_, error);
-}
-
 StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
                                                   const std::string& log_path) {
   const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

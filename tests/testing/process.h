@@ -19,22 +19,9 @@
 #include "absl/time/time.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
 
 namespace eps::testing {
-
-// A directory under the test temp dir, removed with its contents.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string Join(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 class Process {
  public:
