@@ -16,101 +16,13 @@ Needs Debian's python3-torch and python3-numpy (/usr/bin/python3).
 """
 
 import argparse
-import glob
 import json
-import math
-import os
 import sys
 import time
 
-import numpy as np
 import torch
 
-NUM_DENSE = 13
-NUM_CAT = 26
-
-
-def expand(spec):
-    files = []
-    for entry in spec.split(","):
-        entry = entry.strip()
-        if os.path.isdir(entry):
-            files += [os.path.join(entry, f) for f in sorted(os.listdir(entry))
-                      if not f.startswith(".") and os.path.isfile(os.path.join(entry, f))]
-        elif os.path.isfile(entry):
-            files.append(entry)
-        else:
-            matched = sorted(glob.glob(entry))
-            if not matched:
-                sys.exit(f"reference_lr.py: no such file or directory: {entry}")
-            files += matched
-    return sorted(set(files))
-
-
-def load(files, vocab, grow):
-    """Parses files into (labels, dense, ids); grows `vocab` when `grow`."""
-    labels, dense, ids = [], [], []
-    unknown = 0  # index 0: ids never seen in training (weight stays 0)
-    malformed = 0
-    for path in files:
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                cols = line.rstrip("\r\n").split("\t")
-                if len(cols) != 1 + NUM_DENSE + NUM_CAT:
-                    malformed += 1
-                    continue
-                try:
-                    y = float(cols[0])
-                    xs = [float(c) if c else 0.0 for c in cols[1:1 + NUM_DENSE]]
-                except ValueError:
-                    malformed += 1
-                    continue
-                if not 0.0 <= y <= 1.0:
-                    malformed += 1
-                    continue
-                row = []
-                for f_index, value in enumerate(cols[1 + NUM_DENSE:]):
-                    key = (f_index, value)
-                    index = vocab.get(key)
-                    if index is None:
-                        if grow:
-                            index = len(vocab) + 1
-                            vocab[key] = index
-                        else:
-                            index = unknown
-                    row.append(index)
-                labels.append(y)
-                dense.append([math.log1p(x) if x > 0 else 0.0 for x in xs])
-                ids.append(row)
-    return (np.asarray(labels, dtype=np.float32), np.asarray(dense, dtype=np.float32),
-            np.asarray(ids, dtype=np.int64), malformed)
-
-
-def auc(predictions, labels):
-    order = np.argsort(predictions, kind="mergesort")
-    p = predictions[order]
-    y = labels[order] >= 0.5
-    # Tie-averaged ranks.
-    ranks = np.empty(len(p), dtype=np.float64)
-    i = 0
-    n = len(p)
-    while i < n:
-        j = i
-        while j < n and p[j] == p[i]:
-            j += 1
-        ranks[i:j] = (i + 1 + j) / 2.0
-        i = j
-    positives = y.sum()
-    negatives = n - positives
-    if positives == 0 or negatives == 0:
-        return 0.5
-    return (ranks[y].sum() - positives * (positives + 1) / 2) / (positives * negatives)
-
-
-def logloss(predictions, labels):
-    p = np.clip(predictions.astype(np.float64), 1e-7, 1 - 1e-7)
-    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
-
+from criteo_data import NUM_DENSE, auc, expand, load, logloss
 
 class Lr(torch.nn.Module):
     def __init__(self, vocab_size):

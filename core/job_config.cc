@@ -116,6 +116,21 @@ class PrintVisitor : public OptionVisitor {
 
 }  // namespace
 
+StatusOr<std::vector<int>> ParseLayerSizes(absl::string_view option, const std::string& value) {
+  std::vector<int> sizes;
+  for (absl::string_view item : absl::StrSplit(value, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    int size = 0;
+    if (!absl::SimpleAtoi(item, &size) || size < 1 || size > 65536) {
+      return OptionError(option, absl::StrCat("'", item,
+                                              "' is not a layer size (an integer in [1, 65536]); "
+                                              "expected sizes like 512,256,1"));
+    }
+    sizes.push_back(size);
+  }
+  return sizes;
+}
+
 void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("job.name", &job.name, "job name shown in logs and /status");
   v.Visit("job.epochs", &job.epochs, "passes over data.train");
@@ -129,10 +144,15 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("data.schema", &data.schema, "tsv column kinds, e.g. label,dense*13,cat*26");
   v.Visit("data.shard_records", &data.shard_records, "records per data shard");
 
-  v.Visit("model.type", &model.type, "model: lr");
+  v.Visit("model.type", &model.type, "model: lr, wdl, deepfm or dlrm");
   v.Visit("model.embedding_dim", &model.embedding_dim, "floats per embedding row");
   v.Visit("model.initializer", &model.initializer, "auto, zeros, normal or uniform");
   v.Visit("model.init_scale", &model.init_scale, "stddev (normal) or half-width (uniform)");
+  v.Visit("model.mlp", &model.mlp, "wdl/deepfm deep MLP layer sizes; the last must be 1");
+  v.Visit("model.bottom_mlp", &model.bottom_mlp,
+          "dlrm bottom MLP layer sizes; the last must be model.embedding_dim");
+  v.Visit("model.top_mlp", &model.top_mlp, "dlrm top MLP layer sizes; the last must be 1");
+  v.Visit("model.activation", &model.activation, "hidden-layer activation: relu, sigmoid, tanh");
 
   v.Visit("optimizer.type", &optimizer.type, "sgd, adagrad, adam or ftrl");
   v.Visit("optimizer.learning_rate", &optimizer.learning_rate, "step size (ftrl: alpha)");
@@ -161,6 +181,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("worker.rpc_attempts", &worker.rpc_attempts, "attempts per call");
   v.Visit("worker.master_wait_s", &worker.master_wait_s,
           "seconds to keep trying to reach the master at startup");
+  v.Visit("worker.compute_threads", &worker.compute_threads,
+          "CPU threads of the model math; 0 = every core");
   v.Visit("worker.max_records_per_s", &worker.max_records_per_s,
           "cap on a worker's records/s, 0 none (demos, tests)");
 
@@ -193,7 +215,7 @@ Status JobConfig::Validate() const {
   }
   RETURN_IF_ERROR(CheckAtLeast("data.shard_records", data.shard_records, 1));
 
-  RETURN_IF_ERROR(CheckOneOf("model.type", model.type, {"lr"}));
+  RETURN_IF_ERROR(CheckOneOf("model.type", model.type, {"lr", "wdl", "deepfm", "dlrm"}));
   RETURN_IF_ERROR(CheckAtLeast("model.embedding_dim", model.embedding_dim, 1));
   if (model.embedding_dim > 4096) {
     return OptionError("model.embedding_dim", "must be <= 4096");
@@ -201,6 +223,24 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(
       CheckOneOf("model.initializer", model.initializer, {"auto", "zeros", "normal", "uniform"}));
   if (!(model.init_scale >= 0)) return OptionError("model.init_scale", "must be >= 0");
+  RETURN_IF_ERROR(CheckOneOf("model.activation", model.activation, {"relu", "sigmoid", "tanh"}));
+  ASSIGN_OR_RETURN(std::vector<int> mlp, ParseLayerSizes("model.mlp", model.mlp));
+  ASSIGN_OR_RETURN(std::vector<int> bottom, ParseLayerSizes("model.bottom_mlp", model.bottom_mlp));
+  ASSIGN_OR_RETURN(std::vector<int> top, ParseLayerSizes("model.top_mlp", model.top_mlp));
+  if (mlp.back() != 1) {
+    return OptionError("model.mlp", absl::StrCat("the last layer must have size 1 (the logit), got ",
+                                                 mlp.back()));
+  }
+  if (top.back() != 1) {
+    return OptionError("model.top_mlp",
+                       absl::StrCat("the last layer must have size 1 (the logit), got ", top.back()));
+  }
+  if (model.type == "dlrm" && bottom.back() != model.embedding_dim) {
+    return OptionError("model.bottom_mlp",
+                       absl::StrCat("the last layer must have size model.embedding_dim = ",
+                                    model.embedding_dim, " (its output meets the embeddings), got ",
+                                    bottom.back()));
+  }
 
   RETURN_IF_ERROR(CheckOptimizer(optimizer, [](absl::string_view key, absl::string_view message) {
     return OptionError(absl::StrCat("optimizer.", key), message);
@@ -227,6 +267,7 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckAtLeast("worker.rpc_attempts", worker.rpc_attempts, 1));
   RETURN_IF_ERROR(CheckAtLeast("worker.master_wait_s", worker.master_wait_s, 0));
   RETURN_IF_ERROR(CheckAtLeast("worker.max_records_per_s", worker.max_records_per_s, 0));
+  RETURN_IF_ERROR(CheckAtLeast("worker.compute_threads", worker.compute_threads, 0));
 
   RETURN_IF_ERROR(CheckAtLeast("master.heartbeat_ms", master.heartbeat_ms, 1));
   if (master.lease_ms <= master.heartbeat_ms) {

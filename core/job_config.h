@@ -58,7 +58,8 @@ struct JobConfig {
   } data;
 
   struct Model {
-    // lr (logistic regression). Default lr.
+    // lr (logistic regression), wdl (Wide & Deep), deepfm or dlrm
+    // (docs/models.md). Default lr.
     std::string type = "lr";
     // Floats per embedding row, for models with embeddings. Default 16.
     int64_t embedding_dim = 16;
@@ -66,6 +67,17 @@ struct JobConfig {
     std::string initializer = "auto";
     // Standard deviation (normal) or half-width (uniform). Default 0.01.
     double init_scale = 0.01;
+    // Layer sizes (comma-separated, the input excluded) of wdl's and
+    // deepfm's deep MLP; the last must be 1. Default 400,400,400,1.
+    std::string mlp = "400,400,400,1";
+    // dlrm's bottom MLP over the dense features; the last size must be
+    // embedding_dim. Default 512,256,64,16 (the reference Criteo DLRM).
+    std::string bottom_mlp = "512,256,64,16";
+    // dlrm's top MLP over the interactions; the last size must be 1.
+    // Default 512,256,1.
+    std::string top_mlp = "512,256,1";
+    // Hidden-layer activation: relu, sigmoid or tanh. Default relu.
+    std::string activation = "relu";
   } model;
 
   // The update rule the servers apply to every table (formulas in
@@ -139,6 +151,9 @@ struct JobConfig {
     // Caps a worker's training rate, in records/s; 0 = no cap. For demos
     // and tests of elasticity on small data. Default 0.
     int64_t max_records_per_s = 0;
+    // CPU threads a worker's model math uses; 0 = every core the process
+    // may run on. Default 0.
+    int64_t compute_threads = 0;
   } worker;
 
   struct Master {
@@ -181,6 +196,11 @@ struct JobConfig {
   // "section.key = value" lines for every option, for startup logs.
   std::string DebugString() const;
 };
+
+// Parses a comma-separated list of layer sizes ("512,256,1"): each an
+// integer in [1, 65536], at least one. kInvalidArgument naming `option`
+// (with the kOptionPayload payload) and the bad item.
+StatusOr<std::vector<int>> ParseLayerSizes(absl::string_view option, const std::string& value);
 
 // Payload type URL under which Validate() attaches the offending option name.
 inline constexpr char kOptionPayload[] = "eps.option";

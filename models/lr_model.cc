@@ -4,7 +4,7 @@
 
 #include "Eigen/Core"
 #include "core/logging.h"
-#include "models/metrics.h"
+#include "models/loss.h"
 
 namespace eps {
 
@@ -47,17 +47,9 @@ double LrModel::ForwardBackward(const Batch& batch, const ParamBuffers& params,
   }
 
   predictions->resize(n);
-  double loss_sum = 0;
-  for (int i = 0; i < n; ++i) {
-    const float p = 1.0f / (1.0f + std::exp(-logits[i]));
-    (*predictions)[i] = p;
-    loss_sum += LogLoss(p, batch.labels[i]);
-  }
-  if (grads == nullptr) return loss_sum;
-
-  // d(mean loss)/d logit_i = (p_i - y_i) / n; reuse logits_ for it.
-  const float inv_n = 1.0f / static_cast<float>(n);
-  for (int i = 0; i < n; ++i) logits[i] = ((*predictions)[i] - batch.labels[i]) * inv_n;
+  if (grads == nullptr) return SigmoidLogLoss(logits_, batch.labels, *predictions, {});
+  // d(mean loss)/d logit_i = (p_i - y_i) / n, into logits_ (no longer needed).
+  const double loss_sum = SigmoidLogLoss(logits_, batch.labels, *predictions, logits_);
   grads->resize(2);
   std::vector<float>& gw = (*grads)[0];
   std::vector<float>& gdense = (*grads)[1];

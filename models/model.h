@@ -24,18 +24,27 @@
 
 namespace eps {
 
+// The models and their exact math: docs/models.md.
 struct ModelOptions {
-  // lr. Default lr.
+  // lr, wdl, deepfm or dlrm. Default lr.
   std::string type = "lr";
   // Dense and categorical features per example. Defaults: Criteo's 13, 26.
   int num_dense = 13;
   int num_fields = 26;
   // Floats per embedding row, for models with embeddings. Default 16.
   int embedding_dim = 16;
+  // Layer sizes of wdl's and deepfm's deep MLP; the last must be 1.
+  std::vector<int> mlp = {400, 400, 400, 1};
+  // dlrm's bottom MLP (the last size must be embedding_dim) and top MLP
+  // (the last must be 1): the reference Criteo DLRM by default.
+  std::vector<int> bottom_mlp = {512, 256, 64, 16};
+  std::vector<int> top_mlp = {512, 256, 1};
+  // Hidden-layer activation: relu, sigmoid or tanh. Default relu.
+  std::string activation = "relu";
 
   Status Validate() const;
-  // The model of a job config: model.type, model.embedding_dim, and the
-  // feature counts of the data schema. kInvalidArgument as Validate.
+  // The model of a job config: the [model] options and the feature counts
+  // of the data schema. kInvalidArgument as Validate.
   static StatusOr<ModelOptions> FromConfig(const JobConfig& config);
 };
 
@@ -50,10 +59,20 @@ struct ParamSpec {
   // "uniform") and its scale.
   std::string default_initializer = "zeros";
   float default_init_scale = 0.0f;
+  // Pull this dense tensor just before each step rather than when the
+  // batch is prepared (a few batches ahead): an MLP trained on tensors a
+  // few of its own updates old converges far worse, while the round trip
+  // would dominate the step of a model with only a tiny dense tensor (lr).
+  bool pull_each_step = false;
 };
 
 // One buffer per parameter, in params() order.
 using ParamBuffers = std::vector<std::vector<float>>;
+
+// Sets the threads the CPU model math (Eigen products, OpenMP loops) uses
+// in this process; 0 = every core it may run on. Process-wide: call once at
+// startup.
+void SetCpuThreads(int threads);
 
 class Model {
  public:
@@ -73,6 +92,12 @@ class Model {
   virtual double ForwardBackward(const Batch& batch, const ParamBuffers& params,
                                  std::vector<float>* predictions, ParamBuffers* grads) = 0;
 };
+
+class Mlp;
+
+// The parameters of `mlp`'s layers, "<prefix>.<l>" for layer l: dense, each
+// a Linear tensor, initialised uniform in +-1/sqrt(fan-in).
+std::vector<ParamSpec> MlpParams(const std::string& prefix, const Mlp& mlp);
 
 }  // namespace eps
 

@@ -177,7 +177,10 @@ class Worker::Impl {
   // of what `reader` has not read yet.
   Status MaybeSplit(Session& session, RpcChannel& master, const proto::ShardAssignment& shard,
                     LineReader& reader);
-  Status PullParams(Session& session, PsClient& ps, PreparedBatch& prepared);
+  // Pulls into prepared.params the parameters the model wants pulled just
+  // before the step (at_step: ParamSpec::pull_each_step) or the others,
+  // pulled when the batch is prepared, ahead of its step.
+  Status PullParams(Session& session, PsClient& ps, bool at_step, PreparedBatch& prepared);
   Status Train(Session& session, PreparedBatch& prepared, PsClient& ps, double* loss_sum,
                std::vector<float>* predictions);
   Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
@@ -208,6 +211,7 @@ class Worker::Impl {
   SocketFactory factory_;
   std::unique_ptr<RecordParser> parser_;
   std::unique_ptr<Model> model_;
+  bool has_step_params_ = false;  // some ParamSpec::pull_each_step
   std::string device_ = "cpu";
 
   // Across sessions.
@@ -475,7 +479,9 @@ Status Worker::Impl::LoadShard(Session& session, RpcChannel& master,
                                               " although the shard ends at ", reader->end()));
     }
     prepared->batch = builder.Finish();
-    if (prepared->batch.size() > 0) RETURN_IF_ERROR(PullParams(session, ps, *prepared));
+    if (prepared->batch.size() > 0) {
+      RETURN_IF_ERROR(PullParams(session, ps, /*at_step=*/false, *prepared));
+    }
     offset = prepared->end;
     if (!session.queue.Push(std::move(prepared))) return absl::OkStatus();
     if (StoppingOrOver(session)) return absl::OkStatus();  // the rest goes back
@@ -483,18 +489,24 @@ Status Worker::Impl::LoadShard(Session& session, RpcChannel& master,
   return absl::OkStatus();
 }
 
-Status Worker::Impl::PullParams(Session& session, PsClient& ps, PreparedBatch& prepared) {
+Status Worker::Impl::PullParams(Session& session, PsClient& ps, bool at_step,
+                                PreparedBatch& prepared) {
   const std::vector<ParamSpec>& params = model_->params();
   std::vector<PsClient::Keys> keys(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     keys[i].table_id = session.table_ids[i];
+    if (params[i].pull_each_step != at_step) continue;  // no keys: nothing pulled
     keys[i].keys = params[i].kind == ParamSpec::Kind::kEmbedding
                        ? std::span<const uint64_t>(prepared.batch.keys)
                        : std::span<const uint64_t>(session.dense_keys[i]);
   }
-  RETURN_IF_ERROR_CTX(ps.Pull(keys, &prepared.params), "pull");
-  // Dense tensors arrive as whole chunks; the model sees the tensor.
+  std::vector<std::vector<float>> pulled;
+  RETURN_IF_ERROR_CTX(ps.Pull(keys, &pulled), at_step ? "pull of the step's dense tensors" : "pull");
+  prepared.params.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].pull_each_step != at_step) continue;
+    prepared.params[i] = std::move(pulled[i]);
+    // Dense tensors arrive as whole chunks; the model sees the tensor.
     if (params[i].kind == ParamSpec::Kind::kDense) prepared.params[i].resize(params[i].size);
   }
   return absl::OkStatus();
@@ -503,6 +515,7 @@ Status Worker::Impl::PullParams(Session& session, PsClient& ps, PreparedBatch& p
 Status Worker::Impl::Train(Session& session, PreparedBatch& prepared, PsClient& ps,
                            double* loss_sum, std::vector<float>* predictions) {
   const bool eval = prepared.shard.phase() == proto::EVAL;
+  if (has_step_params_) RETURN_IF_ERROR(PullParams(session, ps, /*at_step=*/true, prepared));
   ParamBuffers grads;
   *loss_sum = model_->ForwardBackward(prepared.batch, prepared.params, predictions,
                                       eval ? nullptr : &grads);
@@ -738,6 +751,8 @@ Status Worker::Impl::Run() {
   parser_ = std::make_unique<RecordParser>(schema);
   ASSIGN_OR_RETURN(ModelOptions model_options, ModelOptions::FromConfig(options_.job));
   ASSIGN_OR_RETURN(model_, Model::Create(model_options));
+  SetCpuThreads(static_cast<int>(options_.job.worker.compute_threads));
+  for (const ParamSpec& param : model_->params()) has_step_params_ |= param.pull_each_step;
 
   const absl::Time started = absl::Now();
   Status status;

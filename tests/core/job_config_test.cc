@@ -114,6 +114,19 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
       {"model.embedding_dim", [](JobConfig& c) { c.model.embedding_dim = 4097; }},
       {"model.initializer", [](JobConfig& c) { c.model.initializer = "ones"; }},
       {"model.init_scale", [](JobConfig& c) { c.model.init_scale = -0.1; }},
+      {"model.mlp", [](JobConfig& c) { c.model.mlp = "400,x,1"; }},
+      {"model.mlp", [](JobConfig& c) { c.model.mlp = ""; }},
+      {"model.mlp", [](JobConfig& c) { c.model.mlp = "400,0,1"; }},
+      {"model.mlp", [](JobConfig& c) { c.model.mlp = "400,400"; }},
+      {"model.top_mlp", [](JobConfig& c) { c.model.top_mlp = "512,256,2"; }},
+      {"model.bottom_mlp", [](JobConfig& c) { c.model.bottom_mlp = "512,-3,16"; }},
+      {"model.bottom_mlp",
+       [](JobConfig& c) {
+         c.model.type = "dlrm";
+         c.model.bottom_mlp = "512,256,64,32";  // embedding_dim is 16
+       }},
+      {"model.activation", [](JobConfig& c) { c.model.activation = "gelu"; }},
+      {"worker.compute_threads", [](JobConfig& c) { c.worker.compute_threads = -1; }},
       {"optimizer.type", [](JobConfig& c) { c.optimizer.type = "rmsprop"; }},
       {"optimizer.learning_rate", [](JobConfig& c) { c.optimizer.learning_rate = 0; }},
       {"optimizer.learning_rate",
@@ -168,6 +181,24 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
     ASSERT_TRUE(payload.has_value());
     EXPECT_EQ(std::string(payload->Flatten()), bad.option);
   }
+}
+
+TEST(JobConfig, EveryModelTypeIsValid) {
+  for (const std::string type : {"lr", "wdl", "deepfm", "dlrm"}) {
+    JobConfig config = ValidConfig();
+    config.model.type = type;
+    EXPECT_TRUE(config.Validate().ok()) << type << ": " << config.Validate();
+  }
+}
+
+TEST(JobConfig, ParsesLayerSizes) {
+  StatusOr<std::vector<int>> sizes = ParseLayerSizes("model.mlp", " 512, 256 ,1");
+  ASSERT_TRUE(sizes.ok()) << sizes.status();
+  EXPECT_EQ(*sizes, (std::vector<int>{512, 256, 1}));
+  EXPECT_EQ(ParseLayerSizes("model.mlp", "512,,1").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseLayerSizes("model.mlp", "70000").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(JobConfig, TsvWithSchemaIsValid) {
