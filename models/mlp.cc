@@ -56,20 +56,23 @@ StatusOr<Activation> ParseActivation(const std::string& name) {
       absl::StrCat("activation '", name, "' is not supported; supported: relu, sigmoid, tanh"));
 }
 
-Mlp::Mlp(int in, std::vector<int> sizes, Activation activation, bool activate_last)
-    : in_(in), sizes_(std::move(sizes)), activation_(activation), activate_last_(activate_last) {
+MlpShape::MlpShape(int in, std::vector<int> sizes) : in_(in), sizes_(std::move(sizes)) {
   CHECK_GE(in_, 1);
   CHECK(!sizes_.empty());
   for (int size : sizes_) CHECK_GE(size, 1);
-  outputs_.resize(sizes_.size());
 }
 
-uint64_t Mlp::layer_size(int l) const {
+uint64_t MlpShape::layer_size(int l) const {
   return static_cast<uint64_t>(layer_out(l)) * layer_in(l) + layer_out(l);
 }
 
+Mlp::Mlp(int in, std::vector<int> sizes, Activation activation, bool activate_last)
+    : MlpShape(in, std::move(sizes)), activation_(activation), activate_last_(activate_last) {
+  outputs_.resize(num_layers());
+}
+
 const float* Mlp::Forward(const float* input, int n, std::span<const float* const> weights) {
-  CHECK_EQ(weights.size(), sizes_.size());
+  CHECK_EQ(weights.size(), static_cast<size_t>(num_layers()));
   input_ = input;
   n_ = n;
   const float* x = input;
@@ -91,8 +94,8 @@ const float* Mlp::Forward(const float* input, int n, std::span<const float* cons
 
 void Mlp::Backward(const float* dout, std::span<const float* const> weights,
                    std::span<float* const> grads, float* dinput) {
-  CHECK_EQ(weights.size(), sizes_.size());
-  CHECK_EQ(grads.size(), sizes_.size());
+  CHECK_EQ(weights.size(), static_cast<size_t>(num_layers()));
+  CHECK_EQ(grads.size(), static_cast<size_t>(num_layers()));
   const int n = n_;
   delta_.assign(dout, dout + static_cast<size_t>(n) * out());
   for (int l = num_layers() - 1; l >= 0; --l) {

@@ -27,10 +27,12 @@ enum class Activation { kRelu, kSigmoid, kTanh };
 // "relu", "sigmoid" or "tanh"; kInvalidArgument for another name.
 StatusOr<Activation> ParseActivation(const std::string& name);
 
-class Mlp {
+// The layer sizes of an MLP: `in` inputs, then Linear layers of `sizes`.
+// Shared by the CPU Mlp and the CUDA one (models/cuda_mlp.h).
+class MlpShape {
  public:
   // REQUIRES: in >= 1, sizes non-empty, every size >= 1.
-  Mlp(int in, std::vector<int> sizes, Activation activation, bool activate_last);
+  MlpShape(int in, std::vector<int> sizes);
 
   int in() const { return in_; }
   int out() const { return sizes_.back(); }
@@ -39,6 +41,16 @@ class Mlp {
   int layer_out(int l) const { return sizes_[l]; }
   // Floats of layer l's tensor: out*in + out.
   uint64_t layer_size(int l) const;
+
+ private:
+  const int in_;
+  const std::vector<int> sizes_;
+};
+
+class Mlp : public MlpShape {
+ public:
+  // REQUIRES: as MlpShape.
+  Mlp(int in, std::vector<int> sizes, Activation activation, bool activate_last);
 
   // Computes the output of `n` examples, row-major [n, out()], which stays
   // valid until the next Forward. `input` ([n, in()]) must stay valid and
@@ -54,8 +66,6 @@ class Mlp {
                 std::span<float* const> grads, float* dinput);
 
  private:
-  const int in_;
-  const std::vector<int> sizes_;
   const Activation activation_;
   const bool activate_last_;
   const float* input_ = nullptr;

@@ -5,11 +5,13 @@
 #   scripts/run_local.sh [JOB.ini] [--servers N] [--workers M] [--rows R]
 #                        [--section.key=value ...]
 #
-# With no JOB.ini it generates Criteo-format data with a planted model
-# (eps-datagen, R training rows, default 500000) and runs examples/local.ini
-# on it. --section.key=value options go to every process, overriding the
-# config file (e.g. --data.train=DIR --data.eval=DIR to train on your data). Logs and data go to ${EPS_RUN_DIR:-./eps-run}. Every process is
-# stopped when the script exits, however it exits.
+# With no JOB.ini it runs examples/local.ini. For a config in examples/ (no
+# JOB.ini included) it first generates Criteo-format data with a planted
+# model (eps-datagen, R training rows, default 500000) and trains on it.
+# --section.key=value options go to every process, overriding the config
+# file (e.g. --data.train=DIR --data.eval=DIR to train on your data). Logs
+# and data go to ${EPS_RUN_DIR:-./eps-run}. Every process is stopped when
+# the script exits, however it exits.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
@@ -56,14 +58,17 @@ mkdir -p "$run_dir/logs"
 rm -rf "$run_dir/master" "$run_dir"/server-*
 
 extra=(--ps.num_servers="$servers")
+# The example configs train on generated data unless told otherwise.
 generate=false
 if [ -z "$config" ]; then
   config="$EPS_ROOT/examples/local.ini"
   generate=true
-  for override in "${overrides[@]}"; do
-    case "$override" in --data.train=*) generate=false ;; esac
-  done
+elif [ "$(realpath "$(dirname "$config")")" = "$(realpath "$EPS_ROOT/examples")" ]; then
+  generate=true
 fi
+for override in "${overrides[@]}"; do
+  case "$override" in --data.train=*) generate=false ;; esac
+done
 if [ "$generate" = true ]; then
   data="$run_dir/data"
   if [ ! -f "$data/truth.json" ] || [ "$(cat "$data/.rows" 2>/dev/null)" != "$rows" ]; then
@@ -110,8 +115,16 @@ for i in $(seq 0 $((servers - 1))); do
     "${extra[@]}" >"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!)
 done
+# Workers share this machine's cores for their model math, unless the
+# config or the command line says how many threads each uses.
+worker_extra=()
+if ! grep -qE '^[[:space:]]*compute_threads[[:space:]]*=' "$config" &&
+  [[ " ${overrides[*]} " != *" --worker.compute_threads="* ]]; then
+  share=$(( $(nproc) / workers ))
+  worker_extra+=(--worker.compute_threads=$(( share > 0 ? share : 1 )))
+fi
 for i in $(seq 0 $((workers - 1))); do
-  "$bin/eps-worker" --config "$config" --master "$endpoint" "${extra[@]}" \
+  "$bin/eps-worker" --config "$config" --master "$endpoint" "${extra[@]}" "${worker_extra[@]}" \
     >"$run_dir/logs/worker-$i.log" 2>&1 &
   pids+=($!)
 done

@@ -21,6 +21,7 @@
 #include "core/rpc_channel.h"
 #include "core/socket_factory.h"
 #include "models/batch.h"
+#include "models/cuda_model.h"
 #include "models/device.h"
 #include "models/model.h"
 #include "worker/line_reader.h"
@@ -738,19 +739,18 @@ Status Worker::Impl::RunSession() {
 Status Worker::Impl::Run() {
   RETURN_IF_ERROR(options_.Validate());
   ASSIGN_OR_RETURN(Device device, ResolveDevice(options_.device));
-  if (device == Device::kCuda) {
-    if (options_.device == "cuda") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--device cuda: model '", options_.job.model.type,
-          "' has no CUDA back end in this version; use --device cpu or auto"));
-    }
-    LOG(INFO) << "a GPU is visible, but model '" << options_.job.model.type
-              << "' has no CUDA back end in this version; training on the CPU";
-  }
   ASSIGN_OR_RETURN(Schema schema, Schema::FromConfig(options_.job));
   parser_ = std::make_unique<RecordParser>(schema);
   ASSIGN_OR_RETURN(ModelOptions model_options, ModelOptions::FromConfig(options_.job));
-  ASSIGN_OR_RETURN(model_, Model::Create(model_options));
+  // Every model type has a CUDA back end: the resolved device decides.
+  if (device == Device::kCuda) {
+    ASSIGN_OR_RETURN(model_, CreateCudaModel(model_options));
+  } else {
+    ASSIGN_OR_RETURN(model_, Model::Create(model_options));
+  }
+  device_ = DeviceName(device);
+  LOG(INFO) << "model '" << model_options.type << "' trains on the " << device_
+            << " (--device " << options_.device << ")";
   SetCpuThreads(static_cast<int>(options_.job.worker.compute_threads));
   for (const ParamSpec& param : model_->params()) has_step_params_ |= param.pull_each_step;
 

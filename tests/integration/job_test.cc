@@ -133,12 +133,22 @@ TEST(Job, WorkerStoppedBySigtermHandsItsShardBackAndExitsZero) {
   ASSERT_NO_FATAL_FAILURE(Generate(dir, 300000));
   LocalJob job(dir.path(), config, DataFlags(dir));
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  // Stop the first worker once it trains (not merely once the job does: on
+  // a loaded machine the other may start first, and a signal before the
+  // worker has set up its handler would simply kill it).
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
+  bool training = false;
+  while (!training && absl::Now() < deadline) {
     StatusOr<json> live = job.LiveStatus();
-    if (live.ok() && (*live)["records_trained"].get<uint64_t>() > 0) break;
-    absl::SleepFor(absl::Milliseconds(5));
+    if (live.ok()) {
+      for (const json& worker : (*live)["workers"]) {
+        training |= worker["pid"].get<pid_t>() == job.workers()[0]->pid() &&
+                    worker["records"].get<uint64_t>() > 0;
+      }
+    }
+    if (!training) absl::SleepFor(absl::Milliseconds(5));
   }
+  ASSERT_TRUE(training) << job.Logs();
   job.workers()[0]->Signal(SIGTERM);
   EXPECT_EQ(job.workers()[0]->Wait(absl::Seconds(30)), 0) << job.Logs();
 

@@ -3,6 +3,10 @@
 
 #include "master/job_spec.h"
 
+#include <cmath>
+#include <filesystem>
+
+#include "core/flags.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -41,6 +45,47 @@ TEST(BuildJobSpec, LrTables) {
   // 13 Criteo dense features and a bias.
   EXPECT_EQ(dense->dense_size(), 14u);
   EXPECT_EQ(dense->dim(), 14u);  // min(14, ps.dense_chunk_floats = 16384)
+}
+
+TEST(BuildJobSpec, DlrmTables) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.model.type = "dlrm";
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // The embedding table, 4 bottom and 3 top layers.
+  ASSERT_EQ(spec->tables_size(), 8);
+  const proto::TableSpec* emb = FindTable(*spec, "dlrm.emb");
+  ASSERT_NE(emb, nullptr);
+  EXPECT_EQ(emb->kind(), proto::EMBEDDING);
+  EXPECT_EQ(emb->dim(), 16u);
+  EXPECT_EQ(emb->initializer().kind(), proto::InitializerSpec::UNIFORM);
+  const proto::TableSpec* top0 = FindTable(*spec, "dlrm.top.0");
+  ASSERT_NE(top0, nullptr);
+  EXPECT_EQ(top0->kind(), proto::DENSE);
+  EXPECT_EQ(top0->dense_size(), 367u * 512 + 512);  // 16 + 351 dots -> 512
+  EXPECT_EQ(top0->dim(), 16384u);                   // chunks of ps.dense_chunk_floats
+  // PyTorch's nn.Linear distribution: uniform in +-1/sqrt(fan-in).
+  EXPECT_EQ(top0->initializer().kind(), proto::InitializerSpec::UNIFORM);
+  EXPECT_FLOAT_EQ(top0->initializer().scale(), 1.0f / std::sqrt(367.0f));
+}
+
+// Every config in examples/ parses, validates and builds a job.
+TEST(BuildJobSpec, EveryExampleConfigBuildsAJob) {
+  int examples = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(EPS_SOURCE_DIR "/examples")) {
+    if (entry.path().extension() != ".ini") continue;
+    SCOPED_TRACE(entry.path().string());
+    ++examples;
+    CommandLine command_line("eps-master", "--config JOB.ini");
+    const std::string path = entry.path().string();
+    const char* argv[] = {"eps-master", "--config", path.c_str()};
+    StatusOr<JobConfig> config = command_line.Parse(3, argv);
+    ASSERT_TRUE(config.ok()) << config.status();
+    StatusOr<proto::JobSpec> spec = BuildJobSpec(*config);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+  }
+  EXPECT_GE(examples, 4);  // local (lr), wdl, deepfm, dlrm
 }
 
 TEST(BuildJobSpec, DenseChunksFollowDenseChunkFloats) {
