@@ -12,10 +12,15 @@ Subcommands:
       Reads a batch and the model's parameters written by the C++ side (all
       little-endian): DIR/meta.json ({"model", "num_dense", "num_fields",
       "embedding_dim", "mlp", "bottom_mlp", "top_mlp", "activation", "batch",
-      "num_keys", "params": [{"name", "kind": "embedding"|"dense", "size"}]}),
-      labels.f32 [n], dense.f32 [n*D], slots.u32 [n*F] (rows of the K gathered
-      embedding rows) and param_<i>.f32 (an embedding param: K*size floats, a
-      [K, size] buffer; a dense param: size floats). Runs forward and the
+      "num_keys", "params": [{"name", "kind": "embedding"|"dense", "size"}],
+      optionally "pooling": "sum" (the default) or "mean"), labels.f32 [n],
+      dense.f32 [n*D], slots.u32 [n*F] (rows of the K gathered embedding rows)
+      and param_<i>.f32 (an embedding param: K*size floats, a [K, size]
+      buffer; a dense param: size floats). A multi-value batch adds
+      offsets.u32 [n*F+1] (0 first, rising by at least 1 per field): example
+      i's field f has the ids of slots[offsets[i*F+f] .. offsets[i*F+f+1]),
+      slots.u32 then holding offsets[n*F] entries, and every field is read
+      through its pooled row (docs/models.md). Runs forward and the
       backward of the batch's MEAN log loss in --dtype (default float64) and
       writes DIR/torch_predictions.f32 [n] (sigmoid of the logits),
       DIR/torch_loss.json {"loss_sum": SUM OF THE LOG LOSS} and
@@ -165,8 +170,44 @@ class ModelSpec:
 # ----------------------------------------------------------------------------
 # The math (docs/models.md). `values` maps every parameter name to a tensor:
 # embedding params to the [K, dim] rows the slots index, dense params to their
-# flat tensor. x: [n, D] dense features; slots: [n, F] int64 rows in [0, K).
+# flat tensor. x: [n, D] dense features; slots: [n, F] int64 rows in [0, K),
+# or, for a multi-value batch, a MultiValueFields in their place.
 # ----------------------------------------------------------------------------
+
+
+class MultiValueFields:
+    """The categorical input of a multi-value batch: example i's field f has the rows
+    slots[offsets[i*F+f] .. offsets[i*F+f+1]) (at least one), read through their
+    pooled row, the sum or the mean of those rows (docs/models.md).
+
+    slots: [S] int64; offsets: [n*F+1] int64; pooling: "sum" or "mean"."""
+
+    def __init__(self, slots, offsets, num_fields, pooling):
+        self.n = (offsets.numel() - 1) // num_fields
+        self.num_fields = num_fields
+        self.slots = slots
+        self.pooling = pooling
+        self.counts = offsets[1:] - offsets[:-1]  # ids of (example, field) i*F + f
+        # The (example, field) of every slot: where its row is added.
+        self.segment = torch.repeat_interleave(torch.arange(self.counts.numel()), self.counts)
+
+    def rows(self, table):
+        """[n, F, dim]: every field's pooled row of `table` ([K, dim])."""
+        gathered = table.index_select(0, self.slots)  # [S, dim]
+        pooled = torch.zeros(self.counts.numel(), table.shape[1], dtype=table.dtype).index_add(
+            0, self.segment, gathered)
+        if self.pooling == "mean":
+            pooled = pooled / self.counts.unsqueeze(1).to(table.dtype)
+        return pooled.view(self.n, self.num_fields, table.shape[1])
+
+
+def field_rows(table, slots):
+    """[n, F, dim]: example i's field f's row of `table` ([K, dim]), pooled for a
+    multi-value batch."""
+    if isinstance(slots, MultiValueFields):
+        return slots.rows(table)
+    return nnf.embedding(slots, table)
+
 
 def linear(h, p, in_size, out):
     """Linear(in, out) on a flat tensor p = W ([out, in] row-major) then b: h W^T + b."""
@@ -189,12 +230,12 @@ def mlp(h, values, prefix, in_size, sizes, act, act_after_last):
 def first_order(w_rows, vc, x, slots):
     """lr / wide / first: sum_f w[i,f] + x.v + c, from the dim-1 rows and the D+1 weights."""
     D = x.shape[1]
-    w = nnf.embedding(slots, w_rows).sum(dim=(1, 2))  # [n, F, 1] -> [n]
+    w = field_rows(w_rows, slots).sum(dim=(1, 2))  # [n, F, 1] -> [n]
     return w + torch.mv(x, vc[:D]) + vc[D]
 
 
 def forward(spec, values, x, slots):
-    """The logits [n] of the batch."""
+    """The logits [n] of the batch. `slots`: [n, F] rows, or a MultiValueFields."""
     m, F, d, D = spec.model, spec.num_fields, spec.embedding_dim, spec.num_dense
     act = ACTIVATIONS[spec.activation]
     n = x.shape[0]
@@ -203,7 +244,7 @@ def forward(spec, values, x, slots):
     if m in ("wdl", "deepfm"):
         wide, wide_dense = ("wdl.wide", "wdl.wide_dense") if m == "wdl" else \
             ("deepfm.first", "deepfm.first_dense")
-        e = nnf.embedding(slots, values[f"{m}.emb"])  # [n, F, d]
+        e = field_rows(values[f"{m}.emb"], slots)  # [n, F, d]
         deep_in = torch.cat([x, e.reshape(n, F * d)], dim=1)  # concat(x, e[i,1], ..., e[i,F])
         deep = mlp(deep_in, values, f"{m}.mlp", D + F * d, spec.mlp, act, False).squeeze(1)
         logit = first_order(values[wide], values[wide_dense], x, slots) + deep
@@ -214,7 +255,7 @@ def forward(spec, values, x, slots):
         return logit
     # dlrm: bottom MLP with the activation after every layer, the last included.
     z = mlp(x, values, "dlrm.bottom", D, spec.bottom_mlp, act, True)  # [n, d]
-    e = nnf.embedding(slots, values["dlrm.emb"])  # [n, F, d]
+    e = field_rows(values["dlrm.emb"], slots)  # [n, F, d]
     t = torch.cat([z.unsqueeze(1), e], dim=1)  # T = [z, e1..eF]: [n, F+1, d]
     gram = torch.bmm(t, t.transpose(1, 2))  # [n, F+1, F+1]
     a, b = dlrm_pairs(F, x.device)
@@ -296,8 +337,10 @@ def spec_from_args(args, parser):
 # ----------------------------------------------------------------------------
 
 def read_crosscheck(directory):
-    """(spec, n, K, labels, dense, slots, param buffers as float32 numpy) from DIR;
-    raises SpecError on anything malformed."""
+    """(spec, n, K, labels, dense, slots, offsets, pooling, param buffers as float32
+    numpy) from DIR: slots [n, F] and offsets None for a single-value batch, slots
+    [offsets[-1]] and offsets [n*F+1] (int64) for a multi-value one. Raises
+    SpecError on anything malformed."""
     path = os.path.join(directory, "meta.json")
     try:
         with open(path) as f:
@@ -323,6 +366,9 @@ def read_crosscheck(directory):
         kwargs["bottom_mlp"] = need("bottom_mlp")
         kwargs["top_mlp"] = need("top_mlp")
     spec = ModelSpec(model, need("num_dense"), need("num_fields"), **kwargs)
+    pooling = meta.get("pooling", "sum")
+    if pooling not in ("sum", "mean"):
+        raise SpecError(f"unknown pooling {pooling!r} (expected sum or mean)")
     n, K = need("batch"), need("num_keys")
     for what, value in (("batch", n), ("num_keys", K)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -354,24 +400,33 @@ def read_crosscheck(directory):
 
     labels = read("labels.f32", "<f4", n)
     dense = read("dense.f32", "<f4", n * D).reshape(n, D)
-    slots = read("slots.u32", "<u4", n * F).reshape(n, F)
+    offsets = None
+    if os.path.exists(os.path.join(directory, "offsets.u32")):
+        offsets = read("offsets.u32", "<u4", n * F + 1).astype(np.int64)
+        if offsets[0] != 0 or np.any(offsets[1:] <= offsets[:-1]):
+            raise SpecError("offsets.u32 must start at 0 and rise by at least 1 per field")
+        slots = read("slots.u32", "<u4", int(offsets[-1]))
+    else:
+        slots = read("slots.u32", "<u4", n * F).reshape(n, F)
     if slots.size and int(slots.max()) >= K:
         raise SpecError(f"slots.u32 holds {int(slots.max())}, not below num_keys {K}")
     buffers = [read(f"param_{i}.f32", "<f4", K * p.size if p.kind == "embedding" else p.size)
                for i, p in enumerate(spec.params)]
-    return spec, n, K, labels, dense, slots, buffers
+    return spec, n, K, labels, dense, slots, offsets, pooling, buffers
 
 
 def crosscheck(args):
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     try:
-        spec, n, K, labels, dense, slots, buffers = read_crosscheck(args.dir)
+        spec, n, K, labels, dense, slots, offsets, pooling, buffers = read_crosscheck(args.dir)
     except SpecError as e:
         print(f"{PROG} crosscheck: {e}", file=sys.stderr)
         return 2
     y = torch.from_numpy(labels.astype(np.float64)).to(dtype)
     x = torch.from_numpy(dense.astype(np.float64)).to(dtype)
     slot_t = torch.from_numpy(slots.astype(np.int64))
+    if offsets is not None:
+        slot_t = MultiValueFields(slot_t, torch.from_numpy(offsets), spec.num_fields, pooling)
     values = {}
     for p, buf in zip(spec.params, buffers):
         t = torch.from_numpy(buf.astype(np.float64)).to(dtype)

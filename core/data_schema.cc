@@ -41,11 +41,14 @@ StatusOr<Schema> Schema::Parse(absl::string_view spec) {
     } else if (kind == "cat") {
       column = Column::kCat;
       schema.num_cat += repeat;
+    } else if (kind == "multicat") {
+      column = Column::kMultiCat;
+      schema.num_cat += repeat;
     } else if (kind == "skip") {
       column = Column::kSkip;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "schema item '", item, "': kind must be label, dense, cat or skip"));
+          "schema item '", item, "': kind must be label, dense, cat, multicat or skip"));
     }
     schema.columns.insert(schema.columns.end(), repeat, column);
   }
@@ -56,10 +59,20 @@ StatusOr<Schema> Schema::Parse(absl::string_view spec) {
   return schema;
 }
 
+bool Schema::has_multi_value() const {
+  for (Column column : columns) {
+    if (column == Column::kMultiCat) return true;
+  }
+  return false;
+}
+
 StatusOr<Schema> Schema::FromConfig(const JobConfig& config) {
   if (config.data.format == "criteo") return Criteo();
   StatusOr<Schema> schema = Parse(config.data.schema);
   if (!schema.ok()) return Annotate(schema.status(), "option 'data.schema'");
+  if (!config.data.multi_value_separator.empty()) {
+    schema->multi_value_separator = config.data.multi_value_separator[0];
+  }
   return schema;
 }
 

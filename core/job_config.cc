@@ -141,7 +141,10 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("data.train", &data.train, "training files, globs or directories, comma-separated");
   v.Visit("data.eval", &data.eval, "evaluation files, globs or directories; empty: no eval");
   v.Visit("data.format", &data.format, "criteo or tsv");
-  v.Visit("data.schema", &data.schema, "tsv column kinds, e.g. label,dense*13,cat*26");
+  v.Visit("data.schema", &data.schema,
+          "tsv column kinds (label, dense, cat, multicat, skip), e.g. label,dense*13,cat*26");
+  v.Visit("data.multi_value_separator", &data.multi_value_separator,
+          "the character between the values of a multicat column");
   v.Visit("data.shard_records", &data.shard_records, "records per data shard");
 
   v.Visit("model.type", &model.type, "model: lr, wdl, deepfm or dlrm");
@@ -153,6 +156,7 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "dlrm bottom MLP layer sizes; the last must be model.embedding_dim");
   v.Visit("model.top_mlp", &model.top_mlp, "dlrm top MLP layer sizes; the last must be 1");
   v.Visit("model.activation", &model.activation, "hidden-layer activation: relu, sigmoid, tanh");
+  v.Visit("model.pooling", &model.pooling, "how a multi-value field's rows combine: sum or mean");
 
   v.Visit("optimizer.type", &optimizer.type, "sgd, adagrad, adam or ftrl");
   v.Visit("optimizer.learning_rate", &optimizer.learning_rate, "step size (ftrl: alpha)");
@@ -213,6 +217,9 @@ Status JobConfig::Validate() const {
   if (data.format == "criteo" && !data.schema.empty()) {
     return OptionError("data.schema", "applies to data.format = tsv only");
   }
+  if (data.multi_value_separator.size() != 1 || data.multi_value_separator == "\t") {
+    return OptionError("data.multi_value_separator", "must be one character other than a tab");
+  }
   RETURN_IF_ERROR(CheckAtLeast("data.shard_records", data.shard_records, 1));
 
   RETURN_IF_ERROR(CheckOneOf("model.type", model.type, {"lr", "wdl", "deepfm", "dlrm"}));
@@ -224,6 +231,7 @@ Status JobConfig::Validate() const {
       CheckOneOf("model.initializer", model.initializer, {"auto", "zeros", "normal", "uniform"}));
   if (!(model.init_scale >= 0)) return OptionError("model.init_scale", "must be >= 0");
   RETURN_IF_ERROR(CheckOneOf("model.activation", model.activation, {"relu", "sigmoid", "tanh"}));
+  RETURN_IF_ERROR(CheckOneOf("model.pooling", model.pooling, {"sum", "mean"}));
   ASSIGN_OR_RETURN(std::vector<int> mlp, ParseLayerSizes("model.mlp", model.mlp));
   ASSIGN_OR_RETURN(std::vector<int> bottom, ParseLayerSizes("model.bottom_mlp", model.bottom_mlp));
   ASSIGN_OR_RETURN(std::vector<int> top, ParseLayerSizes("model.top_mlp", model.top_mlp));

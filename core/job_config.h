@@ -53,6 +53,9 @@ struct JobConfig {
     // `cat` or `skip`, optionally repeated as `kind*N`; e.g.
     // "label,dense*13,cat*26" is the Criteo layout.
     std::string schema;
+    // The character between the values of a multicat column (data.schema).
+    // Default ",".
+    std::string multi_value_separator = ",";
     // Records (lines) per data shard. Default 100000.
     int64_t shard_records = 100000;
   } data;
@@ -78,6 +81,8 @@ struct JobConfig {
     std::string top_mlp = "512,256,1";
     // Hidden-layer activation: relu, sigmoid or tanh. Default relu.
     std::string activation = "relu";
+    // How a multi-value field's rows combine: sum or mean. Default sum.
+    std::string pooling = "sum";
   } model;
 
   // The update rule the servers apply to every table (formulas in

@@ -4,9 +4,26 @@
 
 namespace eps {
 
+void Batch::CheckShape() const {
+  const size_t n = labels.size();
+  CHECK_EQ(dense.size(), n * num_dense);
+  if (offsets.empty()) {
+    CHECK_EQ(slots.size(), n * num_fields);
+  } else {
+    CHECK_EQ(offsets.size(), n * num_fields + 1);
+    CHECK_EQ(offsets.back(), slots.size());
+  }
+}
+
 BatchBuilder::BatchBuilder(int num_dense, int num_fields) {
   batch_.num_dense = num_dense;
   batch_.num_fields = num_fields;
+}
+
+uint32_t BatchBuilder::SlotOf(uint64_t id) {
+  auto [it, inserted] = index_.try_emplace(id, static_cast<uint32_t>(batch_.keys.size()));
+  if (inserted) batch_.keys.push_back(id);
+  return it->second;
 }
 
 void BatchBuilder::Add(float label, std::span<const float> dense,
@@ -15,11 +32,37 @@ void BatchBuilder::Add(float label, std::span<const float> dense,
   CHECK_EQ(ids.size(), static_cast<size_t>(batch_.num_fields));
   batch_.labels.push_back(label);
   batch_.dense.insert(batch_.dense.end(), dense.begin(), dense.end());
-  for (uint64_t id : ids) {
-    auto [it, inserted] = index_.try_emplace(id, static_cast<uint32_t>(batch_.keys.size()));
-    if (inserted) batch_.keys.push_back(id);
-    batch_.slots.push_back(it->second);
+  for (uint64_t id : ids) batch_.slots.push_back(SlotOf(id));
+  if (batch_.multi_value()) {
+    for (size_t f = 0; f < ids.size(); ++f) {
+      batch_.offsets.push_back(batch_.offsets.back() + 1);
+    }
   }
+}
+
+void BatchBuilder::Add(float label, std::span<const float> dense, std::span<const uint64_t> ids,
+                       std::span<const uint32_t> field_ends) {
+  const int num_fields = batch_.num_fields;
+  CHECK_EQ(dense.size(), static_cast<size_t>(batch_.num_dense));
+  CHECK_EQ(field_ends.size(), static_cast<size_t>(num_fields));
+  CHECK(num_fields == 0 || field_ends.back() == ids.size());
+  bool single = true;
+  for (int f = 0; f < num_fields; ++f) {
+    const uint32_t begin = f == 0 ? 0 : field_ends[f - 1];
+    CHECK_GT(field_ends[f], begin) << "field " << f << " has no id";
+    single &= field_ends[f] - begin == 1;
+  }
+  if (single && !batch_.multi_value()) return Add(label, dense, ids);
+  if (!batch_.multi_value()) {
+    // The first multi-value example: spell out the single-value ones so far.
+    batch_.offsets.resize(batch_.slots.size() + 1);
+    for (size_t j = 0; j < batch_.offsets.size(); ++j) batch_.offsets[j] = static_cast<uint32_t>(j);
+  }
+  batch_.labels.push_back(label);
+  batch_.dense.insert(batch_.dense.end(), dense.begin(), dense.end());
+  const uint32_t base = static_cast<uint32_t>(batch_.slots.size());
+  for (uint64_t id : ids) batch_.slots.push_back(SlotOf(id));
+  for (int f = 0; f < num_fields; ++f) batch_.offsets.push_back(base + field_ends[f]);
 }
 
 Batch BatchBuilder::Finish() {

@@ -101,6 +101,82 @@ __global__ void ScatterAddFieldWeightsKernel(int64_t count, const uint32_t* slot
   }
 }
 
+// The weight of each id's row in its field's pooled row (as the CPU's).
+__device__ __forceinline__ float PoolWeight(Pooling pooling, uint32_t begin, uint32_t end) {
+  return pooling == Pooling::kMean ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+}
+
+// The multi-value counterparts of the kernels above: field (i, f) = pair
+// has the ids of slots[offsets[pair] .. offsets[pair + 1]).
+__global__ void GatherPooledFieldsKernel(int64_t count, const uint32_t* slots,
+                                         const uint32_t* offsets, int num_fields, const float* rows,
+                                         int dim, Pooling pooling, float* out, int stride,
+                                         int offset) {
+  for (int64_t e = GlobalThread(); e < count; e += GridThreads()) {
+    const int64_t pair = e / dim;
+    const int k = static_cast<int>(e - pair * dim);
+    const int64_t i = pair / num_fields;
+    const int f = static_cast<int>(pair - i * num_fields);
+    const uint32_t begin = offsets[pair];
+    const uint32_t end = offsets[pair + 1];
+    float sum = 0;
+    for (uint32_t s = begin; s < end; ++s) sum += rows[static_cast<int64_t>(slots[s]) * dim + k];
+    out[i * stride + offset + static_cast<int64_t>(f) * dim + k] =
+        sum * PoolWeight(pooling, begin, end);
+  }
+}
+
+__global__ void ScatterAddPooledFieldsKernel(int64_t count, const uint32_t* slots,
+                                             const uint32_t* offsets, int num_fields,
+                                             const float* d, int stride, int offset, int dim,
+                                             Pooling pooling, float* grad_rows) {
+  for (int64_t e = GlobalThread(); e < count; e += GridThreads()) {
+    const int64_t pair = e / dim;
+    const int k = static_cast<int>(e - pair * dim);
+    const int64_t i = pair / num_fields;
+    const int f = static_cast<int>(pair - i * num_fields);
+    const uint32_t begin = offsets[pair];
+    const uint32_t end = offsets[pair + 1];
+    const float g = PoolWeight(pooling, begin, end) *
+                    d[i * stride + offset + static_cast<int64_t>(f) * dim + k];
+    for (uint32_t s = begin; s < end; ++s) {
+      atomicAdd(&grad_rows[static_cast<int64_t>(slots[s]) * dim + k], g);
+    }
+  }
+}
+
+__global__ void PooledWideLogitsKernel(int64_t n, const uint32_t* slots, const uint32_t* offsets,
+                                       int num_fields, Pooling pooling, const float* w,
+                                       const float* x, int num_dense, const float* dense_w,
+                                       const float* base, float* logits) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const uint32_t* o = offsets + i * num_fields;
+    float fields = 0;
+    for (int f = 0; f < num_fields; ++f) {
+      float field = 0;
+      for (uint32_t s = o[f]; s < o[f + 1]; ++s) field += w[slots[s]];
+      fields += field * PoolWeight(pooling, o[f], o[f + 1]);
+    }
+    const float* xi = x + i * num_dense;
+    float dense = 0;
+    for (int j = 0; j < num_dense; ++j) dense += xi[j] * dense_w[j];
+    logits[i] = (base != nullptr ? base[i] : 0.0f) + fields + dense + dense_w[num_dense];
+  }
+}
+
+// Element e = i*F + f.
+__global__ void ScatterAddPooledFieldWeightsKernel(int64_t count, const uint32_t* slots,
+                                                   const uint32_t* offsets, int num_fields,
+                                                   Pooling pooling, const float* dlogits,
+                                                   float* grad_w) {
+  for (int64_t e = GlobalThread(); e < count; e += GridThreads()) {
+    const uint32_t begin = offsets[e];
+    const uint32_t end = offsets[e + 1];
+    const float g = dlogits[e / num_fields] * PoolWeight(pooling, begin, end);
+    for (uint32_t s = begin; s < end; ++s) atomicAdd(&grad_w[slots[s]], g);
+  }
+}
+
 __device__ __forceinline__ float Activate(Activation activation, float v) {
   switch (activation) {
     case Activation::kRelu:
@@ -267,28 +343,52 @@ __global__ void FillKernel(int64_t count, float* out, float value) {
 
 }  // namespace
 
-void GatherFields(const uint32_t* slots, int n, int num_fields, const float* rows, int dim,
-                  float* out, int stride, int offset, cudaStream_t stream) {
-  Launch(static_cast<int64_t>(n) * num_fields * dim, stream, GatherFieldsKernel, slots, num_fields,
-         rows, dim, out, stride, offset);
+void GatherFields(const uint32_t* slots, const uint32_t* offsets, int n, int num_fields,
+                  const float* rows, int dim, Pooling pooling, float* out, int stride, int offset,
+                  cudaStream_t stream) {
+  const int64_t count = static_cast<int64_t>(n) * num_fields * dim;
+  if (offsets == nullptr) {
+    Launch(count, stream, GatherFieldsKernel, slots, num_fields, rows, dim, out, stride, offset);
+  } else {
+    Launch(count, stream, GatherPooledFieldsKernel, slots, offsets, num_fields, rows, dim, pooling,
+           out, stride, offset);
+  }
 }
 
-void ScatterAddFields(const uint32_t* slots, int n, int num_fields, const float* d, int stride,
-                      int offset, int dim, float* grad_rows, cudaStream_t stream) {
-  Launch(static_cast<int64_t>(n) * num_fields * dim, stream, ScatterAddFieldsKernel, slots,
-         num_fields, d, stride, offset, dim, grad_rows);
+void ScatterAddFields(const uint32_t* slots, const uint32_t* offsets, int n, int num_fields,
+                      const float* d, int stride, int offset, int dim, Pooling pooling,
+                      float* grad_rows, cudaStream_t stream) {
+  const int64_t count = static_cast<int64_t>(n) * num_fields * dim;
+  if (offsets == nullptr) {
+    Launch(count, stream, ScatterAddFieldsKernel, slots, num_fields, d, stride, offset, dim,
+           grad_rows);
+  } else {
+    Launch(count, stream, ScatterAddPooledFieldsKernel, slots, offsets, num_fields, d, stride,
+           offset, dim, pooling, grad_rows);
+  }
 }
 
-void WideLogits(const uint32_t* slots, int n, int num_fields, const float* w, const float* x,
-                int num_dense, const float* dense_w, const float* base, float* logits,
-                cudaStream_t stream) {
-  Launch(n, stream, WideLogitsKernel, slots, num_fields, w, x, num_dense, dense_w, base, logits);
+void WideLogits(const uint32_t* slots, const uint32_t* offsets, int n, int num_fields,
+                Pooling pooling, const float* w, const float* x, int num_dense,
+                const float* dense_w, const float* base, float* logits, cudaStream_t stream) {
+  if (offsets == nullptr) {
+    Launch(n, stream, WideLogitsKernel, slots, num_fields, w, x, num_dense, dense_w, base, logits);
+  } else {
+    Launch(n, stream, PooledWideLogitsKernel, slots, offsets, num_fields, pooling, w, x, num_dense,
+           dense_w, base, logits);
+  }
 }
 
-void ScatterAddFieldWeights(const uint32_t* slots, int n, int num_fields, const float* dlogits,
-                            float* grad_w, cudaStream_t stream) {
-  Launch(static_cast<int64_t>(n) * num_fields, stream, ScatterAddFieldWeightsKernel, slots,
-         num_fields, dlogits, grad_w);
+void ScatterAddFieldWeights(const uint32_t* slots, const uint32_t* offsets, int n, int num_fields,
+                            Pooling pooling, const float* dlogits, float* grad_w,
+                            cudaStream_t stream) {
+  const int64_t count = static_cast<int64_t>(n) * num_fields;
+  if (offsets == nullptr) {
+    Launch(count, stream, ScatterAddFieldWeightsKernel, slots, num_fields, dlogits, grad_w);
+  } else {
+    Launch(count, stream, ScatterAddPooledFieldWeightsKernel, slots, offsets, num_fields, pooling,
+           dlogits, grad_w);
+  }
 }
 
 void AddBiasActivate(float* y, int n, int width, const float* bias, Activation activation,

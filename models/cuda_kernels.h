@@ -7,6 +7,13 @@
 // of the CPU functions (row-major, example i's field f at
 // in[i*stride + offset + f*dim]). Counts of zero issue nothing.
 //
+// The field functions take the batch's `slots` and `offsets` (models/batch.h)
+// and read each field through its pooled row (docs/models.md). With
+// `offsets` null every field has one id, slots[i*F + f], and the pooling
+// changes nothing; otherwise example i's field f has the ids of
+// slots[offsets[i*F + f] .. offsets[i*F + f + 1]) (at least one), and
+// "pool" below is their sum, or their mean for Pooling::kMean.
+//
 // Internal to models/: only .cu files include this header.
 //
 // Thread-safety: stateless; safe for concurrent use on disjoint outputs.
@@ -20,31 +27,39 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "models/field_embeddings.h"
 #include "models/mlp.h"
 
 namespace eps {
 namespace cuda {
 
-// out[i*stride + offset + f*dim + k] = rows[slots[i*F + f]*dim + k].
-void GatherFields(const uint32_t* slots, int n, int num_fields, const float* rows, int dim,
-                  float* out, int stride, int offset, cudaStream_t stream);
+// out[i*stride + offset + f*dim + k] = pool over the ids of example i's
+// field f of rows[slot*dim + k].
+void GatherFields(const uint32_t* slots, const uint32_t* offsets, int n, int num_fields,
+                  const float* rows, int dim, Pooling pooling, float* out, int stride, int offset,
+                  cudaStream_t stream);
 
-// grad_rows[slots[i*F + f]*dim + k] += d[i*stride + offset + f*dim + k]
-// (atomic: examples share rows).
-void ScatterAddFields(const uint32_t* slots, int n, int num_fields, const float* d, int stride,
-                      int offset, int dim, float* grad_rows, cudaStream_t stream);
+// GatherFields' gradient: grad_rows[slot*dim + k] += d[i*stride + offset +
+// f*dim + k] (divided by the field's id count for kMean) for each id of
+// example i's field f (atomic: examples and fields share rows).
+void ScatterAddFields(const uint32_t* slots, const uint32_t* offsets, int n, int num_fields,
+                      const float* d, int stride, int offset, int dim, Pooling pooling,
+                      float* grad_rows, cudaStream_t stream);
 
 // The wide (first-order) logit, plus an optional term:
-// logits[i] = (base ? base[i] : 0) + sum_f w[slots[i*F + f]]
+// logits[i] = (base ? base[i] : 0) + sum_f (pool over field f's ids of w[slot])
 //             + sum_j x[i*D + j] * dense_w[j] + dense_w[D].
 // `base` may alias `logits`.
-void WideLogits(const uint32_t* slots, int n, int num_fields, const float* w, const float* x,
-                int num_dense, const float* dense_w, const float* base, float* logits,
-                cudaStream_t stream);
+void WideLogits(const uint32_t* slots, const uint32_t* offsets, int n, int num_fields,
+                Pooling pooling, const float* w, const float* x, int num_dense,
+                const float* dense_w, const float* base, float* logits, cudaStream_t stream);
 
-// grad_w[slots[i*F + f]] += dlogits[i] (atomic).
-void ScatterAddFieldWeights(const uint32_t* slots, int n, int num_fields, const float* dlogits,
-                            float* grad_w, cudaStream_t stream);
+// The gradient of WideLogits' field term: grad_w[slot] += dlogits[i]
+// (divided by the field's id count for kMean) for each id of each of
+// example i's fields (atomic).
+void ScatterAddFieldWeights(const uint32_t* slots, const uint32_t* offsets, int n, int num_fields,
+                            Pooling pooling, const float* dlogits, float* grad_w,
+                            cudaStream_t stream);
 
 // y[i*width + j] += bias[j], then the activation when `activate`.
 void AddBiasActivate(float* y, int n, int width, const float* bias, Activation activation,

@@ -10,6 +10,7 @@
 #include "models/cuda_mlp.h"
 #include "models/cuda_model.h"
 #include "models/device.h"
+#include "models/field_embeddings.h"
 #include "models/interactions.h"
 
 namespace eps {
@@ -20,9 +21,12 @@ namespace {
 // (params() order) and the loss gradient of the logits.
 struct Step {
   int n = 0;
-  const uint32_t* slots = nullptr;  // [n, F]
-  const float* labels = nullptr;    // [n]
-  const float* dense = nullptr;     // [n, D]
+  const uint32_t* slots = nullptr;  // [n, F], or [offsets[n*F]] with offsets
+  // [n*F + 1] for a multi-value batch (models/batch.h); null when every
+  // field has one id, which keeps the kernels' single-value path.
+  const uint32_t* offsets = nullptr;
+  const float* labels = nullptr;  // [n]
+  const float* dense = nullptr;   // [n, D]
   std::vector<const float*> params;
   std::vector<float*> grads;       // empty on a forward-only step
   const float* dlogits = nullptr;  // [n]; null on a forward-only step
@@ -46,7 +50,10 @@ class CudaModelBase : public Model {
  protected:
   CudaModelBase(const ModelOptions& options, std::unique_ptr<Model> cpu,
                 std::unique_ptr<CudaContext> context)
-      : options_(options), cpu_(std::move(cpu)), context_(std::move(context)) {}
+      : options_(options),
+        pooling_(*ParsePooling(options.pooling)),
+        cpu_(std::move(cpu)),
+        context_(std::move(context)) {}
 
   // Sizes the subclass's device scratch for `n` examples. Called before any
   // work of the step is issued (growing frees memory).
@@ -62,19 +69,21 @@ class CudaModelBase : public Model {
   // At least n ones ([n], device), for column sums.
   const float* ones() const { return ones_.as<float>(); }
 
-  // The wide (first-order) part: sum_f w[id_f] + x.v + c.
+  // The wide (first-order) part: sum_f w[i,f] + x.v + c, w[i,f] pooled.
   // logits = base + wide; `base` may be null or alias `logits`.
   void WideForward(const Step& step, size_t w_param, size_t dense_param, const float* base,
                    float* logits) const;
   void WideBackward(const Step& step, size_t w_param, size_t dense_param) const;
 
   const ModelOptions& options() const { return options_; }
+  Pooling pooling() const { return pooling_; }
 
  private:
   const ModelOptions options_;
+  const Pooling pooling_;
   const std::unique_ptr<Model> cpu_;
   const std::unique_ptr<CudaContext> context_;
-  PinnedBuffer host_in_;  // params, labels, dense, slots
+  PinnedBuffer host_in_;  // params, labels, dense, slots, offsets
   DeviceBuffer device_in_;
   PinnedBuffer host_out_;  // predictions, losses, grads
   DeviceBuffer device_out_;
@@ -91,8 +100,8 @@ double CudaModelBase::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   const std::vector<ParamSpec>& specs = this->params();
   CHECK_EQ(batch.num_dense, num_dense);
   CHECK_EQ(batch.num_fields, num_fields);
-  CHECK_EQ(batch.dense.size(), static_cast<size_t>(n) * num_dense);
-  CHECK_EQ(batch.slots.size(), static_cast<size_t>(n) * num_fields);
+  batch.CheckShape();
+  const bool multi_value = batch.multi_value();
   CHECK_EQ(params.size(), specs.size());
   for (size_t i = 0; i < params.size(); ++i) CHECK_EQ(params[i].size(), BufferSize(i, batch));
   // An empty batch has nothing to compute (and zero-sized products are
@@ -114,6 +123,8 @@ double CudaModelBase::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   in_bytes += AlignBytes(sizeof(float) * batch.dense.size());
   const size_t slots_at = in_bytes;
   in_bytes += AlignBytes(sizeof(uint32_t) * batch.slots.size());
+  const size_t offsets_at = in_bytes;
+  in_bytes += AlignBytes(sizeof(uint32_t) * batch.offsets.size());
 
   size_t out_bytes = 0;
   const size_t predictions_at = out_bytes;
@@ -146,6 +157,10 @@ double CudaModelBase::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   std::memcpy(host_in_.as<char>(dense_at), batch.dense.data(), sizeof(float) * batch.dense.size());
   std::memcpy(host_in_.as<char>(slots_at), batch.slots.data(),
               sizeof(uint32_t) * batch.slots.size());
+  if (multi_value) {
+    std::memcpy(host_in_.as<char>(offsets_at), batch.offsets.data(),
+                sizeof(uint32_t) * batch.offsets.size());
+  }
   EPS_CUDA_CHECK(cudaMemcpyAsync(device_in_.data(), host_in_.data(), in_bytes,
                                  cudaMemcpyHostToDevice, stream()));
   if (ones_count_ < static_cast<size_t>(n)) {
@@ -156,6 +171,7 @@ double CudaModelBase::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   Step step;
   step.n = n;
   step.slots = device_in_.as<uint32_t>(slots_at);
+  if (multi_value) step.offsets = device_in_.as<uint32_t>(offsets_at);
   step.labels = device_in_.as<float>(labels_at);
   step.dense = device_in_.as<float>(dense_at);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -200,21 +216,21 @@ double CudaModelBase::ForwardBackward(const Batch& batch, const ParamBuffers& pa
 
 void CudaModelBase::WideForward(const Step& step, size_t w_param, size_t dense_param,
                                 const float* base, float* logits) const {
-  WideLogits(step.slots, step.n, options_.num_fields, step.params[w_param], step.dense,
-             options_.num_dense, step.params[dense_param], base, logits, stream());
+  WideLogits(step.slots, step.offsets, step.n, options_.num_fields, pooling_, step.params[w_param],
+             step.dense, options_.num_dense, step.params[dense_param], base, logits, stream());
 }
 
 void CudaModelBase::WideBackward(const Step& step, size_t w_param, size_t dense_param) const {
   const int num_dense = options_.num_dense;
-  ScatterAddFieldWeights(step.slots, step.n, options_.num_fields, step.dlogits, step.grads[w_param],
-                         stream());
+  ScatterAddFieldWeights(step.slots, step.offsets, step.n, options_.num_fields, pooling_,
+                         step.dlogits, step.grads[w_param], stream());
   float* g_dense = step.grads[dense_param];
   WeightedColumnSums(context().cublas(), step.dense, step.n, num_dense, step.dlogits, g_dense);
   WeightedColumnSums(context().cublas(), step.dlogits, step.n, /*cols=*/1, ones(),
                      g_dense + num_dense);
 }
 
-// lr: logit = sum_f w[id_f] + x.v + c. Params: lr.w, lr.dense.
+// lr: logit = sum_f w[i,f] + x.v + c. Params: lr.w, lr.dense.
 class CudaLrModel final : public CudaModelBase {
  public:
   CudaLrModel(const ModelOptions& options, std::unique_ptr<Model> cpu,
@@ -280,8 +296,8 @@ class CudaWideDeepModel final : public CudaModelBase {
                                        sizeof(float) * num_dense, sizeof(float) * num_dense, n,
                                        cudaMemcpyDeviceToDevice, stream()));
     }
-    GatherFields(step.slots, n, num_fields, step.params[kEmb], dim, input, width_, num_dense,
-                 stream());
+    GatherFields(step.slots, step.offsets, n, num_fields, step.params[kEmb], dim, pooling(), input,
+                 width_, num_dense, stream());
     const float* deep = deep_.Forward(context(), input, n, LayerWeights(step));
     float* logits = logits_.as<float>();
     WideForward(step, kWide, kWideDense, /*base=*/deep, logits);
@@ -302,8 +318,8 @@ class CudaWideDeepModel final : public CudaModelBase {
       FmBackward(input_.as<float>(), n, width_, num_dense, num_fields, dim, step.dlogits, dinput,
                  stream());
     }
-    ScatterAddFields(step.slots, n, num_fields, dinput, width_, num_dense, dim, step.grads[kEmb],
-                     stream());
+    ScatterAddFields(step.slots, step.offsets, n, num_fields, dinput, width_, num_dense, dim,
+                     pooling(), step.grads[kEmb], stream());
   }
 
   std::span<const float* const> LayerWeights(const Step& step) const {
@@ -361,8 +377,8 @@ class CudaDlrmModel final : public CudaModelBase {
     const int num_fields = options().num_fields;
     const int dim = options().embedding_dim;
     float* fields = fields_.as<float>();
-    GatherFields(step.slots, n, num_fields, step.params[kEmb], dim, fields, field_width_,
-                 /*offset=*/0, stream());
+    GatherFields(step.slots, step.offsets, n, num_fields, step.params[kEmb], dim, pooling(), fields,
+                 field_width_, /*offset=*/0, stream());
     z_ = bottom_.Forward(
         context(), step.dense, n,
         {step.params.data() + BottomFirst(), static_cast<size_t>(bottom_.num_layers())});
@@ -396,8 +412,8 @@ class CudaDlrmModel final : public CudaModelBase {
         {step.params.data() + BottomFirst(), static_cast<size_t>(bottom_.num_layers())},
         {step.grads.data() + BottomFirst(), static_cast<size_t>(bottom_.num_layers())},
         /*dinput=*/nullptr, ones());
-    ScatterAddFields(step.slots, n, num_fields, dfields, field_width_, /*offset=*/0, dim,
-                     step.grads[kEmb], stream());
+    ScatterAddFields(step.slots, step.offsets, n, num_fields, dfields, field_width_, /*offset=*/0,
+                     dim, pooling(), step.grads[kEmb], stream());
   }
 
   std::span<const float* const> TopWeights(const Step& step) const {

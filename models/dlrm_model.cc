@@ -11,6 +11,7 @@ namespace eps {
 
 DlrmModel::DlrmModel(const ModelOptions& options)
     : options_(options),
+      pooling_(*ParsePooling(options.pooling)),
       bottom_(options.num_dense, options.bottom_mlp, *ParseActivation(options.activation),
               /*activate_last=*/true),
       top_(options.embedding_dim + DotInteractionCount(options.num_fields), options.top_mlp,
@@ -35,8 +36,7 @@ double DlrmModel::ForwardBackward(const Batch& batch, const ParamBuffers& params
   const int top_width = top_.in();
   CHECK_EQ(batch.num_dense, options_.num_dense);
   CHECK_EQ(batch.num_fields, num_fields);
-  CHECK_EQ(batch.dense.size(), static_cast<size_t>(n) * options_.num_dense);
-  CHECK_EQ(batch.slots.size(), static_cast<size_t>(n) * num_fields);
+  batch.CheckShape();
   CHECK_EQ(params.size(), params_.size());
   for (size_t i = 0; i < params.size(); ++i) CHECK_EQ(params[i].size(), BufferSize(i, batch));
 
@@ -48,7 +48,7 @@ double DlrmModel::ForwardBackward(const Batch& batch, const ParamBuffers& params
   for (size_t l = top_first; l < params.size(); ++l) top_weights.push_back(params[l].data());
 
   fields_.resize(static_cast<size_t>(n) * field_width);
-  GatherFields(batch, params[0].data(), dim, fields_.data(), field_width, /*offset=*/0);
+  GatherFields(batch, params[0].data(), dim, pooling_, fields_.data(), field_width, /*offset=*/0);
   const float* z = bottom_.Forward(batch.dense.data(), n, bottom_weights);
 
   top_input_.resize(static_cast<size_t>(n) * top_width);
@@ -89,7 +89,8 @@ double DlrmModel::ForwardBackward(const Batch& batch, const ParamBuffers& params
 
   std::vector<float>& g_emb = (*grads)[0];
   g_emb.assign(params[0].size(), 0.0f);
-  ScatterAddFields(batch, dfields_.data(), field_width, /*offset=*/0, dim, g_emb.data());
+  ScatterAddFields(batch, dfields_.data(), field_width, /*offset=*/0, dim, pooling_,
+                   g_emb.data());
   return loss;
 }
 

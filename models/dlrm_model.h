@@ -14,6 +14,7 @@
 
 #include <vector>
 
+#include "models/field_embeddings.h"
 #include "models/mlp.h"
 #include "models/model.h"
 
@@ -30,6 +31,7 @@ class DlrmModel : public Model {
 
  private:
   const ModelOptions options_;
+  const Pooling pooling_;
   Mlp bottom_;
   Mlp top_;
   std::vector<ParamSpec> params_;

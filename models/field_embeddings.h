@@ -13,6 +13,9 @@
 #ifndef EPS_MODELS_FIELD_EMBEDDINGS_H_
 #define EPS_MODELS_FIELD_EMBEDDINGS_H_
 
+#include <string>
+
+#include "core/status.h"
 #include "models/batch.h"
 
 namespace eps {
@@ -21,22 +24,31 @@ namespace eps {
 // from this many examples on; smaller batches are not worth waking them.
 inline constexpr int kMinParallelExamples = 64;
 
-// out[i*stride + offset + f*dim + k] = rows[slots[i*F + f]*dim + k].
-// REQUIRES: rows holds batch.keys.size() * dim floats.
-void GatherFields(const Batch& batch, const float* rows, int dim, float* out, int stride,
-                  int offset);
+// How the rows of a multi-value field's ids combine (docs/models.md).
+enum class Pooling { kSum, kMean };
 
-// grad_rows[slots[i*F + f]*dim + k] += d[i*stride + offset + f*dim + k]: the
-// gradient of each unique row is the sum over its uses.
+// "sum" or "mean"; kInvalidArgument for another name.
+StatusOr<Pooling> ParsePooling(const std::string& name);
+
+// Writes each example's pooled field rows into the layout:
+// out[i*stride + offset + f*dim + k] = pool over example i's field f ids of
+// rows[slot*dim + k]. REQUIRES: rows holds batch.keys.size() * dim floats.
+void GatherFields(const Batch& batch, const float* rows, int dim, Pooling pooling, float* out,
+                  int stride, int offset);
+
+// The gradient of GatherFields: adds d[i*stride + offset + f*dim + k]
+// (divided by the field's id count for kMean) to the row of each id of
+// example i's field f. A row's gradient is the sum over its uses.
 void ScatterAddFields(const Batch& batch, const float* d, int stride, int offset, int dim,
-                      float* grad_rows);
+                      Pooling pooling, float* grad_rows);
 
-// Per example, the sum of a dim-1 table's weights over the fields:
-// out[i] = sum_f w[slots[i*F + f]].
-void SumFieldWeights(const Batch& batch, const float* w, float* out);
+// Per example, the sum over fields of a dim-1 table's pooled weights:
+// out[i] = sum_f pool over field f's ids of w[slot].
+void SumFieldWeights(const Batch& batch, const float* w, Pooling pooling, float* out);
 
-// grad_w[slots[i*F + f]] += dout[i].
-void ScatterAddFieldWeights(const Batch& batch, const float* dout, float* grad_w);
+// The gradient of SumFieldWeights: adds dout[i] (divided by the id count
+// for kMean) to grad_w of each id of each of example i's fields.
+void ScatterAddFieldWeights(const Batch& batch, const float* dout, Pooling pooling, float* grad_w);
 
 }  // namespace eps
 

@@ -4,11 +4,13 @@
 
 #include "Eigen/Core"
 #include "core/logging.h"
+#include "models/field_embeddings.h"
 #include "models/loss.h"
 
 namespace eps {
 
-LrModel::LrModel(const ModelOptions& options) : options_(options) {
+LrModel::LrModel(const ModelOptions& options)
+    : options_(options), pooling_(*ParsePooling(options.pooling)) {
   params_.push_back({.name = "lr.w", .kind = ParamSpec::Kind::kEmbedding, .size = 1});
   params_.push_back({.name = "lr.dense",
                      .kind = ParamSpec::Kind::kDense,
@@ -22,9 +24,7 @@ double LrModel::ForwardBackward(const Batch& batch, const ParamBuffers& params,
   const int num_fields = options_.num_fields;
   CHECK_EQ(batch.num_dense, num_dense);
   CHECK_EQ(batch.num_fields, num_fields);
-  // The loops below index dense and slots through raw pointers.
-  CHECK_EQ(batch.dense.size(), static_cast<size_t>(n) * num_dense);
-  CHECK_EQ(batch.slots.size(), static_cast<size_t>(n) * num_fields);
+  batch.CheckShape();
   CHECK_EQ(params.size(), 2u);
   const std::vector<float>& w = params[0];
   const std::vector<float>& dense_w = params[1];
@@ -39,12 +39,9 @@ double LrModel::ForwardBackward(const Batch& batch, const ParamBuffers& params,
   logits_.resize(n);
   Eigen::Map<Eigen::VectorXf> logits(logits_.data(), n);
   logits.noalias() = x * v;
-  for (int i = 0; i < n; ++i) {
-    const uint32_t* slots = &batch.slots[static_cast<size_t>(i) * num_fields];
-    float sum = bias;
-    for (int f = 0; f < num_fields; ++f) sum += w[slots[f]];
-    logits[i] += sum;
-  }
+  std::vector<float> field_sums(n);
+  SumFieldWeights(batch, w.data(), pooling_, field_sums.data());
+  for (int i = 0; i < n; ++i) logits[i] += field_sums[i] + bias;
 
   predictions->resize(n);
   if (grads == nullptr) return SigmoidLogLoss(logits_, batch.labels, *predictions, {});
@@ -55,10 +52,7 @@ double LrModel::ForwardBackward(const Batch& batch, const ParamBuffers& params,
   std::vector<float>& gdense = (*grads)[1];
   gw.assign(batch.keys.size(), 0.0f);
   gdense.assign(num_dense + 1, 0.0f);
-  for (int i = 0; i < n; ++i) {
-    const uint32_t* slots = &batch.slots[static_cast<size_t>(i) * num_fields];
-    for (int f = 0; f < num_fields; ++f) gw[slots[f]] += logits[i];
-  }
+  ScatterAddFieldWeights(batch, logits_.data(), pooling_, gw.data());
   Eigen::Map<Eigen::VectorXf> gv(gdense.data(), num_dense);
   gv.noalias() = x.transpose() * logits;
   gdense[num_dense] = logits.sum();

@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "models/field_embeddings.h"
 #include "models/model.h"
 
 namespace eps {
@@ -26,6 +27,7 @@ class LrModel : public Model {
 
  private:
   const ModelOptions options_;
+  const Pooling pooling_;
   std::vector<ParamSpec> params_;
   std::vector<float> logits_;
 };

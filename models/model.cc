@@ -7,6 +7,7 @@
 #include "core/data_schema.h"
 #include "core/logging.h"
 #include "models/dlrm_model.h"
+#include "models/field_embeddings.h"
 #include "models/lr_model.h"
 #include "models/mlp.h"
 #include "models/wide_deep_model.h"
@@ -35,6 +36,7 @@ Status ModelOptions::Validate() const {
   }
   if (embedding_dim < 1) return absl::InvalidArgumentError("model: embedding_dim must be >= 1");
   RETURN_IF_ERROR(ParseActivation(activation).status());
+  RETURN_IF_ERROR(ParsePooling(pooling).status());
   auto check_sizes = [](const char* name, const std::vector<int>& sizes, int last) -> Status {
     if (sizes.empty()) return absl::InvalidArgumentError(absl::StrCat("model: ", name, " is empty"));
     for (int size : sizes) {
@@ -68,6 +70,7 @@ StatusOr<ModelOptions> ModelOptions::FromConfig(const JobConfig& config) {
   ASSIGN_OR_RETURN(options.bottom_mlp, ParseLayerSizes("model.bottom_mlp", config.model.bottom_mlp));
   ASSIGN_OR_RETURN(options.top_mlp, ParseLayerSizes("model.top_mlp", config.model.top_mlp));
   options.activation = config.model.activation;
+  options.pooling = config.model.pooling;
   RETURN_IF_ERROR(options.Validate());
   return options;
 }

@@ -41,6 +41,9 @@ struct ModelOptions {
   std::vector<int> top_mlp = {512, 256, 1};
   // Hidden-layer activation: relu, sigmoid or tanh. Default relu.
   std::string activation = "relu";
+  // How a multi-value field's rows combine: sum or mean (docs/models.md).
+  // Default sum.
+  std::string pooling = "sum";
 
   Status Validate() const;
   // The model of a job config: the [model] options and the feature counts

@@ -21,6 +21,7 @@ constexpr size_t kFirstLayer = 3;
 
 WideDeepModel::WideDeepModel(const ModelOptions& options)
     : options_(options),
+      pooling_(*ParsePooling(options.pooling)),
       fm_(options.type == "deepfm"),
       deep_(options.num_dense + options.num_fields * options.embedding_dim, options.mlp,
             *ParseActivation(options.activation), /*activate_last=*/false) {
@@ -49,8 +50,7 @@ double WideDeepModel::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   const int width = num_dense + num_fields * dim;
   CHECK_EQ(batch.num_dense, num_dense);
   CHECK_EQ(batch.num_fields, num_fields);
-  CHECK_EQ(batch.dense.size(), static_cast<size_t>(n) * num_dense);
-  CHECK_EQ(batch.slots.size(), static_cast<size_t>(n) * num_fields);
+  batch.CheckShape();
   CHECK_EQ(params.size(), params_.size());
   for (size_t i = 0; i < params.size(); ++i) CHECK_EQ(params[i].size(), BufferSize(i, batch));
 
@@ -60,7 +60,7 @@ double WideDeepModel::ForwardBackward(const Batch& batch, const ParamBuffers& pa
     std::memcpy(&input_[static_cast<size_t>(i) * width], &batch.dense[static_cast<size_t>(i) * num_dense],
                 sizeof(float) * num_dense);
   }
-  GatherFields(batch, params[kEmb].data(), dim, input_.data(), width, num_dense);
+  GatherFields(batch, params[kEmb].data(), dim, pooling_, input_.data(), width, num_dense);
 
   std::vector<const float*> weights;
   for (size_t l = kFirstLayer; l < params.size(); ++l) weights.push_back(params[l].data());
@@ -73,7 +73,7 @@ double WideDeepModel::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   Eigen::Map<Eigen::VectorXf> logits(logits_.data(), n);
   logits.noalias() = x * Eigen::Map<const Eigen::VectorXf>(wide_dense.data(), num_dense);
   std::vector<float> wide_sum(n);
-  SumFieldWeights(batch, params[kWide].data(), wide_sum.data());
+  SumFieldWeights(batch, params[kWide].data(), pooling_, wide_sum.data());
   if (fm_) {
     fm_out_.resize(n);
     FmForward(input_.data(), n, width, num_dense, num_fields, dim, fm_out_.data());
@@ -94,7 +94,7 @@ double WideDeepModel::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   g_wide.assign(params[kWide].size(), 0.0f);
   g_emb.assign(params[kEmb].size(), 0.0f);
   g_wide_dense.resize(num_dense + 1);
-  ScatterAddFieldWeights(batch, dlogits.data(), g_wide.data());
+  ScatterAddFieldWeights(batch, dlogits.data(), pooling_, g_wide.data());
   Eigen::Map<const Eigen::VectorXf> dl(dlogits.data(), n);
   Eigen::Map<Eigen::VectorXf>(g_wide_dense.data(), num_dense).noalias() = x.transpose() * dl;
   g_wide_dense[num_dense] = dl.sum();
@@ -107,7 +107,7 @@ double WideDeepModel::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   dinput_.resize(input_.size());
   deep_.Backward(dlogits.data(), weights, layer_grads, dinput_.data());
   if (fm_) FmBackward(input_.data(), n, width, num_dense, num_fields, dim, dlogits.data(), dinput_.data());
-  ScatterAddFields(batch, dinput_.data(), width, num_dense, dim, g_emb.data());
+  ScatterAddFields(batch, dinput_.data(), width, num_dense, dim, pooling_, g_emb.data());
   return loss;
 }
 

@@ -18,6 +18,7 @@
 
 #include <vector>
 
+#include "models/field_embeddings.h"
 #include "models/mlp.h"
 #include "models/model.h"
 
@@ -34,6 +35,7 @@ class WideDeepModel : public Model {
 
  private:
   const ModelOptions options_;
+  const Pooling pooling_;
   const bool fm_;
   Mlp deep_;
   std::vector<ParamSpec> params_;

@@ -28,12 +28,48 @@ std::string Excerpt(absl::string_view text) {
 
 }  // namespace
 
-RecordParser::RecordParser(Schema schema) : schema_(std::move(schema)) {}
+RecordParser::RecordParser(Schema schema) : schema_(std::move(schema)) {
+  for (size_t c = 0; c < schema_.columns.size(); ++c) {
+    if (schema_.columns[c] == Schema::Column::kCat || schema_.columns[c] == Schema::Column::kMultiCat) {
+      cat_columns_.push_back(c);
+    }
+  }
+}
 
 Status RecordParser::Parse(absl::string_view line, float* label, std::span<float> dense,
                            std::span<uint64_t> ids) const {
-  CHECK_EQ(dense.size(), static_cast<size_t>(schema_.num_dense));
   CHECK_EQ(ids.size(), static_cast<size_t>(schema_.num_cat));
+  CHECK(!schema_.has_multi_value()) << "a multicat schema needs the multi-value Parse";
+  return ParseColumns(line, label, dense, [&](int field, absl::string_view value) {
+    ids[field] = FeatureId(static_cast<uint32_t>(field), value);
+  });
+}
+
+Status RecordParser::Parse(absl::string_view line, float* label, std::span<float> dense,
+                           std::vector<uint64_t>* ids, std::span<uint32_t> field_ends) const {
+  CHECK_EQ(field_ends.size(), static_cast<size_t>(schema_.num_cat));
+  ids->clear();
+  const char separator = schema_.multi_value_separator;
+  return ParseColumns(line, label, dense, [&](int field, absl::string_view value) {
+    const uint32_t f = static_cast<uint32_t>(field);
+    const size_t begin = ids->size();
+    if (schema_.columns[cat_columns_[field]] == Schema::Column::kCat) {
+      ids->push_back(FeatureId(f, value));
+    } else {
+      for (absl::string_view piece : absl::StrSplit(value, separator, absl::SkipEmpty())) {
+        ids->push_back(FeatureId(f, piece));
+      }
+      // No value: the field's "missing" id, as for an empty cat value.
+      if (ids->size() == begin) ids->push_back(FeatureId(f, ""));
+    }
+    field_ends[field] = static_cast<uint32_t>(ids->size());
+  });
+}
+
+template <typename OnCat>
+Status RecordParser::ParseColumns(absl::string_view line, float* label, std::span<float> dense,
+                                  OnCat&& on_cat) const {
+  CHECK_EQ(dense.size(), static_cast<size_t>(schema_.num_dense));
   const size_t num_columns = schema_.columns.size();
   // Count first: a line with the wrong shape (a truncated write, a
   // comma-separated file) is best explained by its column count, not by
@@ -73,8 +109,8 @@ Status RecordParser::Parse(absl::string_view line, float* label, std::span<float
         break;
       }
       case Schema::Column::kCat:
-        ids[next_cat] = FeatureId(static_cast<uint32_t>(next_cat), field);
-        ++next_cat;
+      case Schema::Column::kMultiCat:
+        on_cat(next_cat++, field);
         break;
       case Schema::Column::kSkip:
         break;

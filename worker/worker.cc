@@ -445,6 +445,8 @@ Status Worker::Impl::LoadShard(Session& session, RpcChannel& master,
   BatchBuilder builder(schema.num_dense, schema.num_cat);
   std::vector<float> dense(schema.num_dense);
   std::vector<uint64_t> ids(schema.num_cat);
+  std::vector<uint32_t> field_ends(schema.num_cat);
+  const bool multi_value = schema.has_multi_value();
   const int64_t batch_size = options_.job.worker.batch_size;
   uint64_t offset = shard.start();
   while (offset < reader->end()) {
@@ -458,9 +460,15 @@ Status Worker::Impl::LoadShard(Session& session, RpcChannel& master,
       ++prepared->lines;
       float label = 0;
       Status parsed =
-          parser_->Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids));
+          multi_value
+              ? parser_->Parse(line, &label, std::span<float>(dense), &ids, field_ends)
+              : parser_->Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids));
       if (parsed.ok()) {
-        builder.Add(label, dense, ids);
+        if (multi_value) {
+          builder.Add(label, dense, ids, field_ends);
+        } else {
+          builder.Add(label, dense, ids);
+        }
         continue;
       }
       ++prepared->malformed;

@@ -109,6 +109,9 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
       {"data.schema", [](JobConfig& c) { c.data.format = "tsv"; }},
       {"data.schema", [](JobConfig& c) { c.data.schema = "label,dense*13"; }},
       {"data.shard_records", [](JobConfig& c) { c.data.shard_records = 0; }},
+      {"data.multi_value_separator", [](JobConfig& c) { c.data.multi_value_separator = ""; }},
+      {"data.multi_value_separator", [](JobConfig& c) { c.data.multi_value_separator = ",;"; }},
+      {"data.multi_value_separator", [](JobConfig& c) { c.data.multi_value_separator = "\t"; }},
       {"model.type", [](JobConfig& c) { c.model.type = "gpt"; }},
       {"model.embedding_dim", [](JobConfig& c) { c.model.embedding_dim = 0; }},
       {"model.embedding_dim", [](JobConfig& c) { c.model.embedding_dim = 4097; }},
@@ -126,6 +129,7 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
          c.model.bottom_mlp = "512,256,64,32";  // embedding_dim is 16
        }},
       {"model.activation", [](JobConfig& c) { c.model.activation = "gelu"; }},
+      {"model.pooling", [](JobConfig& c) { c.model.pooling = "max"; }},
       {"worker.compute_threads", [](JobConfig& c) { c.worker.compute_threads = -1; }},
       {"optimizer.type", [](JobConfig& c) { c.optimizer.type = "rmsprop"; }},
       {"optimizer.learning_rate", [](JobConfig& c) { c.optimizer.learning_rate = 0; }},

@@ -240,6 +240,76 @@ TEST(CudaModel, ReusesItsBuffersAsBatchesGrowAndShrink) {
   }
 }
 
+class CudaModelPoolsLikeCpu : public testing::TestWithParam<std::tuple<std::string, std::string>> {
+};
+
+TEST_P(CudaModelPoolsLikeCpu, OnAMultiValueBatch) {
+  SKIP_WITHOUT_GPU();
+  const auto& [type, pooling] = GetParam();
+  ModelOptions options = Options(type, "tanh");
+  options.pooling = pooling;
+  Models models = Create(options);
+  const Batch batch =
+      RandomBatch(/*n=*/256, kDense, kFields, kVocabulary, /*seed=*/51, /*max_values=*/3);
+  ASSERT_TRUE(batch.multi_value());
+  const ParamBuffers params = RealisticParams(*models.cpu, batch, /*seed=*/52);
+  ExpectSameStep(*models.cpu, *models.cuda, batch, params);
+  ExpectSameStep(*models.cpu, *models.cuda, batch, params, /*backward=*/false);
+  // Single-value batches between multi-value ones take the other kernels
+  // with the same buffers.
+  const Batch single = RandomBatch(/*n=*/300, kDense, kFields, kVocabulary, /*seed=*/53);
+  ExpectSameStep(*models.cpu, *models.cuda, single,
+                 RealisticParams(*models.cpu, single, /*seed=*/54));
+  const Batch larger =
+      RandomBatch(/*n=*/512, kDense, kFields, kVocabulary, /*seed=*/55, /*max_values=*/3);
+  ExpectSameStep(*models.cpu, *models.cuda, larger,
+                 RealisticParams(*models.cpu, larger, /*seed=*/56));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModels, CudaModelPoolsLikeCpu,
+                         testing::Combine(testing::Values("lr", "wdl", "deepfm", "dlrm"),
+                                          testing::Values("sum", "mean")),
+                         [](const testing::TestParamInfo<CudaModelPoolsLikeCpu::ParamType>& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+
+TEST(CudaModel, OffsetsOfOneIdPerFieldMatchTheSingleValuePath) {
+  // GPU against GPU: the pooled kernels, given offsets that spell out one
+  // id per field, compute what the single-value kernels do.
+  SKIP_WITHOUT_GPU();
+  for (const std::string type : {"lr", "wdl", "deepfm", "dlrm"}) {
+    SCOPED_TRACE(type);
+    ModelOptions options = Options(type, "tanh");
+    options.pooling = "mean";
+    StatusOr<std::unique_ptr<Model>> model = CreateCudaModel(options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const Batch single = RandomBatch(/*n=*/128, kDense, kFields, kVocabulary, /*seed=*/61);
+    Batch spelled_out = single;
+    spelled_out.offsets.resize(spelled_out.slots.size() + 1);
+    for (size_t j = 0; j < spelled_out.offsets.size(); ++j) {
+      spelled_out.offsets[j] = static_cast<uint32_t>(j);
+    }
+    ASSERT_TRUE(spelled_out.multi_value());
+    const ParamBuffers params = RealisticParams(**model, single, /*seed=*/62);
+    std::vector<float> single_predictions;
+    std::vector<float> spelled_predictions;
+    ParamBuffers single_grads;
+    ParamBuffers spelled_grads;
+    const double single_loss =
+        (*model)->ForwardBackward(single, params, &single_predictions, &single_grads);
+    const double spelled_loss =
+        (*model)->ForwardBackward(spelled_out, params, &spelled_predictions, &spelled_grads);
+    // The forward pass reads the same rows in the same order: bit for bit.
+    EXPECT_EQ(spelled_loss, single_loss);
+    EXPECT_EQ(spelled_predictions, single_predictions);
+    // The gradients differ at most in the order of their atomic adds.
+    ASSERT_EQ(spelled_grads.size(), single_grads.size());
+    for (size_t i = 0; i < single_grads.size(); ++i) {
+      ExpectClose(spelled_grads[i], single_grads[i], (*model)->params()[i].name);
+    }
+  }
+}
+
 TEST(CudaModel, AnEmptyBatchHasNoLossAndZeroGradients) {
   SKIP_WITHOUT_GPU();
   for (const std::string type : {"lr", "wdl", "deepfm", "dlrm"}) {

@@ -13,7 +13,7 @@
 namespace eps {
 namespace {
 
-std::unique_ptr<Model> Make(const std::string& activation) {
+std::unique_ptr<Model> Make(const std::string& activation, const std::string& pooling = "sum") {
   ModelOptions options;
   options.type = "dlrm";
   options.num_dense = 3;
@@ -22,6 +22,7 @@ std::unique_ptr<Model> Make(const std::string& activation) {
   options.bottom_mlp = {5, 3};
   options.top_mlp = {6, 1};
   options.activation = activation;
+  options.pooling = pooling;
   StatusOr<std::unique_ptr<Model>> model = Model::Create(options);
   CHECK_OK(model.status());
   return *std::move(model);
@@ -64,6 +65,40 @@ TEST(DlrmModel, GradientsMatchFiniteDifferences) {
     const Batch batch = RandomBatch(/*n=*/6, 3, 4, /*vocabulary=*/3, /*seed=*/11);
     ExpectModelGradientsMatchFiniteDifferences(*model, batch, RandomParams(*model, batch, 12));
   }
+}
+
+TEST(DlrmModel, MultiValueGradientsMatchFiniteDifferences) {
+  for (const std::string pooling : {"sum", "mean"}) {
+    SCOPED_TRACE(pooling);
+    std::unique_ptr<Model> model = Make("tanh", pooling);
+    const Batch batch = RandomBatch(/*n=*/6, 3, 4, /*vocabulary=*/4, /*seed=*/23, /*max_values=*/3);
+    ASSERT_TRUE(batch.multi_value());
+    ExpectModelGradientsMatchFiniteDifferences(*model, batch, RandomParams(*model, batch, 24));
+  }
+}
+
+// Mean pooling of a field whose ids all have the same row is that row: the
+// model's output equals that of a single-value batch with one of the ids.
+TEST(DlrmModel, MeanOfEqualRowsIsTheRow) {
+  std::unique_ptr<Model> model = Make("relu", "mean");
+  BatchBuilder multi(3, 4), single(3, 4);
+  const std::vector<float> dense = {0.5f, 1, 1.5f};
+  multi.Add(1, dense, std::vector<uint64_t>{1, 2, 3, 4, 5, 6}, std::vector<uint32_t>{3, 4, 5, 6});
+  single.Add(1, dense, std::vector<uint64_t>{1, 4, 5, 6});
+  const Batch a = multi.Finish();
+  const Batch b = single.Finish();
+  ParamBuffers pa = RandomParams(*model, a, 25);
+  ParamBuffers pb = pa;
+  // Rows of ids 1, 2, 3 (keys 0..2 of `a`) all equal: b's key 0 is id 1.
+  for (int k = 0; k < 3; ++k) {
+    for (int j = 0; j < 3; ++j) pa[0][k * 3 + j] = pa[0][j];
+  }
+  pb[0] = {pa[0].begin(), pa[0].begin() + 3};
+  pb[0].insert(pb[0].end(), pa[0].begin() + 9, pa[0].end());  // ids 4, 5, 6
+  std::vector<float> predictions_a, predictions_b;
+  model->ForwardBackward(a, pa, &predictions_a, nullptr);
+  model->ForwardBackward(b, pb, &predictions_b, nullptr);
+  EXPECT_NEAR(predictions_a[0], predictions_b[0], 1e-6);
 }
 
 TEST(DlrmModel, ReluGradientsMatchFiniteDifferences) {

@@ -8,17 +8,25 @@
 
 namespace eps {
 
-Batch RandomBatch(int n, int num_dense, int num_fields, int vocabulary, uint64_t seed) {
+Batch RandomBatch(int n, int num_dense, int num_fields, int vocabulary, uint64_t seed,
+                  int max_values) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uniform(0, 2);
   std::uniform_int_distribution<uint64_t> id(0, static_cast<uint64_t>(vocabulary) - 1);
+  std::uniform_int_distribution<int> count(1, max_values);
   BatchBuilder builder(num_dense, num_fields);
   std::vector<float> dense(num_dense);
-  std::vector<uint64_t> ids(num_fields);
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> ends(num_fields);
   for (int i = 0; i < n; ++i) {
     for (float& x : dense) x = uniform(rng);
-    for (int f = 0; f < num_fields; ++f) ids[f] = static_cast<uint64_t>(f) * 1000 + id(rng);
-    builder.Add(static_cast<float>(i % 2), dense, ids);
+    ids.clear();
+    for (int f = 0; f < num_fields; ++f) {
+      const int values = count(rng);
+      for (int v = 0; v < values; ++v) ids.push_back(static_cast<uint64_t>(f) * 1000 + id(rng));
+      ends[f] = static_cast<uint32_t>(ids.size());
+    }
+    builder.Add(static_cast<float>(i % 2), dense, ids, ends);
   }
   return builder.Finish();
 }

@@ -26,9 +26,11 @@ struct GradientCheckOptions {
 };
 
 // A batch of `n` random examples: dense features in [0, 2), labels 0/1,
-// field f's id drawn from `vocabulary` values (so ids repeat across
-// examples).
-Batch RandomBatch(int n, int num_dense, int num_fields, int vocabulary, uint64_t seed);
+// field f's ids drawn from `vocabulary` values (so ids repeat across
+// examples), 1 to `max_values` of them per field (a multi-value batch when
+// max_values > 1).
+Batch RandomBatch(int n, int num_dense, int num_fields, int vocabulary, uint64_t seed,
+                  int max_values = 1);
 
 // Parameters for `model` on `batch`: uniform in +-scale.
 ParamBuffers RandomParams(const Model& model, const Batch& batch, uint64_t seed,

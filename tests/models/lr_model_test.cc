@@ -182,6 +182,22 @@ TEST(LrModel, ForwardOnlyMatchesForwardBackward) {
   EXPECT_EQ(with_grads, without_grads);
 }
 
+TEST(LrModel, MultiValueGradientsMatchFiniteDifferences) {
+  for (const std::string pooling : {"sum", "mean"}) {
+    SCOPED_TRACE(pooling);
+    ModelOptions options;
+    options.num_dense = 2;
+    options.num_fields = 3;
+    options.pooling = pooling;
+    StatusOr<std::unique_ptr<Model>> model = Model::Create(options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const Batch batch = RandomBatch(/*n=*/5, 2, 3, /*vocabulary=*/4, /*seed=*/31, /*max_values=*/3);
+    ASSERT_TRUE(batch.multi_value());
+    ExpectModelGradientsMatchFiniteDifferences(**model, batch, RandomParams(**model, batch, 32),
+                                               {.max_elements = 1000});
+  }
+}
+
 TEST(LrModel, ExtremeLogitsStayFinite) {
   std::unique_ptr<Model> model = MakeLr(/*num_dense=*/2, /*num_fields=*/3);
   const Batch batch = TinyBatch();

@@ -13,7 +13,7 @@ namespace eps {
 namespace {
 
 std::unique_ptr<Model> Make(const std::string& type, const std::string& activation,
-                            std::vector<int> mlp = {5, 4, 1}) {
+                            std::vector<int> mlp = {5, 4, 1}, const std::string& pooling = "sum") {
   ModelOptions options;
   options.type = type;
   options.num_dense = 3;
@@ -21,6 +21,7 @@ std::unique_ptr<Model> Make(const std::string& type, const std::string& activati
   options.embedding_dim = 3;
   options.mlp = std::move(mlp);
   options.activation = activation;
+  options.pooling = pooling;
   StatusOr<std::unique_ptr<Model>> model = Model::Create(options);
   CHECK_OK(model.status());
   return *std::move(model);
@@ -65,6 +66,18 @@ TEST(WideDeepModel, DeepFmGradientsMatchFiniteDifferences) {
     std::unique_ptr<Model> model = Make("deepfm", activation);
     const Batch batch = RandomBatch(/*n=*/6, 3, 4, /*vocabulary=*/3, /*seed=*/3);
     ExpectModelGradientsMatchFiniteDifferences(*model, batch, RandomParams(*model, batch, 4));
+  }
+}
+
+TEST(WideDeepModel, MultiValueGradientsMatchFiniteDifferences) {
+  for (const std::string type : {"wdl", "deepfm"}) {
+    for (const std::string pooling : {"sum", "mean"}) {
+      SCOPED_TRACE(type + " " + pooling);
+      std::unique_ptr<Model> model = Make(type, "tanh", {5, 4, 1}, pooling);
+      const Batch batch = RandomBatch(/*n=*/6, 3, 4, /*vocabulary=*/4, /*seed=*/21, /*max_values=*/3);
+      ASSERT_TRUE(batch.multi_value());
+      ExpectModelGradientsMatchFiniteDifferences(*model, batch, RandomParams(*model, batch, 22));
+    }
   }
 }
 

@@ -76,7 +76,8 @@ class Trainer {
     const Schema& schema = parser_->schema();
     BatchBuilder builder(schema.num_dense, schema.num_cat);
     std::vector<float> dense(schema.num_dense);
-    std::vector<uint64_t> ids(schema.num_cat);
+    std::vector<uint64_t> ids;
+    std::vector<uint32_t> field_ends(schema.num_cat);
     std::vector<float> batch_predictions;
     double loss_sum = 0;
     uint64_t loss_count = 0;
@@ -99,11 +100,11 @@ class Trainer {
       absl::string_view line;
       while (reader->Next(&line)) {
         float label = 0;
-        if (!parser_->Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids)).ok()) {
+        if (!parser_->Parse(line, &label, std::span<float>(dense), &ids, field_ends).ok()) {
           ++result->malformed;
           continue;
         }
-        builder.Add(label, dense, ids);
+        builder.Add(label, dense, ids, field_ends);
         if (builder.size() >= config_.worker.batch_size) flush();
       }
       RETURN_IF_ERROR(reader->status());

@@ -190,6 +190,45 @@ TEST(RecordParser, CustomSchemaSkipsColumns) {
   EXPECT_THAT(Message(short_line), AllOf(HasSubstr("expected 7"), HasSubstr("found 4")));
 }
 
+TEST(RecordParser, MultiCatColumnsHaveAnIdPerValue) {
+  StatusOr<Schema> schema = Schema::Parse("label, multicat, cat, multicat*2");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_EQ(schema->num_cat, 4);
+  EXPECT_TRUE(schema->has_multi_value());
+  schema->multi_value_separator = '|';
+  RecordParser parser(*std::move(schema));
+  float label = -1;
+  std::vector<float> dense;
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> ends(4);
+  // Field 0: a, b, c (an empty piece skipped); field 1 (cat): "x|y" is one
+  // value; field 2: empty, the missing id; field 3: nothing but separators,
+  // also the missing id.
+  ASSERT_TRUE(parser.Parse("1	a|b||c	x|y		||", &label, dense, &ids, ends).ok());
+  EXPECT_EQ(label, 1.0f);
+  EXPECT_EQ(ends, (std::vector<uint32_t>{3, 4, 5, 6}));
+  EXPECT_EQ(ids, (std::vector<uint64_t>{FeatureId(0, "a"), FeatureId(0, "b"), FeatureId(0, "c"),
+                                        FeatureId(1, "x|y"), FeatureId(2, ""), FeatureId(3, "")}));
+  // Errors as for single-value records.
+  const Status bad = parser.Parse("2	a	b	c	d", &label, dense, &ids, ends);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(bad), HasSubstr("label"));
+}
+
+TEST(RecordParser, MultiValueParseOfASingleValueSchema) {
+  RecordParser parser(Schema::Criteo());
+  const std::string line = CriteoLine("1", SomeDense(), SomeCats());
+  float label = -1;
+  std::vector<float> dense(13), dense2(13);
+  std::vector<uint64_t> single(26), multi;
+  std::vector<uint32_t> ends(26);
+  ASSERT_TRUE(parser.Parse(line, &label, dense, single).ok());
+  ASSERT_TRUE(parser.Parse(line, &label, dense2, &multi, ends).ok());
+  EXPECT_EQ(multi, single);
+  EXPECT_EQ(dense2, dense);
+  for (uint32_t f = 0; f < 26; ++f) EXPECT_EQ(ends[f], f + 1);
+}
+
 TEST(Schema, ParseOfCriteoSpecEqualsCriteo) {
   StatusOr<Schema> schema = Schema::Parse("label,dense*13,cat*26");
   ASSERT_TRUE(schema.ok()) << schema.status();
