@@ -125,15 +125,15 @@ TEST(Job, DistributedRunMatchesSingleProcessAccuracy) {
   EXPECT_NEAR(distributed_logloss, reference->eval_logloss, 0.01);
 }
 
-// Trains `config` (+ overrides) through the real binaries (2 servers, 2
-// workers; their data dirs under `run_dir`, made here) and through the same
-// code in one process; returns both eval AUCs, {distributed, single
-// process}.
+// Trains `config` (+ overrides) through the real binaries (2 servers,
+// `workers` workers; their data dirs under `run_dir`, made here) and
+// through the same code in one process; returns both eval AUCs,
+// {distributed, single process}.
 std::pair<double, double> TrainBothWays(const std::string& run_dir, const std::string& config,
-                                        const std::vector<std::string>& overrides) {
+                                        const std::vector<std::string>& overrides, int workers) {
   std::filesystem::create_directories(run_dir);
   LocalJob job(run_dir, config, overrides);
-  EXPECT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  EXPECT_TRUE(job.Start(/*servers=*/2, workers).ok()) << job.Logs();
   StatusOr<int> master_exit = job.WaitForMaster(kJobTimeout);
   EXPECT_TRUE(master_exit.ok() && *master_exit == 0) << job.Logs();
   StatusOr<json> status = job.FinalStatus();
@@ -158,10 +158,12 @@ std::pair<double, double> TrainBothWays(const std::string& run_dir, const std::s
   return {(*status)["metrics"]["eval_auc"].get<double>(), reference->eval_auc};
 }
 
-// The models with MLPs train through servers and workers as in one process
-// (small MLPs, to keep the test short). Their dense tensors are pulled at
-// each step: pulled with the batch, a few steps ahead, DLRM's AUC fell from
-// 0.75 to 0.57 here.
+// The models with MLPs train through servers and a worker as in one
+// process (small MLPs, to keep the test short): dense tensors in chunks on
+// two servers, pulled at each step (pulled with the batch, a few steps
+// ahead, DLRM's AUC fell from 0.75 to 0.57). One worker: two add the
+// run-to-run variation of asynchronous training (bench/models_vs_reference.sh
+// measures that against PyTorch).
 TEST(Job, DlrmAndDeepFmTrainDistributedAsInOneProcess) {
   TempDir dir;
   const std::string config = WriteJobConfig(dir);
@@ -173,11 +175,13 @@ TEST(Job, DlrmAndDeepFmTrainDistributedAsInOneProcess) {
                      {"--model.type=" + model, "--model.bottom_mlp=64,16", "--model.top_mlp=64,1",
                       "--model.mlp=64,32,1", "--optimizer.learning_rate=0.01",
                       "--worker.compute_threads=1"});
-    const auto [distributed, single] = TrainBothWays(dir.Join(model), config, overrides);
+    const auto [distributed, single] =
+        TrainBothWays(dir.Join(model), config, overrides, /*workers=*/1);
     std::cout << model << " eval AUC: distributed " << distributed << ", single process " << single
               << "\n";
     EXPECT_GT(single, 0.7);
-    // Asynchronous training varies from run to run by a few thousandths.
+    // Embedding rows pulled a few batches ahead differ a little from the
+    // single process's (measured: within 0.003).
     EXPECT_NEAR(distributed, single, 0.01);
   }
 }
@@ -210,7 +214,8 @@ TEST(Job, MultiValueFieldsTrainDistributedAsInOneProcess) {
       "--data.format=tsv", "--data.schema=label,dense*13,multicat*13", "--model.type=wdl",
       "--model.mlp=64,32,1", "--model.pooling=mean", "--optimizer.learning_rate=0.01",
       "--worker.compute_threads=1"};
-  const auto [distributed, single] = TrainBothWays(dir.Join("run"), config, overrides);
+  const auto [distributed, single] =
+      TrainBothWays(dir.Join("run"), config, overrides, /*workers=*/2);
   std::cout << "multi-value wdl eval AUC: distributed " << distributed << ", single process "
             << single << "\n";
   EXPECT_GT(single, 0.7);
