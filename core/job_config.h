@@ -174,7 +174,6 @@ struct JobConfig {
 
   struct Checkpoint {
     // Seconds between coordinated checkpoints. Default 600.
-    // Takes effect with coordinated checkpoints.
     int64_t interval_s = 600;
     // Checkpoints each server keeps (newest first). Default 3.
     int64_t keep = 3;

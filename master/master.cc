@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <deque>
 #include <map>
 #include <random>
 #include <set>
@@ -95,6 +96,7 @@ struct WorkerEntry {
   uint64_t records_pushed = 0;  // as the worker reports it
   double records_per_s = 0;
   bool told_to_exit = false;
+  uint64_t paused_for = 0;  // the checkpoint it reports having paused for
 };
 
 struct ServerEntry {
@@ -281,6 +283,20 @@ class Master::Impl {
   void Fail(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteFinalStatus() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogProgress(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Coordinated checkpoints. A round pauses every worker after its batch in
+  // hand is committed, has every server write checkpoint N once no push is
+  // in flight, records the job's state with it (one CheckpointRecord) and
+  // lets the workers go on.
+  void MaybeStartCheckpoint(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the round's next step: aborts it when workers did not pause in
+  // time, or writes it when all have. Never holds mu_ across the calls.
+  void AdvanceCheckpoint(RpcChannel& channel);
+  // Has every server in `servers` write checkpoint `id`; one result each.
+  std::vector<StatusOr<proto::ServerCheckpoint>> WriteServerCheckpoints(
+      RpcChannel& channel, uint64_t id,
+      const std::vector<std::pair<uint32_t, std::string>>& servers);
+  json CheckpointJson(const proto::CheckpointRecord& record) const;
   bool JobOver() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return phase_ == Phase::kFinished || phase_ == Phase::kFailed;
   }
@@ -379,6 +395,23 @@ class Master::Impl {
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t records_at_last_progress_ ABSL_GUARDED_BY(mu_) = 0;
   double records_per_s_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Coordinated checkpoints.
+  struct CheckpointRound {
+    uint64_t id = 0;
+    absl::Time started;
+    bool writing = false;  // every worker has paused; the servers write
+  };
+  std::optional<CheckpointRound> round_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_checkpoint_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;  // POST /checkpoint
+  uint64_t last_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;    // started, complete or not
+  std::deque<uint64_t> kept_checkpoints_ ABSL_GUARDED_BY(mu_);  // complete, oldest first
+  uint64_t checkpoints_written_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checkpoints_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  double checkpoint_pause_s_ ABSL_GUARDED_BY(mu_) = 0;  // total, over every round
+  // Outcome of recent rounds by id: the record's JSON, or {"error": ...}.
+  std::map<uint64_t, json> checkpoint_results_ ABSL_GUARDED_BY(mu_);
 };
 
 Status Master::Impl::Start() {
@@ -432,6 +465,13 @@ Status Master::Impl::Restore(const MasterSnapshot& snapshot) {
         FingerprintDifference(record.config_fingerprint(), fingerprint_),
         " differ from this config; resume it with the same config, or use a fresh --data-dir"));
   }
+  last_checkpoint_id_ = record.last_checkpoint_id();
+  for (const auto& [id, checkpoint] : snapshot.checkpoints) {
+    kept_checkpoints_.push_back(id);
+    last_checkpoint_id_ = std::max(last_checkpoint_id_, id);
+    checkpoint_results_[id] = CheckpointJson(checkpoint);
+  }
+  checkpoints_written_ = kept_checkpoints_.size();
   const Phase phase = static_cast<Phase>(record.phase());
   if (phase == Phase::kFinished || phase == Phase::kFailed) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -561,48 +601,30 @@ Status Master::Impl::StartServing() {
                      options_.job.job.name, "</h1><pre>", escaped, "</pre></body></html>"),
         "text/html");
   });
-  // An operator's checkpoint: every live server writes checkpoint N, N being
-  // the current Unix time in milliseconds.
+  // An operator's checkpoint: a coordinated round now (or the one in
+  // progress); answers when it is complete or has failed.
   http_.Post("/checkpoint", [this](const httplib::Request&, httplib::Response& response) {
-    std::vector<std::pair<uint32_t, std::string>> servers;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [id, server] : servers_) {
-        if (server.state == PeerState::kAlive) servers.emplace_back(id, server.endpoint);
-      }
+    absl::MutexLock lock(&mu_);
+    if (phase_ != Phase::kTraining || JobOver()) {
+      response.status = 409;
+      response.set_content(
+          DumpJson({{"error", absl::StrCat("checkpoints are taken while the job trains; it is ",
+                                           PhaseName(phase_))}}),
+          "application/json");
+      return;
     }
-    const uint64_t checkpoint = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
-    proto::NodeId self;
-    self.set_role(proto::ROLE_MASTER);
-    RpcChannel channel(&factory_, self);  // this handler thread's own
-    CallOptions call;
-    call.attempt_timeout = absl::Seconds(600);
-    call.max_attempts = 1;
-    std::vector<uint64_t> calls;
-    for (const auto& [id, endpoint] : servers) {
-      Message request;
-      request.header().set_method(proto::CHECKPOINT);
-      request.header().mutable_checkpoint_request()->set_checkpoint_id(checkpoint);
-      calls.push_back(channel.Start(endpoint, std::move(request), call));
+    const uint64_t id = round_.has_value() ? round_->id : last_checkpoint_id_ + 1;
+    if (!round_.has_value()) checkpoint_requested_ = true;
+    changed_.SignalAll();
+    const absl::Time deadline = absl::Now() + absl::Minutes(10);
+    while (!checkpoint_results_.contains(id) && !JobOver() && absl::Now() < deadline) {
+      changed_.WaitWithDeadline(&mu_, deadline);
     }
-    json result = {{"checkpoint", checkpoint}, {"servers", json::array()}};
-    bool ok = !servers.empty();
-    for (size_t i = 0; i < calls.size(); ++i) {
-      StatusOr<Message> reply = channel.Wait(calls[i]);
-      json server = {{"id", servers[i].first}};
-      if (reply.ok()) {
-        const proto::CheckpointReply& body = reply->header().checkpoint_reply();
-        server["path"] = body.path();
-        server["bytes"] = body.bytes();
-        server["duration_ms"] = body.duration_ms();
-      } else {
-        ok = false;
-        server["error"] = std::string(reply.status().message());
-      }
-      result["servers"].push_back(server);
-    }
-    events_->Record("checkpoint", result);
-    response.status = ok ? 200 : 500;
+    auto it = checkpoint_results_.find(id);
+    json result = it != checkpoint_results_.end()
+                      ? it->second
+                      : json{{"checkpoint", id}, {"error", "the job ended first"}};
+    response.status = result.contains("error") ? 500 : 200;
     response.set_content(DumpJson(result), "application/json");
   });
   int http_port = static_cast<int>(options_.http_port);
@@ -667,6 +689,7 @@ proto::MasterRecord Master::Impl::MasterRecordNow() const {
   record.set_eval_records(eval_records_);
   for (const std::string& example : malformed_examples_) record.add_malformed_examples(example);
   if (tracker_) record.set_shards_in_pass(tracker_->num_shards());
+  record.set_last_checkpoint_id(last_checkpoint_id_);
   return record;
 }
 
@@ -776,9 +799,11 @@ void Master::Impl::JobLoop() {
       const absl::Time now = absl::Now();
       CheckLeases(now);
       LogProgress(now);
+      MaybeStartCheckpoint(now);
       if (JobOver() && (EveryoneTold() || now >= done_at_)) break;
     }
     PropagateFences(fence_channel);
+    AdvanceCheckpoint(fence_channel);
     Persist();
     Status flushed = events_->Flush();
     if (!flushed.ok()) LOG(WARNING) << flushed;
@@ -1268,6 +1293,173 @@ Status Master::Impl::HandleRegisterWorker(const Message& request, Message* reply
   return absl::OkStatus();
 }
 
+void Master::Impl::MaybeStartCheckpoint(absl::Time now) {
+  if (round_.has_value() || JobOver() || phase_ != Phase::kTraining ||
+      cluster_map_.version() == 0) {
+    return;
+  }
+  const absl::Duration interval = absl::Seconds(options_.job.checkpoint.interval_s);
+  if (next_checkpoint_ == absl::InfiniteFuture()) next_checkpoint_ = now + interval;
+  if (!checkpoint_requested_ && now < next_checkpoint_) return;
+  checkpoint_requested_ = false;
+  round_ = CheckpointRound{.id = ++last_checkpoint_id_, .started = now};
+  master_dirty_ = true;  // last_checkpoint_id_ is in no record yet: see Restore
+  VLOG(1) << "checkpoint " << round_->id << ": pausing the workers";
+  changed_.SignalAll();
+}
+
+std::vector<StatusOr<proto::ServerCheckpoint>> Master::Impl::WriteServerCheckpoints(
+    RpcChannel& channel, uint64_t id, const std::vector<std::pair<uint32_t, std::string>>& servers) {
+  CallOptions call;
+  call.attempt_timeout = absl::Seconds(600);
+  call.max_attempts = 1;
+  std::vector<uint64_t> calls;
+  for (const auto& [server_id, endpoint] : servers) {
+    Message request;
+    request.header().set_method(proto::CHECKPOINT);
+    request.header().mutable_checkpoint_request()->set_checkpoint_id(id);
+    calls.push_back(channel.Start(endpoint, std::move(request), call));
+  }
+  std::vector<StatusOr<proto::ServerCheckpoint>> results;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    StatusOr<Message> reply = channel.Wait(calls[i]);
+    if (!reply.ok()) {
+      results.push_back(Annotate(reply.status(), absl::StrCat("ps[", servers[i].first, "]")));
+      continue;
+    }
+    const proto::CheckpointReply& body = reply->header().checkpoint_reply();
+    proto::ServerCheckpoint part;
+    part.set_server_id(servers[i].first);
+    part.set_path(body.path());
+    part.set_bytes(body.bytes());
+    part.set_duration_ms(body.duration_ms());
+    results.push_back(part);
+  }
+  return results;
+}
+
+json Master::Impl::CheckpointJson(const proto::CheckpointRecord& record) const {
+  json doc = {{"checkpoint", record.id()},
+              {"duration_ms", record.duration_ms()},
+              {"pause_ms", record.pause_ms()},
+              {"bytes", record.bytes()},
+              {"epoch", record.master().epoch() + 1},
+              {"records_trained", record.master().records_trained()},
+              {"servers", json::array()}};
+  for (const proto::ServerCheckpoint& part : record.servers()) {
+    doc["servers"].push_back({{"id", part.server_id()},
+                              {"path", part.path()},
+                              {"bytes", part.bytes()},
+                              {"duration_ms", part.duration_ms()}});
+  }
+  return doc;
+}
+
+void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
+  uint64_t id = 0;
+  absl::Time started;
+  std::vector<std::pair<uint32_t, std::string>> servers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!round_.has_value() || round_->writing) return;
+    const absl::Time now = absl::Now();
+    bool all_paused = awaiting_fence_.empty();
+    for (const auto& [worker_id, worker] : workers_) {
+      all_paused &= worker.state != PeerState::kAlive || worker.paused_for == round_->id;
+    }
+    if (!all_paused) {
+      // A worker finishes the batch in hand first; one that cannot within
+      // a lease (a huge batch, a stuck call) makes the round give up.
+      const absl::Duration patience = absl::Milliseconds(2 * options_.job.master.lease_ms);
+      if (JobOver() || now - round_->started > patience) {
+        const std::string why = JobOver() ? "the job is over"
+                                          : absl::StrCat("workers did not pause within ",
+                                                         absl::FormatDuration(patience));
+        LOG(WARNING) << "checkpoint " << round_->id << " abandoned: " << why;
+        events_->Record("checkpoint_failed", {{"checkpoint", round_->id}, {"error", why}});
+        checkpoint_results_[round_->id] = {{"checkpoint", round_->id}, {"error", why}};
+        ++checkpoints_failed_;
+        round_.reset();
+        next_checkpoint_ = now + absl::Seconds(options_.job.checkpoint.interval_s);
+        changed_.SignalAll();
+      }
+      return;
+    }
+    round_->writing = true;
+    id = round_->id;
+    started = round_->started;
+    for (const auto& [server_id, server] : servers_) {
+      if (server.state == PeerState::kAlive) servers.emplace_back(server_id, server.endpoint);
+    }
+  }
+
+  // The id is saved before any server uses it, so that a restarted master
+  // never starts a round of an id a server may hold a partial copy of.
+  Persist();
+  // No push is in flight: the servers' state is the ledger's.
+  std::vector<StatusOr<proto::ServerCheckpoint>> parts = WriteServerCheckpoints(channel, id, servers);
+
+  StateUpdate update;
+  std::string error = servers.empty() ? "no live server" : "";
+  proto::CheckpointRecord record;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    record.set_id(id);
+    *record.mutable_master() = MasterRecordNow();
+    if (tracker_) {
+      for (uint64_t shard = 0; shard < tracker_->num_shards(); ++shard) {
+        *record.add_shards() = tracker_->ToRecord(shard);
+      }
+    }
+    for (auto& part : parts) {
+      if (!part.ok()) {
+        absl::StrAppend(&error, error.empty() ? "" : "; ", part.status().message());
+        continue;
+      }
+      record.set_bytes(record.bytes() + part->bytes());
+      *record.add_servers() = *std::move(part);
+    }
+    record.set_unix_ms(absl::ToUnixMillis(now));
+    record.set_duration_ms(absl::ToDoubleMilliseconds(now - started));
+    record.set_pause_ms(absl::ToDoubleMilliseconds(now - started));
+    if (error.empty()) {
+      update.PutCheckpoint(record);
+      kept_checkpoints_.push_back(id);
+      while (kept_checkpoints_.size() > static_cast<size_t>(options_.job.checkpoint.keep)) {
+        update.DeleteCheckpoint(kept_checkpoints_.front());
+        kept_checkpoints_.pop_front();
+      }
+    }
+  }
+  // The record makes the checkpoint complete; written before the workers
+  // go on, so that what they train next is never part of it.
+  if (error.empty()) {
+    Status written = store_->Write(update);
+    if (!written.ok()) error = absl::StrCat("recording it: ", written.message());
+  }
+
+  absl::MutexLock lock(&mu_);
+  const json result = CheckpointJson(record);
+  if (error.empty()) {
+    ++checkpoints_written_;
+    checkpoint_pause_s_ += record.pause_ms() / 1000;
+    checkpoint_results_[id] = result;
+    events_->Record("checkpoint", result);
+    LOG(INFO) << "checkpoint " << id << ": " << record.servers_size() << " server(s), "
+              << record.bytes() << " bytes, workers paused " << record.pause_ms() << " ms";
+  } else {
+    ++checkpoints_failed_;
+    LOG(WARNING) << "checkpoint " << id << " failed, the previous one stands: " << error;
+    checkpoint_results_[id] = {{"checkpoint", id}, {"error", error}};
+    events_->Record("checkpoint_failed", {{"checkpoint", id}, {"error", error}});
+  }
+  while (checkpoint_results_.size() > 16) checkpoint_results_.erase(checkpoint_results_.begin());
+  round_.reset();
+  next_checkpoint_ = absl::Now() + absl::Seconds(options_.job.checkpoint.interval_s);
+  changed_.SignalAll();
+}
+
 Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
   if (!request.header().has_heartbeat_request()) {
     return absl::InvalidArgumentError("HEARTBEAT without its body");
@@ -1282,6 +1474,12 @@ Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
     worker->last_seen = absl::Now();
     worker->records_per_s = stats.records_per_s();
     worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());
+    const uint64_t paused_for = request.header().heartbeat_request().paused_for_checkpoint();
+    if (paused_for != worker->paused_for) {
+      worker->paused_for = paused_for;
+      changed_.SignalAll();  // the round may proceed
+    }
+    if (round_.has_value()) out->set_pause_for_checkpoint(round_->id);
     told = &worker->told_to_exit;
     if (tracker_) {
       std::optional<uint64_t> split = tracker_->SplitRequestedOf(sender.id());
@@ -1590,6 +1788,18 @@ json Master::Impl::StatusDocument() const {
   doc["malformed_examples"] = malformed_examples_;
   doc["membership_epoch"] = membership_epoch_;
   doc["reassignments"] = reassignments_ + (tracker_ ? tracker_->reassignments() : 0);
+  json checkpoints = {{"written", checkpoints_written_},
+                      {"failed", checkpoints_failed_},
+                      {"interval_s", options_.job.checkpoint.interval_s},
+                      {"pause_s", checkpoint_pause_s_},
+                      {"in_progress", round_.has_value() ? json(round_->id) : json(nullptr)},
+                      {"last", nullptr}};
+  for (auto it = checkpoint_results_.rbegin(); it != checkpoint_results_.rend(); ++it) {
+    if (it->second.contains("error")) continue;
+    checkpoints["last"] = it->second;
+    break;
+  }
+  doc["checkpoints"] = checkpoints;
   doc["splits"] = splits_ + (tracker_ ? tracker_->splits() : 0);
   doc["workers_fenced"] = fenced_.size();
   doc["max_reassign_delay_ms"] = absl::ToDoubleMilliseconds(worst_reassign_delay_);

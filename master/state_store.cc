@@ -18,6 +18,7 @@ constexpr char kTrainKey[] = "data/train";
 constexpr char kEvalKey[] = "data/eval";
 constexpr char kShardPrefix[] = "pass/shard/";
 constexpr char kEvalPrefix[] = "eval/";
+constexpr char kCheckpointPrefix[] = "checkpoint/";
 
 // Fixed-width hex keeps keys in numeric order.
 std::string Hex(uint64_t value) { return absl::StrCat(absl::Hex(value, absl::kZeroPad16)); }
@@ -51,6 +52,14 @@ void StateUpdate::PutEvalResult(uint64_t shard, uint64_t begin, const std::vecto
   puts_.emplace_back(absl::StrCat(kEvalPrefix, Hex(shard), "/", Hex(begin)), std::move(value));
 }
 
+void StateUpdate::PutCheckpoint(const proto::CheckpointRecord& record) {
+  puts_.emplace_back(absl::StrCat(kCheckpointPrefix, Hex(record.id())), record.SerializeAsString());
+}
+
+void StateUpdate::DeleteCheckpoint(uint64_t id) {
+  deletes_.push_back(absl::StrCat(kCheckpointPrefix, Hex(id)));
+}
+
 void StateUpdate::Append(StateUpdate&& other) {
   if (other.clear_pass_) {
     // Write applies a clear before every put, so this one's puts of the
@@ -61,7 +70,9 @@ void StateUpdate::Append(StateUpdate&& other) {
     clear_pass_ = true;
   }
   for (auto& put : other.puts_) puts_.push_back(std::move(put));
+  for (auto& key : other.deletes_) deletes_.push_back(std::move(key));
   other.puts_.clear();
+  other.deletes_.clear();
   other.clear_pass_ = false;
 }
 
@@ -131,6 +142,16 @@ StatusOr<std::optional<MasterSnapshot>> StateStore::Load() const {
     std::memcpy(labels.data(), it->value().data(), n * sizeof(float));
     std::memcpy(predictions.data(), it->value().data() + n * sizeof(float), n * sizeof(float));
   }
+  for (it->Seek(kCheckpointPrefix); it->Valid() && it->key().starts_with(kCheckpointPrefix);
+       it->Next()) {
+    uint64_t id = 0;
+    const std::string key = it->key().ToString();
+    if (!ParseHex(absl::string_view(key).substr(std::strlen(kCheckpointPrefix)), &id) ||
+        !snapshot.checkpoints[id].ParseFromArray(it->value().data(),
+                                                 static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(absl::StrCat("record ", key, " does not parse"));
+    }
+  }
   if (!it->status().ok()) return absl::UnavailableError(it->status().ToString());
   return std::optional<MasterSnapshot>(std::move(snapshot));
 }
@@ -142,6 +163,7 @@ Status StateStore::Write(const StateUpdate& update) {
     batch.DeleteRange(kEvalPrefix, "eval0");
   }
   for (const auto& [key, value] : update.puts_) batch.Put(key, value);
+  for (const std::string& key : update.deletes_) batch.Delete(key);
   rocksdb::WriteOptions options;
   // The WAL survives a killed process; fsync per commit would only add
   // protection against a machine crash, at a large cost.

@@ -5,6 +5,7 @@
 //   "data/train", "data/eval" DataSetRecord (files and the scan's shards)
 //   "pass/shard/<id>"        ShardRecord of the current pass
 //   "eval/<shard>/<begin>"   an eval commit's labels then predictions
+//   "checkpoint/<id>"        CheckpointRecord of a complete coordinated checkpoint
 // Writes go through the WAL and are applied atomically per Write call; the
 // master writes before it acknowledges, so a master killed with -9 restarts
 // with every commit it acknowledged.
@@ -40,6 +41,8 @@ struct MasterSnapshot {
   // Eval commits: (shard id, begin offset) -> labels, predictions.
   std::map<std::pair<uint64_t, uint64_t>, std::pair<std::vector<float>, std::vector<float>>>
       eval_results;
+  // Complete coordinated checkpoints, by id.
+  std::map<uint64_t, proto::CheckpointRecord> checkpoints;
 };
 
 // One atomic update.
@@ -53,7 +56,9 @@ class StateUpdate {
   // REQUIRES: labels.size() == predictions.size().
   void PutEvalResult(uint64_t shard, uint64_t begin, const std::vector<float>& labels,
                      const std::vector<float>& predictions);
-  bool empty() const { return puts_.empty() && !clear_pass_; }
+  void PutCheckpoint(const proto::CheckpointRecord& record);
+  void DeleteCheckpoint(uint64_t id);
+  bool empty() const { return puts_.empty() && deletes_.empty() && !clear_pass_; }
   // Adds `other`'s changes after this one's: when `other` clears the pass,
   // this one's shard and eval puts are dropped with it.
   void Append(StateUpdate&& other);
@@ -62,6 +67,7 @@ class StateUpdate {
   friend class StateStore;
   bool clear_pass_ = false;
   std::vector<std::pair<std::string, std::string>> puts_;
+  std::vector<std::string> deletes_;
 };
 
 class StateStore {

@@ -144,6 +144,12 @@ class Worker::Impl {
     std::atomic<int64_t> split_shard{-1};
     std::atomic<bool> over{false};  // fenced, failed or finished: wind down
     absl::Mutex mu;
+    // The coordinated checkpoint the master asks to pause for (0: none),
+    // from heartbeats; and the one the trainer has paused for, reported in
+    // heartbeats.
+    uint64_t pause_for ABSL_GUARDED_BY(mu) = 0;
+    absl::CondVar pause_changed;
+    std::atomic<uint64_t> paused_for{0};
     // When the last heartbeat the master answered was sent: the master's
     // lease on this session runs from no earlier than that.
     absl::Time lease_start ABSL_GUARDED_BY(mu);
@@ -187,6 +193,10 @@ class Worker::Impl {
   Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
                 double loss_sum, const std::vector<float>& predictions);
   void HeartbeatLoop(Session& session);
+  // While the master asks to pause for a coordinated checkpoint, reports
+  // it (paused_for) and waits; returns when asked to go on, or when the
+  // session is over or the worker is stopping.
+  void WaitWhilePausedForCheckpoint(Session& session);
   Status Deregister(RpcChannel& master);
   // kFailedPrecondition/FENCED when the session's lease may have run out:
   // nothing may be pushed or committed then.
@@ -581,6 +591,29 @@ Status Worker::Impl::Commit(Session& session, RpcChannel& master, const Prepared
   return absl::OkStatus();
 }
 
+void Worker::Impl::WaitWhilePausedForCheckpoint(Session& session) {
+  uint64_t checkpoint = 0;
+  {
+    absl::MutexLock lock(&session.mu);
+    checkpoint = session.pause_for;
+  }
+  if (checkpoint == 0) return;
+  const absl::Time paused = absl::Now();
+  session.paused_for.store(checkpoint);
+  VLOG(1) << "paused for checkpoint " << checkpoint;
+  // Timed waits, outside session.mu between them: a stop or the end of the
+  // session does not signal pause_changed.
+  while (!StoppingOrOver(session)) {
+    absl::MutexLock lock(&session.mu);
+    if (session.pause_for == 0) break;
+    session.pause_changed.WaitWithTimeout(&session.mu, absl::Milliseconds(50));
+    if (session.pause_for == 0) break;
+  }
+  session.paused_for.store(0);
+  VLOG(1) << "checkpoint " << checkpoint << ": resumed after "
+          << absl::FormatDuration(absl::Now() - paused);
+}
+
 void Worker::Impl::HeartbeatLoop(Session& session) {
   RpcChannel master(&factory_, session.self);
   absl::Time last_sample = absl::Now();
@@ -605,6 +638,8 @@ void Worker::Impl::HeartbeatLoop(Session& session) {
     stats->set_batches(batches_.load());
     stats->set_malformed(malformed_.load());
     stats->set_records_pushed(records_pushed_.load());
+    request.header().mutable_heartbeat_request()->set_paused_for_checkpoint(
+        session.paused_for.load());
     CallOptions call;
     call.attempt_timeout = std::max(session.heartbeat, absl::Seconds(1));
     call.max_attempts = 1;
@@ -629,11 +664,15 @@ void Worker::Impl::HeartbeatLoop(Session& session) {
       VLOG(1) << "heartbeat failed: " << reply.status();
       continue;
     }
+    const proto::HeartbeatReply& body = reply->header().heartbeat_reply();
     {
       absl::MutexLock lock(&session.mu);
       session.lease_start = now;
+      if (session.pause_for != body.pause_for_checkpoint()) {
+        session.pause_for = body.pause_for_checkpoint();
+        session.pause_changed.SignalAll();
+      }
     }
-    const proto::HeartbeatReply& body = reply->header().heartbeat_reply();
     if (body.has_split_shard()) session.split_shard.store(static_cast<int64_t>(body.split_shard()));
     if (body.shutdown()) {
       // Usually the loader hears it from GET_SHARD first; a worker waiting
@@ -681,6 +720,10 @@ Status Worker::Impl::RunSession() {
   std::vector<float> predictions;
   while (std::unique_ptr<PreparedBatch> prepared = session.queue.Pop()) {
     if (session.over.load()) break;  // fenced: nothing queued may land
+    // The batch before this one is committed and nothing is in flight: the
+    // moment to pause for a coordinated checkpoint.
+    WaitWhilePausedForCheckpoint(session);
+    if (session.over.load() || stopping()) break;
     double loss_sum = 0;
     predictions.clear();
     if (prepared->batch.size() > 0) {

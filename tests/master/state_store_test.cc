@@ -335,3 +335,41 @@ TEST_F(StateStoreTest, EvalResultsComeBackOrderedByShardThenOffset) {
 
 }  // namespace
 }  // namespace eps
+
+namespace eps {
+namespace {
+
+TEST_F(StateStoreTest, CheckpointRecordsSurviveClearPassAndCanBeDeleted) {
+  std::unique_ptr<StateStore> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  StateUpdate update = Everything();
+  for (uint64_t id : {3, 1, 2}) {
+    proto::CheckpointRecord record;
+    record.set_id(id);
+    *record.mutable_master() = MasterRecordFor(static_cast<uint32_t>(id));
+    *record.add_shards() = ShardRecordFor(100 * id, proto::SHARD_DONE);
+    record.add_servers()->set_path("/ps/checkpoints/" + std::to_string(id));
+    update.PutCheckpoint(record);
+  }
+  ASSERT_TRUE(store->Write(update).ok());
+  // A new pass clears its shards, never the checkpoints (they carry their
+  // own copy of the pass); a deleted one is gone.
+  StateUpdate next;
+  next.ClearPass();
+  next.DeleteCheckpoint(1);
+  EXPECT_FALSE(next.empty());
+  ASSERT_TRUE(store->Write(next).ok());
+  const MasterSnapshot snapshot = LoadSnapshot(*store);
+  EXPECT_TRUE(snapshot.shards.empty());
+  ASSERT_EQ(snapshot.checkpoints.size(), 2u);
+  EXPECT_EQ(snapshot.checkpoints.begin()->first, 2u);
+  EXPECT_EQ(snapshot.checkpoints.rbegin()->first, 3u);
+  const proto::CheckpointRecord& third = snapshot.checkpoints.at(3);
+  EXPECT_EQ(third.master().epoch(), 3u);
+  ASSERT_EQ(third.shards_size(), 1);
+  EXPECT_EQ(third.shards(0).begin(), 300u);
+  EXPECT_EQ(third.servers(0).path(), "/ps/checkpoints/3");
+}
+
+}  // namespace
+}  // namespace eps
