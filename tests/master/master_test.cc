@@ -188,9 +188,10 @@ class FakePeer {
     return absl::OkStatus();
   }
 
-  StatusOr<proto::HeartbeatReply> Heartbeat(uint64_t rows = 0) {
+  StatusOr<proto::HeartbeatReply> Heartbeat(uint64_t rows = 0, uint64_t paused_for = 0) {
     Message request;
     proto::HeartbeatRequest* body = request.header().mutable_heartbeat_request();
+    body->set_paused_for_checkpoint(paused_for);
     if (self_.role() == proto::ROLE_SERVER) {
       body->mutable_server()->set_rows(rows);
     } else {
@@ -346,6 +347,17 @@ class MasterTest : public ::testing::Test {
       options.name = absl::StrCat("fake-ps", i);
       StatusOr<std::unique_ptr<RpcServer>> listener = RpcServer::Start(
           &factory_, options, [this, i](Message& request, Message* reply) -> Status {
+            if (request.header().method() == proto::CHECKPOINT) {
+              absl::MutexLock lock(&fenced_mu_);
+              const uint64_t id = request.header().checkpoint_request().checkpoint_id();
+              checkpoints_seen_[i].push_back(id);
+              if (refuse_checkpoints_[i]) return absl::InternalError("fake server: disk full");
+              proto::CheckpointReply* body = reply->header().mutable_checkpoint_reply();
+              body->set_path(absl::StrCat("/fake-ps", i, "/checkpoints/", id));
+              body->set_bytes(1000 + i);
+              body->set_duration_ms(1);
+              return absl::OkStatus();
+            }
             if (request.header().method() != proto::FENCE_WORKERS) {
               return absl::UnimplementedError("fake server");
             }
@@ -459,6 +471,9 @@ class MasterTest : public ::testing::Test {
   std::set<uint32_t> fenced_seen_[2] ABSL_GUARDED_BY(fenced_mu_);
   int fence_calls_[2] ABSL_GUARDED_BY(fenced_mu_) = {0, 0};
   bool refuse_fences_[2] ABSL_GUARDED_BY(fenced_mu_) = {false, false};
+  // CHECKPOINT ids each fake server was asked for; whether it fails them.
+  std::vector<uint64_t> checkpoints_seen_[2] ABSL_GUARDED_BY(fenced_mu_);
+  bool refuse_checkpoints_[2] ABSL_GUARDED_BY(fenced_mu_) = {false, false};
   // Declared before master_ so they outlive it.
   std::vector<std::unique_ptr<RpcServer>> fake_server_listeners_;
   std::unique_ptr<Master> master_;
@@ -614,6 +629,133 @@ TEST_F(MasterTest, RunsAWholeJob) {
     EXPECT_EQ(doc["servers"][1]["partitions"], 4);
     EXPECT_EQ(doc["reassignments"], 0);
   }
+}
+
+// A coordinated checkpoint: the master asks the workers to pause (in
+// heartbeat and commit replies), has the servers write only once every live
+// worker says it has paused, records it with the job's state, and lets the
+// workers go on. A server that fails its part fails the round: the previous
+// checkpoint stands.
+TEST_F(MasterTest, CheckpointWaitsForEveryWorkerToPause) {
+  const std::string train = Write("train.tsv", CriteoText(40, /*seed=*/2));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.checkpoint.interval_s = 1;
+  options.job.checkpoint.keep = 1;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  const proto::ShardAssignment shard = TakeShard(*worker);
+  const std::vector<Piece> pieces = ReadPieces(shard, /*batch_lines=*/2);
+  ASSERT_GE(pieces.size(), 2u);
+  ASSERT_TRUE(*worker->Commit(shard, pieces[0]));
+
+  auto seen = [&](int server) {
+    absl::MutexLock lock(&fenced_mu_);
+    return checkpoints_seen_[server];
+  };
+  // Round 1 starts within the interval; the worker is told to pause.
+  uint64_t pause_for = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        StatusOr<proto::HeartbeatReply> reply = worker->Heartbeat();
+        pause_for = reply.ok() ? reply->pause_for_checkpoint() : 0;
+        return pause_for != 0;
+      },
+      ServerPtrs()));
+  EXPECT_EQ(pause_for, 1u);
+  // A commit (the batch in hand) is still accepted, and says the same.
+  StatusOr<proto::CommitProgressReply> committed = worker->CommitReply(shard, pieces[1]);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_TRUE(committed->applied());
+  EXPECT_EQ(committed->pause_for_checkpoint(), 1u);
+  // Until the worker says it has paused, no server is asked to write.
+  for (int i = 0; i < 5; ++i) {
+    Beat(ServerPtrs());
+    ASSERT_TRUE(worker->Heartbeat().ok());
+    absl::SleepFor(absl::Milliseconds(kHeartbeatMs));
+  }
+  EXPECT_TRUE(seen(0).empty());
+  EXPECT_EQ(Doc()["checkpoints"]["in_progress"], 1);
+  // Paused: the servers write checkpoint 1, the master records it, and the
+  // worker is told to go on.
+  std::vector<FakePeer*> alive = ServerPtrs();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        StatusOr<proto::HeartbeatReply> reply = worker->Heartbeat(0, /*paused_for=*/1);
+        return reply.ok() && reply->pause_for_checkpoint() == 0;
+      },
+      alive));
+  EXPECT_EQ(seen(0), std::vector<uint64_t>{1});
+  EXPECT_EQ(seen(1), std::vector<uint64_t>{1});
+  json checkpoints = Doc()["checkpoints"];
+  EXPECT_EQ(checkpoints["written"], 1) << checkpoints.dump();
+  EXPECT_EQ(checkpoints["last"]["checkpoint"], 1);
+  EXPECT_EQ(checkpoints["last"]["bytes"], 2001);
+  // The record holds the ledger at the pause: both pieces committed.
+  const uint64_t committed_records = pieces[0].lines + pieces[1].lines;
+  EXPECT_EQ(checkpoints["last"]["records_trained"], committed_records) << checkpoints.dump();
+  ASSERT_EQ(Events("checkpoint").size(), 1u);
+  EXPECT_EQ(Events("checkpoint")[0]["servers"][1]["path"], "/fake-ps1/checkpoints/1");
+
+  // Round 2 fails at one server: recorded as failed, checkpoint 1 stands.
+  {
+    absl::MutexLock lock(&fenced_mu_);
+    refuse_checkpoints_[1] = true;
+  }
+  ASSERT_TRUE(Eventually(
+      [&] {
+        StatusOr<proto::HeartbeatReply> reply = worker->Heartbeat(0, /*paused_for=*/2);
+        return Doc()["checkpoints"]["failed"] == 1;
+      },
+      alive));
+  checkpoints = Doc()["checkpoints"];
+  EXPECT_EQ(checkpoints["written"], 1) << checkpoints.dump();
+  EXPECT_EQ(checkpoints["last"]["checkpoint"], 1) << checkpoints.dump();
+  ASSERT_EQ(Events("checkpoint_failed").size(), 1u);
+  EXPECT_NE(Events("checkpoint_failed")[0]["error"].get<std::string>().find("disk full"),
+            std::string::npos);
+
+  // The store holds checkpoint 1 alone (keep = 1; 2 is incomplete) with the
+  // ledger at its pause, and remembers that id 2 was used.
+  master_.reset();
+  StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(dir_ + "/master/state");
+  ASSERT_TRUE(store.ok()) << store.status();
+  StatusOr<std::optional<MasterSnapshot>> saved = (*store)->Load();
+  ASSERT_TRUE(saved.ok() && saved->has_value()) << saved.status();
+  ASSERT_EQ((*saved)->checkpoints.size(), 1u);
+  const proto::CheckpointRecord& record = (*saved)->checkpoints.begin()->second;
+  EXPECT_EQ(record.id(), 1u);
+  EXPECT_EQ(record.master().records_trained(), committed_records);
+  EXPECT_EQ(record.servers_size(), 2);
+  EXPECT_GT(record.shards_size(), 0);
+  EXPECT_EQ((*saved)->master.last_checkpoint_id(), 2u);
+}
+
+// A worker that heartbeats but never pauses (stuck in a long batch) makes
+// the round give up after two leases; training goes on.
+TEST_F(MasterTest, CheckpointGivesUpOnAWorkerThatDoesNotPause) {
+  const std::string train = Write("train.tsv", CriteoText(40, /*seed=*/3));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.checkpoint.interval_s = 1;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  std::vector<FakePeer*> alive = ServerPtrs();
+  alive.push_back(worker.get());
+  ASSERT_TRUE(Eventually([&] { return Doc()["checkpoints"]["failed"] == 1; }, alive));
+  ASSERT_EQ(Events("checkpoint_failed").size(), 1u);
+  EXPECT_NE(Events("checkpoint_failed")[0]["error"].get<std::string>().find("did not pause"),
+            std::string::npos)
+      << Events("checkpoint_failed")[0].dump();
+  EXPECT_EQ(Doc()["checkpoints"]["written"], 0);
+  absl::MutexLock lock(&fenced_mu_);
+  EXPECT_TRUE(checkpoints_seen_[0].empty());
 }
 
 TEST_F(MasterTest, ExpiredWorkerLeaseReturnsItsShardFromTheCommittedOffset) {
