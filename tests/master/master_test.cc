@@ -777,10 +777,12 @@ TEST_F(MasterTest, ExpiredWorkerLeaseReturnsItsShardFromTheCommittedOffset) {
   ASSERT_TRUE(survivor->RegisterWorker().ok());
   std::vector<FakePeer*> alive = ServerPtrs();
   alive.push_back(survivor.get());
-  // The doomed worker stops heartbeating; its lease runs out.
+  // The doomed worker stops heartbeating; its lease runs out, and once
+  // both servers have fenced it (a moment later) its shard is released.
   ASSERT_TRUE(Eventually(
       [&] {
         const json doc = Doc();
+        if (doc["shards"]["doing"] != 0) return false;
         for (const json& worker : doc["workers"]) {
           if (worker["id"] == doomed->id()) return worker["state"] == "dead";
         }
