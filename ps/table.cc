@@ -1,6 +1,7 @@
 #include "ps/table.h"
 
 #include <algorithm>
+#include <optional>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -24,6 +25,19 @@
 
 namespace eps {
 namespace {
+
+// Releases a held mutex for its lifetime and takes it back at its end: the
+// RAII way to do blocking work (a store read) inside a locked section.
+class ABSL_SCOPED_LOCKABLE ScopedUnlock {
+ public:
+  explicit ScopedUnlock(absl::Mutex* mu) ABSL_UNLOCK_FUNCTION(mu) : mu_(mu) { mu_->Unlock(); }
+  ~ScopedUnlock() ABSL_UNLOCK_FUNCTION() { mu_->Lock(); }
+  ScopedUnlock(const ScopedUnlock&) = delete;
+  ScopedUnlock& operator=(const ScopedUnlock&) = delete;
+
+ private:
+  absl::Mutex* const mu_;
+};
 
 // A key's stripe is the top kStripeBits of Mix64(key), its index bucket the
 // low bits and its index tag bits 26..57 of the same hash, so the three are
@@ -322,7 +336,7 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
     const uint32_t last = begin[s + 1];
     if (first == last) continue;
     Stripe& stripe = stripes_[s];
-    stripe.mu.Lock();
+    absl::MutexLock lock(&stripe.mu);
     const bool prefetch_current = storage_.store != nullptr && stripe.evictions == evictions_seen[s];
     for (int round = 0;; ++round) {
       absent.clear();
@@ -366,11 +380,13 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       for (uint32_t j : absent) refetch_keys.push_back(keys[order[j]]);
       const uint64_t evictions_before = stripe.evictions;
       const bool unlocked = round < kUnlockedFetchRounds;
-      if (unlocked) stripe.mu.Unlock();
-      Status fetched = Fetch(refetch_keys, &refetch_images, &refetch_found);
-      if (unlocked) stripe.mu.Lock();
+      Status fetched;
+      {
+        std::optional<ScopedUnlock> unlock;
+        if (unlocked) unlock.emplace(&stripe.mu);
+        fetched = Fetch(refetch_keys, &refetch_images, &refetch_found);
+      }
       if (!fetched.ok()) {
-        stripe.mu.Unlock();
         return Annotate(fetched, absl::StrCat("reading rows of table '", spec_.name(), "'"));
       }
       if (unlocked && stripe.evictions != evictions_before) continue;  // maybe stale: again
@@ -412,7 +428,6 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       EvictLocked(stripe, count,
                   std::min<uint64_t>(2 * uint64_t{stripe.high_water}, 16 * count + 64));
     }
-    stripe.mu.Unlock();
   }
   hits_.fetch_add(hits, std::memory_order_relaxed);
   misses_.fetch_add(misses, std::memory_order_relaxed);
