@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -145,11 +146,14 @@ class Worker::Impl {
     std::atomic<bool> over{false};  // fenced, failed or finished: wind down
     absl::Mutex mu;
     // The coordinated checkpoint the master asks to pause for (0: none),
-    // from heartbeats; and the one the trainer has paused for, reported in
-    // heartbeats.
+    // from heartbeat and commit replies.
     uint64_t pause_for ABSL_GUARDED_BY(mu) = 0;
+    // The trainer is between starting a step (its push) and committing it.
+    // A step never starts while pause_for is set, so the worker is paused
+    // whenever pause_for is set and no step is running: heartbeats report
+    // it, whether the trainer waits to go on or has nothing to train.
+    bool stepping ABSL_GUARDED_BY(mu) = false;
     absl::CondVar pause_changed;
-    std::atomic<uint64_t> paused_for{0};
     // When the last heartbeat the master answered was sent: the master's
     // lease on this session runs from no earlier than that.
     absl::Time lease_start ABSL_GUARDED_BY(mu);
@@ -193,10 +197,15 @@ class Worker::Impl {
   Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
                 double loss_sum, const std::vector<float>& predictions);
   void HeartbeatLoop(Session& session);
-  // While the master asks to pause for a coordinated checkpoint, reports
-  // it (paused_for) and waits; returns when asked to go on, or when the
-  // session is over or the worker is stopping.
-  void WaitWhilePausedForCheckpoint(Session& session);
+  // Starts a step (session.stepping), first waiting while the master asks
+  // to pause for a coordinated checkpoint. False, without starting one,
+  // when the session is over or the worker is stopping meanwhile.
+  bool BeginStep(Session& session);
+  // Ends the step BeginStep started.
+  static void EndStep(Session& session) {
+    absl::MutexLock lock(&session.mu);
+    session.stepping = false;
+  }
   Status Deregister(RpcChannel& master);
   // kFailedPrecondition/FENCED when the session's lease may have run out:
   // nothing may be pushed or committed then.
@@ -611,28 +620,38 @@ Status Worker::Impl::Commit(Session& session, RpcChannel& master, const Prepared
   return absl::OkStatus();
 }
 
-void Worker::Impl::WaitWhilePausedForCheckpoint(Session& session) {
-  uint64_t checkpoint = 0;
-  {
+bool Worker::Impl::BeginStep(Session& session) {
+  absl::Time paused;
+  uint64_t checkpoint = 0;  // the pause in progress, once seen
+  while (true) {
+    bool newly_paused = false;
+    {
+      absl::MutexLock lock(&session.mu);
+      if (session.pause_for == 0) {
+        session.stepping = true;
+        if (checkpoint != 0) {
+          VLOG(1) << "checkpoint " << checkpoint << ": resumed after "
+                  << absl::FormatDuration(absl::Now() - paused);
+        }
+        return true;
+      }
+      if (checkpoint == 0) {
+        checkpoint = session.pause_for;
+        paused = absl::Now();
+        newly_paused = true;
+      }
+    }
+    if (newly_paused) {
+      VLOG(1) << "paused for checkpoint " << checkpoint;
+      HeartbeatNow();  // tell the master without waiting for the next beat
+    }
+    if (StoppingOrOver(session)) return false;
+    // Timed: a stop or the end of the session does not signal pause_changed.
     absl::MutexLock lock(&session.mu);
-    checkpoint = session.pause_for;
+    if (session.pause_for != 0) {
+      session.pause_changed.WaitWithTimeout(&session.mu, absl::Milliseconds(50));
+    }
   }
-  if (checkpoint == 0) return;
-  const absl::Time paused = absl::Now();
-  session.paused_for.store(checkpoint);
-  HeartbeatNow();  // tell the master without waiting for the next beat
-  VLOG(1) << "paused for checkpoint " << checkpoint;
-  // Timed waits, outside session.mu between them: a stop or the end of the
-  // session does not signal pause_changed.
-  while (!StoppingOrOver(session)) {
-    absl::MutexLock lock(&session.mu);
-    if (session.pause_for == 0) break;
-    session.pause_changed.WaitWithTimeout(&session.mu, absl::Milliseconds(50));
-    if (session.pause_for == 0) break;
-  }
-  session.paused_for.store(0);
-  VLOG(1) << "checkpoint " << checkpoint << ": resumed after "
-          << absl::FormatDuration(absl::Now() - paused);
 }
 
 void Worker::Impl::HeartbeatLoop(Session& session) {
@@ -659,8 +678,11 @@ void Worker::Impl::HeartbeatLoop(Session& session) {
     stats->set_batches(batches_.load());
     stats->set_malformed(malformed_.load());
     stats->set_records_pushed(records_pushed_.load());
-    request.header().mutable_heartbeat_request()->set_paused_for_checkpoint(
-        session.paused_for.load());
+    {
+      absl::MutexLock lock(&session.mu);
+      request.header().mutable_heartbeat_request()->set_paused_for_checkpoint(
+          session.stepping ? 0 : session.pause_for);
+    }
     CallOptions call;
     call.attempt_timeout = std::max(session.heartbeat, absl::Seconds(1));
     call.max_attempts = 1;
@@ -686,14 +708,19 @@ void Worker::Impl::HeartbeatLoop(Session& session) {
       continue;
     }
     const proto::HeartbeatReply& body = reply->header().heartbeat_reply();
+    bool idle_pause = false;
     {
       absl::MutexLock lock(&session.mu);
       session.lease_start = now;
       if (session.pause_for != body.pause_for_checkpoint()) {
         session.pause_for = body.pause_for_checkpoint();
         session.pause_changed.SignalAll();
+        idle_pause = session.pause_for != 0 && !session.stepping;
       }
     }
+    // Paused already when no step runs (nothing to train, say): say so at
+    // once.
+    if (idle_pause) HeartbeatNow();
     if (body.has_split_shard()) session.split_shard.store(static_cast<int64_t>(body.split_shard()));
     if (body.shutdown()) {
       // Usually the loader hears it from GET_SHARD first; a worker waiting
@@ -743,8 +770,8 @@ Status Worker::Impl::RunSession() {
     if (session.over.load()) break;  // fenced: nothing queued may land
     // The batch before this one is committed and nothing is in flight: the
     // moment to pause for a coordinated checkpoint.
-    WaitWhilePausedForCheckpoint(session);
-    if (session.over.load() || stopping()) break;
+    if (!BeginStep(session)) break;
+    const absl::Cleanup end_step = [&session] { EndStep(session); };
     double loss_sum = 0;
     predictions.clear();
     if (prepared->batch.size() > 0) {
