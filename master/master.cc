@@ -1358,23 +1358,31 @@ json Master::Impl::CheckpointJson(const proto::CheckpointRecord& record) const {
 void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
   uint64_t id = 0;
   absl::Time started;
+  const absl::Time writing = absl::Now();
   std::vector<std::pair<uint32_t, std::string>> servers;
   {
     absl::MutexLock lock(&mu_);
     if (!round_.has_value() || round_->writing) return;
     const absl::Time now = absl::Now();
-    bool all_paused = awaiting_fence_.empty();
+    std::vector<uint32_t> running;  // live workers not paused yet
     for (const auto& [worker_id, worker] : workers_) {
-      all_paused &= worker.state != PeerState::kAlive || worker.paused_for == round_->id;
+      if (worker.state == PeerState::kAlive && worker.paused_for != round_->id) {
+        running.push_back(worker_id);
+      }
     }
-    if (!all_paused) {
+    if (!running.empty() || !awaiting_fence_.empty()) {
       // A worker finishes the batch in hand first; one that cannot within
       // a lease (a huge batch, a stuck call) makes the round give up.
       const absl::Duration patience = absl::Milliseconds(2 * options_.job.master.lease_ms);
       if (JobOver() || now - round_->started > patience) {
-        const std::string why = JobOver() ? "the job is over"
-                                          : absl::StrCat("workers did not pause within ",
-                                                         absl::FormatDuration(patience));
+        const std::string why =
+            JobOver() ? "the job is over"
+            : running.empty()
+                ? absl::StrCat("dead workers were not fenced at every server within ",
+                               absl::FormatDuration(patience))
+                : absl::StrCat("worker(s) ", absl::StrJoin(running, ", "),
+                               " did not pause within ", absl::FormatDuration(patience),
+                               " (a batch that takes that long? see their logs)");
         LOG(WARNING) << "checkpoint " << round_->id << " abandoned: " << why;
         events_->Record("checkpoint_failed", {{"checkpoint", round_->id}, {"error", why}});
         checkpoint_results_[round_->id] = {{"checkpoint", round_->id}, {"error", why}};
@@ -1421,7 +1429,7 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
       *record.add_servers() = *std::move(part);
     }
     record.set_unix_ms(absl::ToUnixMillis(now));
-    record.set_duration_ms(absl::ToDoubleMilliseconds(now - started));
+    record.set_duration_ms(absl::ToDoubleMilliseconds(now - writing));
     record.set_pause_ms(absl::ToDoubleMilliseconds(now - started));
     if (error.empty()) {
       update.PutCheckpoint(record);

@@ -126,35 +126,37 @@ size_t GrownCapacity(size_t capacity, size_t needed) {
   return std::max(needed, AlignBytes(capacity + capacity / 2));
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (data_ != nullptr) LogIfFailed("freeing device memory", cudaFree(data_));
+template <Memory kMemory>
+GrowOnlyBuffer<kMemory>::~GrowOnlyBuffer() {
+  if (data_ == nullptr) return;
+  if constexpr (kMemory == Memory::kDevice) {
+    LogIfFailed("freeing device memory", cudaFree(data_));
+  } else {
+    LogIfFailed("freeing pinned memory", cudaFreeHost(data_));
+  }
 }
 
-bool DeviceBuffer::Reserve(size_t bytes) {
+template <Memory kMemory>
+bool GrowOnlyBuffer<kMemory>::Reserve(size_t bytes) {
   if (bytes <= capacity_) return false;
   const size_t capacity = GrownCapacity(capacity_, bytes);
-  if (data_ != nullptr) EPS_CUDA_CHECK(cudaFree(data_));
-  data_ = nullptr;
-  capacity_ = 0;
-  EPS_CUDA_CHECK(cudaMalloc(&data_, capacity));
+  if constexpr (kMemory == Memory::kDevice) {
+    if (data_ != nullptr) EPS_CUDA_CHECK(cudaFree(data_));
+    data_ = nullptr;
+    capacity_ = 0;
+    EPS_CUDA_CHECK(cudaMalloc(&data_, capacity));
+  } else {
+    if (data_ != nullptr) EPS_CUDA_CHECK(cudaFreeHost(data_));
+    data_ = nullptr;
+    capacity_ = 0;
+    EPS_CUDA_CHECK(cudaMallocHost(&data_, capacity));
+  }
   capacity_ = capacity;
   return true;
 }
 
-PinnedBuffer::~PinnedBuffer() {
-  if (data_ != nullptr) LogIfFailed("freeing pinned memory", cudaFreeHost(data_));
-}
-
-bool PinnedBuffer::Reserve(size_t bytes) {
-  if (bytes <= capacity_) return false;
-  const size_t capacity = GrownCapacity(capacity_, bytes);
-  if (data_ != nullptr) EPS_CUDA_CHECK(cudaFreeHost(data_));
-  data_ = nullptr;
-  capacity_ = 0;
-  EPS_CUDA_CHECK(cudaMallocHost(&data_, capacity));
-  capacity_ = capacity;
-  return true;
-}
+template class GrowOnlyBuffer<Memory::kDevice>;
+template class GrowOnlyBuffer<Memory::kPinnedHost>;
 
 }  // namespace cuda
 }  // namespace eps

@@ -94,15 +94,20 @@ class CudaContext {
   cublasHandle_t cublas_ = nullptr;
 };
 
-// Device memory that only grows: Reserve keeps the allocation when it is
-// large enough. REQUIRES of Reserve: no work still in flight uses the buffer
+// Where a GrowOnlyBuffer lives: device memory, or page-locked host memory
+// (copies to and from the GPU then run asynchronously on the stream).
+enum class Memory { kDevice, kPinnedHost };
+
+// Memory that only grows: Reserve keeps the allocation when it is large
+// enough. REQUIRES of Reserve: no work still in flight uses the buffer
 // (reallocating frees the old memory).
-class DeviceBuffer {
+template <Memory kMemory>
+class GrowOnlyBuffer {
  public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  GrowOnlyBuffer() = default;
+  ~GrowOnlyBuffer();
+  GrowOnlyBuffer(const GrowOnlyBuffer&) = delete;
+  GrowOnlyBuffer& operator=(const GrowOnlyBuffer&) = delete;
 
   // Ensures room for `bytes`; the contents are lost when it grows. Returns
   // true when it grew.
@@ -121,28 +126,8 @@ class DeviceBuffer {
   size_t capacity_ = 0;
 };
 
-// Page-locked host memory, so that copies to and from the GPU run
-// asynchronously on the stream. Grows like DeviceBuffer.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer();
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  bool Reserve(size_t bytes);
-  size_t capacity() const { return capacity_; }
-
-  void* data() const { return data_; }
-  template <typename T>
-  T* as(size_t offset = 0) const {
-    return reinterpret_cast<T*>(static_cast<char*>(data_) + offset);
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t capacity_ = 0;
-};
+using DeviceBuffer = GrowOnlyBuffer<Memory::kDevice>;
+using PinnedBuffer = GrowOnlyBuffer<Memory::kPinnedHost>;
 
 // Capacity to allocate when `needed` bytes do not fit in `capacity`: at
 // least half again as much, so that slowly growing batches do not

@@ -63,8 +63,8 @@ double DlrmModel::ForwardBackward(const Batch& batch, const ParamBuffers& params
   predictions->resize(n);
   const std::span<const float> logit_span(logits, n);
   if (grads == nullptr) return SigmoidLogLoss(logit_span, batch.labels, *predictions, {});
-  std::vector<float> dlogits(n);
-  const double loss = SigmoidLogLoss(logit_span, batch.labels, *predictions, dlogits);
+  dlogits_.resize(n);
+  const double loss = SigmoidLogLoss(logit_span, batch.labels, *predictions, dlogits_);
 
   grads->resize(params.size());
   std::vector<float*> bottom_grads;
@@ -74,7 +74,7 @@ double DlrmModel::ForwardBackward(const Batch& batch, const ParamBuffers& params
     (l < top_first ? bottom_grads : top_grads).push_back((*grads)[l].data());
   }
   dtop_input_.resize(top_input_.size());
-  top_.Backward(dlogits.data(), top_weights, top_grads, dtop_input_.data());
+  top_.Backward(dlogits_.data(), top_weights, top_grads, dtop_input_.data());
 
   // z feeds the top MLP directly and through the dots.
   dz_.resize(static_cast<size_t>(n) * dim);

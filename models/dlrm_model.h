@@ -41,6 +41,7 @@ class DlrmModel : public Model {
   std::vector<float> top_input_;   // [n, d + (F+1)F/2]: z, then the dots
   std::vector<float> dtop_input_;
   std::vector<float> dz_;          // [n, d]
+  std::vector<float> dlogits_;    // [n]
 };
 
 }  // namespace eps

@@ -39,9 +39,9 @@ double LrModel::ForwardBackward(const Batch& batch, const ParamBuffers& params,
   logits_.resize(n);
   Eigen::Map<Eigen::VectorXf> logits(logits_.data(), n);
   logits.noalias() = x * v;
-  std::vector<float> field_sums(n);
-  SumFieldWeights(batch, w.data(), pooling_, field_sums.data());
-  for (int i = 0; i < n; ++i) logits[i] += field_sums[i] + bias;
+  field_sums_.resize(n);
+  SumFieldWeights(batch, w.data(), pooling_, field_sums_.data());
+  for (int i = 0; i < n; ++i) logits[i] += field_sums_[i] + bias;
 
   predictions->resize(n);
   if (grads == nullptr) return SigmoidLogLoss(logits_, batch.labels, *predictions, {});

@@ -30,6 +30,7 @@ class LrModel : public Model {
   const Pooling pooling_;
   std::vector<ParamSpec> params_;
   std::vector<float> logits_;
+  std::vector<float> field_sums_;
 };
 
 }  // namespace eps

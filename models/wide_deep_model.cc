@@ -72,20 +72,20 @@ double WideDeepModel::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   logits_.resize(n);
   Eigen::Map<Eigen::VectorXf> logits(logits_.data(), n);
   logits.noalias() = x * Eigen::Map<const Eigen::VectorXf>(wide_dense.data(), num_dense);
-  std::vector<float> wide_sum(n);
-  SumFieldWeights(batch, params[kWide].data(), pooling_, wide_sum.data());
+  wide_sum_.resize(n);
+  SumFieldWeights(batch, params[kWide].data(), pooling_, wide_sum_.data());
   if (fm_) {
     fm_out_.resize(n);
     FmForward(input_.data(), n, width, num_dense, num_fields, dim, fm_out_.data());
   }
   for (int i = 0; i < n; ++i) {
-    logits[i] += wide_sum[i] + wide_dense[num_dense] + deep[i] + (fm_ ? fm_out_[i] : 0.0f);
+    logits[i] += wide_sum_[i] + wide_dense[num_dense] + deep[i] + (fm_ ? fm_out_[i] : 0.0f);
   }
 
   predictions->resize(n);
   if (grads == nullptr) return SigmoidLogLoss(logits_, batch.labels, *predictions, {});
-  std::vector<float> dlogits(n);
-  const double loss = SigmoidLogLoss(logits_, batch.labels, *predictions, dlogits);
+  dlogits_.resize(n);
+  const double loss = SigmoidLogLoss(logits_, batch.labels, *predictions, dlogits_);
 
   grads->resize(params.size());
   std::vector<float>& g_wide = (*grads)[kWide];
@@ -94,8 +94,8 @@ double WideDeepModel::ForwardBackward(const Batch& batch, const ParamBuffers& pa
   g_wide.assign(params[kWide].size(), 0.0f);
   g_emb.assign(params[kEmb].size(), 0.0f);
   g_wide_dense.resize(num_dense + 1);
-  ScatterAddFieldWeights(batch, dlogits.data(), pooling_, g_wide.data());
-  Eigen::Map<const Eigen::VectorXf> dl(dlogits.data(), n);
+  ScatterAddFieldWeights(batch, dlogits_.data(), pooling_, g_wide.data());
+  Eigen::Map<const Eigen::VectorXf> dl(dlogits_.data(), n);
   Eigen::Map<Eigen::VectorXf>(g_wide_dense.data(), num_dense).noalias() = x.transpose() * dl;
   g_wide_dense[num_dense] = dl.sum();
 
@@ -105,8 +105,8 @@ double WideDeepModel::ForwardBackward(const Batch& batch, const ParamBuffers& pa
     layer_grads.push_back((*grads)[l].data());
   }
   dinput_.resize(input_.size());
-  deep_.Backward(dlogits.data(), weights, layer_grads, dinput_.data());
-  if (fm_) FmBackward(input_.data(), n, width, num_dense, num_fields, dim, dlogits.data(), dinput_.data());
+  deep_.Backward(dlogits_.data(), weights, layer_grads, dinput_.data());
+  if (fm_) FmBackward(input_.data(), n, width, num_dense, num_fields, dim, dlogits_.data(), dinput_.data());
   ScatterAddFields(batch, dinput_.data(), width, num_dense, dim, pooling_, g_emb.data());
   return loss;
 }

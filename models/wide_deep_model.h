@@ -43,7 +43,9 @@ class WideDeepModel : public Model {
   std::vector<float> input_;   // [n, D + F*d]: x then the field embeddings
   std::vector<float> dinput_;  // its gradient
   std::vector<float> logits_;
+  std::vector<float> wide_sum_;  // per example, the dim-1 field weights' sum
   std::vector<float> fm_out_;
+  std::vector<float> dlogits_;
 };
 
 }  // namespace eps

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/flags.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/process.h"
@@ -114,14 +113,7 @@ TEST(Checkpoint, ScheduledCheckpointsPauseTheWorkersAndLeaveTrainingUnchanged) {
   EXPECT_EQ(expected_id - 1, checkpoints["written"].get<uint64_t>());
 
   // The same model in one process: pausing changed nothing but time.
-  CommandLine command_line("test", "");
-  std::vector<std::string> args = {"test", "--config", config};
-  args.insert(args.end(), overrides.begin(), overrides.end());
-  std::vector<const char*> argv;
-  for (const std::string& arg : args) argv.push_back(arg.c_str());
-  StatusOr<JobConfig> parsed = command_line.Parse(static_cast<int>(argv.size()), argv.data());
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  StatusOr<SingleProcessResult> reference = TrainSingleProcess(*parsed);
+  StatusOr<SingleProcessResult> reference = TrainSingleProcess(config, overrides);
   ASSERT_TRUE(reference.ok()) << reference.status();
   const double auc = status["metrics"]["eval_auc"].get<double>();
   std::cout << "eval AUC with checkpoints " << auc << ", single process " << reference->eval_auc

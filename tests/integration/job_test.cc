@@ -16,7 +16,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "core/flags.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/process.h"
@@ -107,14 +106,7 @@ TEST(Job, DistributedRunMatchesSingleProcessAccuracy) {
   EXPECT_EQ(status["metrics"]["eval_records"].get<uint64_t>(), 20000u);
 
   // The same model through the same math code in one process.
-  CommandLine command_line("test", "");
-  std::vector<std::string> args = {"test", "--config", config};
-  for (const std::string& flag : DataFlags(dir)) args.push_back(flag);
-  std::vector<const char*> argv;
-  for (const std::string& arg : args) argv.push_back(arg.c_str());
-  StatusOr<JobConfig> parsed = command_line.Parse(static_cast<int>(argv.size()), argv.data());
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  StatusOr<SingleProcessResult> reference = TrainSingleProcess(*parsed);
+  StatusOr<SingleProcessResult> reference = TrainSingleProcess(config, DataFlags(dir));
   ASSERT_TRUE(reference.ok()) << reference.status();
 
   std::cout << "eval AUC: distributed " << distributed_auc << ", single process "
@@ -144,15 +136,7 @@ std::pair<double, double> TrainBothWays(const std::string& run_dir, const std::s
   EXPECT_EQ((*status)["records_malformed"].get<uint64_t>(), 0u);
   EXPECT_TRUE((*status)["ledger"][0]["exactly_once"].get<bool>()) << status->dump();
 
-  CommandLine command_line("test", "");
-  std::vector<std::string> args = {"test", "--config", config};
-  args.insert(args.end(), overrides.begin(), overrides.end());
-  std::vector<const char*> argv;
-  for (const std::string& arg : args) argv.push_back(arg.c_str());
-  StatusOr<JobConfig> parsed = command_line.Parse(static_cast<int>(argv.size()), argv.data());
-  EXPECT_TRUE(parsed.ok()) << parsed.status();
-  if (!parsed.ok()) return {0, 0};
-  StatusOr<SingleProcessResult> reference = TrainSingleProcess(*parsed);
+  StatusOr<SingleProcessResult> reference = TrainSingleProcess(config, overrides);
   EXPECT_TRUE(reference.ok()) << reference.status();
   if (!reference.ok()) return {0, 0};
   return {(*status)["metrics"]["eval_auc"].get<double>(), reference->eval_auc};

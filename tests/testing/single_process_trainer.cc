@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/data_schema.h"
+#include "core/flags.h"
 #include "core/logging.h"
 #include "core/placement.h"
 #include "master/data_set.h"
@@ -148,6 +149,17 @@ StatusOr<SingleProcessResult> TrainSingleProcess(const JobConfig& config) {
     result.eval_records = labels.size();
   }
   return result;
+}
+
+StatusOr<SingleProcessResult> TrainSingleProcess(const std::string& config_path,
+                                                 const std::vector<std::string>& overrides) {
+  CommandLine command_line("eps-train-local", "--config JOB.ini");
+  std::vector<std::string> args = {"eps-train-local", "--config", config_path};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  std::vector<const char*> argv;
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  ASSIGN_OR_RETURN(JobConfig config, command_line.Parse(static_cast<int>(argv.size()), argv.data()));
+  return TrainSingleProcess(config);
 }
 
 }  // namespace eps

@@ -11,6 +11,8 @@
 #define EPS_TESTS_TESTING_SINGLE_PROCESS_TRAINER_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/job_config.h"
 #include "core/status.h"
@@ -29,6 +31,12 @@ struct SingleProcessResult {
 // Trains `config` (job.epochs over data.train, then evaluates on
 // data.eval). Errors name the file that could not be read.
 StatusOr<SingleProcessResult> TrainSingleProcess(const JobConfig& config);
+
+// As above, for the job file `config_path` with --section.key=value
+// `overrides`, read as the binaries read them (kInvalidArgument naming a
+// bad option).
+StatusOr<SingleProcessResult> TrainSingleProcess(const std::string& config_path,
+                                                 const std::vector<std::string>& overrides);
 
 }  // namespace eps
 
