@@ -1433,10 +1433,11 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
     record.set_pause_ms(absl::ToDoubleMilliseconds(now - started));
     if (error.empty()) {
       update.PutCheckpoint(record);
-      kept_checkpoints_.push_back(id);
-      while (kept_checkpoints_.size() > static_cast<size_t>(options_.job.checkpoint.keep)) {
-        update.DeleteCheckpoint(kept_checkpoints_.front());
-        kept_checkpoints_.pop_front();
+      // The oldest ones beyond checkpoint.keep go with the same write (the
+      // list changes below, once the write succeeded).
+      const size_t keep = static_cast<size_t>(options_.job.checkpoint.keep);
+      for (size_t i = 0; i + keep < kept_checkpoints_.size() + 1; ++i) {
+        update.DeleteCheckpoint(kept_checkpoints_[i]);
       }
     }
   }
@@ -1450,6 +1451,10 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
   absl::MutexLock lock(&mu_);
   const json result = CheckpointJson(record);
   if (error.empty()) {
+    kept_checkpoints_.push_back(id);
+    while (kept_checkpoints_.size() > static_cast<size_t>(options_.job.checkpoint.keep)) {
+      kept_checkpoints_.pop_front();
+    }
     ++checkpoints_written_;
     checkpoint_pause_s_ += record.pause_ms() / 1000;
     checkpoint_results_[id] = result;
