@@ -198,6 +198,10 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("checkpoint.keep", &checkpoint.keep, "checkpoints each server keeps");
   v.Visit("checkpoint.restore", &checkpoint.restore,
           "checkpoint id a server restores before opening its store");
+  v.Visit("checkpoint.dir", &checkpoint.dir,
+          "where servers write checkpoints (shared storage for replacement servers)");
+  v.Visit("checkpoint.on_server_failure", &checkpoint.on_server_failure,
+          "rollback or continue");
 }
 
 Status JobConfig::Validate() const {
@@ -287,6 +291,8 @@ Status JobConfig::Validate() const {
 
   RETURN_IF_ERROR(CheckAtLeast("checkpoint.interval_s", checkpoint.interval_s, 1));
   RETURN_IF_ERROR(CheckAtLeast("checkpoint.keep", checkpoint.keep, 1));
+  RETURN_IF_ERROR(CheckOneOf("checkpoint.on_server_failure", checkpoint.on_server_failure,
+                             {"rollback", "continue"}));
   RETURN_IF_ERROR(CheckOneOf("ps.durability", ps.durability, {"flush", "every_push"}));
   return absl::OkStatus();
 }

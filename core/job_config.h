@@ -180,6 +180,17 @@ struct JobConfig {
     // Checkpoint id a server restores into its --data-dir before opening it;
     // empty restores nothing. Default empty.
     std::string restore;
+    // Where servers write checkpoints: DIR/ps-<server id>/<checkpoint id>.
+    // Shared storage lets a replacement server on a fresh --data-dir take
+    // over a dead server's partitions. Empty: each server's
+    // --data-dir/checkpoints. Default empty.
+    std::string dir;
+    // What a parameter server's death does: "rollback" restores every
+    // server and the data progress to the last complete checkpoint (nothing
+    // lost, nothing counted twice); "continue" restores only the dead
+    // server's partitions and keeps the rest (the updates those partitions
+    // took since the checkpoint are lost). Default "rollback".
+    std::string on_server_failure = "rollback";
   } checkpoint;
 
   // Calls `visitor` once for every option, in file order.

@@ -172,6 +172,8 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
       {"master.lease_ms", [](JobConfig& c) { c.master.lease_ms = c.master.heartbeat_ms; }},
       {"master.bind_host", [](JobConfig& c) { c.master.bind_host.clear(); }},
       {"checkpoint.interval_s", [](JobConfig& c) { c.checkpoint.interval_s = 0; }},
+      {"checkpoint.on_server_failure",
+       [](JobConfig& c) { c.checkpoint.on_server_failure = "retry"; }},
   };
   for (const BadCase& bad : cases) {
     SCOPED_TRACE(bad.option);
