@@ -162,16 +162,21 @@ void RpcChannel::Pump(absl::Time until) {
 }
 
 StatusOr<Message> RpcChannel::Wait(uint64_t id) {
+  return *WaitUntil(id, absl::InfiniteFuture());
+}
+
+std::optional<StatusOr<Message>> RpcChannel::WaitUntil(uint64_t id, absl::Time until) {
   auto it = calls_.find(id);
   if (it == calls_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown call id ", id));
   }
   while (!it->second.done) {
-    absl::Time until = absl::InfiniteFuture();
+    if (absl::Now() >= until) return std::nullopt;
+    absl::Time next = until;
     for (const auto& [other_id, call] : calls_) {
-      if (!call.done) until = std::min(until, call.deadline);
+      if (!call.done) next = std::min(next, call.deadline);
     }
-    Pump(until);
+    Pump(next);
     it = calls_.find(id);
   }
   StatusOr<Message> result = std::move(it->second.result);

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,10 @@ class RpcChannel {
   // an unknown id. Replies to other calls that arrive meanwhile are kept
   // for their own Wait. Each id may be waited for once.
   StatusOr<Message> Wait(uint64_t id);
+
+  // Wait, but only until `until`: the call's result once it finished, or
+  // nullopt while it is still running (wait again later, or Cancel it).
+  std::optional<StatusOr<Message>> WaitUntil(uint64_t id, absl::Time until);
 
   // Start + Wait.
   StatusOr<Message> Call(const std::string& endpoint, Message request, const CallOptions& options);

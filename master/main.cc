@@ -31,13 +31,8 @@ int main(int argc, char** argv) {
     std::cerr << "eps-master: " << config.status().message() << "\n";
     return 2;
   }
-  if (resume) {
-    std::cerr << "eps-master: --resume: resuming a stopped job from a checkpoint is not "
-                 "available in this version; a master restarted on the same --data-dir "
-                 "resumes a job it did not finish without --resume\n";
-    return 2;
-  }
   options.job = *std::move(config);
+  options.resume = resume;
   if (eps::Status valid = options.Validate(); !valid.ok()) {
     std::cerr << "eps-master: " << valid.message() << "\n";
     return 2;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <deque>
 #include <map>
 #include <random>
@@ -74,13 +75,15 @@ const char* PhaseName(Phase phase) {
   return "unknown";
 }
 
-enum class PeerState { kAlive, kDead, kLeft };
+// kFenced: a live worker sent away by a server recovery (it registers again).
+enum class PeerState { kAlive, kDead, kLeft, kFenced };
 
 const char* PeerStateName(PeerState state) {
   switch (state) {
     case PeerState::kAlive: return "alive";
     case PeerState::kDead: return "dead";
     case PeerState::kLeft: return "left";
+    case PeerState::kFenced: return "fenced";
   }
   return "unknown";
 }
@@ -107,6 +110,8 @@ struct ServerEntry {
   absl::Time last_seen;
   proto::ServerStats stats;
   bool told_to_exit = false;
+  // Heard from by this master (a restored entry is not, until it heartbeats).
+  bool seen = false;
 };
 
 // Options that must not change while a job's state lives in --data-dir, as
@@ -294,8 +299,28 @@ class Master::Impl {
   void AdvanceCheckpoint(RpcChannel& channel);
   // Has every server in `servers` write checkpoint `id`; one result each.
   std::vector<StatusOr<proto::ServerCheckpoint>> WriteServerCheckpoints(
-      RpcChannel& channel, uint64_t id,
+      RpcChannel& channel, uint64_t id, const std::vector<uint64_t>& keep,
       const std::vector<std::pair<uint32_t, std::string>>& servers);
+  // Sends make(id) to every server in `servers` and waits for all replies,
+  // watching leases meanwhile: the call to a server that dies (or restarts)
+  // is given up. Never holds mu_ across the calls.
+  std::vector<StatusOr<Message>> CallServers(
+      RpcChannel& channel, const std::vector<std::pair<uint32_t, std::string>>& servers,
+      const std::function<Message(uint32_t)>& make, absl::Duration timeout);
+
+  // Server recovery. A server's death (or restart) fences every worker and
+  // waits until its slot is filled again (the server restarted on its
+  // --data-dir, or a fresh one); then every server (rollback) or the lost
+  // ones (continue) restore the last complete checkpoint, with rollback the
+  // data progress returns to it, and the workers register again.
+  void StartRecovery(uint32_t server, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceRecovery(RpcChannel& channel);
+  // Returns the data progress (pass, shards, ledger, counts) to the
+  // checkpoint's.
+  Status ApplyCheckpoint(const proto::CheckpointRecord& checkpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resume (--resume): every server slot must be filled again and restored.
+  Status ResumeFromCheckpoint(const MasterSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   json CheckpointJson(const proto::CheckpointRecord& record) const;
   bool JobOver() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return phase_ == Phase::kFinished || phase_ == Phase::kFailed;
@@ -412,6 +437,26 @@ class Master::Impl {
   double checkpoint_pause_s_ ABSL_GUARDED_BY(mu_) = 0;  // total, over every round
   // Outcome of recent rounds by id: the record's JSON, or {"error": ...}.
   std::map<uint64_t, json> checkpoint_results_ ABSL_GUARDED_BY(mu_);
+  // The newest complete checkpoint: what a recovery restores. Checkpoint 0
+  // is the job as training starts: no server holds a row yet, so it needs
+  // no server's part (restoring it empties a server) and no pause.
+  std::optional<proto::CheckpointRecord> last_checkpoint_ ABSL_GUARDED_BY(mu_);
+  // A checkpoint record for the next Persist().
+  std::optional<proto::CheckpointRecord> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
+  // Stopped by RequestStop: resumable with --resume.
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Server recovery in progress.
+  struct Recovery {
+    std::string why;
+    absl::Time started;
+    bool rollback = true;         // every server restores, and the data progress
+    std::set<uint32_t> restore;   // the slots whose server was lost
+    absl::Time last_log;
+  };
+  std::optional<Recovery> recovery_ ABSL_GUARDED_BY(mu_);
+  uint64_t recoveries_ ABSL_GUARDED_BY(mu_) = 0;
+  json last_recovery_ ABSL_GUARDED_BY(mu_);
 };
 
 Status Master::Impl::Start() {
@@ -439,6 +484,10 @@ Status Master::Impl::Start() {
     absl::MutexLock lock(&mu_);
     if (snapshot.has_value()) {
       RETURN_IF_ERROR(Restore(*snapshot));
+    } else if (options_.resume) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--resume: --data-dir ", options_.data_dir,
+                       " holds no job to resume; start the job without --resume"));
     } else {
       std::random_device random;
       job_spec_.set_job_id(absl::StrFormat("%08x%08x%08x%08x", random(), random(), random(),
@@ -466,19 +515,29 @@ Status Master::Impl::Restore(const MasterSnapshot& snapshot) {
         " differ from this config; resume it with the same config, or use a fresh --data-dir"));
   }
   last_checkpoint_id_ = record.last_checkpoint_id();
+  // Ascending ids: the last one is the newest. A checkpoint interrupted by a
+  // crash has no record and is not among them.
   for (const auto& [id, checkpoint] : snapshot.checkpoints) {
+    last_checkpoint_ = checkpoint;
+    if (id == 0) continue;  // the start of training, not a written one
     kept_checkpoints_.push_back(id);
     last_checkpoint_id_ = std::max(last_checkpoint_id_, id);
     checkpoint_results_[id] = CheckpointJson(checkpoint);
   }
   checkpoints_written_ = kept_checkpoints_.size();
   const Phase phase = static_cast<Phase>(record.phase());
-  if (phase == Phase::kFinished || phase == Phase::kFailed) {
+  if (phase == Phase::kFinished || (phase == Phase::kFailed && !record.stopped())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the job in --data-dir ", options_.data_dir, " is over (",
         phase == Phase::kFinished ? "finished" : absl::StrCat("failed: ", record.failure()),
         "); see ", (std::filesystem::path(options_.data_dir) / "final_status.json").string(),
         ", or use a fresh --data-dir to train again"));
+  }
+  if (record.stopped() && !options_.resume) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job in --data-dir ", options_.data_dir, " was stopped (", record.failure(),
+        "); continue it from its last checkpoint with eps-master --resume, or use a fresh "
+        "--data-dir to train again"));
   }
   resumed_ = true;
   job_spec_.set_job_id(record.job_id());
@@ -505,6 +564,7 @@ Status Master::Impl::Restore(const MasterSnapshot& snapshot) {
   malformed_examples_.assign(record.malformed_examples().begin(),
                              record.malformed_examples().end());
   epoch_ = record.epoch();
+  if (options_.resume) return ResumeFromCheckpoint(snapshot);
   if (phase == Phase::kScanning) {
     // Nothing was handed out yet: scan again.
     LOG(INFO) << "resuming the job in " << options_.data_dir << " before its data was scanned";
@@ -556,6 +616,54 @@ Status Master::Impl::Restore(const MasterSnapshot& snapshot) {
                                      {"epoch", epoch_ + 1},
                                      {"shards_done", tracker_->done()},
                                      {"records_trained", records_trained_}});
+  if (record.recovering()) {
+    // The servers may hold a checkpoint's state already, the saved progress
+    // not: restore both again.
+    LOG(WARNING) << "the previous master was restoring the job from a checkpoint; doing it again";
+    recovery_ = Recovery{.why = "the master restarted during a recovery",
+                         .started = absl::Now(),
+                         .rollback = true,
+                         .restore = {},
+                         .last_log = absl::Now()};
+    ++recoveries_;
+  }
+  return absl::OkStatus();
+}
+
+Status Master::Impl::ResumeFromCheckpoint(const MasterSnapshot& snapshot) {
+  if (!last_checkpoint_.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--resume: the job in --data-dir ", options_.data_dir,
+        " has no checkpoint to continue from: it stopped before training started; start it "
+        "again without --resume (a fresh --data-dir)"));
+  }
+  stopped_ = false;
+  failure_.clear();
+  master_dirty_ = true;
+  train_data_ = FromRecord(snapshot.train);
+  eval_data_ = FromRecord(snapshot.eval);
+  data_ready_ = true;
+  phase_ = static_cast<Phase>(last_checkpoint_->master().phase());
+  epoch_ = last_checkpoint_->master().epoch();
+  // Every worker of the earlier run is fenced: none of its pushes may land
+  // on a restored server.
+  for (uint32_t id = 0; id < next_worker_id_; ++id) {
+    if (!std::binary_search(fenced_.begin(), fenced_.end(), id)) FenceWorker(id, "resumed");
+  }
+  recovery_ = Recovery{.why = "resuming the stopped job",
+                       .started = absl::Now(),
+                       .rollback = true,
+                       .restore = {},
+                       .last_log = absl::Now()};
+  ++recoveries_;
+  LOG(INFO) << "resuming the job in " << options_.data_dir << " from checkpoint "
+            << last_checkpoint_->id() << " (epoch " << epoch_ + 1 << ", "
+            << last_checkpoint_->master().records_trained() << " records trained); waiting for its "
+            << servers_.size() << " server(s) to register again";
+  events_->Record("job_resuming", {{"checkpoint", last_checkpoint_->id()},
+                                   {"epoch", epoch_ + 1},
+                                   {"records_trained",
+                                    last_checkpoint_->master().records_trained()}});
   return absl::OkStatus();
 }
 
@@ -690,6 +798,8 @@ proto::MasterRecord Master::Impl::MasterRecordNow() const {
   for (const std::string& example : malformed_examples_) record.add_malformed_examples(example);
   if (tracker_) record.set_shards_in_pass(tracker_->num_shards());
   record.set_last_checkpoint_id(last_checkpoint_id_);
+  record.set_stopped(stopped_);
+  record.set_recovering(recovery_.has_value());
   return record;
 }
 
@@ -699,9 +809,11 @@ void Master::Impl::Persist() {
   {
     absl::MutexLock lock(&mu_);
     if (!master_dirty_ && dirty_shards_.empty() && !clear_pass_ && !data_dirty_ &&
-        pending_eval_.empty()) {
+        pending_eval_.empty() && !pending_checkpoint_.has_value()) {
       return;
     }
+    if (pending_checkpoint_.has_value()) update.PutCheckpoint(*std::move(pending_checkpoint_));
+    pending_checkpoint_.reset();
     master_dirty_ = false;
     if (clear_pass_) update.ClearPass();
     clear_pass_ = false;
@@ -804,6 +916,7 @@ void Master::Impl::JobLoop() {
     }
     PropagateFences(fence_channel);
     AdvanceCheckpoint(fence_channel);
+    AdvanceRecovery(fence_channel);
     Persist();
     Status flushed = events_->Flush();
     if (!flushed.ok()) LOG(WARNING) << flushed;
@@ -835,18 +948,79 @@ void Master::Impl::CheckLeases(absl::Time now) {
     }
     if (!JobOver()) FenceWorker(id, "lease expired");
   }
+  std::vector<uint32_t> lost;
   for (auto& [id, server] : servers_) {
     if (server.state != PeerState::kAlive || now - server.last_seen <= lease) continue;
     server.state = PeerState::kDead;
     ++membership_epoch_;
-    LOG(ERROR) << "ps[" << id << "] at " << server.endpoint << " missed its lease";
-    events_->Record("server_dead", {{"server", id}, {"endpoint", server.endpoint}});
-    if (!JobOver()) {
-      Fail(absl::StrCat("parameter server ps[", id, "] at ", server.endpoint,
-                        " stopped heartbeating; its parameters are lost (server recovery "
-                        "needs checkpoints, not available in this version)"));
+    master_dirty_ = true;
+    LOG(ERROR) << "ps[" << id << "] at " << server.endpoint << " missed its lease ("
+               << options_.job.master.lease_ms << " ms): dead";
+    events_->Record("server_dead", {{"server", id},
+                                    {"endpoint", server.endpoint},
+                                    {"silent_ms", absl::ToInt64Milliseconds(now - server.last_seen)}});
+    lost.push_back(id);
+  }
+  for (uint32_t id : lost) {
+    if (cluster_map_.version() == 0) {
+      // Nothing placed on it yet: another server may simply take its place.
+      servers_.erase(id);
+      continue;
+    }
+    StartRecovery(id, absl::StrCat("ps[", id, "] stopped heartbeating"));
+  }
+}
+
+void Master::Impl::StartRecovery(uint32_t server, const std::string& why) {
+  if (JobOver()) return;
+  if (!last_checkpoint_.has_value()) {
+    // Training has not started: nothing is lost. A server that takes the
+    // slot (MaybePlaceServers waits for one) is all it takes.
+    LOG(WARNING) << why << " before training started; waiting for a server to take its place";
+    return;
+  }
+  const absl::Time now = absl::Now();
+  if (!recovery_.has_value()) {
+    recovery_ = Recovery{.why = why,
+                         .started = now,
+                         .rollback = options_.job.checkpoint.on_server_failure == "rollback",
+                         .restore = {},
+                         .last_log = now};
+    ++recoveries_;
+    LOG(WARNING) << why << ": restoring "
+                 << (recovery_->rollback ? "the job" : absl::StrCat("ps[", server, "]"))
+                 << " from checkpoint " << last_checkpoint_->id() << " (checkpoint.on_server_failure = "
+                 << options_.job.checkpoint.on_server_failure
+                 << ") once a server takes its place: restart it on its --data-dir, or start an "
+                    "eps-server on a fresh --data-dir"
+                 << (options_.job.checkpoint.dir.empty() ? " that can read its checkpoint path"
+                                                         : "");
+    events_->Record("recovery_started", {{"server", server},
+                                         {"reason", why},
+                                         {"checkpoint", last_checkpoint_->id()},
+                                         {"mode", options_.job.checkpoint.on_server_failure}});
+    // No worker may push until the servers are restored: all register again.
+    for (auto& [id, worker] : workers_) {
+      if (worker.state != PeerState::kAlive) continue;
+      worker.state = PeerState::kFenced;
+      if (worker.records_pushed > worker.records) {
+        records_retrained_ += worker.records_pushed - worker.records;
+      }
+      FenceWorker(id, why);
+    }
+    // A round still waiting for workers to pause will not see them again.
+    if (round_.has_value() && !round_->writing) {
+      const std::string error = absl::StrCat("abandoned: ", why);
+      events_->Record("checkpoint_failed", {{"checkpoint", round_->id}, {"error", error}});
+      checkpoint_results_[round_->id] = {{"checkpoint", round_->id}, {"error", error}};
+      ++checkpoints_failed_;
+      round_.reset();
     }
   }
+  recovery_->restore.insert(server);
+  ++membership_epoch_;
+  master_dirty_ = true;
+  changed_.SignalAll();
 }
 
 void Master::Impl::FenceWorker(uint32_t id, const std::string& why) {
@@ -948,7 +1122,9 @@ void Master::Impl::MaybePlaceServers() {
   // Placement and the data scan finish in either order (servers usually
   // register while a large data set is still being scanned); training
   // starts on whichever comes second.
-  if (data_ready_ && phase_ == Phase::kScanning) StartEpoch(0);
+  bool all_alive = true;
+  for (const auto& [id, server] : servers_) all_alive &= server.state == PeerState::kAlive;
+  if (data_ready_ && phase_ == Phase::kScanning && all_alive) StartEpoch(0);
 }
 
 std::vector<uint32_t> Master::Impl::EpochOrder(uint32_t epoch, size_t shards) const {
@@ -981,6 +1157,18 @@ void Master::Impl::StartEpoch(uint32_t epoch) {
   clear_pass_ = true;
   dirty_shards_.clear();
   MarkAllShards();
+  if (epoch == 0 && !last_checkpoint_.has_value()) {
+    // Checkpoint 0: nothing trained, every server empty.
+    proto::CheckpointRecord start;
+    start.set_id(0);
+    *start.mutable_master() = MasterRecordNow();
+    for (uint64_t shard = 0; shard < tracker_->num_shards(); ++shard) {
+      *start.add_shards() = tracker_->ToRecord(shard);
+    }
+    start.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+    last_checkpoint_ = start;
+    pending_checkpoint_ = std::move(start);
+  }
   LOG(INFO) << "epoch " << epoch + 1 << "/" << options_.job.job.epochs << ": "
             << train_data_.shards.size() << " shards, " << train_data_.records << " records";
   events_->Record("epoch_started", {{"epoch", epoch + 1}, {"shards", train_data_.shards.size()}});
@@ -1232,36 +1420,95 @@ Status Master::Impl::HandleRegisterServer(const Message& request, Message* reply
   if (JobOver()) {
     return absl::FailedPreconditionError("the job is over");
   }
+  auto answer = [&](uint32_t id) {
+    reply->header().mutable_register_server_reply()->set_server_id(id);
+    *reply->header().mutable_register_server_reply()->mutable_job() = job_spec_;
+    return absl::OkStatus();
+  };
   for (auto& [id, server] : servers_) {
-    if (server.endpoint == body.endpoint() && server.state == PeerState::kAlive) {
-      // A retried registration: answer the same.
-      reply->header().mutable_register_server_reply()->set_server_id(id);
-      *reply->header().mutable_register_server_reply()->mutable_job() = job_spec_;
-      return absl::OkStatus();
+    if (server.endpoint == body.endpoint() && server.pid == body.pid() &&
+        server.state == PeerState::kAlive && server.seen) {
+      return answer(id);  // a retried registration: answer the same
     }
   }
-  if (servers_.size() >= static_cast<size_t>(options_.job.ps.num_servers)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the job already has its ", options_.job.ps.num_servers,
-        " server(s) (ps.num_servers); adding servers to a running job is not supported yet"));
+  const absl::Time now = absl::Now();
+  std::optional<uint32_t> slot;
+  bool restarted = false;
+  if (body.has_stored_server_id()) {
+    // A server restarted on its --data-dir takes its own slot back.
+    slot = body.stored_server_id();
+    auto it = servers_.find(*slot);
+    if (it == servers_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the server's --data-dir says it was ps[", *slot, "] of this job, which has no such "
+          "server; give it a fresh --data-dir"));
+    }
+    if (it->second.state == PeerState::kAlive && it->second.seen) {
+      // Back before its lease ran out: what it held since its last flush
+      // is gone all the same.
+      it->second.state = PeerState::kDead;
+      restarted = true;
+      LOG(ERROR) << "ps[" << *slot << "] restarted (pid " << it->second.pid << " -> " << body.pid()
+                 << "): its parameters since the last checkpoint are lost";
+      events_->Record("server_dead", {{"server", *slot},
+                                      {"endpoint", it->second.endpoint},
+                                      {"reason", "restarted"}});
+      StartRecovery(*slot, absl::StrCat("ps[", *slot, "] restarted"));
+      if (JobOver()) return absl::FailedPreconditionError(absl::StrCat("the job failed: ", failure_));
+    }
+  } else if (cluster_map_.version() == 0 &&
+             servers_.size() < static_cast<size_t>(options_.job.ps.num_servers)) {
+    slot = next_server_id_++;
+  } else {
+    // A fresh server takes the place of a dead one.
+    for (const auto& [id, server] : servers_) {
+      if (server.state != PeerState::kAlive) {
+        slot = id;
+        break;
+      }
+    }
+    if (!slot.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job already has its ", options_.job.ps.num_servers,
+          " server(s) (ps.num_servers), all alive; adding servers to a running job is not "
+          "supported yet"));
+    }
   }
-  const uint32_t id = next_server_id_++;
+  const bool replaces = servers_.contains(*slot);
   master_dirty_ = true;
-  ServerEntry& server = servers_[id];
+  ServerEntry& server = servers_[*slot];
+  server = ServerEntry();
   server.endpoint = body.endpoint();
   server.host = body.hostname();
   server.pid = body.pid();
-  server.last_seen = absl::Now();
+  server.last_seen = now;
+  server.seen = true;
   ++membership_epoch_;
-  LOG(INFO) << "ps[" << id << "] registered: " << body.endpoint() << " (" << body.hostname()
-            << " pid " << body.pid() << "), " << servers_.size() << "/"
-            << options_.job.ps.num_servers;
-  events_->Record("server_registered",
-                  {{"server", id}, {"endpoint", body.endpoint()}, {"host", body.hostname()}});
-  reply->header().mutable_register_server_reply()->set_server_id(id);
-  *reply->header().mutable_register_server_reply()->mutable_job() = job_spec_;
+  if (replaces) {
+    // The slot's partitions now live at the new endpoint; the new process
+    // has not heard of any fenced worker yet.
+    for (proto::ServerInfo& info : *cluster_map_.mutable_servers()) {
+      if (info.id() == *slot) info.set_endpoint(body.endpoint());
+    }
+    if (cluster_map_.version() != 0) cluster_map_.set_version(cluster_map_.version() + 1);
+    fences_acknowledged_ = 0;
+    if (recovery_.has_value()) recovery_->restore.insert(*slot);
+    LOG(INFO) << "ps[" << *slot << "] is back: " << body.endpoint() << " (" << body.hostname()
+              << " pid " << body.pid() << ", "
+              << (body.has_stored_server_id() ? "its own --data-dir" : "a fresh --data-dir") << ")";
+  } else {
+    LOG(INFO) << "ps[" << *slot << "] registered: " << body.endpoint() << " (" << body.hostname()
+              << " pid " << body.pid() << "), " << servers_.size() << "/"
+              << options_.job.ps.num_servers;
+  }
+  events_->Record("server_registered", {{"server", *slot},
+                                        {"endpoint", body.endpoint()},
+                                        {"host", body.hostname()},
+                                        {"replaces", replaces},
+                                        {"restarted", restarted},
+                                        {"fresh_data_dir", !body.has_stored_server_id()}});
   MaybePlaceServers();
-  return absl::OkStatus();
+  return answer(*slot);
 }
 
 Status Master::Impl::HandleRegisterWorker(const Message& request, Message* reply) {
@@ -1294,7 +1541,7 @@ Status Master::Impl::HandleRegisterWorker(const Message& request, Message* reply
 }
 
 void Master::Impl::MaybeStartCheckpoint(absl::Time now) {
-  if (round_.has_value() || JobOver() || phase_ != Phase::kTraining ||
+  if (round_.has_value() || recovery_.has_value() || JobOver() || phase_ != Phase::kTraining ||
       cluster_map_.version() == 0) {
     return;
   }
@@ -1308,26 +1555,66 @@ void Master::Impl::MaybeStartCheckpoint(absl::Time now) {
   changed_.SignalAll();
 }
 
-std::vector<StatusOr<proto::ServerCheckpoint>> Master::Impl::WriteServerCheckpoints(
-    RpcChannel& channel, uint64_t id, const std::vector<std::pair<uint32_t, std::string>>& servers) {
+std::vector<StatusOr<Message>> Master::Impl::CallServers(
+    RpcChannel& channel, const std::vector<std::pair<uint32_t, std::string>>& servers,
+    const std::function<Message(uint32_t)>& make, absl::Duration timeout) {
   CallOptions call;
-  call.attempt_timeout = absl::Seconds(600);
+  call.attempt_timeout = timeout;
   call.max_attempts = 1;
   std::vector<uint64_t> calls;
-  for (const auto& [server_id, endpoint] : servers) {
-    Message request;
-    request.header().set_method(proto::CHECKPOINT);
-    request.header().mutable_checkpoint_request()->set_checkpoint_id(id);
-    calls.push_back(channel.Start(endpoint, std::move(request), call));
+  for (const auto& [id, endpoint] : servers) calls.push_back(channel.Start(endpoint, make(id), call));
+  std::vector<std::optional<StatusOr<Message>>> results(servers.size());
+  size_t left = servers.size();
+  while (left > 0) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (results[i].has_value()) continue;
+      results[i] = channel.WaitUntil(calls[i], absl::Now() + absl::Milliseconds(20));
+      if (results[i].has_value()) --left;
+    }
+    if (left == 0) break;
+    // Leases run on while servers work (a checkpoint of a large table takes
+    // a while): a server that dies meanwhile is not waited for.
+    absl::MutexLock lock(&mu_);
+    CheckLeases(absl::Now());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (results[i].has_value()) continue;
+      auto server = servers_.find(servers[i].first);
+      if (server != servers_.end() && server->second.state == PeerState::kAlive &&
+          server->second.endpoint == servers[i].second) {
+        continue;
+      }
+      channel.Cancel(calls[i]);
+      results[i] = absl::UnavailableError(
+          absl::StrCat("ps[", servers[i].first, "] at ", servers[i].second, " died before it answered"));
+      --left;
+    }
   }
+  std::vector<StatusOr<Message>> out;
+  for (auto& result : results) out.push_back(*std::move(result));
+  return out;
+}
+
+std::vector<StatusOr<proto::ServerCheckpoint>> Master::Impl::WriteServerCheckpoints(
+    RpcChannel& channel, uint64_t id, const std::vector<uint64_t>& keep,
+    const std::vector<std::pair<uint32_t, std::string>>& servers) {
+  std::vector<StatusOr<Message>> replies = CallServers(
+      channel, servers,
+      [&](uint32_t) {
+        Message request;
+        request.header().set_method(proto::CHECKPOINT);
+        proto::CheckpointRequest* body = request.header().mutable_checkpoint_request();
+        body->set_checkpoint_id(id);
+        for (uint64_t kept : keep) body->add_keep_ids(kept);
+        return request;
+      },
+      absl::Seconds(600));
   std::vector<StatusOr<proto::ServerCheckpoint>> results;
-  for (size_t i = 0; i < calls.size(); ++i) {
-    StatusOr<Message> reply = channel.Wait(calls[i]);
-    if (!reply.ok()) {
-      results.push_back(Annotate(reply.status(), absl::StrCat("ps[", servers[i].first, "]")));
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (!replies[i].ok()) {
+      results.push_back(Annotate(replies[i].status(), absl::StrCat("ps[", servers[i].first, "]")));
       continue;
     }
-    const proto::CheckpointReply& body = reply->header().checkpoint_reply();
+    const proto::CheckpointReply& body = replies[i]->header().checkpoint_reply();
     proto::ServerCheckpoint part;
     part.set_server_id(servers[i].first);
     part.set_path(body.path());
@@ -1360,6 +1647,7 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
   absl::Time started;
   const absl::Time writing = absl::Now();
   std::vector<std::pair<uint32_t, std::string>> servers;
+  std::vector<uint64_t> keep;  // what the servers keep besides this one
   {
     absl::MutexLock lock(&mu_);
     if (!round_.has_value() || round_->writing) return;
@@ -1396,6 +1684,12 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
     round_->writing = true;
     id = round_->id;
     started = round_->started;
+    // The newest checkpoint.keep - 1 complete ones stay with the new one.
+    const size_t keep_others = static_cast<size_t>(options_.job.checkpoint.keep) - 1;
+    for (size_t i = kept_checkpoints_.size() > keep_others ? kept_checkpoints_.size() - keep_others : 0;
+         i < kept_checkpoints_.size(); ++i) {
+      keep.push_back(kept_checkpoints_[i]);
+    }
     for (const auto& [server_id, server] : servers_) {
       if (server.state == PeerState::kAlive) servers.emplace_back(server_id, server.endpoint);
     }
@@ -1405,7 +1699,7 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
   // never starts a round of an id a server may hold a partial copy of.
   Persist();
   // No push is in flight: the servers' state is the ledger's.
-  std::vector<StatusOr<proto::ServerCheckpoint>> parts = WriteServerCheckpoints(channel, id, servers);
+  std::vector<StatusOr<proto::ServerCheckpoint>> parts = WriteServerCheckpoints(channel, id, keep, servers);
 
   StateUpdate update;
   std::string error = servers.empty() ? "no live server" : "";
@@ -1456,6 +1750,7 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
       kept_checkpoints_.pop_front();
     }
     ++checkpoints_written_;
+    last_checkpoint_ = record;
     checkpoint_pause_s_ += record.pause_ms() / 1000;
     checkpoint_results_[id] = result;
     events_->Record("checkpoint", result);
@@ -1471,6 +1766,173 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
   round_.reset();
   next_checkpoint_ = absl::Now() + absl::Seconds(options_.job.checkpoint.interval_s);
   changed_.SignalAll();
+}
+
+void Master::Impl::AdvanceRecovery(RpcChannel& channel) {
+  std::vector<std::pair<uint32_t, std::string>> targets;
+  proto::CheckpointRecord checkpoint;
+  bool rollback = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!recovery_.has_value() || JobOver()) return;
+    const absl::Time now = absl::Now();
+    std::vector<uint32_t> missing;
+    for (const auto& [id, server] : servers_) {
+      if (server.state != PeerState::kAlive || !server.seen) missing.push_back(id);
+    }
+    const bool fencing = !awaiting_fence_.empty() || fences_acknowledged_ < fenced_.size();
+    if (!missing.empty() || fencing) {
+      if (now - recovery_->last_log >= absl::Seconds(options_.job.job.progress_interval_s)) {
+        recovery_->last_log = now;
+        LOG(WARNING) << recovery_->why << " "
+                     << absl::FormatDuration(absl::Trunc(now - recovery_->started, absl::Seconds(1)))
+                     << " ago; "
+                     << (missing.empty()
+                             ? std::string("fencing the workers at every server")
+                             : absl::StrCat("waiting for ps[", absl::StrJoin(missing, "], ps["),
+                                            "] (restart each on its --data-dir, or start an "
+                                            "eps-server on a fresh --data-dir in its place)"));
+      }
+      return;
+    }
+    checkpoint = *last_checkpoint_;
+    rollback = recovery_->rollback;
+    for (const auto& [id, server] : servers_) {
+      if (rollback || recovery_->restore.contains(id)) targets.emplace_back(id, server.endpoint);
+    }
+  }
+  Persist();  // the recovery is on record before any server changes
+
+  std::map<uint32_t, std::string> paths;  // none for checkpoint 0: empty servers
+  for (const proto::ServerCheckpoint& part : checkpoint.servers()) {
+    paths[part.server_id()] = part.path();
+  }
+  for (const auto& [id, endpoint] : targets) {
+    if (checkpoint.id() != 0 && !paths.contains(id)) {
+      absl::MutexLock lock(&mu_);
+      Fail(absl::StrCat("checkpoint ", checkpoint.id(), " has no part of ps[", id, "]"));
+      return;
+    }
+  }
+  const absl::Time restoring = absl::Now();
+  std::vector<StatusOr<Message>> replies = CallServers(
+      channel, targets,
+      [&](uint32_t id) {
+        Message request;
+        request.header().set_method(proto::RESTORE);
+        proto::RestoreRequest* body = request.header().mutable_restore_request();
+        body->set_checkpoint_id(checkpoint.id());
+        body->set_path(paths[id]);
+        return request;
+      },
+      absl::Seconds(600));
+
+  {
+    absl::MutexLock lock(&mu_);
+    if (!recovery_.has_value() || JobOver()) return;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < replies.size(); ++i) {
+      if (replies[i].ok()) {
+        bytes += replies[i]->header().restore_reply().bytes();
+        continue;
+      }
+      const Status& error = replies[i].status();
+      auto server = servers_.find(targets[i].first);
+      const bool gone = server == servers_.end() || server->second.state != PeerState::kAlive ||
+                        server->second.endpoint != targets[i].second;
+      // A server still starting, one that died meanwhile or a lost reply:
+      // the recovery goes on (restoring again is harmless).
+      if (gone || ReasonOf(error) == proto::NOT_READY || absl::IsDeadlineExceeded(error)) {
+        VLOG(1) << "restoring ps[" << targets[i].first << "]: " << error << "; trying again";
+        return;
+      }
+      Fail(absl::StrCat("cannot restore ps[", targets[i].first, "] to checkpoint ",
+                        checkpoint.id(), ": ", error.message(),
+                        paths[targets[i].first].empty()
+                            ? ""
+                            : absl::StrCat(" (its part is at ", paths[targets[i].first],
+                                           "; a replacement server must be able to read it: "
+                                           "set checkpoint.dir to shared storage)")));
+      return;
+    }
+    const uint64_t trained_before = records_trained_;
+    if (rollback) {
+      Status applied = ApplyCheckpoint(checkpoint);
+      if (!applied.ok()) {
+        Fail(absl::StrCat("cannot return to checkpoint ", checkpoint.id(), ": ", applied.message()));
+        return;
+      }
+    }
+    const absl::Time now = absl::Now();
+    std::vector<uint32_t> restored;
+    for (const auto& [id, endpoint] : targets) restored.push_back(id);
+    last_recovery_ = {{"reason", recovery_->why},
+                      {"checkpoint", checkpoint.id()},
+                      {"mode", rollback ? "rollback" : "continue"},
+                      {"servers_restored", restored},
+                      {"bytes", bytes},
+                      {"records_rolled_back", trained_before - records_trained_},
+                      {"restore_ms", absl::ToDoubleMilliseconds(now - restoring)},
+                      {"took_ms", absl::ToDoubleMilliseconds(now - recovery_->started)}};
+    LOG(INFO) << "recovered (" << recovery_->why << "): ps[" << absl::StrJoin(restored, "], ps[")
+              << "] restored to checkpoint " << checkpoint.id() << " in "
+              << absl::FormatDuration(absl::Trunc(now - restoring, absl::Milliseconds(1)))
+              << (rollback ? absl::StrCat(", ", trained_before - records_trained_,
+                                          " records to train again")
+                           : std::string(", the other servers keep their state"))
+              << "; " << absl::FormatDuration(absl::Trunc(now - recovery_->started,
+                                                          absl::Milliseconds(100)))
+              << " since the failure";
+    events_->Record("recovered", last_recovery_);
+    recovery_.reset();
+    ++membership_epoch_;
+    master_dirty_ = true;
+    changed_.SignalAll();
+  }
+  Persist();
+}
+
+Status Master::Impl::ApplyCheckpoint(const proto::CheckpointRecord& checkpoint) {
+  const proto::MasterRecord& saved = checkpoint.master();
+  std::vector<proto::ShardRecord> shards(checkpoint.shards().begin(), checkpoint.shards().end());
+  const Phase phase = static_cast<Phase>(saved.phase());
+  if (phase != Phase::kTraining) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint.id(), " was taken while ",
+                                            PhaseName(phase), ", not training"));
+  }
+  ASSIGN_OR_RETURN(ShardTracker tracker,
+                   ShardTracker::FromRecords(shards, EpochOrder(saved.epoch(), train_data_.shards.size())));
+  if (tracker_) reassignments_ += tracker_->reassignments();
+  if (records_trained_ > saved.records_trained()) {
+    records_retrained_ += records_trained_ - saved.records_trained();
+  }
+  phase_ = phase;
+  epoch_ = saved.epoch();
+  records_trained_ = saved.records_trained();
+  records_malformed_ = saved.records_malformed();
+  malformed_examples_.assign(saved.malformed_examples().begin(), saved.malformed_examples().end());
+  ledger_.assign(saved.ledger().begin(), saved.ledger().end());
+  eval_auc_.reset();
+  eval_logloss_.reset();
+  eval_results_.clear();
+  eval_records_ = 0;
+  pending_eval_ = StateUpdate();
+  tracker_ = std::make_unique<ShardTracker>(std::move(tracker));
+  // The saved total counts this pass's splits, which the tracker holds.
+  splits_ = saved.splits() >= tracker_->splits() ? saved.splits() - tracker_->splits() : 0;
+  clear_pass_ = true;
+  dirty_shards_.clear();
+  MarkAllShards();
+  master_dirty_ = true;
+  // The shards in progress at the checkpoint go back to the queue from
+  // where they were then; their holders are fenced everywhere by now.
+  std::set<uint32_t> holders;
+  for (uint64_t id = 0; id < tracker_->num_shards(); ++id) {
+    const ShardTracker::Shard& shard = tracker_->shard(id);
+    if (shard.state == ShardTracker::State::kDoing) holders.insert(shard.holder);
+  }
+  for (uint32_t holder : holders) ReleaseShardsOf(holder, "rolled back");
+  return absl::OkStatus();
 }
 
 Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
@@ -1506,6 +1968,8 @@ Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
                              proto::FENCED);
     }
     it->second.last_seen = absl::Now();
+    if (!it->second.seen) changed_.SignalAll();  // a recovery may proceed
+    it->second.seen = true;
     it->second.stats = request.header().heartbeat_request().server();
     told = &it->second.told_to_exit;
   } else {
@@ -1526,6 +1990,12 @@ Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
 
 Status Master::Impl::HandleGetClusterMap(const Message& request, Message* reply) {
   absl::MutexLock lock(&mu_);
+  if (recovery_.has_value() && request.header().sender().role() == proto::ROLE_WORKER) {
+    return ErrorWithReason(absl::StatusCode::kUnavailable,
+                           absl::StrCat("the job is being restored (", recovery_->why,
+                                        "); training goes on once every server is back"),
+                           proto::NOT_READY);
+  }
   if (cluster_map_.version() == 0) {
     return ErrorWithReason(absl::StatusCode::kUnavailable,
                            absl::StrCat("waiting for parameter servers: ", servers_.size(), " of ",
@@ -1550,11 +2020,15 @@ Status Master::Impl::HandleGetShard(const Message& request, Message* reply) {
     return absl::OkStatus();
   }
   std::optional<ShardTracker::Assignment> assignment;
-  if (tracker_) assignment = tracker_->Assign(worker_id);
+  // Nothing new starts while the job is restored, or while the servers
+  // write a checkpoint (a worker that joined after the pause would push
+  // into it).
+  const bool hold = recovery_.has_value() || (round_.has_value() && round_->writing);
+  if (tracker_ && !hold) assignment = tracker_->Assign(worker_id);
   if (!assignment.has_value()) {
     out->set_action(proto::GetShardReply::WAIT);
     out->set_retry_after_ms(RetryAfterMs());
-    if (tracker_ && tracker_->todo() == 0) {
+    if (tracker_ && !hold && tracker_->todo() == 0) {
       // An idle worker and nothing queued: ask the slowest holder to share.
       std::optional<uint64_t> split =
           tracker_->RequestSplit(2 * static_cast<uint64_t>(options_.job.worker.batch_size));
@@ -1814,6 +2288,23 @@ json Master::Impl::StatusDocument() const {
     break;
   }
   doc["checkpoints"] = checkpoints;
+  json recovery = {{"in_progress", nullptr},
+                   {"recoveries", recoveries_},
+                   {"on_server_failure", options_.job.checkpoint.on_server_failure},
+                   {"last", last_recovery_.is_null() ? json(nullptr) : last_recovery_}};
+  if (recovery_.has_value()) {
+    std::vector<uint32_t> waiting_for;
+    for (const auto& [id, server] : servers_) {
+      if (server.state != PeerState::kAlive || !server.seen) waiting_for.push_back(id);
+    }
+    recovery["in_progress"] = {
+        {"reason", recovery_->why},
+        {"checkpoint", last_checkpoint_.has_value() ? json(last_checkpoint_->id()) : json(nullptr)},
+        {"waiting_for_servers", waiting_for},
+        {"since_s", absl::ToDoubleSeconds(absl::Now() - recovery_->started)}};
+  }
+  doc["recovery"] = recovery;
+  if (stopped_) doc["resumable"] = true;
   doc["splits"] = splits_ + (tracker_ ? tracker_->splits() : 0);
   doc["workers_fenced"] = fenced_.size();
   doc["max_reassign_delay_ms"] = absl::ToDoubleMilliseconds(worst_reassign_delay_);
@@ -1930,6 +2421,9 @@ void Master::Impl::RequestStop(const std::string& reason) {
     absl::MutexLock lock(&mu_);
     if (stop_requested_) return;
     stop_requested_ = true;
+    // A job ended by an operator can go on later (--resume); one that is
+    // over cannot.
+    if (!JobOver()) stopped_ = true;
     Fail(reason);
   }
 }

@@ -33,6 +33,12 @@ struct MasterOptions {
   // Where the master keeps its files (master.json with its endpoints,
   // final_status.json). Created if missing. Default "eps-master".
   std::string data_dir = "eps-master";
+  // Continue a stopped job (or one whose servers are gone) from its last
+  // complete checkpoint: every server slot is filled again (servers restarted
+  // on their --data-dir take their own slots back, fresh ones free slots), every
+  // server restores that checkpoint, and the data progress returns to it.
+  // Default false.
+  bool resume = false;
 
   Status Validate() const;
 };
@@ -55,9 +61,10 @@ class Master {
   // its lease ran out). OK when the job finished; the failure otherwise.
   Status Wait();
 
-  // Ends the job early (SIGTERM): the job fails with `reason`, peers are told
-  // to exit; a data scan in progress stops. Safe to call from any thread,
-  // more than once.
+  // Ends the job early (SIGTERM): the job stops with `reason` (its state is
+  // "failed", marked resumable: `--resume` continues it from its last
+  // checkpoint), peers are told to exit; a data scan in progress stops. Safe
+  // to call from any thread, more than once.
   void RequestStop(const std::string& reason);
 
   // Valid after Start.

@@ -132,7 +132,14 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
     bool not_ready = false;
     for (auto& list : remaining) list.clear();
     for (size_t r = 0; r < requests.size(); ++r) {
-      StatusOr<Message> reply = channel_.Wait(calls[r]);
+      std::optional<StatusOr<Message>> waited;
+      while (!(waited = channel_.WaitUntil(calls[r], absl::Now() + absl::Milliseconds(20)))) {
+        if (abandon_ && abandon_()) {
+          for (size_t rest = r; rest < calls.size(); ++rest) channel_.Cancel(calls[rest]);
+          return absl::AbortedError(absl::StrCat(method, " given up: the worker's session ended"));
+        }
+      }
+      StatusOr<Message>& reply = *waited;
       Status status = reply.ok() ? on_reply(requests[r], *reply) : reply.status();
       if (status.ok()) continue;
       const proto::ErrorReason reason = ReasonOf(status);

@@ -63,6 +63,12 @@ class PsClient {
 
   const proto::TableSpec& table(uint32_t id) const { return job_.tables(static_cast<int>(id)); }
 
+  // Checked while calls are in flight (every few ms): once it returns true,
+  // the calls are given up and Pull/Push fail with kAborted. A worker whose
+  // session ended (fenced while a server is being restored) stops waiting
+  // for a server that will not answer.
+  void set_abandon(std::function<bool()> abandon) { abandon_ = std::move(abandon); }
+
  private:
   // Part of one table's keys bound for one server.
   struct Piece {
@@ -96,6 +102,7 @@ class PsClient {
   const proto::JobSpec job_;
   const CallOptions options_;
   const MapSource refresh_map_;
+  std::function<bool()> abandon_;
   const size_t max_request_bytes_;
   RpcChannel channel_;
   std::unique_ptr<Placement> placement_;

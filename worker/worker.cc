@@ -210,6 +210,13 @@ class Worker::Impl {
   // kFailedPrecondition/FENCED when the session's lease may have run out:
   // nothing may be pushed or committed then.
   Status CheckLease(Session& session);
+  // A parameter server that does not answer may be dead; the master then
+  // fences every worker while it restores the job. Waits (up to two
+  // leases) for that verdict: the session's FENCED failure, on which the
+  // worker registers again, or `error` when none comes.
+  Status AwaitVerdict(Session& session, Status error);
+  // True once the session ended fenced: calls still in flight are moot.
+  static bool Fenced(Session& session);
   void EndSession(Session& session, const Status& status);
   void Throttle(absl::Time started, uint64_t records);
 
@@ -354,6 +361,7 @@ std::unique_ptr<PsClient> Worker::Impl::MakePsClient(Session& session, RpcChanne
   auto client = std::make_unique<PsClient>(&factory_, session.self, session.job, call,
                                            [this, master] { return FetchClusterMap(*master); });
   CHECK_OK(client->SetClusterMap(session.initial_map));
+  client->set_abandon([&session] { return Fenced(session); });
   return client;
 }
 
@@ -382,6 +390,27 @@ Status Worker::Impl::CheckLease(Session& session) {
                          proto::FENCED);
 }
 
+bool Worker::Impl::Fenced(Session& session) {
+  if (!session.over.load()) return false;
+  absl::MutexLock lock(&session.mu);
+  return IsFenced(session.failure);
+}
+
+Status Worker::Impl::AwaitVerdict(Session& session, Status error) {
+  if (error.ok() || IsFenced(error)) return error;
+  const bool server_silent = absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error) ||
+                             absl::IsAborted(error);
+  const absl::Time give_up = absl::Now() + (server_silent ? 2 * session.lease : absl::ZeroDuration());
+  while (true) {
+    {
+      absl::MutexLock lock(&session.mu);
+      if (IsFenced(session.failure)) return session.failure;
+    }
+    if (absl::Now() >= give_up || stopping()) return error;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 void Worker::Impl::EndSession(Session& session, const Status& status) {
   {
     absl::MutexLock lock(&session.mu);
@@ -401,7 +430,7 @@ void Worker::Impl::Throttle(absl::Time started, uint64_t records) {
 void Worker::Impl::LoaderLoop(Session& session) {
   RpcChannel master(&factory_, session.self);
   std::unique_ptr<PsClient> ps = MakePsClient(session, &master);
-  Status status = LoadShards(session, master, *ps);
+  Status status = AwaitVerdict(session, LoadShards(session, master, *ps));
   if (!status.ok()) EndSession(session, status);
   session.queue.Close(status);
 }
@@ -776,7 +805,10 @@ Status Worker::Impl::RunSession() {
     predictions.clear();
     if (prepared->batch.size() > 0) {
       status = Train(session, *prepared, *ps, &loss_sum, &predictions);
-      if (!status.ok()) break;
+      if (!status.ok()) {
+        status = AwaitVerdict(session, status);
+        break;
+      }
     }
     status = CheckLease(session);
     if (!status.ok()) break;
@@ -818,7 +850,8 @@ Status Worker::Impl::RunSession() {
   if (absl::IsCancelled(status)) status = absl::OkStatus();
   {
     absl::MutexLock lock(&session.mu);
-    if (status.ok()) status = session.failure;
+    // Fenced wins: whatever failed meanwhile, the worker registers again.
+    if (status.ok() || IsFenced(session.failure)) status = session.failure;
   }
   bool finished;
   {

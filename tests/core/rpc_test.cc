@@ -658,6 +658,36 @@ TEST_F(RpcTest, LateReplyToACancelledCallIsDropped) {
   EXPECT_EQ(channel.pending(), 0u);
 }
 
+// WaitUntil returns nothing while the call runs, keeps it pending, and
+// hands over the reply once it came.
+TEST_F(RpcTest, WaitUntilReturnsWhileTheCallRuns) {
+  absl::Notification release;
+  auto server = StartServer([&](Message& request, Message* reply) -> Status {
+    release.WaitForNotificationWithTimeout(absl::Seconds(5));
+    return Echo(request, reply);
+  });
+  RpcChannel channel(&factory_, WorkerId(0));
+  const uint64_t call = channel.Start(server->endpoint(), Tagged(7), Patient());
+  const absl::Time before = absl::Now();
+  EXPECT_FALSE(channel.WaitUntil(call, before + absl::Milliseconds(50)).has_value());
+  EXPECT_GE(absl::Now() - before, absl::Milliseconds(50));
+  EXPECT_EQ(channel.pending(), 1u);
+  release.Notify();
+  std::optional<StatusOr<Message>> reply;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!reply.has_value() && absl::Now() < deadline) {
+    reply = channel.WaitUntil(call, absl::Now() + absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(reply.has_value());
+  ASSERT_TRUE(reply->ok()) << reply->status();
+  StatusOr<std::span<const uint64_t>> tag = (*reply)->Array<uint64_t>(0);
+  ASSERT_TRUE(tag.ok());
+  EXPECT_THAT(*tag, ElementsAreArray({7u}));
+  EXPECT_EQ(channel.pending(), 0u);
+  EXPECT_EQ(channel.WaitUntil(call, absl::Now())->status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(RpcTest, ChannelMisuseIsReported) {
   RpcChannel channel(&factory_, WorkerId(0));
   const uint64_t bad = channel.Start("not-an-endpoint", Tagged(1), Patient());

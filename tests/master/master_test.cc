@@ -162,12 +162,14 @@ class FakePeer {
     return channel_.Call(master_, std::move(request), Patient());
   }
 
-  Status RegisterServer(const std::string& endpoint) {
+  Status RegisterServer(const std::string& endpoint, uint32_t pid = 1000,
+                        std::optional<uint32_t> stored_id = std::nullopt) {
     Message request;
     proto::RegisterServerRequest* body = request.header().mutable_register_server_request();
     body->set_endpoint(endpoint);
     body->set_hostname("test-host");
-    body->set_pid(1000);
+    body->set_pid(pid);
+    if (stored_id.has_value()) body->set_stored_server_id(*stored_id);
     ASSIGN_OR_RETURN(Message reply, Call(proto::REGISTER_SERVER, std::move(request)));
     SetSelf(proto::ROLE_SERVER, reply.header().register_server_reply().server_id());
     job_ = reply.header().register_server_reply().job();
@@ -340,42 +342,58 @@ class MasterTest : public ::testing::Test {
   // Two registered fake servers. Each listens for the master's
   // FENCE_WORKERS (the master moves a dead worker's shards only once every
   // server refuses that worker) and records the ids it is told, unless
-  // told to refuse the call (SetRefuseFences).
+  // told to refuse the call (SetRefuseFences); it answers CHECKPOINT and
+  // RESTORE too, recording them.
   void RegisterServers() {
-    for (int i = 0; i < 2; ++i) {
-      RpcServerOptions options;
-      options.name = absl::StrCat("fake-ps", i);
-      StatusOr<std::unique_ptr<RpcServer>> listener = RpcServer::Start(
-          &factory_, options, [this, i](Message& request, Message* reply) -> Status {
-            if (request.header().method() == proto::CHECKPOINT) {
-              absl::MutexLock lock(&fenced_mu_);
-              const uint64_t id = request.header().checkpoint_request().checkpoint_id();
-              checkpoints_seen_[i].push_back(id);
-              if (refuse_checkpoints_[i]) return absl::InternalError("fake server: disk full");
-              proto::CheckpointReply* body = reply->header().mutable_checkpoint_reply();
-              body->set_path(absl::StrCat("/fake-ps", i, "/checkpoints/", id));
-              body->set_bytes(1000 + i);
-              body->set_duration_ms(1);
-              return absl::OkStatus();
-            }
-            if (request.header().method() != proto::FENCE_WORKERS) {
-              return absl::UnimplementedError("fake server");
-            }
-            absl::MutexLock lock(&fenced_mu_);
-            ++fence_calls_[i];
-            if (refuse_fences_[i]) return absl::UnavailableError("fake server refuses to fence");
-            for (uint32_t id : request.header().fence_workers_request().worker_ids()) {
-              fenced_seen_[i].insert(id);
-            }
-            reply->header().mutable_fence_workers_reply()->set_fenced(fenced_seen_[i].size());
+    for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(AddFakeServer(i));
+  }
+
+  // Fake server number `i` (0..2): listens, and registers as a fresh
+  // server (or, with `stored_id`, as one restarted on its data dir).
+  void AddFakeServer(int i, std::optional<uint32_t> stored_id = std::nullopt) {
+    RpcServerOptions options;
+    options.name = absl::StrCat("fake-ps", i);
+    StatusOr<std::unique_ptr<RpcServer>> listener = RpcServer::Start(
+        &factory_, options, [this, i](Message& request, Message* reply) -> Status {
+          absl::MutexLock lock(&fenced_mu_);
+          if (request.header().method() == proto::CHECKPOINT) {
+            const uint64_t id = request.header().checkpoint_request().checkpoint_id();
+            checkpoints_seen_[i].push_back(id);
+            if (refuse_checkpoints_[i]) return absl::InternalError("fake server: disk full");
+            proto::CheckpointReply* body = reply->header().mutable_checkpoint_reply();
+            body->set_path(absl::StrCat("/fake-ps", i, "/checkpoints/", id));
+            body->set_bytes(1000 + i);
+            body->set_duration_ms(1);
             return absl::OkStatus();
-          });
-      ASSERT_TRUE(listener.ok()) << listener.status();
-      const std::string endpoint = (*listener)->endpoint();
-      fake_server_listeners_.push_back(std::move(*listener));
-      servers_.push_back(Peer());
-      ASSERT_TRUE(servers_.back()->RegisterServer(endpoint).ok());
-    }
+          }
+          if (request.header().method() == proto::RESTORE) {
+            const proto::RestoreRequest& body = request.header().restore_request();
+            restores_seen_[i].emplace_back(body.checkpoint_id(), body.path());
+            reply->header().mutable_restore_reply()->set_bytes(10);
+            return absl::OkStatus();
+          }
+          if (request.header().method() != proto::FENCE_WORKERS) {
+            return absl::UnimplementedError("fake server");
+          }
+          ++fence_calls_[i];
+          if (refuse_fences_[i]) return absl::UnavailableError("fake server refuses to fence");
+          for (uint32_t id : request.header().fence_workers_request().worker_ids()) {
+            fenced_seen_[i].insert(id);
+          }
+          reply->header().mutable_fence_workers_reply()->set_fenced(fenced_seen_[i].size());
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(listener.ok()) << listener.status();
+    const std::string endpoint = (*listener)->endpoint();
+    fake_server_listeners_.push_back(std::move(*listener));
+    servers_.push_back(Peer());
+    ASSERT_TRUE(servers_.back()->RegisterServer(endpoint, 1000 + i, stored_id).ok());
+  }
+
+  // The (checkpoint id, path) RESTORE calls fake server `server` received.
+  std::vector<std::pair<uint64_t, std::string>> RestoresSeen(int server) {
+    absl::MutexLock lock(&fenced_mu_);
+    return restores_seen_[server];
   }
 
   // The worker ids fake server `server` was told to fence.
@@ -468,12 +486,13 @@ class MasterTest : public ::testing::Test {
   std::string dir_;
   SocketFactory factory_;
   absl::Mutex fenced_mu_;
-  std::set<uint32_t> fenced_seen_[2] ABSL_GUARDED_BY(fenced_mu_);
-  int fence_calls_[2] ABSL_GUARDED_BY(fenced_mu_) = {0, 0};
-  bool refuse_fences_[2] ABSL_GUARDED_BY(fenced_mu_) = {false, false};
+  std::set<uint32_t> fenced_seen_[3] ABSL_GUARDED_BY(fenced_mu_);
+  int fence_calls_[3] ABSL_GUARDED_BY(fenced_mu_) = {0, 0, 0};
+  bool refuse_fences_[3] ABSL_GUARDED_BY(fenced_mu_) = {false, false, false};
+  std::vector<std::pair<uint64_t, std::string>> restores_seen_[3] ABSL_GUARDED_BY(fenced_mu_);
   // CHECKPOINT ids each fake server was asked for; whether it fails them.
-  std::vector<uint64_t> checkpoints_seen_[2] ABSL_GUARDED_BY(fenced_mu_);
-  bool refuse_checkpoints_[2] ABSL_GUARDED_BY(fenced_mu_) = {false, false};
+  std::vector<uint64_t> checkpoints_seen_[3] ABSL_GUARDED_BY(fenced_mu_);
+  bool refuse_checkpoints_[3] ABSL_GUARDED_BY(fenced_mu_) = {false, false, false};
   // Declared before master_ so they outlive it.
   std::vector<std::unique_ptr<RpcServer>> fake_server_listeners_;
   std::unique_ptr<Master> master_;
@@ -725,8 +744,12 @@ TEST_F(MasterTest, CheckpointWaitsForEveryWorkerToPause) {
   ASSERT_TRUE(store.ok()) << store.status();
   StatusOr<std::optional<MasterSnapshot>> saved = (*store)->Load();
   ASSERT_TRUE(saved.ok() && saved->has_value()) << saved.status();
-  ASSERT_EQ((*saved)->checkpoints.size(), 1u);
-  const proto::CheckpointRecord& record = (*saved)->checkpoints.begin()->second;
+  // Checkpoint 0 (training starting, no server part) stays as well.
+  ASSERT_EQ((*saved)->checkpoints.size(), 2u);
+  const proto::CheckpointRecord& start = (*saved)->checkpoints.at(0);
+  EXPECT_EQ(start.master().records_trained(), 0u);
+  EXPECT_EQ(start.servers_size(), 0);
+  const proto::CheckpointRecord& record = (*saved)->checkpoints.at(1);
   EXPECT_EQ(record.id(), 1u);
   EXPECT_EQ(record.master().records_trained(), committed_records);
   EXPECT_EQ(record.servers_size(), 2);
@@ -1060,26 +1083,230 @@ TEST_F(MasterTest, RefusesMalformedRequests) {
   EXPECT_EQ(Doc()["state"], "running");
 }
 
-TEST_F(MasterTest, ServerMissingItsLeaseFailsTheJob) {
-  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+// A server that misses its lease: every worker is fenced, the job waits
+// for a server to take the slot, then every server restores the last
+// complete checkpoint and the data progress returns to it.
+TEST_F(MasterTest, LostServerRollsTheJobBackToTheLastCheckpoint) {
+  const std::string train = Write("train.tsv", CriteoText(40, /*seed=*/2));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.checkpoint.interval_s = 1;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  const proto::ShardAssignment shard = TakeShard(*worker);
+  const std::vector<Piece> pieces = ReadPieces(shard, /*batch_lines=*/1);
+  ASSERT_GE(pieces.size(), 3u);
+  ASSERT_TRUE(*worker->Commit(shard, pieces[0]));
+  // Checkpoint 1 holds piece 0; later rounds fail.
+  std::vector<FakePeer*> alive = ServerPtrs();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        StatusOr<proto::HeartbeatReply> reply = worker->Heartbeat(0, /*paused_for=*/1);
+        return Doc()["checkpoints"]["written"] == 1;
+      },
+      alive));
+  {
+    absl::MutexLock lock(&fenced_mu_);
+    refuse_checkpoints_[0] = true;
+  }
+  ASSERT_TRUE(*worker->Commit(shard, pieces[1]));
+  ASSERT_TRUE(*worker->Commit(shard, pieces[2]));
+  EXPECT_EQ(Doc()["records_trained"], 3);
+
+  // ps[1] goes silent: the recovery starts and waits for a server.
+  ASSERT_TRUE(Eventually([&] { return !Doc()["recovery"]["in_progress"].is_null(); },
+                         {servers_[0].get()}));
+  json doc = Doc();
+  EXPECT_EQ(doc["servers"][1]["state"], "dead");
+  EXPECT_EQ(doc["recovery"]["in_progress"]["checkpoint"], 1);
+  EXPECT_EQ(doc["recovery"]["in_progress"]["waiting_for_servers"], json::array({1}));
+  EXPECT_EQ(doc["state"], "running");
+  // The worker is fenced; a new one gets neither the map nor a shard yet.
+  ExpectCode(worker->Heartbeat().status(), absl::StatusCode::kFailedPrecondition, proto::FENCED);
+  std::unique_ptr<FakePeer> next = Peer();
+  ASSERT_TRUE(next->RegisterWorker().ok());
+  ExpectCode(next->GetClusterMap().status(), absl::StatusCode::kUnavailable, proto::NOT_READY);
+  StatusOr<proto::GetShardReply> held = next->GetShard();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->action(), proto::GetShardReply::WAIT);
+  EXPECT_TRUE(RestoresSeen(0).empty());
+
+  // A fresh server takes the dead one's slot; both restore checkpoint 1.
+  ASSERT_NO_FATAL_FAILURE(AddFakeServer(2));
+  EXPECT_EQ(servers_.back()->id(), 1u);
+  alive = {servers_[0].get(), servers_[2].get(), next.get()};
+  ASSERT_TRUE(Eventually([&] { return Doc()["recovery"]["in_progress"].is_null(); }, alive));
+  EXPECT_EQ(RestoresSeen(0),
+            (std::vector<std::pair<uint64_t, std::string>>{{1, "/fake-ps0/checkpoints/1"}}));
+  EXPECT_EQ(RestoresSeen(2),
+            (std::vector<std::pair<uint64_t, std::string>>{{1, "/fake-ps1/checkpoints/1"}}));
+  doc = Doc();
+  EXPECT_EQ(doc["records_trained"], 1);
+  EXPECT_EQ(doc["recovery"]["recoveries"], 1);
+  EXPECT_EQ(doc["recovery"]["last"]["records_rolled_back"], 2);
+  EXPECT_EQ(doc["recovery"]["last"]["mode"], "rollback");
+  EXPECT_EQ(doc["servers"][1]["state"], "alive");
+  StatusOr<proto::GetClusterMapReply> map = next->GetClusterMap();
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->map().servers(1).endpoint(), fake_server_listeners_[2]->endpoint());
+  EXPECT_GT(map->map().version(), 1u);
+  // The shard resumes where checkpoint 1 had it: after piece 0.
+  const proto::ShardAssignment resumed = TakeShard(*next);
+  EXPECT_EQ(resumed.shard_id(), shard.shard_id());
+  EXPECT_EQ(resumed.start(), pieces[1].begin);
+  EXPECT_EQ(Events("server_dead").size(), 1u);
+  ASSERT_EQ(Events("recovered").size(), 1u);
+  EXPECT_EQ(Events("recovered")[0]["checkpoint"], 1);
+}
+
+// Before the first written checkpoint, checkpoint 0 (training starting)
+// stands: servers restore it empty; with checkpoint.on_server_failure =
+// continue only the new server restores and the progress stays.
+TEST_F(MasterTest, LostServerBeforeAnyCheckpointRestoresTheStart) {
+  for (const std::string mode : {"rollback", "continue"}) {
+    SCOPED_TRACE(mode);
+    master_.reset();
+    servers_.clear();
+    fake_server_listeners_.clear();
+    {
+      absl::MutexLock lock(&fenced_mu_);
+      for (auto& seen : restores_seen_) seen.clear();
+    }
+    std::filesystem::remove_all(dir_ + "/master");
+    const std::string train = Write("train.tsv", CriteoText(20, /*seed=*/3));
+    MasterOptions options = Options();
+    options.job.data.train = train;
+    options.job.checkpoint.on_server_failure = mode;
+    ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+    ASSERT_NO_FATAL_FAILURE(RegisterServers());
+    ASSERT_TRUE(WaitForPhase("training"));
+    std::unique_ptr<FakePeer> worker = Peer();
+    ASSERT_TRUE(worker->RegisterWorker().ok());
+    const proto::ShardAssignment shard = TakeShard(*worker);
+    const std::vector<Piece> pieces = ReadPieces(shard, /*batch_lines=*/2);
+    ASSERT_TRUE(*worker->Commit(shard, pieces[0]));
+    ASSERT_TRUE(Eventually([&] { return !Doc()["recovery"]["in_progress"].is_null(); },
+                           {servers_[0].get()}));
+    ASSERT_NO_FATAL_FAILURE(AddFakeServer(2));
+    std::vector<FakePeer*> alive = {servers_[0].get(), servers_[2].get()};
+    ASSERT_TRUE(Eventually([&] { return Doc()["recovery"]["in_progress"].is_null(); }, alive));
+    const std::vector<std::pair<uint64_t, std::string>> empty = {{0, ""}};
+    EXPECT_EQ(RestoresSeen(2), empty);
+    std::unique_ptr<FakePeer> next = Peer();
+    ASSERT_TRUE(next->RegisterWorker().ok());
+    const proto::ShardAssignment resumed = TakeShard(*next);
+    EXPECT_EQ(resumed.shard_id(), shard.shard_id());
+    if (mode == "rollback") {
+      EXPECT_EQ(RestoresSeen(0), empty);
+      EXPECT_EQ(Doc()["records_trained"], 0);
+      EXPECT_EQ(resumed.start(), shard.start());
+    } else {
+      EXPECT_TRUE(RestoresSeen(0).empty());
+      EXPECT_EQ(Doc()["records_trained"], pieces[0].lines);
+      EXPECT_EQ(resumed.start(), pieces[0].end);
+    }
+  }
+}
+
+// A server restarted on its data dir takes its own slot back, even before
+// its old lease ran out; one claiming a slot the job never had is refused.
+TEST_F(MasterTest, RestartedServerTakesItsSlotBack) {
+  const std::string train = Write("train.tsv", CriteoText(20, /*seed=*/4));
   MasterOptions options = Options();
   options.job.data.train = train;
   ASSERT_NO_FATAL_FAILURE(StartMaster(options));
   ASSERT_NO_FATAL_FAILURE(RegisterServers());
-  // Only ps[0] keeps heartbeating.
-  ASSERT_TRUE(Eventually([&] { return Doc()["state"] == "failed"; }, {servers_[0].get()}));
-  const json doc = Doc();
-  EXPECT_THAT(doc["error"].get<std::string>(), HasSubstr("ps[1]"));
-  EXPECT_EQ(doc["servers"][1]["state"], "dead");
-  EXPECT_EQ(FinalStatus()["state"], "failed");
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> stranger = Peer();
+  const Status refused = stranger->RegisterServer("tcp://127.0.0.1:1", 77, /*stored_id=*/7);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("ps[7]"));
+  // ps[0] restarts (a new pid) at once.
+  ASSERT_NO_FATAL_FAILURE(AddFakeServer(2, /*stored_id=*/0));
+  EXPECT_EQ(servers_.back()->id(), 0u);
+  std::vector<FakePeer*> alive = {servers_[1].get(), servers_[2].get()};
+  ASSERT_TRUE(Eventually(
+      [&] { return Doc()["recovery"]["recoveries"] == 1 && Doc()["recovery"]["in_progress"].is_null(); },
+      alive));
+  EXPECT_EQ(RestoresSeen(2).size(), 1u);
+  EXPECT_EQ(RestoresSeen(1).size(), 1u);
+  ASSERT_EQ(Events("server_dead").size(), 1u);
+  EXPECT_EQ(Events("server_dead")[0]["reason"], "restarted");
+  EXPECT_EQ(Doc()["state"], "running");
+}
 
-  StatusOr<proto::HeartbeatReply> beat = servers_[0]->Heartbeat();
-  ASSERT_TRUE(beat.ok()) << beat.status();
-  EXPECT_TRUE(beat->shutdown());
-  EXPECT_EQ(beat->state(), proto::JOB_FAILED);
-  const Status result = master_->Wait();
-  EXPECT_EQ(result.code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(result.message(), HasSubstr("ps[1]"));
+// --resume: a stopped job starts again from its last checkpoint once every
+// server slot is back and restored.
+TEST_F(MasterTest, ResumeContinuesAStoppedJobFromItsLastCheckpoint) {
+  const std::string train = Write("train.tsv", CriteoText(40, /*seed=*/5));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.job.checkpoint.interval_s = 1;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  const proto::ShardAssignment shard = TakeShard(*worker);
+  const std::vector<Piece> pieces = ReadPieces(shard, /*batch_lines=*/1);
+  ASSERT_TRUE(*worker->Commit(shard, pieces[0]));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        StatusOr<proto::HeartbeatReply> reply = worker->Heartbeat(0, /*paused_for=*/1);
+        return Doc()["checkpoints"]["written"] == 1;
+      },
+      ServerPtrs()));
+  {
+    absl::MutexLock lock(&fenced_mu_);
+    refuse_checkpoints_[0] = true;
+  }
+  ASSERT_TRUE(*worker->Commit(shard, pieces[1]));
+  master_->RequestStop("stopped by SIGTERM");
+  Beat(ServerPtrs());
+  EXPECT_EQ(master_->Wait().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(FinalStatus()["resumable"], true);
+  master_.reset();
+
+  MasterOptions resume = options;
+  resume.resume = true;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(resume));
+  json doc = Doc();
+  EXPECT_EQ(doc["state"], "running");
+  EXPECT_EQ(doc["recovery"]["in_progress"]["checkpoint"], 1);
+  // The servers come back on their data dirs (new processes).
+  servers_.clear();
+  fake_server_listeners_.clear();
+  ASSERT_NO_FATAL_FAILURE(AddFakeServer(0, /*stored_id=*/0));
+  ASSERT_NO_FATAL_FAILURE(AddFakeServer(1, /*stored_id=*/1));
+  ASSERT_TRUE(Eventually([&] { return Doc()["recovery"]["in_progress"].is_null(); },
+                         ServerPtrs()));
+  EXPECT_EQ(RestoresSeen(0).back(), (std::pair<uint64_t, std::string>{1, "/fake-ps0/checkpoints/1"}));
+  EXPECT_EQ(RestoresSeen(1).back(), (std::pair<uint64_t, std::string>{1, "/fake-ps1/checkpoints/1"}));
+  doc = Doc();
+  EXPECT_EQ(doc["records_trained"], 1);
+  EXPECT_EQ(doc["phase"], "training");
+  // The old worker is fenced at every server; a new one resumes the shard.
+  EXPECT_TRUE(FencedSeen(0).contains(worker->id()));
+  std::unique_ptr<FakePeer> next = Peer();
+  ASSERT_TRUE(next->RegisterWorker().ok());
+  const proto::ShardAssignment resumed = TakeShard(*next);
+  EXPECT_EQ(resumed.shard_id(), shard.shard_id());
+  EXPECT_EQ(resumed.start(), pieces[1].begin);
+  EXPECT_EQ(Events("job_resuming").size(), 1u);
+}
+
+TEST_F(MasterTest, ResumeNeedsAJobToResume) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  options.resume = true;
+  Master master(options);
+  const Status started = master.Start();
+  EXPECT_EQ(started.code(), absl::StatusCode::kFailedPrecondition) << started;
+  EXPECT_THAT(started.message(), HasSubstr("no job to resume"));
 }
 
 TEST_F(MasterTest, RequestStopFailsTheJobCleanly) {
@@ -1613,10 +1840,11 @@ TEST_F(MasterTest, RestartWithOtherOptionsIsRefusedNamingThem) {
   EXPECT_THAT(started.message(), HasSubstr("data.shard_records"));
   EXPECT_THAT(started.message(), HasSubstr("job.seed"));
 
-  // The same options: the job itself is over.
+  // The same options: the job was stopped, and goes on with --resume only.
   started = start(options);
   EXPECT_EQ(started.code(), absl::StatusCode::kFailedPrecondition) << started;
-  EXPECT_THAT(started.message(), HasSubstr("failed: stopped by the test"));
+  EXPECT_THAT(started.message(), HasSubstr("stopped (stopped by the test)"));
+  EXPECT_THAT(started.message(), HasSubstr("--resume"));
 }
 
 // A master restarted on the --data-dir of a running job resumes it: its
@@ -1692,7 +1920,9 @@ TEST_F(MasterTest, RestartedMasterResumesTheJob) {
     ASSERT_TRUE(saved->has_value());
     proto::MasterRecord record = (*saved)->master;
     ASSERT_EQ(record.phase(), 4u);  // failed
+    ASSERT_TRUE(record.stopped());
     record.set_phase(1);            // training
+    record.set_stopped(false);      // as if the master had been killed
     record.clear_failure();
     StateUpdate update;
     update.PutMaster(record);

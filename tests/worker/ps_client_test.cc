@@ -628,6 +628,32 @@ TEST_F(PsClientTest, DeadServerIsDeadlineExceededNamingIt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
+// A client whose worker was fenced stops waiting for a silent server at
+// once, well before the call's own time runs out.
+TEST_F(PsClientTest, AbandonedCallsFailAtOnceWithAborted) {
+  std::string dead;
+  {
+    StatusOr<zmq::socket_t> router = factory_.BindRouter("tcp://127.0.0.1:0", &dead);
+    ASSERT_TRUE(router.ok()) << router.status();
+    router->close();
+  }
+  for (int i = 0; i < map_.servers_size(); ++i) {
+    if (map_.servers(i).id() == 1) map_.mutable_servers(i)->set_endpoint(dead);
+  }
+  CallOptions call;
+  call.attempt_timeout = absl::Seconds(20);
+  call.max_attempts = 3;
+  std::unique_ptr<PsClient> client = MakeClient(size_t{4} << 20, call);
+  const absl::Time start = absl::Now();
+  client->set_abandon([start] { return absl::Now() - start > absl::Milliseconds(200); });
+  const std::vector<uint64_t> wide = MakeKeys(100);
+  const std::vector<PsClient::Keys> tables = {{kWide, wide}};
+  std::vector<std::vector<float>> out;
+  const Status status = client->Pull(tables, &out);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
 TEST_F(PsClientTest, ServerErrorIsReturnedAsSuch) {
   servers_[2]->FailNext(1, absl::InvalidArgumentError("table 1 is unknown here"));
   std::unique_ptr<PsClient> client = MakeClient();
