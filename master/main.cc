@@ -55,7 +55,12 @@ int main(int argc, char** argv) {
   eps::Status result = master.Wait();
   signal_watcher.Stop();
   if (!result.ok()) {
-    std::cerr << "eps-master: job failed: " << result.message() << "\n";
+    if (master.Resumable()) {
+      std::cerr << "eps-master: job stopped (" << result.message()
+                << "); continue it from its last checkpoint with eps-master --resume\n";
+    } else {
+      std::cerr << "eps-master: job failed: " << result.message() << "\n";
+    }
     return 1;
   }
   return 0;

@@ -242,6 +242,10 @@ class Master::Impl {
 
   const std::string& rpc_endpoint() const { return rpc_endpoint_; }
   const std::string& http_url() const { return http_url_; }
+  bool Resumable() const {
+    absl::MutexLock lock(&mu_);
+    return stopped_;
+  }
 
  private:
   // Restores the job saved in --data-dir, if any. kFailedPrecondition when
@@ -2453,5 +2457,6 @@ void Master::RequestStop(const std::string& reason) { impl_->RequestStop(reason)
 const std::string& Master::rpc_endpoint() const { return impl_->rpc_endpoint(); }
 const std::string& Master::http_url() const { return impl_->http_url(); }
 std::string Master::StatusJson() const { return impl_->StatusJson(); }
+bool Master::Resumable() const { return impl_->Resumable(); }
 
 }  // namespace eps

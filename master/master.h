@@ -74,6 +74,10 @@ class Master {
   // The /status document (JSON text).
   std::string StatusJson() const;
 
+  // True when the job was stopped (RequestStop) rather than over: --resume
+  // continues it.
+  bool Resumable() const;
+
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;

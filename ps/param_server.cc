@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "core/rpc_channel.h"
 #include "core/rpc_server.h"
 #include "core/socket_factory.h"
+#include "core/status.h"
 #include "ps/push_deduplicator.h"
 #include "ps/storage.h"
 #include "ps/table.h"
@@ -37,6 +40,7 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   options.storage.flush_interval = absl::Milliseconds(config.ps.flush_interval_ms);
   options.storage.every_push = config.ps.durability == "every_push";
   options.storage.keep_checkpoints = static_cast<int>(config.checkpoint.keep);
+  options.storage.checkpoint_dir = config.checkpoint.dir;
   options.storage.restore_checkpoint = config.checkpoint.restore;
   return options;
 }
@@ -71,7 +75,9 @@ Status FencedError(uint32_t worker) {
 class ParamServer::Impl {
  public:
   explicit Impl(const ParamServerOptions& options)
-      : options_(options), master_channel_(&factory_, proto::NodeId()) {}
+      : options_(options),
+        master_channel_(&factory_, proto::NodeId()),
+        dedup_(std::make_unique<PushDeduplicator>()) {}
   ~Impl() {
     RequestStop();
     if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
@@ -80,25 +86,29 @@ class ParamServer::Impl {
 
   Status Start();
   Status Wait();
-  void RequestStop() {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
+  void RequestStop() { Stop(absl::OkStatus()); }
   const std::string& endpoint() const { return endpoint_; }
   uint32_t id() const { return id_; }
 
  private:
+  // Ends Wait with `result` (the first non-OK one given wins).
+  void Stop(const Status& result);
   Status Handle(Message& request, Message* reply);
-  Status HandlePull(const Message& request, Message* reply);
-  Status HandlePush(const Message& request, Message* reply);
+  Status HandlePull(const Message& request, Message* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  Status HandlePush(const Message& request, Message* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   Status HandleFenceWorkers(const Message& request, Message* reply);
   // Writes checkpoint N (from the master or an operator's tool).
-  Status HandleCheckpoint(const Message& request, Message* reply);
+  Status HandleCheckpoint(const Message& request, Message* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // Replaces every parameter by a checkpoint (from the master or a tool).
+  Status HandleRestore(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);
   // FENCED when `sender` is a fenced worker (counting a refused push).
   Status CheckNotFenced(const proto::NodeId& sender, proto::Method method);
   bool IsFenced(const proto::NodeId& sender) const ABSL_SHARED_LOCKS_REQUIRED(fence_mu_);
   // The table `table_id` if known; kInvalidArgument otherwise.
-  StatusOr<Table*> FindTable(uint32_t table_id);
+  StatusOr<Table*> FindTable(uint32_t table_id) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   // kFailedPrecondition/WRONG_OWNER unless this server owns every key;
   // kInvalidArgument for a dense key outside its tensor.
   Status CheckKeys(const Table& table, std::span<const uint64_t> keys);
@@ -116,7 +126,8 @@ class ParamServer::Impl {
   std::string endpoint_;
   uint32_t id_ = 0;
   proto::JobSpec job_;
-  // Immutable after Start; tables are internally synchronised.
+  // Set before the port is bound; internally synchronised, but its tables
+  // are replaced by a restore: Table* are used only under restore_mu_.
   std::unique_ptr<ServerStorage> storage_;
   std::thread heartbeat_thread_;
   std::atomic<uint64_t> pulls_{0};
@@ -126,18 +137,30 @@ class ParamServer::Impl {
   std::atomic<uint64_t> pushes_fenced_{0};
   std::atomic<uint64_t> pushes_deduplicated_{0};
 
+  // Held shared by every PULL, PUSH and CHECKPOINT from validation to
+  // reply, exclusively by a RESTORE: tables are swapped only while no
+  // request uses them, and requests arriving meanwhile wait. Taken before
+  // fence_mu_ and mu_.
+  absl::Mutex restore_mu_;
+
   // Held shared while a request is checked against the fence and, for a
   // push, recorded by dedup_; exclusively while workers are fenced. So a
   // push is either recorded before its worker is fenced (and forgotten with
-  // it) or refused, and dedup_ never keeps state for a fenced worker.
-  mutable absl::Mutex fence_mu_;
+  // it) or refused, and dedup_ never keeps state for a fenced worker. A
+  // restore replaces dedup_ (under both locks, exclusively): what was
+  // applied before it is gone, so a retry of it must be applied again.
+  mutable absl::Mutex fence_mu_ ABSL_ACQUIRED_AFTER(restore_mu_);
   absl::flat_hash_set<uint32_t> fenced_ ABSL_GUARDED_BY(fence_mu_);
-  PushDeduplicator dedup_;
+  std::unique_ptr<PushDeduplicator> dedup_ ABSL_GUARDED_BY(fence_mu_);
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> owned_ ABSL_GUARDED_BY(mu_);  // partition -> owned here
+  // Start has made the tables (and recorded the server's id): RESTORE is
+  // served from then on.
+  bool tables_ready_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Status stop_reason_ ABSL_GUARDED_BY(mu_);  // given by Stop, Wait's result
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   Status result_ ABSL_GUARDED_BY(mu_);
 };
@@ -168,6 +191,9 @@ Status ParamServer::Impl::Start() {
   body->set_hostname(Hostname());
   body->set_pid(static_cast<uint32_t>(getpid()));
   body->set_stored_job(storage_->stored_job());
+  if (const std::optional<uint32_t> stored = storage_->stored_server_id(); stored.has_value()) {
+    body->set_stored_server_id(*stored);
+  }
   CallOptions call;
   call.attempt_timeout = absl::Seconds(1);
   call.max_attempts = std::max<int>(1, static_cast<int>(absl::ToInt64Seconds(options_.master_wait)));
@@ -193,6 +219,13 @@ Status ParamServer::Impl::Start() {
   master_channel_.set_self(self);
   // The job comes from a peer: a bad one is refused, not a crash.
   RETURN_IF_ERROR_CTX(storage_->CreateTables(job_), "the master's job");
+  // Recorded once the dir is known to be this job's: whatever slot the
+  // master gave (a fresh dir may take a dead server's), it is ours now.
+  RETURN_IF_ERROR(storage_->SetServerId(id_));
+  {
+    absl::MutexLock lock(&mu_);
+    tables_ready_ = true;
+  }
   LOG(INFO) << "serving " << storage_->num_tables() << " table(s) of job '" << job_.name() << "' on "
             << endpoint_ << " with " << options_.threads << " thread(s)";
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
@@ -261,6 +294,7 @@ void ParamServer::Impl::HeartbeatLoop() {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
                                first ? absl::ZeroDuration() : options_.heartbeat)) {
+        result = stop_reason_;
         break;
       }
     }
@@ -328,13 +362,25 @@ void ParamServer::Impl::HeartbeatLoop() {
   done_ = true;
 }
 
+void ParamServer::Impl::Stop(const Status& result) {
+  absl::MutexLock lock(&mu_);
+  if (stop_reason_.ok()) stop_reason_ = result;
+  stop_ = true;
+}
+
 Status ParamServer::Impl::Handle(Message& request, Message* reply) {
   const proto::Method method = request.header().method();
-  // Needs neither the tables nor the map: served from the first moment.
+  // Need no map: served from the first moment (RESTORE once the tables are
+  // made).
   if (method == proto::FENCE_WORKERS) return HandleFenceWorkers(request, reply);
-  if (method == proto::PULL || method == proto::PUSH || method == proto::CHECKPOINT) {
-    // A fenced worker learns that first: nothing else it could fix matters.
-    RETURN_IF_ERROR(CheckNotFenced(request.header().sender(), method));
+  if (method == proto::RESTORE) return HandleRestore(request, reply);
+  if (method != proto::PULL && method != proto::PUSH && method != proto::CHECKPOINT) {
+    return absl::UnimplementedError(
+        absl::StrCat("a parameter server does not serve ", proto::Method_Name(method)));
+  }
+  // A fenced worker learns that first: nothing else it could fix matters.
+  RETURN_IF_ERROR(CheckNotFenced(request.header().sender(), method));
+  {
     // Requests can arrive as soon as the port is bound, while Start still
     // fills in id_ and tables_. Only the heartbeat thread, started after
     // that, installs the map; so with a map both are complete and visible.
@@ -344,13 +390,11 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
                              proto::NOT_READY);
     }
   }
+  absl::ReaderMutexLock restore_lock(&restore_mu_);
   switch (method) {
     case proto::PULL: return HandlePull(request, reply);
     case proto::PUSH: return HandlePush(request, reply);
-    case proto::CHECKPOINT: return HandleCheckpoint(request, reply);
-    default:
-      return absl::UnimplementedError(absl::StrCat(
-          "a parameter server does not serve ", proto::Method_Name(method)));
+    default: return HandleCheckpoint(request, reply);
   }
 }
 
@@ -362,12 +406,73 @@ Status ParamServer::Impl::HandleCheckpoint(const Message& request, Message* repl
   if (!request.header().has_checkpoint_request()) {
     return absl::InvalidArgumentError("CHECKPOINT without its body");
   }
+  const proto::CheckpointRequest& body = request.header().checkpoint_request();
   ASSIGN_OR_RETURN(CheckpointInfo info,
-                   storage_->Checkpoint(request.header().checkpoint_request().checkpoint_id()));
+                   storage_->Checkpoint(body.checkpoint_id(),
+                                        std::span<const uint64_t>(body.keep_ids().data(),
+                                                                  body.keep_ids().size())));
   proto::CheckpointReply* out = reply->header().mutable_checkpoint_reply();
   out->set_path(info.path);
   out->set_bytes(info.bytes);
   out->set_duration_ms(absl::ToDoubleMilliseconds(info.duration));
+  return absl::OkStatus();
+}
+
+Status ParamServer::Impl::HandleRestore(const Message& request, Message* reply) {
+  const proto::NodeId& sender = request.header().sender();
+  if (sender.role() != proto::ROLE_MASTER && sender.role() != proto::ROLE_TOOL) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("RESTORE comes from the master or an operator's tool only, not from ",
+                     proto::Role_Name(sender.role()), " ", sender.id()));
+  }
+  if (!request.header().has_restore_request()) {
+    return absl::InvalidArgumentError("RESTORE without its body");
+  }
+  const proto::RestoreRequest& body = request.header().restore_request();
+  // Checkpoint 0 is the job as training starts: no rows anywhere.
+  if (body.path().empty() && body.checkpoint_id() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RESTORE of checkpoint ", body.checkpoint_id(), " names no path"));
+  }
+  if (options_.storage.data_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "this server keeps no store to restore a checkpoint into (no data dir)");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!tables_ready_) {
+      return ErrorWithReason(absl::StatusCode::kUnavailable, "still starting: no tables yet",
+                             proto::NOT_READY);
+    }
+  }
+  StatusOr<CheckpointInfo> info = absl::UnknownError("not restored");
+  {
+    // Waits for the pulls, pushes and checkpoints in progress; later ones
+    // wait for the restore.
+    absl::WriterMutexLock restore_lock(&restore_mu_);
+    info = storage_->Restore(body.path());
+    // A missing or broken checkpoint is refused before anything changes;
+    // otherwise the pushes applied so far are gone (even after a failure:
+    // the store then holds its last flushed state).
+    if (!absl::IsNotFound(info.status()) && !absl::IsDataLoss(info.status())) {
+      absl::MutexLock fence_lock(&fence_mu_);
+      dedup_ = std::make_unique<PushDeduplicator>();
+    }
+  }
+  if (!info.ok()) {
+    if (Status broken = storage_->status(); !broken.ok()) {
+      // No database to serve from: the master must treat this server as
+      // failed, and a process that exits is what it understands.
+      Stop(broken);
+    }
+    return Annotate(info.status(), absl::StrCat("restore of checkpoint ", body.checkpoint_id()));
+  }
+  LOG(INFO) << "restored checkpoint " << body.checkpoint_id() << " from " << info->path << ": "
+            << absl::StrFormat("%.1f", info->bytes / double{1 << 20}) << " MiB in "
+            << absl::StrFormat("%.0f", absl::ToDoubleMilliseconds(info->duration)) << " ms";
+  proto::RestoreReply* out = reply->header().mutable_restore_reply();
+  out->set_bytes(info->bytes);
+  out->set_duration_ms(absl::ToDoubleMilliseconds(info->duration));
   return absl::OkStatus();
 }
 
@@ -401,7 +506,7 @@ Status ParamServer::Impl::HandleFenceWorkers(const Message& request, Message* re
       if (fenced_.insert(worker).second) {
         // Under fence_mu_: no push of this worker is between its fence
         // check and its record in dedup_ now, and none will be again.
-        dedup_.Forget(worker);
+        dedup_->Forget(worker);
         added.push_back(worker);
       }
     }
@@ -418,6 +523,7 @@ Status ParamServer::Impl::HandleFenceWorkers(const Message& request, Message* re
 StatusOr<Table*> ParamServer::Impl::FindTable(uint32_t table_id) {
   Table* table = storage_->table(table_id);
   if (table == nullptr) {
+    RETURN_IF_ERROR(storage_->status());
     return absl::InvalidArgumentError(
         absl::StrCat("unknown table ", table_id, " (the job has ", storage_->num_tables(), ")"));
   }
@@ -536,7 +642,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     // Sequence numbers are per worker; other senders have no id space of
     // their own to key them by.
     if (sender.role() == proto::ROLE_WORKER) {
-      first_time = dedup_.FirstTime(sender.id(), request.header().push_request().client_seq());
+      first_time = dedup_->FirstTime(sender.id(), request.header().push_request().client_seq());
     }
   }
   if (!first_time) {

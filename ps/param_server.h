@@ -25,6 +25,31 @@
 // while its first delivery is still being applied. client_seq 0, and pushes
 // from senders that are not workers, are applied every time.
 //
+// Identity: a server with a data dir records the id the master gives it in
+// DATA_DIR/SERVER and, restarted on that dir, asks for it again
+// (RegisterServerRequest.stored_server_id); it takes whatever id the master
+// answers and records that.
+//
+// Checkpoints: CHECKPOINT (master or tool only) writes checkpoint N of this
+// server (ServerStorage::Checkpoint: under checkpoint.dir/ps-<id>/N when the
+// job sets checkpoint.dir, else DATA_DIR/checkpoints/N) and answers its
+// absolute path; CheckpointRequest.keep_ids, when given, says which older
+// ones to keep.
+//
+// Restore: RESTORE (sender ROLE_MASTER or ROLE_TOOL only; others get
+// kPermissionDenied; kInvalidArgument without a body or a path) replaces
+// every parameter by the checkpoint at RestoreRequest.path
+// (ServerStorage::Restore). It needs no cluster map, but answers
+// kUnavailable/NOT_READY until Start has made the tables, and
+// kFailedPrecondition without a data dir. The pulls, pushes and checkpoints
+// in progress finish first; those arriving meanwhile wait until it is done,
+// then see only the checkpoint's values. The push deduplication state is
+// forgotten (pushes applied before are undone, so a retry of one is applied
+// again); the fence set stays. kNotFound/kDataLoss for a missing or broken
+// checkpoint, naming it, with nothing changed (deduplication state included). Restoring the same
+// checkpoint again gives the same state. Should the store not reopen after
+// a failed restore, the server stops: Wait returns that error.
+//
 // Thread-safety: safe for concurrent use; request handlers run on
 // `threads` threads. Start/Wait/RequestStop from the owning thread
 // (RequestStop also from a signal-watching thread).
@@ -85,8 +110,9 @@ class ParamServer {
   Status Start();
 
   // Blocks until the master says the job is over (OK), RequestStop (OK),
-  // the master is lost for master_wait (kUnavailable), or the master no
-  // longer knows this server (FENCED: kFailedPrecondition). Without a
+  // the master is lost for master_wait (kUnavailable), the master no
+  // longer knows this server (FENCED: kFailedPrecondition), or a failed
+  // restore left no database to serve from (that error). Without a
   // successful Start, kFailedPrecondition at once.
   Status Wait();
 

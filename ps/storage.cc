@@ -1,31 +1,109 @@
 #include "ps/storage.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/failpoint.h"
 #include "core/logging.h"
 
 namespace eps {
 namespace {
 
+namespace fs = std::filesystem;
+
 std::string DatabaseDir(const std::string& data_dir) {
-  return (std::filesystem::path(data_dir) / "db").string();
+  return (fs::path(data_dir) / "db").string();
 }
 std::string CheckpointsDir(const std::string& data_dir) {
-  return (std::filesystem::path(data_dir) / "checkpoints").string();
+  return (fs::path(data_dir) / "checkpoints").string();
 }
 
 uint64_t DirectoryBytes(const std::string& dir) {
   uint64_t bytes = 0;
   std::error_code error;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir, error)) {
+  for (const auto& entry : fs::recursive_directory_iterator(dir, error)) {
     if (entry.is_regular_file(error)) bytes += entry.file_size(error);
   }
   return bytes;
+}
+
+// Opens the RocksDB store in DATA_DIR/db.
+StatusOr<std::unique_ptr<KvStore>> OpenDatabase(const StorageOptions& options) {
+  RocksKvStoreOptions store;
+  store.dir = DatabaseDir(options.data_dir);
+  store.block_cache_mb = options.block_cache_mb;
+  store.write_buffer_mb = options.write_buffer_mb;
+  return OpenRocksKvStore(store);
+}
+
+// The tables of `job` over the given store, queue and budget (store and
+// queue null for a memory-only server).
+StatusOr<std::vector<std::unique_ptr<Table>>> MakeTables(const proto::JobSpec& job,
+                                                         const StorageOptions& options,
+                                                         KvStore* store, WriteQueue* queue,
+                                                         MemoryBudget* budget) {
+  TableStorage storage;
+  storage.store = store;
+  storage.queue = queue;
+  storage.budget = budget;
+  storage.write_every_push = options.every_push && store != nullptr;
+  storage.durability_timeout = options.durability_timeout;
+  std::vector<std::unique_ptr<Table>> tables;
+  for (const proto::TableSpec& spec : job.tables()) {
+    if (spec.id() != tables.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the job's table ids must be 0..n-1; table '", spec.name(), "' has id ", spec.id()));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Table> table, Table::Create(spec, job.seed(), storage));
+    tables.push_back(std::move(table));
+  }
+  return tables;
+}
+
+// Writes `contents` to `path` whole or not at all: into a temporary file,
+// fsynced, then renamed over `path`.
+Status WriteFileAtomically(const fs::path& path, const std::string& contents) {
+  const fs::path temp = fs::path(path.string() + ".tmp");
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", temp.string(), ": ", std::strerror(errno)));
+  }
+  size_t written = 0;
+  while (written < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
+  }
+  const bool synced = written == contents.size() && ::fsync(fd) == 0;
+  const int saved_errno = errno;
+  ::close(fd);
+  if (!synced) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot write ", temp.string(), ": ", std::strerror(saved_errno)));
+  }
+  std::error_code error;
+  fs::rename(temp, path, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", temp.string(), " to ", path.string(), ": ",
+                     error.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -51,40 +129,33 @@ ServerStorage::ServerStorage(const StorageOptions& options) : options_(options) 
 StatusOr<std::unique_ptr<ServerStorage>> ServerStorage::Open(const StorageOptions& options) {
   RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<ServerStorage> storage(new ServerStorage(options));
+  absl::WriterMutexLock lock(&storage->state_mu_);
+  storage->budget_ = std::make_unique<MemoryBudget>(options.memory_budget_mb << 20);
   if (!options.data_dir.empty()) {
     std::error_code error;
-    std::filesystem::create_directories(options.data_dir, error);
+    fs::create_directories(options.data_dir, error);
     if (error) {
       return absl::UnavailableError(
           absl::StrCat("cannot create data dir ", options.data_dir, ": ", error.message()));
     }
     if (!options.restore_checkpoint.empty()) {
       const std::string checkpoint =
-          (std::filesystem::path(CheckpointsDir(options.data_dir)) / options.restore_checkpoint)
-              .string();
+          (fs::path(CheckpointsDir(options.data_dir)) / options.restore_checkpoint).string();
       RETURN_IF_ERROR_CTX(RestoreRocksCheckpoint(checkpoint, DatabaseDir(options.data_dir)),
                           absl::StrCat("checkpoint.restore = ", options.restore_checkpoint));
       LOG(INFO) << "restored checkpoint " << checkpoint;
     }
-    RocksKvStoreOptions store;
-    store.dir = DatabaseDir(options.data_dir);
-    store.block_cache_mb = options.block_cache_mb;
-    store.write_buffer_mb = options.write_buffer_mb;
-    ASSIGN_OR_RETURN(storage->store_, OpenRocksKvStore(store));
+    ASSIGN_OR_RETURN(storage->store_, OpenDatabase(options));
     storage->queue_ = std::make_unique<WriteQueue>(storage->store_.get());
   }
-  storage->budget_ = std::make_unique<MemoryBudget>(options.memory_budget_mb << 20);
   return storage;
 }
 
 ServerStorage::~ServerStorage() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (flusher_.joinable()) flusher_.join();
+  StopFlusher();
   Status flushed = Flush();
   if (!flushed.ok()) LOG(ERROR) << "final flush: " << flushed;
+  absl::WriterMutexLock lock(&state_mu_);
   tables_.clear();
   queue_.reset();
   store_.reset();
@@ -100,43 +171,43 @@ Status ServerStorage::CreateTables(const proto::JobSpec& job) {
           ", not of this job (", want, "); give this server a fresh --data-dir"));
     }
     if (have.empty()) {
-      const std::filesystem::path marker = std::filesystem::path(options_.data_dir) / "JOB";
+      const fs::path marker = fs::path(options_.data_dir) / "JOB";
       std::ofstream out(marker, std::ios::trunc);
       out << want << "\n";
       if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", marker.string()));
     }
   }
-  TableStorage storage;
-  storage.store = store_.get();
-  storage.queue = queue_.get();
-  storage.budget = budget_.get();
-  storage.write_every_push = options_.every_push && store_ != nullptr;
-  storage.durability_timeout = options_.durability_timeout;
-  std::vector<std::unique_ptr<Table>> tables;
-  for (const proto::TableSpec& spec : job.tables()) {
-    if (spec.id() != tables.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the job's table ids must be 0..n-1; table '", spec.name(), "' has id ", spec.id()));
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<Table> table, Table::Create(spec, job.seed(), storage));
-    tables.push_back(std::move(table));
+  {
+    absl::WriterMutexLock lock(&state_mu_);
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Table>> tables,
+                     MakeTables(job, options_, store_.get(), queue_.get(), budget_.get()));
+    tables_ = std::move(tables);
+    job_ = job;
   }
-  tables_ = std::move(tables);
   {
     absl::MutexLock lock(&mu_);
     tables_ready_ = true;
   }
-  if (store_ != nullptr) flusher_ = std::thread([this] { FlushLoop(); });
+  StartFlusher();
   return absl::OkStatus();
 }
 
 Table* ServerStorage::table(uint32_t id) const {
+  absl::ReaderMutexLock lock(&state_mu_);
   return id < tables_.size() ? tables_[id].get() : nullptr;
 }
 
-size_t ServerStorage::num_tables() const { return tables_.size(); }
+size_t ServerStorage::num_tables() const {
+  absl::ReaderMutexLock lock(&state_mu_);
+  return tables_.size();
+}
 
 Status ServerStorage::Flush() {
+  absl::ReaderMutexLock lock(&state_mu_);
+  return FlushLocked();
+}
+
+Status ServerStorage::FlushLocked() {
   if (store_ == nullptr) return absl::OkStatus();
   absl::MutexLock flush_lock(&flush_mu_);
   const absl::Time start = absl::Now();
@@ -153,6 +224,24 @@ Status ServerStorage::Flush() {
   return absl::OkStatus();
 }
 
+void ServerStorage::StartFlusher() {
+  {
+    absl::ReaderMutexLock lock(&state_mu_);
+    if (store_ == nullptr) return;
+  }
+  flusher_ = std::thread([this] { FlushLoop(); });
+}
+
+void ServerStorage::StopFlusher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (flusher_.joinable()) flusher_.join();
+  absl::MutexLock lock(&mu_);
+  stopping_ = false;
+}
+
 void ServerStorage::FlushLoop() {
   absl::Time last = absl::Now();
   while (true) {
@@ -167,56 +256,245 @@ void ServerStorage::FlushLoop() {
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
     }
     const absl::Time now = absl::Now();
-    if (now - last < options_.flush_interval && !budget_->over()) continue;
+    bool over = false;
+    {
+      absl::ReaderMutexLock lock(&state_mu_);
+      over = budget_->over();
+    }
+    if (now - last < options_.flush_interval && !over) continue;
     last = now;
     Status flushed = Flush();
     if (!flushed.ok()) LOG(ERROR) << "flush: " << flushed;
   }
 }
 
-StatusOr<CheckpointInfo> ServerStorage::Checkpoint(uint64_t id) {
+StatusOr<std::string> ServerStorage::CheckpointRoot() const {
+  fs::path root;
+  if (options_.checkpoint_dir.empty()) {
+    root = CheckpointsDir(options_.data_dir);
+  } else {
+    std::optional<uint32_t> id;
+    {
+      absl::MutexLock lock(&mu_);
+      id = server_id_;
+    }
+    if (!id.has_value()) {
+      return absl::FailedPreconditionError(
+          "checkpoint.dir names checkpoints by server id, and this server has none yet");
+    }
+    root = fs::path(options_.checkpoint_dir) / absl::StrCat("ps-", *id);
+  }
+  std::error_code error;
+  const fs::path absolute = fs::absolute(root, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve checkpoint dir ", root.string(),
+                                               ": ", error.message()));
+  }
+  return absolute.lexically_normal().string();
+}
+
+StatusOr<CheckpointInfo> ServerStorage::Checkpoint(uint64_t id,
+                                                   std::span<const uint64_t> keep_ids) {
+  absl::ReaderMutexLock state_lock(&state_mu_);
   if (store_ == nullptr) {
+    if (!broken_.ok()) return broken_;
     return absl::FailedPreconditionError("this server keeps no store to checkpoint (no data dir)");
   }
+  ASSIGN_OR_RETURN(const std::string root, CheckpointRoot());
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(Flush());
-  const std::string root = CheckpointsDir(options_.data_dir);
+  RETURN_IF_ERROR(FlushLocked());
   std::error_code error;
-  std::filesystem::create_directories(root, error);
-  const std::string path = (std::filesystem::path(root) / std::to_string(id)).string();
+  fs::create_directories(root, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create checkpoint dir ", root, ": ", error.message()));
+  }
+  const std::string path = (fs::path(root) / std::to_string(id)).string();
   {
     absl::MutexLock flush_lock(&flush_mu_);
     RETURN_IF_ERROR(store_->Checkpoint(path));
   }
   CheckpointInfo info{.path = path, .bytes = DirectoryBytes(path), .duration = absl::Now() - start};
-  // Keep the newest `keep_checkpoints` (numeric ids).
+
+  // Retention: numeric directory names only; anything else there is not ours.
   std::vector<uint64_t> ids;
-  for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
+  for (const auto& entry : fs::directory_iterator(root, error)) {
     uint64_t value = 0;
     if (entry.is_directory() && absl::SimpleAtoi(entry.path().filename().string(), &value)) {
       ids.push_back(value);
     }
   }
   std::sort(ids.begin(), ids.end());
-  while (ids.size() > static_cast<size_t>(options_.keep_checkpoints)) {
-    std::filesystem::remove_all(std::filesystem::path(root) / std::to_string(ids.front()), error);
-    ids.erase(ids.begin());
+  std::vector<uint64_t> drop;
+  if (!keep_ids.empty()) {
+    const absl::flat_hash_set<uint64_t> keep(keep_ids.begin(), keep_ids.end());
+    for (uint64_t old : ids) {
+      if (old < id && !keep.contains(old)) drop.push_back(old);
+    }
+  } else if (ids.size() > static_cast<size_t>(options_.keep_checkpoints)) {
+    drop.assign(ids.begin(), ids.end() - options_.keep_checkpoints);
+  }
+  for (uint64_t old : drop) {
+    const fs::path old_path = fs::path(root) / std::to_string(old);
+    fs::remove_all(old_path, error);
+    if (error) {
+      LOG(WARNING) << "cannot delete checkpoint " << old_path.string() << ": " << error.message();
+    }
   }
   LOG(INFO) << "checkpoint " << id << " in " << path << ": " << info.bytes / 1024 << " KiB in "
             << absl::FormatDuration(info.duration);
+  if (FailpointArmed("ps.crash_in_checkpoint", id)) {
+    LOG(WARNING) << "failpoint ps.crash_in_checkpoint=" << id
+                 << ": killing this server (SIGKILL) before it answers";
+    raise(SIGKILL);
+  }
   return info;
+}
+
+StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
+  if (options_.data_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "this server keeps no store to restore a checkpoint into (no data dir)");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!tables_ready_) {
+      return absl::FailedPreconditionError("the tables are not created yet: nothing to restore");
+    }
+  }
+  std::error_code error;
+  const bool empty = checkpoint.empty();
+  const fs::path path = empty ? fs::path() : fs::absolute(checkpoint, error).lexically_normal();
+  if (error) {
+    return absl::InvalidArgumentError(absl::StrCat("bad checkpoint path '", checkpoint, "'"));
+  }
+  // The checks RestoreRocksCheckpoint makes too, made before anything is
+  // dropped: a wrong path leaves the server as it was.
+  if (!empty && !fs::is_directory(path, error)) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint ", path.string()));
+  }
+  if (!empty && !fs::is_regular_file(path / "CURRENT", error)) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path.string(), " is not a RocksDB database (no CURRENT)"));
+  }
+  const absl::Time start = absl::Now();
+  StopFlusher();
+
+  // Take the old state out under the lock, let it go outside: stats()
+  // answers (for an empty server) while the store closes and the copy is
+  // made, instead of waiting for the disk.
+  std::vector<std::unique_ptr<Table>> old_tables;
+  std::unique_ptr<WriteQueue> old_queue;
+  std::unique_ptr<KvStore> old_store;
+  std::unique_ptr<MemoryBudget> old_budget;
+  proto::JobSpec job;
+  {
+    absl::WriterMutexLock lock(&state_mu_);
+    old_tables = std::exchange(tables_, {});
+    old_queue = std::move(queue_);
+    old_store = std::move(store_);
+    old_budget = std::exchange(budget_, std::make_unique<MemoryBudget>(0));
+    job = job_;
+  }
+  // The tables' changed rows are discarded, never queued: the database
+  // they would reach is being replaced. The queue writes only what earlier
+  // flushes queued, into the old database, before it closes.
+  old_tables.clear();
+  old_queue.reset();
+  old_store.reset();
+  old_budget.reset();
+
+  Status restored = absl::OkStatus();
+  if (empty) {
+    fs::remove_all(DatabaseDir(options_.data_dir), error);
+    if (error) {
+      restored = absl::UnavailableError(absl::StrCat("cannot empty ", DatabaseDir(options_.data_dir),
+                                                     ": ", error.message()));
+    }
+  } else {
+    restored = RestoreRocksCheckpoint(path.string(), DatabaseDir(options_.data_dir));
+  }
+  if (!restored.ok()) {
+    restored = Annotate(restored, absl::StrCat("restore of checkpoint ", path.string(),
+                                               " (the last flushed state stays)"));
+  }
+  // Reopen what DATA_DIR/db holds now: the checkpoint, or after a failed
+  // copy the old database.
+  // (Declared in the order they may be destroyed in reverse.)
+  StatusOr<std::unique_ptr<KvStore>> store = OpenDatabase(options_);
+  auto budget = std::make_unique<MemoryBudget>(options_.memory_budget_mb << 20);
+  std::unique_ptr<WriteQueue> queue;
+  StatusOr<std::vector<std::unique_ptr<Table>>> tables = absl::UnknownError("not made");
+  if (store.ok()) {
+    queue = std::make_unique<WriteQueue>(store->get());
+    tables = MakeTables(job, options_, store->get(), queue.get(), budget.get());
+  }
+  Status reopened = !store.ok() ? store.status() : tables.status();
+  {
+    absl::WriterMutexLock lock(&state_mu_);
+    if (reopened.ok()) {
+      store_ = *std::move(store);
+      queue_ = std::move(queue);
+      budget_ = std::move(budget);
+      tables_ = *std::move(tables);
+      broken_ = absl::OkStatus();
+    } else {
+      reopened = Annotate(reopened, "reopening the database after a restore; no tables left");
+      broken_ = reopened;
+    }
+  }
+  if (!reopened.ok()) {
+    LOG(ERROR) << reopened;
+    return reopened;
+  }
+  StartFlusher();
+  RETURN_IF_ERROR(restored);
+  return CheckpointInfo{.path = path.string(),
+                        .bytes = DirectoryBytes(path.string()),
+                        .duration = absl::Now() - start};
+}
+
+Status ServerStorage::status() const {
+  absl::ReaderMutexLock lock(&state_mu_);
+  return broken_;
 }
 
 std::string ServerStorage::stored_job() const {
   if (options_.data_dir.empty()) return "";
-  std::ifstream in(std::filesystem::path(options_.data_dir) / "JOB");
+  std::ifstream in(fs::path(options_.data_dir) / "JOB");
   std::string line;
   if (in) std::getline(in, line);
   return line;
 }
 
+std::optional<uint32_t> ServerStorage::stored_server_id() const {
+  if (options_.data_dir.empty()) return std::nullopt;
+  const fs::path file = fs::path(options_.data_dir) / "SERVER";
+  std::ifstream in(file);
+  if (!in) return std::nullopt;
+  std::string line;
+  std::getline(in, line);
+  uint32_t id = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &id)) {
+    LOG(WARNING) << file.string() << " does not hold a server id ('" << line << "'); ignored";
+    return std::nullopt;
+  }
+  return id;
+}
+
+Status ServerStorage::SetServerId(uint32_t id) {
+  if (!options_.data_dir.empty()) {
+    RETURN_IF_ERROR(
+        WriteFileAtomically(fs::path(options_.data_dir) / "SERVER", absl::StrCat(id, "\n")));
+  }
+  absl::MutexLock lock(&mu_);
+  server_id_ = id;
+  return absl::OkStatus();
+}
+
 StorageStats ServerStorage::stats() const {
   StorageStats stats;
+  absl::ReaderMutexLock state_lock(&state_mu_);
   for (const auto& table : tables_) {
     const TableStats t = table->stats();
     stats.rows_in_memory += t.rows_in_memory;

@@ -16,11 +16,22 @@
 //               still lose the last writes the OS had not flushed.
 //
 // Checkpoints: Checkpoint(N) flushes, then writes a RocksDB checkpoint into
-// DATA_DIR/checkpoints/N and keeps the newest `keep_checkpoints`. A server
-// started with restore_checkpoint = N replaces its database by that
-// checkpoint before opening it.
+// the checkpoint root: CHECKPOINT_DIR/ps-<server id>/N when
+// checkpoint_dir is set (shared storage, so that a replacement server can
+// restore it), else DATA_DIR/checkpoints/N. A server started with
+// restore_checkpoint = N replaces its database by DATA_DIR/checkpoints/N
+// before opening it; a running one replaces it with Restore(path).
 //
-// Thread-safety: safe for concurrent use once Open returns.
+// The server's identity: SetServerId records the id the master gave this
+// server in DATA_DIR/SERVER, so that a server restarted on its dir asks for
+// the same slot again (stored_server_id).
+//
+// Thread-safety: safe for concurrent use once Open returns, with one
+// exception: Restore replaces every table, so no Table* obtained before it
+// may be used during or after it, and Restore must not run concurrently
+// with itself, CreateTables, Checkpoint or a use of a table (the caller
+// excludes them; ParamServer holds a reader/writer lock). stats() and the
+// flusher may run during a Restore.
 
 #ifndef EPS_PS_STORAGE_H_
 #define EPS_PS_STORAGE_H_
@@ -28,6 +39,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,7 +69,12 @@ struct StorageOptions {
   // RocksDB block cache and memtable sizes, MiB. Defaults 8 and 4.
   int64_t block_cache_mb = 8;
   int64_t write_buffer_mb = 4;
-  // Checkpoints kept in DATA_DIR/checkpoints. Default 3.
+  // Root of every server's checkpoints (checkpoint.dir): checkpoint N of
+  // server S goes to CHECKPOINT_DIR/ps-S/N. Empty: DATA_DIR/checkpoints/N.
+  // Ignored without a data dir (nothing to checkpoint). Default empty.
+  std::string checkpoint_dir;
+  // Checkpoints kept in the checkpoint root when the caller names none to
+  // keep (Checkpoint's keep_ids empty). Default 3.
   int keep_checkpoints = 3;
   // Checkpoint id to restore before opening; empty restores nothing.
   std::string restore_checkpoint;
@@ -100,7 +118,7 @@ class ServerStorage {
   // names it) is refused with kFailedPrecondition, naming both jobs.
   // kInvalidArgument for a bad spec.
   Status CreateTables(const proto::JobSpec& job);
-  // Table `id`, or null.
+  // Table `id`, or null. Valid until the next Restore.
   Table* table(uint32_t id) const;
   size_t num_tables() const;
 
@@ -109,34 +127,88 @@ class ServerStorage {
   // Errors of the queue (kUnavailable; kDeadlineExceeded after
   // durability_timeout).
   Status Flush();
-  // Flush + checkpoint `id` into DATA_DIR/checkpoints/<id>, then drops all
-  // but the newest keep_checkpoints. kFailedPrecondition without a store,
-  // kAlreadyExists when that checkpoint exists.
-  StatusOr<CheckpointInfo> Checkpoint(uint64_t id);
+  // Flush + checkpoint `id` into the checkpoint root (see above), then
+  // drops older checkpoints there: with `keep_ids` non-empty, every
+  // checkpoint with an id below `id` that keep_ids does not list (`id`
+  // itself always stays); with `keep_ids` empty, all but the newest
+  // keep_checkpoints. CheckpointInfo.path is absolute.
+  // kFailedPrecondition without a store, or with checkpoint_dir set before
+  // SetServerId; kAlreadyExists when that checkpoint exists; kUnavailable
+  // on I/O errors. Failpoint ps.crash_in_checkpoint=`id` (core/failpoint.h)
+  // kills the process once the checkpoint is written, before returning.
+  StatusOr<CheckpointInfo> Checkpoint(uint64_t id, std::span<const uint64_t> keep_ids = {});
+
+  // Replaces every parameter by the checkpoint in directory `checkpoint`
+  // (a CheckpointInfo.path): drops the tables and their changed rows
+  // (nothing is written), closes the store, replaces DATA_DIR/db by a copy
+  // of the checkpoint (RestoreRocksCheckpoint), reopens it and recreates the
+  // tables of the same job with an empty hot tier; rows come back from the
+  // store on demand. Idempotent: restoring the same checkpoint again gives
+  // the same state. Blocks for the copy. Returns the checkpoint's absolute
+  // path, its bytes and the time taken.
+  // kFailedPrecondition without a data dir or before CreateTables;
+  // kNotFound (naming the path) when `checkpoint` is not a directory and
+  // kDataLoss when it is not a RocksDB checkpoint: both before anything
+  // changes. Other errors (kUnavailable, kInvalidArgument) come after the
+  // tables were dropped: the storage then serves whatever DATA_DIR/db holds
+  // (its last flushed state, or the checkpoint when only the reopening
+  // failed), or, when even that cannot be opened, has no tables and
+  // status() says why.
+  // An empty `checkpoint` empties the store instead (no rows at all: the
+  // job as training starts).
+  // REQUIRES: see the thread-safety note above.
+  StatusOr<CheckpointInfo> Restore(const std::string& checkpoint);
+
+  // OK unless a failed Restore left the storage without a database (then
+  // every table() is null and the server must stop).
+  Status status() const;
 
   // The job (DATA_DIR/JOB: "id name") whose parameters the data dir holds;
   // empty for a fresh or memory-only store.
   std::string stored_job() const;
+
+  // The server id recorded in DATA_DIR/SERVER; nullopt for a fresh or
+  // memory-only store (or an unreadable file, logged as a warning).
+  std::optional<uint32_t> stored_server_id() const;
+  // Records `id` as this server's id: the checkpoint root under
+  // checkpoint_dir names it, and with a data dir it is written to
+  // DATA_DIR/SERVER (a temporary file, fsynced, then renamed over it, so the
+  // file is always whole). kUnavailable when the file cannot be written.
+  Status SetServerId(uint32_t id);
 
   StorageStats stats() const;
   const StorageOptions& options() const { return options_; }
 
  private:
   explicit ServerStorage(const StorageOptions& options);
+  Status FlushLocked() ABSL_SHARED_LOCKS_REQUIRED(state_mu_);
+  // The directory checkpoints go to (absolute).
+  StatusOr<std::string> CheckpointRoot() const;
+  void StartFlusher() ABSL_LOCKS_EXCLUDED(mu_);
+  void StopFlusher() ABSL_LOCKS_EXCLUDED(mu_);
   void FlushLoop();
 
   const StorageOptions options_;
-  std::unique_ptr<KvStore> store_;
-  std::unique_ptr<WriteQueue> queue_;
-  std::unique_ptr<MemoryBudget> budget_;
-  std::vector<std::unique_ptr<Table>> tables_;  // set once by CreateTables
+  // Guards what Restore swaps. Held shared by flushes, checkpoints, stats()
+  // and table() (a flush holds it across its writes); exclusively only for
+  // the moments Restore takes the old state out and puts the new one in.
+  mutable absl::Mutex state_mu_;
+  std::unique_ptr<KvStore> store_ ABSL_GUARDED_BY(state_mu_);
+  std::unique_ptr<WriteQueue> queue_ ABSL_GUARDED_BY(state_mu_);
+  std::unique_ptr<MemoryBudget> budget_ ABSL_GUARDED_BY(state_mu_);
+  std::vector<std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(state_mu_);
+  proto::JobSpec job_ ABSL_GUARDED_BY(state_mu_);  // set by CreateTables
+  Status broken_ ABSL_GUARDED_BY(state_mu_);       // see status()
+  // Started by CreateTables, stopped and restarted by Restore, joined by the
+  // destructor (never concurrently: see the thread-safety note).
   std::thread flusher_;
-  // Serialises flushes and checkpoints.
-  absl::Mutex flush_mu_;
+  // Serialises flushes and checkpoints. Taken after state_mu_.
+  absl::Mutex flush_mu_ ABSL_ACQUIRED_AFTER(state_mu_);
 
-  mutable absl::Mutex mu_;
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(flush_mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool tables_ready_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<uint32_t> server_id_ ABSL_GUARDED_BY(mu_);
   double last_flush_ms_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t flushes_ ABSL_GUARDED_BY(mu_) = 0;
 };

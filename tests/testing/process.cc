@@ -155,18 +155,19 @@ std::vector<std::string> LocalJob::CommonArgs() const {
 
 Status LocalJob::StartMaster(absl::Duration timeout) { return LaunchMaster("0", "0", timeout); }
 
-Status LocalJob::RestartMaster(absl::Duration timeout) {
+Status LocalJob::RestartMaster(absl::Duration timeout, const std::vector<std::string>& extra) {
   const std::string rpc_port = endpoint_.substr(endpoint_.rfind(':') + 1);
   const std::string http_port = http_.substr(http_.rfind(':') + 1);
   std::error_code error;
   std::filesystem::remove(master_dir_ + "/master.json", error);
-  return LaunchMaster(rpc_port, http_port, timeout);
+  return LaunchMaster(rpc_port, http_port, timeout, extra);
 }
 
 Status LocalJob::LaunchMaster(const std::string& port, const std::string& http_port,
-                              absl::Duration timeout) {
+                              absl::Duration timeout, const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {BinaryPath("eps-master"), "--port", port, "--http-port",
                                    http_port, "--data-dir", master_dir_};
+  argv.insert(argv.end(), extra.begin(), extra.end());
   for (const std::string& arg : CommonArgs()) argv.push_back(arg);
   const std::string log = master_starts_++ == 0
                               ? dir_ + "/master.log"
@@ -198,10 +199,14 @@ Status LocalJob::Start(int servers, int workers) {
   return absl::OkStatus();
 }
 
-StatusOr<size_t> LocalJob::StartServer() {
+std::string LocalJob::server_dir(size_t index) const {
+  return absl::StrCat(dir_, "/server-", index);
+}
+
+StatusOr<size_t> LocalJob::StartServer(const std::string& data_dir) {
   const size_t index = servers_.size();
   std::vector<std::string> argv = {BinaryPath("eps-server"), "--master", endpoint_, "--data-dir",
-                                   absl::StrCat(dir_, "/server-", index)};
+                                   data_dir.empty() ? server_dir(index) : data_dir};
   for (const std::string& arg : CommonArgs()) argv.push_back(arg);
   ASSIGN_OR_RETURN(auto process, Process::Start(argv, absl::StrCat(dir_, "/server-", index, ".log")));
   servers_.push_back(std::move(process));

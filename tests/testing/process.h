@@ -78,12 +78,17 @@ class LocalJob {
   // Starts the master on ephemeral ports and waits for its endpoints.
   Status StartMaster(absl::Duration timeout = absl::Seconds(20));
   // Starts the master again on the ports and data dir of the first one
-  // (which must have exited) and waits for it to serve.
-  Status RestartMaster(absl::Duration timeout = absl::Seconds(20));
+  // (which must have exited), with `extra` flags (--resume), and waits for
+  // it to serve.
+  Status RestartMaster(absl::Duration timeout = absl::Seconds(20),
+                       const std::vector<std::string>& extra = {});
   // Starts the master, then `servers` servers and `workers` workers.
   Status Start(int servers, int workers);
   // Starts a server / worker; returns its index in servers() / workers().
-  StatusOr<size_t> StartServer();
+  // A server's --data-dir is DIR/server-<index> unless `data_dir` is given
+  // (a server restarted on an earlier one's dir: server_dir(i)).
+  StatusOr<size_t> StartServer(const std::string& data_dir = "");
+  std::string server_dir(size_t index) const;
   StatusOr<size_t> StartWorker();
 
   // Waits for the master to exit, then for every other process (each up to
@@ -108,7 +113,7 @@ class LocalJob {
  private:
   std::vector<std::string> CommonArgs() const;
   Status LaunchMaster(const std::string& port, const std::string& http_port,
-                      absl::Duration timeout);
+                      absl::Duration timeout, const std::vector<std::string>& extra = {});
   int master_starts_ = 0;
   std::string dir_;
   std::string config_;
