@@ -1447,9 +1447,10 @@ Status Master::Impl::HandleRegisterServer(const Message& request, Message* reply
           "the server's --data-dir says it was ps[", *slot, "] of this job, which has no such "
           "server; give it a fresh --data-dir"));
     }
-    if (it->second.state == PeerState::kAlive && it->second.seen) {
-      // Back before its lease ran out: what it held since its last flush
-      // is gone all the same.
+    if (it->second.state == PeerState::kAlive) {
+      // A new process (a running server never registers again), back
+      // before its lease ran out or after a master restart: what it held
+      // since its last flush is gone all the same.
       it->second.state = PeerState::kDead;
       restarted = true;
       LOG(ERROR) << "ps[" << *slot << "] restarted (pid " << it->second.pid << " -> " << body.pid()

@@ -164,6 +164,24 @@ TEST_F(RecoveryTest, ServerKilledAndRestartedOnItsDataDir) {
   }
 }
 
+// checkpoint.on_server_failure = continue: only the lost server's
+// partitions return to the checkpoint; no data progress is undone.
+TEST_F(RecoveryTest, ContinueRestoresOnlyTheLostServer) {
+  const std::string config = WriteJobConfig(dir_, "on_server_failure = continue\n");
+  LocalJob job(dir_.path(), config, overrides_);
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(WaitForMidEpoch(job)) << job.Logs();
+  job.servers()[0]->Signal(SIGKILL);
+  ASSERT_EQ(job.servers()[0]->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  ASSERT_TRUE(job.StartServer(job.server_dir(0)).ok());
+
+  const json status = ExpectCompleteJob(job, config);
+  const json& last = status["recovery"]["last"];
+  EXPECT_EQ(last["mode"], "continue") << last.dump();
+  EXPECT_EQ(last["records_rolled_back"], 0) << last.dump();
+  EXPECT_EQ(last["servers_restored"].size(), 1u) << last.dump();
+}
+
 TEST_F(RecoveryTest, ServerKilledAndReplacedOnAFreshDataDir) {
   const std::string shared = dir_.Join("shared-checkpoints");
   const std::string config = WriteJobConfig(dir_, "dir = " + shared + "\n");

@@ -1298,6 +1298,54 @@ TEST_F(MasterTest, ResumeContinuesAStoppedJobFromItsLastCheckpoint) {
   EXPECT_EQ(Events("job_resuming").size(), 1u);
 }
 
+// After a machine restart (master killed, not stopped), a server that
+// registers again on its data dir is a new process: the job rolls back
+// even though this master never saw the old one die.
+TEST_F(MasterTest, ServerRegisteringAfterAMasterRestartRollsTheJobBack) {
+  const std::string train = Write("train.tsv", CriteoText(20, /*seed=*/6));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  std::unique_ptr<FakePeer> worker = Peer();
+  ASSERT_TRUE(worker->RegisterWorker().ok());
+  const proto::ShardAssignment shard = TakeShard(*worker);
+  const std::vector<Piece> pieces = ReadPieces(shard, /*batch_lines=*/2);
+  ASSERT_TRUE(*worker->Commit(shard, pieces[0]));
+  master_->RequestStop("killed");
+  Beat(ServerPtrs());
+  master_->Wait().IgnoreError();
+  master_.reset();
+  {
+    // As if killed with -9: not stopped, still training.
+    StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(options.data_dir + "/state");
+    ASSERT_TRUE(store.ok()) << store.status();
+    StatusOr<std::optional<MasterSnapshot>> saved = (*store)->Load();
+    ASSERT_TRUE(saved.ok() && saved->has_value());
+    proto::MasterRecord record = (*saved)->master;
+    record.set_phase(1);
+    record.set_stopped(false);
+    record.clear_failure();
+    StateUpdate update;
+    update.PutMaster(record);
+    ASSERT_TRUE((*store)->Write(update).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  EXPECT_EQ(Doc()["records_trained"], pieces[0].lines);
+  servers_.clear();
+  fake_server_listeners_.clear();
+  ASSERT_NO_FATAL_FAILURE(AddFakeServer(0, /*stored_id=*/0));
+  ASSERT_NO_FATAL_FAILURE(AddFakeServer(1, /*stored_id=*/1));
+  ASSERT_TRUE(Eventually(
+      [&] { return Doc()["recovery"]["recoveries"] == 1 && Doc()["recovery"]["in_progress"].is_null(); },
+      ServerPtrs()));
+  const std::vector<std::pair<uint64_t, std::string>> start = {{0, ""}};
+  EXPECT_EQ(RestoresSeen(0), start);
+  EXPECT_EQ(RestoresSeen(1), start);
+  EXPECT_EQ(Doc()["records_trained"], 0);
+}
+
 TEST_F(MasterTest, ResumeNeedsAJobToResume) {
   const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
   MasterOptions options = Options();
