@@ -1015,6 +1015,7 @@ void Master::Impl::StartRecovery(uint32_t server, const std::string& why) {
     // A round still waiting for workers to pause will not see them again.
     if (round_.has_value() && !round_->writing) {
       const std::string error = absl::StrCat("abandoned: ", why);
+      LOG(WARNING) << "checkpoint " << round_->id << " " << error;
       events_->Record("checkpoint_failed", {{"checkpoint", round_->id}, {"error", error}});
       checkpoint_results_[round_->id] = {{"checkpoint", round_->id}, {"error", error}};
       ++checkpoints_failed_;
@@ -1080,7 +1081,8 @@ void Master::Impl::PropagateFences(RpcChannel& channel) {
       continue;
     }
     events_->Record("worker_fenced", {{"worker", it->first}});
-    ReleaseShardsOf(it->first, "fenced");
+    // A rollback replaces the whole pass: its shards need not move now.
+    if (!recovery_.has_value() || !recovery_->rollback) ReleaseShardsOf(it->first, "fenced");
     it = awaiting_fence_.erase(it);
   }
   changed_.SignalAll();
@@ -1371,6 +1373,14 @@ StatusOr<WorkerEntry*> Master::Impl::LiveWorker(const Message& request) {
     return absl::InvalidArgumentError("only workers may call this");
   }
   auto it = workers_.find(sender.id());
+  if (it != workers_.end() && it->second.state == PeerState::kFenced) {
+    return ErrorWithReason(
+        absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("worker ", sender.id(), " is fenced: a parameter server was lost",
+                     recovery_.has_value() ? absl::StrCat(" (", recovery_->why, ")") : "",
+                     " and the job is restored from a checkpoint; it must register again"),
+        proto::FENCED);
+  }
   if (it == workers_.end() || it->second.state != PeerState::kAlive) {
     return ErrorWithReason(
         absl::StatusCode::kFailedPrecondition,
