@@ -1,10 +1,17 @@
 // EventLog: the job's history as JSON lines in DATA_DIR/events.jsonl.
 //
 // One object per line: {"time": <unix seconds>, "event": "<name>", ...}.
-// Events: job_started, master_resumed, server_registered, server_dead,
-// worker_joined, worker_left, worker_dead, worker_fenced, shard_reassigned,
-// shard_split, epoch_started, epoch_finished, evaluation_finished,
-// job_finished, job_failed.
+// Events:
+//   the job       job_started, master_resumed, job_resuming, job_finished,
+//                 job_failed, progress (every job.progress_interval_s: rate,
+//                 loss so far, live workers, pass fraction, ETA)
+//   membership    server_registered, server_dead, worker_joined, worker_left,
+//                 worker_dead, worker_fenced
+//   data          epoch_started, epoch_finished, shard_reassigned,
+//                 split_requested, shard_split, evaluation_started,
+//                 evaluation_finished
+//   checkpoints   checkpoint, checkpoint_failed, recovery_started, recovered
+// scripts/plot_run.py draws a run from them.
 //
 // Record() only queues (no I/O, so it may be called under other locks);
 // Flush() appends the queue to the file.

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -28,6 +27,7 @@
 #include "absl/time/time.h"
 #include "core/logging.h"
 #include "core/message.h"
+#include "core/metrics.h"
 #include "core/net.h"
 #include "core/placement.h"
 #include "core/rpc_channel.h"
@@ -39,6 +39,7 @@
 #include "master/job_spec.h"
 #include "master/shard_tracker.h"
 #include "master/state_store.h"
+#include "master/status_page.h"
 #include "models/metrics.h"
 #include "nlohmann/json.hpp"
 
@@ -100,6 +101,8 @@ struct WorkerEntry {
   double records_per_s = 0;
   bool told_to_exit = false;
   uint64_t paused_for = 0;  // the checkpoint it reports having paused for
+  // As last reported; kept once the worker is gone (/metrics).
+  proto::WorkerStats stats;
 };
 
 struct ServerEntry {
@@ -201,18 +204,6 @@ json NullableNumber(const std::optional<double>& value) {
   return value.has_value() ? json(*value) : json(nullptr);
 }
 
-// A sample value in the Prometheus text format: the shortest text that
-// reads back as `value` (absl::StrCat keeps six digits, which turns
-// 1234567 records into 1.23457e+06), and NaN, +Inf, -Inf spelled its way.
-std::string PrometheusNumber(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  char buffer[64];
-  const std::to_chars_result result = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  CHECK(result.ec == std::errc());
-  return std::string(buffer, result.ptr);
-}
-
 // The document as text. Strings in it come from outside (the job name, file
 // paths, error messages naming them) and need not be UTF-8; nlohmann::json
 // throws on invalid UTF-8 unless told to replace it.
@@ -291,7 +282,14 @@ class Master::Impl {
   void Finish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteFinalStatus() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every job.progress_interval_s: the rate, a progress line, a sample in
+  // history_ and a "progress" event.
   void LogProgress(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Seconds to the end of the job (every pass left and the evaluation) at
+  // the last interval's rate; nullopt when unknown.
+  std::optional<double> EtaSeconds() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Mean loss of the current epoch so far; nullopt outside training.
+  std::optional<double> RunningLoss() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Coordinated checkpoints. A round pauses every worker after its batch in
   // hand is committed, has every server write checkpoint N once no push is
@@ -424,6 +422,11 @@ class Master::Impl {
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t records_at_last_progress_ ABSL_GUARDED_BY(mu_) = 0;
   double records_per_s_ ABSL_GUARDED_BY(mu_) = 0;
+  // Records of every applied commit (training and evaluation), never undone.
+  uint64_t records_committed_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last progress samples, oldest first.
+  static constexpr size_t kHistorySamples = 720;
+  std::deque<json> history_ ABSL_GUARDED_BY(mu_);
 
   // Coordinated checkpoints.
   struct CheckpointRound {
@@ -699,19 +702,7 @@ Status Master::Impl::StartServing() {
     response.set_content(MetricsText(), "text/plain; version=0.0.4");
   });
   http_.Get("/", [this](const httplib::Request&, httplib::Response& response) {
-    std::string body = StatusJson();
-    std::string escaped;
-    for (char c : body) {
-      if (c == '<') escaped += "&lt;";
-      else if (c == '&') escaped += "&amp;";
-      else escaped += c;
-    }
-    response.set_content(
-        absl::StrCat("<!doctype html><html><head><meta charset=\"utf-8\">"
-                     "<meta http-equiv=\"refresh\" content=\"2\"><title>eps: ",
-                     options_.job.job.name, "</title></head><body><h1>eps job ",
-                     options_.job.job.name, "</h1><pre>", escaped, "</pre></body></html>"),
-        "text/html");
+    response.set_content(StatusPage(options_.job.job.name), "text/html; charset=utf-8");
   });
   // An operator's checkpoint: a coordinated round now (or the one in
   // progress); answers when it is complete or has failed.
@@ -1328,35 +1319,65 @@ uint32_t Master::Impl::RetryAfterMs() const {
       std::clamp<int64_t>(options_.job.master.heartbeat_ms / 4, 5, 200));
 }
 
+std::optional<double> Master::Impl::EtaSeconds() const {
+  if (!tracker_ || records_per_s_ <= 0 || JobOver()) return std::nullopt;
+  const bool eval = phase_ == Phase::kEvaluating;
+  const DataSet& data = eval ? eval_data_ : train_data_;
+  double left = static_cast<double>(data.records - std::min(data.records, tracker_->committed_records()));
+  if (!eval) {
+    const uint32_t later_epochs = static_cast<uint32_t>(options_.job.job.epochs) - epoch_ - 1;
+    left += static_cast<double>(later_epochs) * static_cast<double>(train_data_.records) +
+            static_cast<double>(eval_data_.records);
+  }
+  return left / records_per_s_;
+}
+
+std::optional<double> Master::Impl::RunningLoss() const {
+  if (phase_ != Phase::kTraining || epoch_ >= ledger_.size() ||
+      ledger_[epoch_].records_committed() == 0) {
+    return std::nullopt;
+  }
+  return ledger_[epoch_].loss_sum() / static_cast<double>(ledger_[epoch_].records_committed());
+}
+
 void Master::Impl::LogProgress(absl::Time now) {
   const absl::Duration interval = absl::Seconds(options_.job.job.progress_interval_s);
   if (now - last_progress_ < interval) return;
   const double seconds = absl::ToDoubleSeconds(now - last_progress_);
-  records_per_s_ = static_cast<double>(records_trained_ - records_at_last_progress_) / seconds;
+  // Every commit applied (training and evaluation; a rollback undoes none).
+  records_per_s_ =
+      static_cast<double>(records_committed_total_ - records_at_last_progress_) / seconds;
   last_progress_ = now;
-  records_at_last_progress_ = records_trained_;
+  records_at_last_progress_ = records_committed_total_;
   if (JobOver()) return;
   int alive_workers = 0;
   for (const auto& [id, worker] : workers_) alive_workers += worker.state == PeerState::kAlive;
+  const DataSet& data = phase_ == Phase::kEvaluating ? eval_data_ : train_data_;
+  const double fraction =
+      tracker_ ? static_cast<double>(tracker_->committed_records()) /
+                     static_cast<double>(std::max<uint64_t>(1, data.records))
+               : 0.0;
+  const std::optional<double> eta = EtaSeconds();
+  const std::optional<double> loss = RunningLoss();
+  // The history behind the status page's chart and scripts/plot_run.py.
+  json sample = {{"time", absl::ToDoubleSeconds(now - absl::UnixEpoch())},
+                 {"elapsed_s", absl::ToDoubleSeconds(now - started_)},
+                 {"phase", PhaseName(phase_)},
+                 {"epoch", epoch_ + 1},
+                 {"records_trained", records_trained_},
+                 {"records_per_s", records_per_s_},
+                 {"train_loss", NullableNumber(loss)},
+                 {"workers", alive_workers},
+                 {"pass_fraction", fraction},
+                 {"eta_s", NullableNumber(eta)}};
+  history_.push_back(sample);
+  while (history_.size() > kHistorySamples) history_.pop_front();
+  events_->Record("progress", std::move(sample));
   if (!tracker_) {
     LOG(INFO) << PhaseName(phase_) << ": " << servers_.size() << "/"
               << options_.job.ps.num_servers << " server(s), " << alive_workers
               << " worker(s)";
     return;
-  }
-  const DataSet& data = phase_ == Phase::kEvaluating ? eval_data_ : train_data_;
-  const double fraction =
-      static_cast<double>(tracker_->committed_records()) / std::max<uint64_t>(1, data.records);
-  std::string eta = "?";
-  if (records_per_s_ > 0) {
-    const double left = static_cast<double>(data.records - tracker_->committed_records()) /
-                        records_per_s_;
-    eta = absl::FormatDuration(absl::Seconds(static_cast<int64_t>(left)));
-  }
-  std::string loss = "n/a";
-  if (phase_ == Phase::kTraining && epoch_ < ledger_.size() &&
-      ledger_[epoch_].records_committed() > 0) {
-    loss = absl::StrFormat("%.5f", ledger_[epoch_].loss_sum() / ledger_[epoch_].records_committed());
   }
   LOG(INFO) << (phase_ == Phase::kEvaluating
                     ? std::string("eval")
@@ -1364,7 +1385,10 @@ void Master::Impl::LogProgress(absl::Time now) {
             << ": " << absl::StrFormat("%.1f", 100 * fraction) << "% (" << tracker_->done()
             << "/" << tracker_->num_shards() << " shards done, " << tracker_->doing()
             << " in progress), " << absl::StrFormat("%.0f", records_per_s_) << " records/s, "
-            << alive_workers << " worker(s), loss " << loss << ", ETA " << eta;
+            << alive_workers << " worker(s), loss "
+            << (loss ? absl::StrFormat("%.5f", *loss) : std::string("n/a")) << ", ETA "
+            << (eta ? absl::FormatDuration(absl::Seconds(static_cast<int64_t>(*eta)))
+                    : std::string("?"));
 }
 
 StatusOr<WorkerEntry*> Master::Impl::LiveWorker(const Message& request) {
@@ -1964,6 +1988,7 @@ Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
     worker->last_seen = absl::Now();
     worker->records_per_s = stats.records_per_s();
     worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());
+    worker->stats = stats;
     const uint64_t paused_for = request.header().heartbeat_request().paused_for_checkpoint();
     if (paused_for != worker->paused_for) {
       worker->paused_for = paused_for;
@@ -1995,6 +2020,12 @@ Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
                                             : proto::JOB_RUNNING);
   out->set_cluster_map_version(cluster_map_.version());
   out->set_membership_epoch(membership_epoch_);
+  if (tracker_) {
+    const DataSet& data = phase_ == Phase::kEvaluating ? eval_data_ : train_data_;
+    out->set_pass_records_left(data.records - std::min(data.records, tracker_->committed_records()));
+  }
+  out->set_job_records_per_s(records_per_s_);
+  if (const std::optional<double> eta = EtaSeconds(); eta.has_value()) out->set_eta_s(*eta);
   if (JobOver()) {
     out->set_shutdown(true);
     *told = true;
@@ -2156,6 +2187,7 @@ Status Master::Impl::HandleCommit(const Message& request, Message* reply) {
 
   MarkShard(body.shard_id());
   const uint64_t valid = body.lines() - body.malformed();
+  records_committed_total_ += valid;
   records_malformed_ += body.malformed();
   for (const std::string& example : body.malformed_examples()) {
     if (malformed_examples_.size() < 20) malformed_examples_.push_back(example);
@@ -2287,6 +2319,8 @@ json Master::Impl::StatusDocument() const {
   doc["records_retrained"] = records_retrained_;
   doc["records_per_epoch"] = train_data_.records;
   doc["records_per_s"] = records_per_s_;
+  doc["eta_s"] = NullableNumber(EtaSeconds());
+  doc["history"] = json(std::vector<json>(history_.begin(), history_.end()));
   doc["records_malformed"] = records_malformed_;
   doc["malformed_examples"] = malformed_examples_;
   doc["membership_epoch"] = membership_epoch_;
@@ -2381,6 +2415,7 @@ json Master::Impl::StatusDocument() const {
     epoch_losses.push_back(*train_loss);
   }
   doc["metrics"] = {{"train_loss", NullableNumber(train_loss)},
+                    {"epoch_loss_so_far", NullableNumber(RunningLoss())},
                     {"epoch_train_loss", epoch_losses},
                     {"eval_auc", NullableNumber(eval_auc_)},
                     {"eval_logloss", NullableNumber(eval_logloss_)},
@@ -2389,24 +2424,58 @@ json Master::Impl::StatusDocument() const {
 }
 
 std::string Master::Impl::MetricsText() const {
-  std::string out;
+  // Families in a fixed order, each with every series it has: job progress,
+  // training quality, membership and shards, per worker, per server,
+  // checkpoints and recoveries. README.md "### Metrics" lists them.
+  PrometheusWriter out;
   auto gauge = [&out](const char* name, const char* help, double value) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ",
-                    PrometheusNumber(value), "\n");
+    out.Family(name, MetricType::kGauge, help);
+    out.Sample(value);
   };
-  gauge("eps_records_trained", "Records committed, each once, over all epochs.",
+  auto counter = [&out](const char* name, const char* help, double value) {
+    out.Family(name, MetricType::kCounter, help);
+    out.Sample(value);
+  };
+
+  // Not "job": Prometheus gives every target a job label of its own.
+  out.Family("eps_job_info", MetricType::kGauge, "The job's name and id; always 1.");
+  out.Sample({{"name", options_.job.job.name}, {"job_id", job_spec_.job_id()}}, 1);
+  out.Family("eps_job_phase", MetricType::kGauge,
+             "1 for the job's current phase, 0 for the others.");
+  for (Phase phase :
+       {Phase::kScanning, Phase::kTraining, Phase::kEvaluating, Phase::kFinished, Phase::kFailed}) {
+    out.Sample({{"phase", PhaseName(phase)}}, phase == phase_ ? 1 : 0);
+  }
+  gauge("eps_job_epoch", "Current training epoch, 1-based.", epoch_ + 1);
+  gauge("eps_job_epochs", "Training epochs of the job.",
+        static_cast<double>(options_.job.job.epochs));
+  double pass_done = phase_ == Phase::kFinished ? 1 : 0;
+  if (tracker_) {
+    const DataSet& data = phase_ == Phase::kEvaluating ? eval_data_ : train_data_;
+    pass_done = static_cast<double>(tracker_->committed_records()) /
+                static_cast<double>(std::max<uint64_t>(1, data.records));
+  }
+  gauge("eps_job_pass_done_ratio",
+        "Fraction of the current pass (training epoch or evaluation) committed.", pass_done);
+  gauge("eps_job_records_trained",
+        "The job's progress: training records committed, each once per epoch, over all epochs. "
+        "Falls back when a recovery rolls the job back.",
         static_cast<double>(records_trained_));
-  gauge("eps_records_retrained", "Records trained again after a worker failed.",
-        static_cast<double>(records_retrained_));
-  gauge("eps_records_per_second", "Records committed per second, last interval.", records_per_s_);
-  gauge("eps_epoch", "Current epoch (1-based).", epoch_ + 1);
-  int alive = 0;
-  for (const auto& [id, worker] : workers_) alive += worker.state == PeerState::kAlive;
-  gauge("eps_workers_alive", "Workers holding a lease.", alive);
-  gauge("eps_membership_epoch", "Membership changes so far.",
-        static_cast<double>(membership_epoch_));
-  gauge("eps_reassignments", "Shards handed back after their worker died or left.",
-        static_cast<double>(reassignments_ + (tracker_ ? tracker_->reassignments() : 0)));
+  // Counted from the workers' entries, which are never removed: unlike
+  // records_trained_, no rollback lowers it.
+  uint64_t committed = 0;
+  for (const auto& [id, worker] : workers_) committed += worker.records;
+  counter("eps_records_trained_total",
+          "Training records committed by workers since this master started, including those a "
+          "recovery rolled back.",
+          static_cast<double>(committed));
+  counter("eps_records_retrained_total",
+          "Records trained again: pushed by a worker that died before committing them, or rolled "
+          "back by a recovery.",
+          static_cast<double>(records_retrained_));
+  gauge("eps_records_per_second", "Records committed per second over the last progress interval.",
+        records_per_s_);
+
   for (size_t e = ledger_.size(); e-- > 0;) {
     const bool complete = e < epoch_ || phase_ == Phase::kEvaluating || phase_ == Phase::kFinished;
     if (!complete || ledger_[e].records_committed() == 0) continue;
@@ -2414,9 +2483,173 @@ std::string Master::Impl::MetricsText() const {
           ledger_[e].loss_sum() / static_cast<double>(ledger_[e].records_committed()));
     break;
   }
+  if (const std::optional<double> loss = RunningLoss(); loss.has_value()) {
+    gauge("eps_train_loss_current_epoch", "Mean train loss of the current epoch so far.", *loss);
+  }
   if (eval_auc_) gauge("eps_eval_auc", "Final evaluation AUC.", *eval_auc_);
   if (eval_logloss_) gauge("eps_eval_logloss", "Final evaluation log loss.", *eval_logloss_);
-  return out;
+
+  gauge("eps_membership_epoch", "Membership changes so far.",
+        static_cast<double>(membership_epoch_));
+  uint64_t todo = 0, doing = 0, done = 0;
+  if (tracker_) {
+    todo = tracker_->todo();
+    doing = tracker_->doing();
+    done = tracker_->done();
+  } else if (phase_ == Phase::kFinished) {
+    done = train_data_.shards.size();
+  }
+  out.Family("eps_shards", MetricType::kGauge, "Shards of the current pass by state.");
+  out.Sample({{"state", "todo"}}, static_cast<double>(todo));
+  out.Sample({{"state", "doing"}}, static_cast<double>(doing));
+  out.Sample({{"state", "done"}}, static_cast<double>(done));
+  counter("eps_reassignments_total", "Shards handed back after their worker died or left.",
+          static_cast<double>(reassignments_ + (tracker_ ? tracker_->reassignments() : 0)));
+  counter("eps_splits_total", "Shards split off a straggler for an idle worker.",
+          static_cast<double>(splits_ + (tracker_ ? tracker_->splits() : 0)));
+  const PeerState kStates[] = {PeerState::kAlive, PeerState::kDead, PeerState::kLeft,
+                               PeerState::kFenced};
+  out.Family("eps_workers", MetricType::kGauge, "Workers by state.");
+  for (PeerState state : kStates) {
+    int n = 0;
+    for (const auto& [id, worker] : workers_) n += worker.state == state;
+    out.Sample({{"state", PeerStateName(state)}}, n);
+  }
+  out.Family("eps_servers", MetricType::kGauge, "Parameter servers by state.");
+  for (PeerState state : kStates) {
+    int n = 0;
+    for (const auto& [id, server] : servers_) n += server.state == state;
+    out.Sample({{"state", PeerStateName(state)}}, n);
+  }
+
+  // Per peer. A gone worker's or server's series keep its last values (its
+  // entry stays), so counters and histograms never go back; a server that
+  // takes over a slot starts them again, as any restarted process does.
+  std::vector<std::pair<std::string, const WorkerEntry*>> workers;
+  for (const auto& [id, worker] : workers_) workers.emplace_back(absl::StrCat(id), &worker);
+  std::vector<std::pair<std::string, const ServerEntry*>> servers;
+  std::map<std::string, uint64_t> partitions;
+  for (const auto& [id, server] : servers_) {
+    servers.emplace_back(absl::StrCat(id), &server);
+    uint64_t owned = 0;
+    for (uint32_t owner : cluster_map_.partition_owner()) owned += owner == id;
+    partitions[absl::StrCat(id)] = owned;
+  }
+  // A histogram a peer has not reported (or reported malformed) has no
+  // series.
+  auto histogram = [&out](const std::string& label, const std::string& id,
+                          const proto::Histogram& wire) {
+    StatusOr<HistogramSnapshot> snapshot = HistogramFromProto(wire);
+    if (snapshot.ok()) out.Histogram({{label, id}}, *snapshot);
+  };
+  out.Family("eps_worker_records_per_second", MetricType::kGauge,
+             "Records a worker trains per second, as it reports; 0 once it is gone.");
+  for (const auto& [id, worker] : workers) {
+    out.Sample({{"worker", id}}, worker->state == PeerState::kAlive ? worker->records_per_s : 0);
+  }
+  out.Family("eps_worker_records_committed_total", MetricType::kCounter,
+             "Training records the master accepted from a worker.");
+  for (const auto& [id, worker] : workers) {
+    out.Sample({{"worker", id}}, static_cast<double>(worker->records));
+  }
+  out.Family("eps_worker_pull_seconds", MetricType::kHistogram,
+             "Duration of a worker's pulls as its trainer sees them (all servers, network, "
+             "retries).");
+  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.pull_latency());
+  out.Family("eps_worker_push_seconds", MetricType::kHistogram,
+             "Duration of a worker's pushes as its trainer sees them (all servers, network, "
+             "retries).");
+  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.push_latency());
+
+  auto per_server = [&out, &servers](const char* name, MetricType type, const char* help,
+                                     const std::function<double(const ServerEntry&)>& value) {
+    out.Family(name, type, help);
+    for (const auto& [id, server] : servers) out.Sample({{"server", id}}, value(*server));
+  };
+  out.Family("eps_server_partitions", MetricType::kGauge, "Partitions a server owns.");
+  for (const auto& [id, owned] : partitions) {
+    out.Sample({{"server", id}}, static_cast<double>(owned));
+  }
+  per_server("eps_server_rows", MetricType::kGauge, "Rows a server holds in memory.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.rows()); });
+  per_server("eps_server_rows_on_disk", MetricType::kGauge,
+             "Rows in a server's on-disk store (approximate).",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.rows_on_disk()); });
+  per_server("eps_server_memory_bytes", MetricType::kGauge, "Bytes of a server's rows in memory.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.bytes()); });
+  per_server(
+      "eps_server_memory_budget_bytes", MetricType::kGauge,
+      "A server's memory budget for rows (ps.memory_budget_mb; 0: unlimited).",
+      [](const ServerEntry& s) { return static_cast<double>(s.stats.memory_budget_bytes()); });
+  per_server("eps_server_disk_bytes", MetricType::kGauge,
+             "Bytes of a server's on-disk store (approximate).",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.disk_bytes()); });
+  per_server("eps_server_hit_ratio", MetricType::kGauge,
+             "Fraction of a server's row lookups served from memory since it started (1 before "
+             "any).",
+             [](const ServerEntry& s) {
+               const uint64_t lookups = s.stats.hits() + s.stats.misses();
+               return lookups > 0
+                          ? static_cast<double>(s.stats.hits()) / static_cast<double>(lookups)
+                          : 1.0;
+             });
+  per_server("eps_server_row_hits_total", MetricType::kCounter,
+             "Row lookups a server served from memory.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.hits()); });
+  per_server("eps_server_row_misses_total", MetricType::kCounter,
+             "Row lookups a server read from its store.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.misses()); });
+  per_server("eps_server_evictions_total", MetricType::kCounter,
+             "Rows a server evicted from memory.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.evictions()); });
+  per_server("eps_server_last_flush_seconds", MetricType::kGauge,
+             "Duration of a server's last flush of changed rows to its store.",
+             [](const ServerEntry& s) { return s.stats.last_flush_ms() / 1000; });
+  per_server("eps_server_pulls_total", MetricType::kCounter, "PULL requests a server applied.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.pulls()); });
+  per_server("eps_server_pushes_total", MetricType::kCounter, "PUSH requests a server applied.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes()); });
+  per_server("eps_server_pushes_fenced_total", MetricType::kCounter,
+             "Pushes a server refused because their worker was fenced.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes_fenced()); });
+  per_server(
+      "eps_server_pushes_deduplicated_total", MetricType::kCounter,
+      "Retried pushes a server acknowledged without applying them again.",
+      [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes_deduplicated()); });
+  out.Family("eps_server_pull_seconds", MetricType::kHistogram,
+             "Time a server takes to answer a PULL, from its arrival to the reply.");
+  for (const auto& [id, server] : servers) histogram("server", id, server->stats.pull_latency());
+  out.Family("eps_server_push_seconds", MetricType::kHistogram,
+             "Time a server takes to answer a PUSH, from its arrival to the reply.");
+  for (const auto& [id, server] : servers) histogram("server", id, server->stats.push_latency());
+
+  counter("eps_checkpoints_written_total", "Coordinated checkpoints completed.",
+          static_cast<double>(checkpoints_written_));
+  counter("eps_checkpoints_failed_total", "Coordinated checkpoints abandoned or failed.",
+          static_cast<double>(checkpoints_failed_));
+  counter("eps_checkpoint_pause_seconds_total",
+          "Time workers spent paused for checkpoints, summed over rounds.", checkpoint_pause_s_);
+  // Checkpoint 0 (training starting) is written by nobody: no durations.
+  if (last_checkpoint_.has_value() && last_checkpoint_->id() > 0) {
+    gauge("eps_checkpoint_last_pause_seconds",
+          "How long the last complete checkpoint paused the workers.",
+          last_checkpoint_->pause_ms() / 1000);
+    gauge("eps_checkpoint_last_duration_seconds",
+          "How long the servers took to write the last complete checkpoint.",
+          last_checkpoint_->duration_ms() / 1000);
+    gauge("eps_checkpoint_last_bytes", "Bytes of the last complete checkpoint.",
+          static_cast<double>(last_checkpoint_->bytes()));
+    gauge("eps_checkpoint_last_timestamp_seconds",
+          "Unix time at which the last complete checkpoint was recorded.",
+          static_cast<double>(last_checkpoint_->unix_ms()) / 1000);
+  }
+  counter("eps_recoveries_total",
+          "Recoveries started: restores from the last complete checkpoint after a parameter "
+          "server was lost, or to resume a stopped job.",
+          static_cast<double>(recoveries_));
+  gauge("eps_recovery_in_progress", "1 while the job is being restored after losing a server.",
+        recovery_.has_value() ? 1 : 0);
+  return out.text();
 }
 
 Status Master::Impl::Wait() {

@@ -17,8 +17,10 @@
 #include "absl/synchronization/mutex.h"
 #include "core/logging.h"
 #include "core/message.h"
+#include "core/metrics.h"
 #include "core/net.h"
 #include "core/placement.h"
+#include "core/progress.h"
 #include "core/rpc_channel.h"
 #include "core/rpc_server.h"
 #include "core/socket_factory.h"
@@ -136,6 +138,9 @@ class ParamServer::Impl {
   std::atomic<uint64_t> rows_pushed_{0};
   std::atomic<uint64_t> pushes_fenced_{0};
   std::atomic<uint64_t> pushes_deduplicated_{0};
+  // Time from a PULL's or PUSH's arrival in Handle to its reply.
+  LatencyHistogram pull_latency_;
+  LatencyHistogram push_latency_;
 
   // Held shared by every PULL, PUSH and CHECKPOINT from validation to
   // reply, exclusively by a RESTORE: tables are swapped only while no
@@ -278,6 +283,8 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_pushes(pushes_.load());
   stats.set_pushes_fenced(pushes_fenced_.load());
   stats.set_pushes_deduplicated(pushes_deduplicated_.load());
+  HistogramToProto(pull_latency_.Snapshot(), stats.mutable_pull_latency());
+  HistogramToProto(push_latency_.Snapshot(), stats.mutable_push_latency());
   return stats;
 }
 
@@ -346,7 +353,7 @@ void ParamServer::Impl::HeartbeatLoop() {
                 << absl::StrFormat("%.0f", (pulled - rows_pulled_before) / seconds)
                 << " rows pulled/s, "
                 << absl::StrFormat("%.0f", (pushed - rows_pushed_before) / seconds)
-                << " rows pushed/s";
+                << " rows pushed/s; " << JobProgress(body);
       rows_pulled_before = pulled;
       rows_pushed_before = pushed;
       last_progress = now;
@@ -370,6 +377,10 @@ void ParamServer::Impl::Stop(const Status& result) {
 
 Status ParamServer::Impl::Handle(Message& request, Message* reply) {
   const proto::Method method = request.header().method();
+  // Refusals too (fenced, not ready): the worker waited for them as well.
+  const ScopedLatency timer(method == proto::PULL   ? &pull_latency_
+                            : method == proto::PUSH ? &push_latency_
+                                                    : nullptr);
   // Need no map: served from the first moment (RESTORE once the tables are
   // made).
   if (method == proto::FENCE_WORKERS) return HandleFenceWorkers(request, reply);

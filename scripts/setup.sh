@@ -19,10 +19,12 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libcpp-httplib-dev nlohmann-json3-dev libxxhash-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
 )
+# Callers add what only they need (scripts/test.sh: chromium for -L browser).
+EXTRA_PACKAGES=(${EXTRA_PACKAGES[@]+"${EXTRA_PACKAGES[@]}"})
 
 install_missing_packages() {
   local missing=()
-  for package in "${PACKAGES[@]}"; do
+  for package in "${PACKAGES[@]}" ${EXTRA_PACKAGES[@]+"${EXTRA_PACKAGES[@]}"}; do
     if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed"; then
       missing+=("$package")
     fi

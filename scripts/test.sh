@@ -5,8 +5,15 @@
 #
 # The default suite covers unit and integration tests (fault tolerance
 # included) and skips the long `soak` label; pass e.g. `-L soak` to run it.
-# GPU tests (label `gpu`) skip with a message when no GPU is visible.
+# GPU tests (label `gpu`) skip with a message when no GPU is visible; the
+# status page's test (label `browser`) skips without Debian's chromium, which
+# is installed when the arguments name that label (`-L browser`).
 set -euo pipefail
+# promtool validates /metrics; matplotlib runs scripts/plot_run.py.
+EXTRA_PACKAGES=(prometheus python3-matplotlib)
+for arg in "$@"; do
+  if [[ "$arg" == *browser* ]]; then EXTRA_PACKAGES+=(chromium); fi
+done
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
 install_missing_packages

@@ -163,6 +163,7 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
 }
 
 Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out) {
+  const ScopedLatency timer(pull_latency_);
   out->resize(tables.size());
   for (size_t t = 0; t < tables.size(); ++t) {
     (*out)[t].resize(tables[t].keys.size() * table(tables[t].table_id).dim());
@@ -207,6 +208,7 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
 }
 
 Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads) {
+  const ScopedLatency timer(push_latency_);
   CHECK_EQ(tables.size(), grads.size());
   for (size_t t = 0; t < tables.size(); ++t) {
     CHECK_EQ(grads[t].size(), tables[t].keys.size() * table(tables[t].table_id).dim());

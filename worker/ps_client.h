@@ -25,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/message.h"
+#include "core/metrics.h"
 #include "core/placement.h"
 #include "core/rpc_channel.h"
 #include "core/socket_factory.h"
@@ -69,6 +70,15 @@ class PsClient {
   // for a server that will not answer.
   void set_abandon(std::function<bool()> abandon) { abandon_ = std::move(abandon); }
 
+  // Every Pull and Push from now on, failed ones included, is timed whole
+  // (routing, every server's answer, re-sending) into `pull` / `push`;
+  // nullptr times nothing. The histograms must outlive the client; several
+  // clients may share them.
+  void set_latency_histograms(LatencyHistogram* pull, LatencyHistogram* push) {
+    pull_latency_ = pull;
+    push_latency_ = push;
+  }
+
  private:
   // Part of one table's keys bound for one server.
   struct Piece {
@@ -107,6 +117,8 @@ class PsClient {
   RpcChannel channel_;
   std::unique_ptr<Placement> placement_;
   uint64_t push_seq_ = 0;
+  LatencyHistogram* pull_latency_ = nullptr;
+  LatencyHistogram* push_latency_ = nullptr;
 };
 
 }  // namespace eps

@@ -17,8 +17,10 @@
 #include "core/data_schema.h"
 #include "core/logging.h"
 #include "core/message.h"
+#include "core/metrics.h"
 #include "core/net.h"
 #include "core/placement.h"
+#include "core/progress.h"
 #include "core/rpc_channel.h"
 #include "core/socket_factory.h"
 #include "models/batch.h"
@@ -158,6 +160,10 @@ class Worker::Impl {
     // lease on this session runs from no earlier than that.
     absl::Time lease_start ABSL_GUARDED_BY(mu);
     Status failure ABSL_GUARDED_BY(mu);
+    // Every pull and push of the session's parameter clients (loader and
+    // trainer), reported in heartbeats: a new worker id starts from zero.
+    LatencyHistogram pull_latency;
+    LatencyHistogram push_latency;
   };
 
   CallOptions MasterCallOptions() const {
@@ -258,6 +264,8 @@ class Worker::Impl {
 
   // Across sessions.
   std::atomic<uint64_t> records_committed_{0};
+  // The job's rate and ETA from the last heartbeat reply, for progress lines.
+  std::string job_progress_ ABSL_GUARDED_BY(mu_) = "job ETA ?";
   std::atomic<uint64_t> records_pushed_{0};
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> batches_{0};
@@ -362,6 +370,7 @@ std::unique_ptr<PsClient> Worker::Impl::MakePsClient(Session& session, RpcChanne
                                            [this, master] { return FetchClusterMap(*master); });
   CHECK_OK(client->SetClusterMap(session.initial_map));
   client->set_abandon([&session] { return Fenced(session); });
+  client->set_latency_histograms(&session.pull_latency, &session.push_latency);
   return client;
 }
 
@@ -707,6 +716,8 @@ void Worker::Impl::HeartbeatLoop(Session& session) {
     stats->set_batches(batches_.load());
     stats->set_malformed(malformed_.load());
     stats->set_records_pushed(records_pushed_.load());
+    HistogramToProto(session.pull_latency.Snapshot(), stats->mutable_pull_latency());
+    HistogramToProto(session.push_latency.Snapshot(), stats->mutable_push_latency());
     {
       absl::MutexLock lock(&session.mu);
       request.header().mutable_heartbeat_request()->set_paused_for_checkpoint(
@@ -737,6 +748,10 @@ void Worker::Impl::HeartbeatLoop(Session& session) {
       continue;
     }
     const proto::HeartbeatReply& body = reply->header().heartbeat_reply();
+    {
+      absl::MutexLock lock(&mu_);
+      job_progress_ = JobProgress(body);
+    }
     bool idle_pause = false;
     {
       absl::MutexLock lock(&session.mu);
@@ -827,13 +842,18 @@ Status Worker::Impl::RunSession() {
     const absl::Time now = absl::Now();
     if (now - last_progress >= absl::Seconds(options_.job.job.progress_interval_s)) {
       const uint64_t records = records_committed_.load();
+      std::string job;
+      {
+        absl::MutexLock lock(&mu_);
+        job = job_progress_;
+      }
       LOG(INFO) << records << " records trained, "
                 << absl::StrFormat("%.0f", (records - records_at_progress) /
                                                absl::ToDoubleSeconds(now - last_progress))
                 << " records/s, loss "
                 << (loss_count_since ? absl::StrFormat("%.5f", loss_sum_since / loss_count_since)
                                      : std::string("n/a"))
-                << (prepared->shard.phase() == proto::EVAL ? " (evaluating)" : "");
+                << (prepared->shard.phase() == proto::EVAL ? " (evaluating)" : "") << "; " << job;
       last_progress = now;
       records_at_progress = records;
       loss_sum_since = 0;

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# End to end: how fast eps trains each model against the single-process
+# PyTorch script a user would otherwise write, on the same data.
+#
+#   bench/e2e.sh [--rows N] [--models "lr wdl deepfm dlrm"] [--section.key=value ...]
+#
+# For every model (examples/<model>.ini; lr: examples/local.ini) it trains one
+# epoch of the same eps-datagen data (N training rows, default 200000)
+#   - through eps (scripts/run_local.sh) with (servers, workers) = (1, 1) and
+#     (2, 2), the workers sharing this machine's cores;
+#   - with bench/reference_models.py train: one PyTorch process, the same
+#     batch (1024), learning rate and model sizes, torch.set_num_threads(nproc).
+# eps's samples/s is the epoch's records over the time from the epoch's start
+# to its end in the master's events log (parsing, pulls, pushes and commits
+# included; the data scan and the evaluation not). PyTorch's is its training
+# loop's, the data already in memory (its loading is not counted). Prints one
+# Markdown table: samples/s, ratio to PyTorch, eval AUC. The goal: eps at
+# (1, 1) at least as fast as PyTorch for every model.
+#
+# Needs /usr/bin/python3 with torch (python3-torch); install
+# libopenblas0-pthread first, or PyTorch's matrix products run on the
+# reference BLAS and the comparison means nothing.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+work="${EPS_BENCH_DIR:-$(mktemp -d /tmp/eps-e2e.XXXXXX)}"
+rows=200000
+models="lr wdl deepfm dlrm"
+overrides=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --rows) rows="$2"; shift 2 ;;
+    --models) models="$2"; shift 2 ;;
+    --*.*=*) overrides+=("$1"); shift ;;
+    *) echo "usage: bench/e2e.sh [--rows N] [--models LIST] [--section.key=value ...]" >&2; exit 2 ;;
+  esac
+done
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "bench/e2e.sh: needs /usr/bin/python3 with torch (apt-get install python3-torch)" >&2
+  exit 2
+fi
+if ! dpkg-query -W -f='${Status}' libopenblas0-pthread 2>/dev/null | grep -q "ok installed"; then
+  echo "bench/e2e.sh: warning: libopenblas0-pthread is not installed; PyTorch runs on the" \
+       "reference BLAS and will look far slower than it is" >&2
+fi
+
+cmake --build "$root/build" --target eps-master eps-server eps-worker eps-datagen >/dev/null
+data="$work/data-$rows"
+if [ ! -f "$data/truth.json" ]; then
+  "$root/build/bin/eps-datagen" --rows "$rows" --seed 1 --files 4 --out "$data" >/dev/null 2>&1
+fi
+threads="$(nproc)"
+
+# A value of the config's [section] key.
+config_value() {
+  local file="$1" section="$2" key="$3"
+  awk -v s="[$section]" -v k="$key" '
+    /^\[/ { in_section = ($0 == s) }
+    in_section && $0 ~ "^[[:space:]]*" k "[[:space:]]*=" { sub(/^[^=]*=[[:space:]]*/, ""); print; exit }' "$file"
+}
+
+results="$work/results.jsonl"
+: >"$results"
+started=$(date +%s)
+for model in $models; do
+  config="$root/examples/$model.ini"
+  [ "$model" = lr ] && config="$root/examples/local.ini"
+  for layout in "1 1" "2 2"; do
+    read -r servers workers <<<"$layout"
+    run="$work/$model-$servers-$workers"
+    echo "e2e: $model through eps, $servers server(s) and $workers worker(s)" >&2
+    EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" "$config" --servers "$servers" \
+      --workers "$workers" --data.train="$data/train" --data.eval="$data/eval" \
+      "${overrides[@]}" >"$run.txt" 2>"$run.log"
+    /usr/bin/python3 - "$model" "$servers" "$workers" "$run/master" >>"$results" <<'PY'
+import json, sys
+model, servers, workers, master = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+events = [json.loads(line) for line in open(f"{master}/events.jsonl")]
+start = next(e["time"] for e in events if e["event"] == "epoch_started")
+end = next(e["time"] for e in events if e["event"] == "epoch_finished")
+final = json.load(open(f"{master}/final_status.json"))
+print(json.dumps({"model": model, "system": f"eps ({servers}, {workers})",
+                  "samples_per_s": final["records_per_epoch"] / (end - start),
+                  "auc": final["metrics"]["eval_auc"]}))
+PY
+  done
+  echo "e2e: $model in PyTorch, $threads thread(s)" >&2
+  torch_args=(--model "$model" --train "$data/train" --eval "$data/eval" --batch 1024 --epochs 1
+              --threads "$threads" --lr "$(config_value "$config" optimizer learning_rate)")
+  for key in embedding_dim mlp bottom_mlp top_mlp activation; do
+    value="$(config_value "$config" model "$key")"
+    [ -n "$value" ] && torch_args+=("--${key//_/-}" "$value")
+  done
+  /usr/bin/python3 "$root/bench/reference_models.py" train "${torch_args[@]}" \
+    2>"$work/$model.torch.log" | tail -n 1 |
+    /usr/bin/python3 -c 'import json, sys
+r = json.loads(sys.stdin.read())
+print(json.dumps({"model": r["model"], "system": "PyTorch", "samples_per_s": r["samples_per_s"],
+                  "auc": r["auc"]}))' >>"$results"
+done
+
+/usr/bin/python3 - "$results" "$rows" "$threads" "$(( $(date +%s) - started ))" <<'PY'
+import json, sys
+results = [json.loads(line) for line in open(sys.argv[1])]
+rows, threads, seconds = sys.argv[2], sys.argv[3], sys.argv[4]
+print(f"One epoch of {rows} eps-datagen rows, batch 1024, {threads} core(s); {seconds} s in all.\n")
+print("| model | system | samples/s | vs PyTorch | eval AUC |")
+print("| --- | --- | ---: | ---: | ---: |")
+for model in dict.fromkeys(r["model"] for r in results):
+    torch = next(r for r in results if r["model"] == model and r["system"] == "PyTorch")
+    for r in (r for r in results if r["model"] == model):
+        ratio = r["samples_per_s"] / torch["samples_per_s"]
+        print(f"| {model} | {r['system']} | {r['samples_per_s']:,.0f} | {ratio:.2f}x | {r['auc']:.4f} |")
+PY
+echo "(data, logs and results in $work)" >&2
