@@ -2007,6 +2007,14 @@ Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {
                              absl::StrCat("server ", sender.id(), " is not registered"),
                              proto::FENCED);
     }
+    const std::string& endpoint = request.header().heartbeat_request().endpoint();
+    if (!endpoint.empty() && endpoint != it->second.endpoint) {
+      return ErrorWithReason(
+          absl::StatusCode::kFailedPrecondition,
+          absl::StrCat("ps[", sender.id(), "] is now served at ", it->second.endpoint,
+                       "; this server at ", endpoint, " was replaced"),
+          proto::FENCED);
+    }
     it->second.last_seen = absl::Now();
     if (!it->second.seen) changed_.SignalAll();  // a recovery may proceed
     it->second.seen = true;

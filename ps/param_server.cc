@@ -308,6 +308,7 @@ void ParamServer::Impl::HeartbeatLoop() {
     Message request;
     request.header().set_method(proto::HEARTBEAT);
     *request.header().mutable_heartbeat_request()->mutable_server() = Stats();
+    request.header().mutable_heartbeat_request()->set_endpoint(endpoint_);
     CallOptions call;
     call.attempt_timeout = std::max(options_.heartbeat, absl::Seconds(1));
     call.max_attempts = 1;

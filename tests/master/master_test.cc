@@ -192,10 +192,12 @@ class FakePeer {
     return absl::OkStatus();
   }
 
-  StatusOr<proto::HeartbeatReply> Heartbeat(uint64_t rows = 0, uint64_t paused_for = 0) {
+  StatusOr<proto::HeartbeatReply> Heartbeat(uint64_t rows = 0, uint64_t paused_for = 0,
+                                            const std::string& endpoint = "") {
     Message request;
     proto::HeartbeatRequest* body = request.header().mutable_heartbeat_request();
     body->set_paused_for_checkpoint(paused_for);
+    body->set_endpoint(endpoint);
     if (self_.role() == proto::ROLE_SERVER) {
       body->mutable_server()->set_rows(rows);
     } else {
@@ -1139,6 +1141,11 @@ TEST_F(MasterTest, LostServerRollsTheJobBackToTheLastCheckpoint) {
   // A fresh server takes the dead one's slot; both restore checkpoint 1.
   ASSERT_NO_FATAL_FAILURE(AddFakeServer(2));
   EXPECT_EQ(servers_.back()->id(), 1u);
+  // The old ps[1] process, back from a partition, cannot keep the slot's
+  // lease alive: it was replaced.
+  ExpectCode(servers_[1]->Heartbeat(0, 0, fake_server_listeners_[1]->endpoint()).status(),
+             absl::StatusCode::kFailedPrecondition, proto::FENCED);
+  EXPECT_TRUE(servers_[2]->Heartbeat(0, 0, fake_server_listeners_[2]->endpoint()).ok());
   alive = {servers_[0].get(), servers_[2].get(), next.get()};
   ASSERT_TRUE(Eventually([&] { return Doc()["recovery"]["in_progress"].is_null(); }, alive));
   EXPECT_EQ(RestoresSeen(0),
