@@ -657,7 +657,9 @@ Status Master::Impl::ResumeFromCheckpoint(const MasterSnapshot& snapshot) {
   for (uint32_t id = 0; id < next_worker_id_; ++id) {
     if (!std::binary_search(fenced_.begin(), fenced_.end(), id)) FenceWorker(id, "resumed");
   }
-  recovery_ = Recovery{.why = "resuming the stopped job",
+  recovery_ = Recovery{.why = snapshot.master.stopped() ? "resuming the stopped job"
+                                                       : "resuming the job (it was not stopped: "
+                                                         "a crash or a machine restart)",
                        .started = absl::Now(),
                        .rollback = true,
                        .restore = {},

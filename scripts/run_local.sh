@@ -108,7 +108,7 @@ for _ in $(seq 100); do
 done
 endpoint="$(sed -n 's/.*"rpc": *"\([^"]*\)".*/\1/p' "$run_dir/master/master.json")"
 http="$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' "$run_dir/master/master.json")"
-echo "eps: master at $endpoint, status at $http/status, logs in $run_dir/logs" >&2
+echo "eps: master at $endpoint; status page at $http/ (JSON at /status, metrics at /metrics); logs in $run_dir/logs" >&2
 
 for i in $(seq 0 $((servers - 1))); do
   "$bin/eps-server" --config "$config" --master "$endpoint" --data-dir "$run_dir/server-$i" \

@@ -254,6 +254,34 @@ TEST_F(RecoveryTest, StoppedJobResumesFromItsLastCheckpoint) {
   EXPECT_EQ(Events(job, "recovered").size(), 1u);
 }
 
+// A machine restart: every process killed with -9 at once, nothing marked
+// stopped; --resume continues from the last complete checkpoint.
+TEST_F(RecoveryTest, KilledJobResumesFromItsLastCheckpoint) {
+  const std::string config = WriteJobConfig(dir_);
+  LocalJob job(dir_.path(), config, overrides_);
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(WaitForMidEpoch(job)) << job.Logs();
+  job.master().Signal(SIGKILL);
+  for (auto& server : job.servers()) server->Signal(SIGKILL);
+  for (auto& worker : job.workers()) worker->Signal(SIGKILL);
+  ASSERT_EQ(job.master().Wait(absl::Seconds(10)), 128 + SIGKILL);
+  for (const std::optional<int>& code : job.WaitForOthers(absl::Seconds(10))) {
+    ASSERT_EQ(code, 128 + SIGKILL);
+  }
+
+  ASSERT_TRUE(job.RestartMaster(absl::Seconds(20), {"--resume"}).ok()) << job.Logs();
+  ASSERT_TRUE(job.StartServer(job.server_dir(0)).ok());
+  ASSERT_TRUE(job.StartServer(job.server_dir(1)).ok());
+  ASSERT_TRUE(job.StartWorker().ok());
+  ASSERT_TRUE(job.StartWorker().ok());
+  const json status = ExpectCompleteJob(job, config);
+  EXPECT_EQ(Events(job, "job_resuming").size(), 1u);
+  const std::vector<json> recovered = Events(job, "recovered");
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_NE(recovered[0]["reason"].get<std::string>().find("not stopped"), std::string::npos)
+      << recovered[0].dump();
+}
+
 TEST_F(RecoveryTest, CheckpointInterruptedByACrashIsIgnored) {
   const std::string config = WriteJobConfig(dir_);
   LocalJob job(dir_.path(), config, overrides_);
