@@ -317,13 +317,31 @@ class Master::Impl {
   // data progress returns to it, and the workers register again.
   void StartRecovery(uint32_t server, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdvanceRecovery(RpcChannel& channel);
+  // Ends a recovery that cannot complete. The job stops resumable: its
+  // checkpoints stand, and --resume tries again once the cause is fixed
+  // (shared storage mounted, say).
+  void FailRecovery(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    stopped_ = true;
+    Fail(reason);
+  }
   // Returns the data progress (pass, shards, ledger, counts) to the
   // checkpoint's.
   Status ApplyCheckpoint(const proto::CheckpointRecord& checkpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `shards` (in shard id order) the pass in progress: training epoch
+  // `epoch`, or the evaluation. `saved_splits` is the saved total of splits,
+  // which counts this pass's split-off shards too. kDataLoss when the
+  // records do not add up.
+  Status AdoptPass(const std::vector<proto::ShardRecord>& shards, bool eval, uint32_t epoch,
+                   uint64_t saved_splits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers holding a shard of the pass in progress.
+  std::set<uint32_t> HoldersOfShardsInProgress() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resume (--resume): every server slot must be filled again and restored.
   Status ResumeFromCheckpoint(const MasterSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   json CheckpointJson(const proto::CheckpointRecord& record) const;
+  // Ends the round in progress as failed with `error` (log, event, result
+  // for POST /checkpoint); the next one is due an interval later.
+  void FailRound(const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool JobOver() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return phase_ == Phase::kFinished || phase_ == Phase::kFailed;
   }
@@ -588,31 +606,14 @@ Status Master::Impl::Restore(const MasterSnapshot& snapshot) {
     shards.push_back(shard);
   }
   const bool eval = phase == Phase::kEvaluating;
-  const DataSet& data = eval ? eval_data_ : train_data_;
-  std::vector<uint32_t> order(data.shards.size());
-  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  if (!eval) order = EpochOrder(epoch_, data.shards.size());
-  ASSIGN_OR_RETURN(ShardTracker tracker, ShardTracker::FromRecords(shards, order));
-  tracker_ = std::make_unique<ShardTracker>(std::move(tracker));
-  // The saved total includes this pass's splits, which the tracker counts
-  // again from its split-off shards: keep only the earlier passes' here.
-  if (splits_ < tracker_->splits()) {
-    return absl::DataLossError(absl::StrCat("the saved state counts ", splits_,
-                                            " splits but its pass holds ", tracker_->splits(),
-                                            " split-off shards"));
-  }
-  splits_ -= tracker_->splits();
+  RETURN_IF_ERROR(AdoptPass(shards, eval, epoch_, splits_));
   for (const auto& [key, result] : snapshot.eval_results) {
     eval_results_[key] = result;
     eval_records_ += result.first.size();
   }
   // Workers of the previous master's life are gone for it: fence them
   // before their shards move (their pushes must stop first).
-  std::set<uint32_t> holders;
-  for (uint64_t id = 0; id < tracker_->num_shards(); ++id) {
-    const ShardTracker::Shard& shard = tracker_->shard(id);
-    if (shard.state == ShardTracker::State::kDoing) holders.insert(shard.holder);
-  }
+  const std::set<uint32_t> holders = HoldersOfShardsInProgress();
   for (uint32_t holder : holders) FenceWorker(holder, "the master restarted");
   LOG(INFO) << "resuming the job in " << options_.data_dir << ": " << PhaseName(phase_)
             << (eval ? std::string() : absl::StrCat(" epoch ", epoch_ + 1)) << ", "
@@ -710,11 +711,15 @@ Status Master::Impl::StartServing() {
   // progress); answers when it is complete or has failed.
   http_.Post("/checkpoint", [this](const httplib::Request&, httplib::Response& response) {
     absl::MutexLock lock(&mu_);
-    if (phase_ != Phase::kTraining || JobOver()) {
+    if (phase_ != Phase::kTraining || JobOver() || recovery_.has_value()) {
       response.status = 409;
       response.set_content(
-          DumpJson({{"error", absl::StrCat("checkpoints are taken while the job trains; it is ",
-                                           PhaseName(phase_))}}),
+          DumpJson({{"error", recovery_.has_value() && !JobOver()
+                                  ? absl::StrCat("the job is being restored (", recovery_->why,
+                                                 "); ask again once it trains")
+                                  : absl::StrCat("checkpoints are taken while the job trains; "
+                                                 "it is ",
+                                                 PhaseName(phase_))}}),
           "application/json");
       return;
     }
@@ -722,13 +727,21 @@ Status Master::Impl::StartServing() {
     if (!round_.has_value()) checkpoint_requested_ = true;
     changed_.SignalAll();
     const absl::Time deadline = absl::Now() + absl::Minutes(10);
-    while (!checkpoint_results_.contains(id) && !JobOver() && absl::Now() < deadline) {
+    // A recovery starting meanwhile abandons a round in progress (its
+    // result says so) and keeps a requested one from starting.
+    while (!checkpoint_results_.contains(id) && !JobOver() &&
+           !(recovery_.has_value() && !round_.has_value()) && absl::Now() < deadline) {
       changed_.WaitWithDeadline(&mu_, deadline);
     }
     auto it = checkpoint_results_.find(id);
-    json result = it != checkpoint_results_.end()
-                      ? it->second
-                      : json{{"checkpoint", id}, {"error", "the job ended first"}};
+    json result = it != checkpoint_results_.end() ? it->second
+                  : JobOver() ? json{{"checkpoint", id}, {"error", "the job ended first"}}
+                  : recovery_.has_value()
+                      ? json{{"checkpoint", id},
+                             {"error", absl::StrCat("not taken: the job is being restored (",
+                                                    recovery_->why, ")")}}
+                      : json{{"checkpoint", id},
+                             {"error", "not complete after 10 minutes; see the master's log"}};
     response.status = result.contains("error") ? 500 : 200;
     response.set_content(DumpJson(result), "application/json");
   });
@@ -1006,14 +1019,8 @@ void Master::Impl::StartRecovery(uint32_t server, const std::string& why) {
       FenceWorker(id, why);
     }
     // A round still waiting for workers to pause will not see them again.
-    if (round_.has_value() && !round_->writing) {
-      const std::string error = absl::StrCat("abandoned: ", why);
-      LOG(WARNING) << "checkpoint " << round_->id << " " << error;
-      events_->Record("checkpoint_failed", {{"checkpoint", round_->id}, {"error", error}});
-      checkpoint_results_[round_->id] = {{"checkpoint", round_->id}, {"error", error}};
-      ++checkpoints_failed_;
-      round_.reset();
-    }
+    if (round_.has_value() && !round_->writing) FailRound(absl::StrCat("abandoned: ", why));
+    checkpoint_requested_ = false;
   }
   recovery_->restore.insert(server);
   ++membership_epoch_;
@@ -1712,13 +1719,7 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
                 : absl::StrCat("worker(s) ", absl::StrJoin(running, ", "),
                                " did not pause within ", absl::FormatDuration(patience),
                                " (a batch that takes that long? see their logs)");
-        LOG(WARNING) << "checkpoint " << round_->id << " abandoned: " << why;
-        events_->Record("checkpoint_failed", {{"checkpoint", round_->id}, {"error", why}});
-        checkpoint_results_[round_->id] = {{"checkpoint", round_->id}, {"error", why}};
-        ++checkpoints_failed_;
-        round_.reset();
-        next_checkpoint_ = now + absl::Seconds(options_.job.checkpoint.interval_s);
-        changed_.SignalAll();
+        FailRound(absl::StrCat("abandoned: ", why));
       }
       return;
     }
@@ -1797,13 +1798,21 @@ void Master::Impl::AdvanceCheckpoint(RpcChannel& channel) {
     events_->Record("checkpoint", result);
     LOG(INFO) << "checkpoint " << id << ": " << record.servers_size() << " server(s), "
               << record.bytes() << " bytes, workers paused " << record.pause_ms() << " ms";
+    round_.reset();
+    next_checkpoint_ = absl::Now() + absl::Seconds(options_.job.checkpoint.interval_s);
+    changed_.SignalAll();
   } else {
-    ++checkpoints_failed_;
-    LOG(WARNING) << "checkpoint " << id << " failed, the previous one stands: " << error;
-    checkpoint_results_[id] = {{"checkpoint", id}, {"error", error}};
-    events_->Record("checkpoint_failed", {{"checkpoint", id}, {"error", error}});
+    FailRound(absl::StrCat(error, "; the previous checkpoint stands"));
   }
   while (checkpoint_results_.size() > 16) checkpoint_results_.erase(checkpoint_results_.begin());
+}
+
+void Master::Impl::FailRound(const std::string& error) {
+  const uint64_t id = round_->id;
+  LOG(WARNING) << "checkpoint " << id << " failed: " << error;
+  events_->Record("checkpoint_failed", {{"checkpoint", id}, {"error", error}});
+  checkpoint_results_[id] = {{"checkpoint", id}, {"error", error}};
+  ++checkpoints_failed_;
   round_.reset();
   next_checkpoint_ = absl::Now() + absl::Seconds(options_.job.checkpoint.interval_s);
   changed_.SignalAll();
@@ -1851,7 +1860,7 @@ void Master::Impl::AdvanceRecovery(RpcChannel& channel) {
   for (const auto& [id, endpoint] : targets) {
     if (checkpoint.id() != 0 && !paths.contains(id)) {
       absl::MutexLock lock(&mu_);
-      Fail(absl::StrCat("checkpoint ", checkpoint.id(), " has no part of ps[", id, "]"));
+      FailRecovery(absl::StrCat("checkpoint ", checkpoint.id(), " has no part of ps[", id, "]"));
       return;
     }
   }
@@ -1887,7 +1896,7 @@ void Master::Impl::AdvanceRecovery(RpcChannel& channel) {
         VLOG(1) << "restoring ps[" << targets[i].first << "]: " << error << "; trying again";
         return;
       }
-      Fail(absl::StrCat("cannot restore ps[", targets[i].first, "] to checkpoint ",
+      FailRecovery(absl::StrCat("cannot restore ps[", targets[i].first, "] to checkpoint ",
                         checkpoint.id(), ": ", error.message(),
                         paths[targets[i].first].empty()
                             ? ""
@@ -1900,7 +1909,8 @@ void Master::Impl::AdvanceRecovery(RpcChannel& channel) {
     if (rollback) {
       Status applied = ApplyCheckpoint(checkpoint);
       if (!applied.ok()) {
-        Fail(absl::StrCat("cannot return to checkpoint ", checkpoint.id(), ": ", applied.message()));
+        FailRecovery(
+            absl::StrCat("cannot return to checkpoint ", checkpoint.id(), ": ", applied.message()));
         return;
       }
     }
@@ -1941,9 +1951,8 @@ Status Master::Impl::ApplyCheckpoint(const proto::CheckpointRecord& checkpoint) 
     return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint.id(), " was taken while ",
                                             PhaseName(phase), ", not training"));
   }
-  ASSIGN_OR_RETURN(ShardTracker tracker,
-                   ShardTracker::FromRecords(shards, EpochOrder(saved.epoch(), train_data_.shards.size())));
   if (tracker_) reassignments_ += tracker_->reassignments();
+  RETURN_IF_ERROR(AdoptPass(shards, /*eval=*/false, saved.epoch(), saved.splits()));
   if (records_trained_ > saved.records_trained()) {
     records_retrained_ += records_trained_ - saved.records_trained();
   }
@@ -1958,22 +1967,42 @@ Status Master::Impl::ApplyCheckpoint(const proto::CheckpointRecord& checkpoint) 
   eval_results_.clear();
   eval_records_ = 0;
   pending_eval_ = StateUpdate();
-  tracker_ = std::make_unique<ShardTracker>(std::move(tracker));
-  // The saved total counts this pass's splits, which the tracker holds.
-  splits_ = saved.splits() >= tracker_->splits() ? saved.splits() - tracker_->splits() : 0;
   clear_pass_ = true;
   dirty_shards_.clear();
   MarkAllShards();
   master_dirty_ = true;
   // The shards in progress at the checkpoint go back to the queue from
   // where they were then; their holders are fenced everywhere by now.
+  for (uint32_t holder : HoldersOfShardsInProgress()) ReleaseShardsOf(holder, "rolled back");
+  return absl::OkStatus();
+}
+
+Status Master::Impl::AdoptPass(const std::vector<proto::ShardRecord>& shards, bool eval,
+                               uint32_t epoch, uint64_t saved_splits) {
+  const DataSet& data = eval ? eval_data_ : train_data_;
+  std::vector<uint32_t> order(data.shards.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (!eval) order = EpochOrder(epoch, data.shards.size());
+  ASSIGN_OR_RETURN(ShardTracker tracker, ShardTracker::FromRecords(shards, order));
+  // The saved total includes this pass's splits, which the tracker counts
+  // again from its split-off shards: keep only the earlier passes' here.
+  if (saved_splits < tracker.splits()) {
+    return absl::DataLossError(absl::StrCat("the saved state counts ", saved_splits,
+                                            " splits but its pass holds ", tracker.splits(),
+                                            " split-off shards"));
+  }
+  splits_ = saved_splits - tracker.splits();
+  tracker_ = std::make_unique<ShardTracker>(std::move(tracker));
+  return absl::OkStatus();
+}
+
+std::set<uint32_t> Master::Impl::HoldersOfShardsInProgress() const {
   std::set<uint32_t> holders;
-  for (uint64_t id = 0; id < tracker_->num_shards(); ++id) {
+  for (uint64_t id = 0; tracker_ && id < tracker_->num_shards(); ++id) {
     const ShardTracker::Shard& shard = tracker_->shard(id);
     if (shard.state == ShardTracker::State::kDoing) holders.insert(shard.holder);
   }
-  for (uint32_t holder : holders) ReleaseShardsOf(holder, "rolled back");
-  return absl::OkStatus();
+  return holders;
 }
 
 Status Master::Impl::HandleHeartbeat(const Message& request, Message* reply) {

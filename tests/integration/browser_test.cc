@@ -45,12 +45,8 @@ TEST(Browser, StatusPageRendersWithoutErrors) {
                {"--data.train=" + dir.Join("data/train"), "--data.eval=" + dir.Join("data/eval")});
   ASSERT_TRUE(job.Start(/*servers=*/1, /*workers=*/1).ok()) << job.Logs();
   // A few progress samples for the chart.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    StatusOr<json> status = job.LiveStatus();
-    if (status.ok() && (*status)["history"].size() >= 3) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  ASSERT_TRUE(job.WaitForStatus([](const json& status) { return status["history"].size() >= 3; }))
+      << job.Logs();
 
   // Virtual time lets the page fetch /status and re-render twice.
   StatusOr<std::unique_ptr<Process>> browser = Process::Start(

@@ -104,18 +104,6 @@ class ElasticTest : public ::testing::Test {
     EXPECT_NEAR(auc, reference_auc_, 0.005);
   }
 
-  // Polls /status until `condition` holds (or the deadline).
-  static bool WaitForStatus(LocalJob& job, const std::function<bool(const json&)>& condition,
-                            absl::Duration timeout = absl::Seconds(60)) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      StatusOr<json> live = job.LiveStatus();
-      if (live.ok() && condition(*live)) return true;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return false;
-  }
-
   static bool Training(const json& status) {
     return status["phase"] == "training" && status["records_trained"].get<uint64_t>() > 0;
   }
@@ -135,7 +123,7 @@ TEST_F(ElasticTest, Churn) {
   TempDir dir;
   LocalJob job(dir.path(), WriteConfig(dir), DataFlags());
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/3).ok()) << job.Logs();
-  ASSERT_TRUE(WaitForStatus(job, Training)) << job.Logs();
+  ASSERT_TRUE(job.WaitForStatus(Training)) << job.Logs();
   std::mt19937 rng(5);
   std::vector<absl::Time> kills;
   while (job.master().Running()) {
@@ -177,13 +165,13 @@ TEST_F(ElasticTest, ScaleUpThenDown) {
   TempDir dir;
   LocalJob job(dir.path(), WriteConfig(dir), DataFlags());
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/1).ok()) << job.Logs();
-  ASSERT_TRUE(WaitForStatus(job, Training)) << job.Logs();
+  ASSERT_TRUE(job.WaitForStatus(Training)) << job.Logs();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(job.StartWorker().ok());
   // A worker shows in /status as soon as it registers (the master adds it
   // while answering the registration), well within one heartbeat.
-  ASSERT_TRUE(WaitForStatus(job, [](const json& s) { return s["workers"].size() == 4; }))
+  ASSERT_TRUE(job.WaitForStatus([](const json& s) { return s["workers"].size() == 4; }))
       << job.Logs();
-  ASSERT_TRUE(WaitForStatus(job, [](const json& s) {
+  ASSERT_TRUE(job.WaitForStatus([](const json& s) {
     int busy = 0;
     for (const json& w : s["workers"]) busy += w["records"].get<uint64_t>() > 0;
     return busy == 4;
@@ -208,10 +196,10 @@ TEST_F(ElasticTest, FrozenWorkerIsFenced) {
   TempDir dir;
   LocalJob job(dir.path(), WriteConfig(dir), DataFlags());
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
-  ASSERT_TRUE(WaitForStatus(job, Training)) << job.Logs();
+  ASSERT_TRUE(job.WaitForStatus(Training)) << job.Logs();
   Process& frozen = *job.workers()[0];
   frozen.Signal(SIGSTOP);
-  ASSERT_TRUE(WaitForStatus(job, [](const json& s) {
+  ASSERT_TRUE(job.WaitForStatus([](const json& s) {
     for (const json& w : s["workers"]) {
       if (w["state"] == "dead") return true;
     }
@@ -238,7 +226,7 @@ TEST_F(ElasticTest, MasterKilledAndRestarted) {
   TempDir dir;
   LocalJob job(dir.path(), WriteConfig(dir), DataFlags());
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
-  ASSERT_TRUE(WaitForStatus(job, [](const json& s) {
+  ASSERT_TRUE(job.WaitForStatus([](const json& s) {
     return Training(s) && s["records_trained"].get<uint64_t>() > records_ / 3;
   })) << job.Logs();
   const uint64_t before = job.LiveStatus()->value("records_trained", uint64_t{0});

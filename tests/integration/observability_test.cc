@@ -47,17 +47,6 @@ std::string WriteJobConfig(const TempDir& dir) {
   return path;
 }
 
-bool WaitForStatus(LocalJob& job, const std::function<bool(const json&)>& condition,
-                   absl::Duration timeout = absl::Seconds(60)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    StatusOr<json> status = job.LiveStatus();
-    if (status.ok() && condition(*status)) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
 bool IsPng(const std::string& path) {
   const std::string bytes = ReadFile(path);
   return bytes.size() > 10000 && bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0;
@@ -69,7 +58,7 @@ TEST(Observability, KilledWorkerShowsInTheEventsLogAndThePlot) {
   LocalJob job(dir.path(), WriteJobConfig(dir),
                {"--data.train=" + dir.Join("data/train"), "--data.eval=" + dir.Join("data/eval")});
   ASSERT_TRUE(job.Start(/*servers=*/1, /*workers=*/2).ok()) << job.Logs();
-  ASSERT_TRUE(WaitForStatus(job, [](const json& status) {
+  ASSERT_TRUE(job.WaitForStatus([](const json& status) {
     return status["records_trained"].get<uint64_t>() > 10000 && status["workers"].size() == 2;
   })) << job.Logs();
   const pid_t doomed = job.workers()[1]->pid();

@@ -80,23 +80,11 @@ class RecoveryTest : public ::testing::Test {
     return status.ok() ? (*status)["metrics"]["eval_auc"].get<double>() : 0.0;
   }
 
-  // Polls /status until `condition` holds; false after `timeout`.
-  static bool WaitForStatus(LocalJob& job, const std::function<bool(const json&)>& condition,
-                            absl::Duration timeout = absl::Seconds(60)) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      StatusOr<json> status = job.LiveStatus();
-      if (status.ok() && condition(*status)) return true;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return false;
-  }
-
   // Mid-epoch with a written checkpoint behind: two checkpoints written, a
   // quarter of the epoch trained, and some of it since the last checkpoint
   // (what a rollback undoes).
   bool WaitForMidEpoch(LocalJob& job) {
-    return WaitForStatus(job, [this](const json& status) {
+    return job.WaitForStatus([this](const json& status) {
       const json& last = status["checkpoints"]["last"];
       const uint64_t trained = status["records_trained"].get<uint64_t>();
       return status["checkpoints"]["written"].get<uint64_t>() >= 2 && trained > lines_ / 4 &&
@@ -126,6 +114,12 @@ class RecoveryTest : public ::testing::Test {
     return status;
   }
 
+  // kill -9 server `index` and waits for it to be gone.
+  static void KillServer(LocalJob& job, size_t index) {
+    job.servers()[index]->Signal(SIGKILL);
+    ASSERT_EQ(job.servers()[index]->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  }
+
   static std::vector<json> Events(const LocalJob& job, const std::string& name) {
     std::vector<json> out;
     for (json& event : ReadEvents(job.master_dir())) {
@@ -144,8 +138,7 @@ TEST_F(RecoveryTest, ServerKilledAndRestartedOnItsDataDir) {
   LocalJob job(dir_.path(), config, overrides_);
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
   ASSERT_TRUE(WaitForMidEpoch(job)) << job.Logs();
-  job.servers()[1]->Signal(SIGKILL);
-  ASSERT_EQ(job.servers()[1]->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(KillServer(job, 1));
   // Back at once, before its lease ran out.
   ASSERT_TRUE(job.StartServer(job.server_dir(1)).ok());
 
@@ -171,8 +164,7 @@ TEST_F(RecoveryTest, ContinueRestoresOnlyTheLostServer) {
   LocalJob job(dir_.path(), config, overrides_);
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
   ASSERT_TRUE(WaitForMidEpoch(job)) << job.Logs();
-  job.servers()[0]->Signal(SIGKILL);
-  ASSERT_EQ(job.servers()[0]->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(KillServer(job, 0));
   ASSERT_TRUE(job.StartServer(job.server_dir(0)).ok());
 
   const json status = ExpectCompleteJob(job, config);
@@ -188,11 +180,10 @@ TEST_F(RecoveryTest, ServerKilledAndReplacedOnAFreshDataDir) {
   LocalJob job(dir_.path(), config, overrides_);
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
   ASSERT_TRUE(WaitForMidEpoch(job)) << job.Logs();
-  job.servers()[1]->Signal(SIGKILL);
-  ASSERT_EQ(job.servers()[1]->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(KillServer(job, 1));
   // Its lease runs out; the job waits for a server in its place.
   int64_t lost = -1;
-  ASSERT_TRUE(WaitForStatus(job, [&lost](const json& status) {
+  ASSERT_TRUE(job.WaitForStatus([&lost](const json& status) {
     const json& recovery = status["recovery"]["in_progress"];
     if (!recovery.is_object() || recovery["waiting_for_servers"].size() != 1) return false;
     lost = recovery["waiting_for_servers"][0].get<int64_t>();

@@ -373,6 +373,7 @@ class MasterTest : public ::testing::Test {
           if (request.header().method() == proto::RESTORE) {
             const proto::RestoreRequest& body = request.header().restore_request();
             restores_seen_[i].emplace_back(body.checkpoint_id(), body.path());
+            if (refuse_restores_[i]) return absl::NotFoundError("fake server: no " + body.path());
             reply->header().mutable_restore_reply()->set_bytes(10);
             return absl::OkStatus();
           }
@@ -427,6 +428,26 @@ class MasterTest : public ::testing::Test {
   }
 
   json Doc() const { return json::parse(master_->StatusJson()); }
+
+  // Rewrites the state a master stopped by RequestStop saved in `data_dir`
+  // into what one killed with -9 while training leaves: not stopped, still
+  // training.
+  static void MarkSavedJobKilled(const std::string& data_dir) {
+    StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(data_dir + "/state");
+    ASSERT_TRUE(store.ok()) << store.status();
+    StatusOr<std::optional<MasterSnapshot>> saved = (*store)->Load();
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    ASSERT_TRUE(saved->has_value());
+    proto::MasterRecord record = (*saved)->master;
+    ASSERT_EQ(record.phase(), 4u);  // failed
+    ASSERT_TRUE(record.stopped());
+    record.set_phase(1);  // training
+    record.set_stopped(false);
+    record.clear_failure();
+    StateUpdate update;
+    update.PutMaster(record);
+    ASSERT_TRUE((*store)->Write(update).ok());
+  }
 
   json FinalStatus() const {
     const std::string path = dir_ + "/master/final_status.json";
@@ -494,6 +515,7 @@ class MasterTest : public ::testing::Test {
   int fence_calls_[3] ABSL_GUARDED_BY(fenced_mu_) = {0, 0, 0};
   bool refuse_fences_[3] ABSL_GUARDED_BY(fenced_mu_) = {false, false, false};
   std::vector<std::pair<uint64_t, std::string>> restores_seen_[3] ABSL_GUARDED_BY(fenced_mu_);
+  bool refuse_restores_[3] ABSL_GUARDED_BY(fenced_mu_) = {false, false, false};
   // CHECKPOINT ids each fake server was asked for; whether it fails them.
   std::vector<uint64_t> checkpoints_seen_[3] ABSL_GUARDED_BY(fenced_mu_);
   bool refuse_checkpoints_[3] ABSL_GUARDED_BY(fenced_mu_) = {false, false, false};
@@ -1137,6 +1159,12 @@ TEST_F(MasterTest, LostServerRollsTheJobBackToTheLastCheckpoint) {
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_EQ(held->action(), proto::GetShardReply::WAIT);
   EXPECT_TRUE(RestoresSeen(0).empty());
+  // An operator's checkpoint is refused at once, not left waiting.
+  httplib::Client http(master_->http_url());
+  httplib::Result posted = http.Post("/checkpoint", "", "text/plain");
+  ASSERT_TRUE(posted) << httplib::to_string(posted.error());
+  EXPECT_EQ(posted->status, 409);
+  EXPECT_THAT(posted->body, HasSubstr("being restored"));
 
   // A fresh server takes the dead one's slot; both restore checkpoint 1.
   ASSERT_NO_FATAL_FAILURE(AddFakeServer(2));
@@ -1326,20 +1354,7 @@ TEST_F(MasterTest, ServerRegisteringAfterAMasterRestartRollsTheJobBack) {
   Beat(ServerPtrs());
   master_->Wait().IgnoreError();
   master_.reset();
-  {
-    // As if killed with -9: not stopped, still training.
-    StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(options.data_dir + "/state");
-    ASSERT_TRUE(store.ok()) << store.status();
-    StatusOr<std::optional<MasterSnapshot>> saved = (*store)->Load();
-    ASSERT_TRUE(saved.ok() && saved->has_value());
-    proto::MasterRecord record = (*saved)->master;
-    record.set_phase(1);
-    record.set_stopped(false);
-    record.clear_failure();
-    StateUpdate update;
-    update.PutMaster(record);
-    ASSERT_TRUE((*store)->Write(update).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(MarkSavedJobKilled(options.data_dir));
   ASSERT_NO_FATAL_FAILURE(StartMaster(options));
   EXPECT_EQ(Doc()["records_trained"], pieces[0].lines);
   servers_.clear();
@@ -1400,6 +1415,31 @@ TEST_F(MasterTest, ProgressSamplesFeedTheHistoryTheEventsAndThePeers) {
   ASSERT_FALSE(progress.empty());
   EXPECT_TRUE(progress.back().contains("records_per_s"));
   EXPECT_TRUE(progress.back().contains("time"));
+}
+
+// A restore that fails (a checkpoint the new server cannot read) stops the
+// job resumably: its checkpoints stand for --resume.
+TEST_F(MasterTest, FailedRestoreStopsTheJobResumably) {
+  const std::string train = Write("train.tsv", CriteoText(20, /*seed=*/8));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  ASSERT_NO_FATAL_FAILURE(RegisterServers());
+  ASSERT_TRUE(WaitForPhase("training"));
+  ASSERT_TRUE(Eventually([&] { return !Doc()["recovery"]["in_progress"].is_null(); },
+                         {servers_[0].get()}));
+  {
+    absl::MutexLock lock(&fenced_mu_);
+    refuse_restores_[2] = true;
+  }
+  ASSERT_NO_FATAL_FAILURE(AddFakeServer(2));
+  ASSERT_TRUE(Eventually([&] { return Doc()["state"] == "failed"; },
+                         {servers_[0].get(), servers_[2].get()}));
+  const json doc = Doc();
+  EXPECT_THAT(doc["error"].get<std::string>(), HasSubstr("cannot restore ps[1]"));
+  EXPECT_EQ(doc["resumable"], true);
+  EXPECT_TRUE(master_->Resumable());
+  EXPECT_EQ(FinalStatus()["resumable"], true);
 }
 
 TEST_F(MasterTest, ResumeNeedsAJobToResume) {
@@ -2227,22 +2267,7 @@ TEST_F(MasterTest, RestartedMasterResumesTheJob) {
   Beat(ServerPtrs());
   EXPECT_EQ(master_->Wait().code(), absl::StatusCode::kAborted);
   master_.reset();
-  {
-    StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(options.data_dir + "/state");
-    ASSERT_TRUE(store.ok()) << store.status();
-    StatusOr<std::optional<MasterSnapshot>> saved = (*store)->Load();
-    ASSERT_TRUE(saved.ok()) << saved.status();
-    ASSERT_TRUE(saved->has_value());
-    proto::MasterRecord record = (*saved)->master;
-    ASSERT_EQ(record.phase(), 4u);  // failed
-    ASSERT_TRUE(record.stopped());
-    record.set_phase(1);            // training
-    record.set_stopped(false);      // as if the master had been killed
-    record.clear_failure();
-    StateUpdate update;
-    update.PutMaster(record);
-    ASSERT_TRUE((*store)->Write(update).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(MarkSavedJobKilled(options.data_dir));
 
   // A new master on the same directory, with the same servers (which
   // find it again on their own).

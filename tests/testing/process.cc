@@ -262,6 +262,17 @@ StatusOr<nlohmann::json> LocalJob::LiveStatus() const {
   return doc;
 }
 
+bool LocalJob::WaitForStatus(const std::function<bool(const nlohmann::json&)>& condition,
+                             absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    StatusOr<nlohmann::json> status = LiveStatus();
+    if (status.ok() && condition(*status)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 std::string LocalJob::Logs() const {
   std::string out;
   auto tail = [&out](const std::string& name, const Process& process) {

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,6 +101,10 @@ class LocalJob {
   StatusOr<nlohmann::json> FinalStatus() const;
   // GET /status from the master's HTTP port.
   StatusOr<nlohmann::json> LiveStatus() const;
+  // Polls /status until `condition` holds on it (true) or `timeout` passes
+  // (false).
+  bool WaitForStatus(const std::function<bool(const nlohmann::json&)>& condition,
+                     absl::Duration timeout = absl::Seconds(60)) const;
 
   Process& master() { return *master_; }
   std::vector<std::unique_ptr<Process>>& servers() { return servers_; }

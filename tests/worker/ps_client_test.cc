@@ -282,6 +282,21 @@ class PsClientTest : public ::testing::Test {
   }
 
   // A client whose refresh_map returns refreshed_map_ (and counts calls).
+  // Points server 1 of the map at a port nobody listens on any more;
+  // returns that endpoint.
+  std::string MoveServerOneToAClosedPort() {
+    std::string dead;
+    {
+      StatusOr<zmq::socket_t> router = factory_.BindRouter("tcp://127.0.0.1:0", &dead);
+      EXPECT_TRUE(router.ok()) << router.status();
+      if (router.ok()) router->close();
+    }
+    for (int i = 0; i < map_.servers_size(); ++i) {
+      if (map_.servers(i).id() == 1) map_.mutable_servers(i)->set_endpoint(dead);
+    }
+    return dead;
+  }
+
   std::unique_ptr<PsClient> MakeClient(size_t max_request_bytes = size_t{4} << 20,
                                        CallOptions call = Patient(), bool install_map = true) {
     proto::NodeId self;
@@ -600,15 +615,8 @@ TEST_F(PsClientTest, NotReadyForeverFailsWithinTheCallTime) {
 
 TEST_F(PsClientTest, DeadServerIsDeadlineExceededNamingIt) {
   // Server 1's port is closed: nobody listens there any more.
-  std::string dead;
-  {
-    StatusOr<zmq::socket_t> router = factory_.BindRouter("tcp://127.0.0.1:0", &dead);
-    ASSERT_TRUE(router.ok()) << router.status();
-    router->close();
-  }
-  for (int i = 0; i < map_.servers_size(); ++i) {
-    if (map_.servers(i).id() == 1) map_.mutable_servers(i)->set_endpoint(dead);
-  }
+  const std::string dead = MoveServerOneToAClosedPort();
+  ASSERT_FALSE(dead.empty());
   CallOptions call;
   call.attempt_timeout = absl::Milliseconds(100);
   call.max_attempts = 2;
@@ -631,15 +639,8 @@ TEST_F(PsClientTest, DeadServerIsDeadlineExceededNamingIt) {
 // A client whose worker was fenced stops waiting for a silent server at
 // once, well before the call's own time runs out.
 TEST_F(PsClientTest, AbandonedCallsFailAtOnceWithAborted) {
-  std::string dead;
-  {
-    StatusOr<zmq::socket_t> router = factory_.BindRouter("tcp://127.0.0.1:0", &dead);
-    ASSERT_TRUE(router.ok()) << router.status();
-    router->close();
-  }
-  for (int i = 0; i < map_.servers_size(); ++i) {
-    if (map_.servers(i).id() == 1) map_.mutable_servers(i)->set_endpoint(dead);
-  }
+  const std::string dead = MoveServerOneToAClosedPort();
+  ASSERT_FALSE(dead.empty());
   CallOptions call;
   call.attempt_timeout = absl::Seconds(20);
   call.max_attempts = 3;
