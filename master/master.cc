@@ -25,14 +25,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cluster/placement.h"
+#include "core/file_util.h"
 #include "core/logging.h"
-#include "core/message.h"
 #include "core/metrics.h"
-#include "core/net.h"
-#include "core/placement.h"
-#include "core/rpc_channel.h"
-#include "core/rpc_server.h"
-#include "core/socket_factory.h"
 #include "httplib.h"
 #include "master/data_set.h"
 #include "master/event_log.h"
@@ -42,6 +38,11 @@
 #include "master/status_page.h"
 #include "models/metrics.h"
 #include "nlohmann/json.hpp"
+#include "rpc/message.h"
+#include "rpc/net.h"
+#include "rpc/rpc_channel.h"
+#include "rpc/rpc_server.h"
+#include "rpc/socket_factory.h"
 
 namespace eps {
 
@@ -178,26 +179,6 @@ DataSet FromRecord(const proto::DataSetRecord& record) {
                                     .records = shard.records()});
   }
   return data;
-}
-
-// Writes `text` to `path` atomically (temporary file, then rename).
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string temp = path + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      return absl::UnavailableError(absl::StrCat("cannot write ", temp, ": ", std::strerror(errno)));
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temp, path, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", temp, " to ", path, ": ",
-                                               error.message()));
-  }
-  return absl::OkStatus();
 }
 
 json NullableNumber(const std::optional<double>& value) {

@@ -15,19 +15,19 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/job_progress.h"
+#include "cluster/placement.h"
 #include "core/logging.h"
-#include "core/message.h"
 #include "core/metrics.h"
-#include "core/net.h"
-#include "core/placement.h"
-#include "core/progress.h"
-#include "core/rpc_channel.h"
-#include "core/rpc_server.h"
-#include "core/socket_factory.h"
 #include "core/status.h"
 #include "ps/push_deduplicator.h"
 #include "ps/storage.h"
 #include "ps/table.h"
+#include "rpc/message.h"
+#include "rpc/net.h"
+#include "rpc/rpc_channel.h"
+#include "rpc/rpc_server.h"
+#include "rpc/socket_factory.h"
 
 namespace eps {
 
@@ -551,7 +551,8 @@ Status ParamServer::Impl::CheckKeys(const Table& table, std::span<const uint64_t
   if (spec.kind() == proto::DENSE) {
     const uint64_t chunks = DenseChunkCount(spec.dense_size(), spec.dim());
     for (uint64_t key : keys) {
-      if ((key >> 40) != spec.id() || (key & ((uint64_t{1} << 40) - 1)) >= chunks) {
+      const DenseChunkId id = DecodeDenseChunkKey(key);
+      if (id.table_id != spec.id() || id.chunk >= chunks) {
         return absl::InvalidArgumentError(
             absl::StrCat("key ", key, " is not a chunk of dense tensor '", spec.name(), "'"));
       }

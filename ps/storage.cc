@@ -1,12 +1,8 @@
 #include "ps/storage.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -17,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/failpoint.h"
+#include "core/file_util.h"
 #include "core/logging.h"
 
 namespace eps {
@@ -71,39 +68,6 @@ StatusOr<std::vector<std::unique_ptr<Table>>> MakeTables(const proto::JobSpec& j
     tables.push_back(std::move(table));
   }
   return tables;
-}
-
-// Writes `contents` to `path` whole or not at all: into a temporary file,
-// fsynced, then renamed over `path`.
-Status WriteFileAtomically(const fs::path& path, const std::string& contents) {
-  const fs::path temp = fs::path(path.string() + ".tmp");
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create ", temp.string(), ": ", std::strerror(errno)));
-  }
-  size_t written = 0;
-  while (written < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    written += static_cast<size_t>(n);
-  }
-  const bool synced = written == contents.size() && ::fsync(fd) == 0;
-  const int saved_errno = errno;
-  ::close(fd);
-  if (!synced) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", temp.string(), ": ", std::strerror(saved_errno)));
-  }
-  std::error_code error;
-  fs::rename(temp, path, error);
-  if (error) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot rename ", temp.string(), " to ", path.string(), ": ",
-                     error.message()));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -484,8 +448,8 @@ std::optional<uint32_t> ServerStorage::stored_server_id() const {
 
 Status ServerStorage::SetServerId(uint32_t id) {
   if (!options_.data_dir.empty()) {
-    RETURN_IF_ERROR(
-        WriteFileAtomically(fs::path(options_.data_dir) / "SERVER", absl::StrCat(id, "\n")));
+    RETURN_IF_ERROR(WriteFileAtomically((fs::path(options_.data_dir) / "SERVER").string(),
+                                        absl::StrCat(id, "\n")));
   }
   absl::MutexLock lock(&mu_);
   server_id_ = id;

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/logging.h"
-#include "core/message.h"
+#include "rpc/message.h"
 
 namespace eps {
 namespace {

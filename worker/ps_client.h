@@ -24,13 +24,13 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "core/message.h"
+#include "cluster/placement.h"
 #include "core/metrics.h"
-#include "core/placement.h"
-#include "core/rpc_channel.h"
-#include "core/socket_factory.h"
 #include "core/status.h"
 #include "proto/eps.pb.h"
+#include "rpc/message.h"
+#include "rpc/rpc_channel.h"
+#include "rpc/socket_factory.h"
 
 namespace eps {
 

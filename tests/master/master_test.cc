@@ -31,17 +31,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "core/message.h"
 #include "core/metrics.h"
-#include "core/rpc_channel.h"
-#include "core/rpc_server.h"
-#include "core/socket_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "master/state_store.h"
 #include "models/metrics.h"
 #include "nlohmann/json.hpp"
+#include "rpc/message.h"
+#include "rpc/rpc_channel.h"
+#include "rpc/rpc_server.h"
+#include "rpc/socket_factory.h"
 
 namespace eps {
 namespace {

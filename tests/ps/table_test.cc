@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/placement.h"
 #include "core/hashing.h"
-#include "core/placement.h"
 #include "gtest/gtest.h"
 #include "ps/initializer.h"
 #include "ps/optimizer.h"

@@ -4,10 +4,10 @@
 #include <memory>
 #include <vector>
 
+#include "cluster/placement.h"
 #include "core/data_schema.h"
 #include "core/flags.h"
 #include "core/logging.h"
-#include "core/placement.h"
 #include "master/data_set.h"
 #include "master/job_spec.h"
 #include "models/batch.h"

@@ -20,13 +20,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cluster/placement.h"
 #include "core/logging.h"
-#include "core/message.h"
-#include "core/placement.h"
-#include "core/rpc_server.h"
-#include "core/socket_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/message.h"
+#include "rpc/rpc_server.h"
+#include "rpc/socket_factory.h"
 
 namespace eps {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/rpc_channel.h"
+#include "rpc/rpc_channel.h"
 
 #include <random>
 

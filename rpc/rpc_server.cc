@@ -1,4 +1,4 @@
-#include "core/rpc_server.h"
+#include "rpc/rpc_server.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"

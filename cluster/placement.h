@@ -7,8 +7,8 @@
 // Thread-safety: Placement is immutable after construction; safe for
 // concurrent use.
 
-#ifndef EPS_CORE_PLACEMENT_H_
-#define EPS_CORE_PLACEMENT_H_
+#ifndef EPS_CLUSTER_PLACEMENT_H_
+#define EPS_CLUSTER_PLACEMENT_H_
 
 #include <cstdint>
 #include <string>
@@ -27,9 +27,28 @@ inline uint32_t PartitionOf(uint64_t key, uint32_t num_partitions) {
   return static_cast<uint32_t>(Mix64(key ^ 0x7061727469746e6fULL) % num_partitions);
 }
 
+// A dense chunk key is the table id above the low kDenseChunkBits bits,
+// which hold the chunk index. Keys are stored on servers and in
+// checkpoints: never change this.
+inline constexpr int kDenseChunkBits = 40;
+
 // The key of chunk `chunk` of the dense tensor stored as table `table_id`.
+// REQUIRES: chunk < 2^kDenseChunkBits.
 inline uint64_t DenseChunkKey(uint32_t table_id, uint64_t chunk) {
-  return (static_cast<uint64_t>(table_id) << 40) | chunk;
+  return (static_cast<uint64_t>(table_id) << kDenseChunkBits) | chunk;
+}
+
+// What a dense chunk key names.
+struct DenseChunkId {
+  uint32_t table_id = 0;
+  uint64_t chunk = 0;
+};
+
+// The inverse of DenseChunkKey. Any key decodes; whether the table is dense
+// and has that many chunks is the caller's to check.
+inline DenseChunkId DecodeDenseChunkKey(uint64_t key) {
+  return {.table_id = static_cast<uint32_t>(key >> kDenseChunkBits),
+          .chunk = key & ((uint64_t{1} << kDenseChunkBits) - 1)};
 }
 
 // Number of chunks of `dim` floats a dense tensor of `size` floats needs.
@@ -69,4 +88,4 @@ class Placement {
 
 }  // namespace eps
 
-#endif  // EPS_CORE_PLACEMENT_H_
+#endif  // EPS_CLUSTER_PLACEMENT_H_

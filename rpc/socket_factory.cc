@@ -1,4 +1,4 @@
-#include "core/socket_factory.h"
+#include "rpc/socket_factory.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"

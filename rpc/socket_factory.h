@@ -7,8 +7,8 @@
 // Thread-safety: safe for concurrent use (zmq::context_t is thread-safe).
 // The sockets it returns belong to one thread each (core/rpc_*.h).
 
-#ifndef EPS_CORE_SOCKET_FACTORY_H_
-#define EPS_CORE_SOCKET_FACTORY_H_
+#ifndef EPS_RPC_SOCKET_FACTORY_H_
+#define EPS_RPC_SOCKET_FACTORY_H_
 
 #include <cstdint>
 #include <string>
@@ -67,4 +67,4 @@ class SocketFactory {
 
 }  // namespace eps
 
-#endif  // EPS_CORE_SOCKET_FACTORY_H_
+#endif  // EPS_RPC_SOCKET_FACTORY_H_

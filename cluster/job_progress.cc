@@ -1,4 +1,4 @@
-#include "core/progress.h"
+#include "cluster/job_progress.h"
 
 #include <cmath>
 #include <cstdint>

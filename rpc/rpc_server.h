@@ -12,8 +12,8 @@
 // num_threads > 1) and must be safe for concurrent use. Start/Stop from the
 // owning thread.
 
-#ifndef EPS_CORE_RPC_SERVER_H_
-#define EPS_CORE_RPC_SERVER_H_
+#ifndef EPS_RPC_RPC_SERVER_H_
+#define EPS_RPC_RPC_SERVER_H_
 
 #include <atomic>
 #include <functional>
@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/message.h"
-#include "core/socket_factory.h"
 #include "core/status.h"
+#include "rpc/message.h"
+#include "rpc/socket_factory.h"
 
 namespace eps {
 
@@ -87,4 +87,4 @@ class RpcServer {
 
 }  // namespace eps
 
-#endif  // EPS_CORE_RPC_SERVER_H_
+#endif  // EPS_RPC_RPC_SERVER_H_

@@ -1,4 +1,4 @@
-#include "core/message.h"
+#include "rpc/message.h"
 
 #include "absl/strings/str_join.h"
 

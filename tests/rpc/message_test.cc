@@ -1,6 +1,6 @@
-// Tests core/message.h: frames, arrays, the envelope and Status on the wire.
+// Tests rpc/message.h: frames, arrays, the envelope and Status on the wire.
 
-#include "core/message.h"
+#include "rpc/message.h"
 
 #include <cstdint>
 #include <numeric>

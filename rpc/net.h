@@ -3,8 +3,8 @@
 //
 // Thread-safety: pure functions, safe for concurrent use.
 
-#ifndef EPS_CORE_NET_H_
-#define EPS_CORE_NET_H_
+#ifndef EPS_RPC_NET_H_
+#define EPS_RPC_NET_H_
 
 #include <cstdint>
 #include <string>
@@ -31,4 +31,4 @@ std::string Hostname();
 
 }  // namespace eps
 
-#endif  // EPS_CORE_NET_H_
+#endif  // EPS_RPC_NET_H_

@@ -1,4 +1,4 @@
-#include "core/net.h"
+#include "rpc/net.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

@@ -1,6 +1,6 @@
-// Tests core/net.h.
+// Tests rpc/net.h.
 
-#include "core/net.h"
+#include "rpc/net.h"
 
 #include <string>
 

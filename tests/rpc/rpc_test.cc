@@ -1,5 +1,5 @@
-// Tests the transport: core/socket_factory.h, core/rpc_server.h and
-// core/rpc_channel.h, over real ZeroMQ sockets on loopback, ephemeral ports.
+// Tests the transport: rpc/socket_factory.h, rpc/rpc_server.h and
+// rpc/rpc_channel.h, over real ZeroMQ sockets on loopback, ephemeral ports.
 //
 // Raw DEALER/ROUTER sockets stand in for broken or hostile peers. Every
 // blocking receive in this file has a timeout, so a bug fails a test rather
@@ -19,12 +19,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/logging.h"
-#include "core/message.h"
-#include "core/rpc_channel.h"
-#include "core/rpc_server.h"
-#include "core/socket_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/message.h"
+#include "rpc/rpc_channel.h"
+#include "rpc/rpc_server.h"
+#include "rpc/socket_factory.h"
 
 namespace eps {
 namespace {

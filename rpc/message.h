@@ -7,8 +7,8 @@
 //
 // Thread-safety: a value type; one thread at a time.
 
-#ifndef EPS_CORE_MESSAGE_H_
-#define EPS_CORE_MESSAGE_H_
+#ifndef EPS_RPC_MESSAGE_H_
+#define EPS_RPC_MESSAGE_H_
 
 #include <bit>
 #include <cstdint>
@@ -135,4 +135,4 @@ inline Status ReplyStatus(const Message& reply) {
 
 }  // namespace eps
 
-#endif  // EPS_CORE_MESSAGE_H_
+#endif  // EPS_RPC_MESSAGE_H_

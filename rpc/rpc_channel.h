@@ -14,8 +14,8 @@
 // Thread-safety: one thread only (it owns ZeroMQ sockets). A process
 // makes one channel per thread that talks to peers.
 
-#ifndef EPS_CORE_RPC_CHANNEL_H_
-#define EPS_CORE_RPC_CHANNEL_H_
+#ifndef EPS_RPC_RPC_CHANNEL_H_
+#define EPS_RPC_RPC_CHANNEL_H_
 
 #include <cstdint>
 #include <map>
@@ -26,9 +26,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
-#include "core/message.h"
-#include "core/socket_factory.h"
 #include "core/status.h"
+#include "rpc/message.h"
+#include "rpc/socket_factory.h"
 
 namespace eps {
 
@@ -107,4 +107,4 @@ class RpcChannel {
 
 }  // namespace eps
 
-#endif  // EPS_CORE_RPC_CHANNEL_H_
+#endif  // EPS_RPC_RPC_CHANNEL_H_

@@ -1,6 +1,6 @@
-// Tests core/placement.h: partitions, cluster maps and dense chunk keys.
+// Tests cluster/placement.h: partitions, cluster maps and dense chunk keys.
 
-#include "core/placement.h"
+#include "cluster/placement.h"
 
 #include <cmath>
 #include <set>
@@ -100,6 +100,19 @@ TEST(DenseChunks, KeysAndCounts) {
     for (uint64_t chunk = 0; chunk < 100; ++chunk) keys.insert(DenseChunkKey(table, chunk));
   }
   EXPECT_EQ(keys.size(), 400u);
+}
+
+TEST(DenseChunks, DecodeInvertsDenseChunkKey) {
+  const uint64_t last_chunk = (uint64_t{1} << kDenseChunkBits) - 1;
+  for (uint32_t table : {0u, 1u, 7u, (1u << (64 - kDenseChunkBits)) - 1}) {
+    for (uint64_t chunk : {uint64_t{0}, uint64_t{1}, uint64_t{61}, last_chunk}) {
+      const DenseChunkId id = DecodeDenseChunkKey(DenseChunkKey(table, chunk));
+      EXPECT_EQ(id.table_id, table);
+      EXPECT_EQ(id.chunk, chunk);
+    }
+  }
+  // A feature id decodes too; its table id is whatever its high bits say.
+  EXPECT_EQ(DecodeDenseChunkKey(~uint64_t{0}).chunk, last_chunk);
 }
 
 TEST(MakeClusterMap, RoundRobin) {

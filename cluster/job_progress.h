@@ -4,8 +4,8 @@
 // (HeartbeatReply.job_records_per_s, eta_s) and append them to their own
 // progress lines.
 
-#ifndef EPS_CORE_PROGRESS_H_
-#define EPS_CORE_PROGRESS_H_
+#ifndef EPS_CLUSTER_JOB_PROGRESS_H_
+#define EPS_CLUSTER_JOB_PROGRESS_H_
 
 #include <string>
 
@@ -18,4 +18,4 @@ std::string JobProgress(const proto::HeartbeatReply& reply);
 
 }  // namespace eps
 
-#endif  // EPS_CORE_PROGRESS_H_
+#endif  // EPS_CLUSTER_JOB_PROGRESS_H_

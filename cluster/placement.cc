@@ -1,4 +1,4 @@
-#include "core/placement.h"
+#include "cluster/placement.h"
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
