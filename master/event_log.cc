@@ -5,14 +5,14 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace eps {
 
-EventLog::EventLog(std::string path) : path_(std::move(path)) {}
+EventLog::EventLog(std::string path, const Clock* clock)
+    : path_(std::move(path)), clock_(clock) {}
 
 void EventLog::Record(const std::string& event, nlohmann::json fields) {
-  nlohmann::json line = {{"time", absl::ToUnixMillis(absl::Now()) / 1000.0}, {"event", event}};
+  nlohmann::json line = {{"time", absl::ToUnixMillis(clock_->Now()) / 1000.0}, {"event", event}};
   for (auto& [key, value] : fields.items()) line[key] = value;
   std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   absl::MutexLock lock(&queue_mu_);

@@ -26,18 +26,31 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "core/clock.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 
 namespace eps {
 
-class EventLog {
+// Where the master's units report events: they only queue, never write.
+// Thread-safety: implementations say.
+class EventSink {
  public:
-  // Appends to `path` (created if missing).
-  explicit EventLog(std::string path);
+  virtual ~EventSink() = default;
+  // Queues `event` with `fields` (an object).
+  virtual void Record(const std::string& event,
+                      nlohmann::json fields = nlohmann::json::object()) = 0;
+};
+
+class EventLog : public EventSink {
+ public:
+  // Appends to `path` (created if missing); events are stamped with
+  // `clock`'s time (not owned; must outlive this).
+  explicit EventLog(std::string path, const Clock* clock = Clock::Real());
 
   // Queues `event` with `fields` (an object) and the current time.
-  void Record(const std::string& event, nlohmann::json fields = nlohmann::json::object());
+  void Record(const std::string& event,
+              nlohmann::json fields = nlohmann::json::object()) override;
 
   // Appends every queued event to the file. kUnavailable on write errors
   // (the events stay queued).
@@ -47,6 +60,7 @@ class EventLog {
 
  private:
   const std::string path_;
+  const Clock* const clock_;
   absl::Mutex queue_mu_;
   std::vector<std::string> queue_ ABSL_GUARDED_BY(queue_mu_);
   // Orders whole flushes so lines land in record order.

@@ -1,0 +1,673 @@
+#include "master/job_control.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/logging.h"
+#include "master/job_record.h"
+#include "rpc/message.h"
+#include "rpc/net.h"
+
+namespace eps {
+
+using nlohmann::json;
+
+namespace {
+
+
+}  // namespace
+
+JobControl::JobControl(const JobConfig& job, proto::JobSpec spec, std::string fingerprint,
+                       std::string data_dir, EventSink* events, absl::Time now)
+    : job_(job),
+      job_spec_(std::move(spec)),
+      fingerprint_(std::move(fingerprint)),
+      data_dir_(std::move(data_dir)),
+      events_(events),
+      started_(now),
+      membership_(job, events),
+      progress_(job, events),
+      checkpoints_(job, events),
+      meter_(absl::Seconds(job.job.progress_interval_s), now) {}
+
+// --- Startup ------------------------------------------------------------------
+
+void JobControl::StartNew(const std::string& job_id) {
+  job_spec_.set_job_id(job_id);
+  events_->Record("job_started", {{"job", job_.job.name}, {"job_id", job_id}});
+}
+
+Status JobControl::Restore(const MasterSnapshot& snapshot, bool resume, absl::Time now) {
+  const proto::MasterRecord& record = snapshot.master;
+  RETURN_IF_ERROR(CheckSavedJob(record, fingerprint_, data_dir_, resume));
+  checkpoints_.RestoreFrom(snapshot);
+  resumed_ = true;
+  job_spec_.set_job_id(record.job_id());
+  membership_.RestoreFrom(record, now);
+  if (resume) return ResumeFromCheckpoint(snapshot, now);
+  RETURN_IF_ERROR(progress_.RestoreFrom(snapshot));
+  if (progress_.phase() == JobPhase::kScanning) {
+    // Nothing was handed out yet: scan again.
+    LOG(INFO) << "resuming the job in " << data_dir_ << " before its data was scanned";
+    events_->Record("master_resumed", {{"phase", "scanning"}});
+    return absl::OkStatus();
+  }
+  // Workers of the previous master's life are gone for it: fence them
+  // before their shards move (their pushes must stop first).
+  const std::set<uint32_t> holders = progress_.HoldersOfShardsInProgress();
+  for (uint32_t holder : holders) membership_.Fence(holder, now, "the master restarted");
+  const bool eval = progress_.phase() == JobPhase::kEvaluating;
+  const ShardTracker& tracker = *progress_.tracker();
+  LOG(INFO) << "resuming the job in " << data_dir_ << ": " << JobPhaseName(progress_.phase())
+            << (eval ? std::string() : absl::StrCat(" epoch ", progress_.epoch() + 1)) << ", "
+            << tracker.done() << "/" << tracker.num_shards() << " shards done, "
+            << progress_.records_trained() << " records trained; " << holders.size()
+            << " worker(s) of the previous run must register again";
+  events_->Record("master_resumed", {{"phase", JobPhaseName(progress_.phase())},
+                                     {"epoch", progress_.epoch() + 1},
+                                     {"shards_done", tracker.done()},
+                                     {"records_trained", progress_.records_trained()}});
+  if (record.recovering()) {
+    // The servers may hold a checkpoint's state already, the saved progress
+    // not: restore both again.
+    LOG(WARNING) << "the previous master was restoring the job from a checkpoint; doing it again";
+    recovery_.StartRollback("the master restarted during a recovery", now);
+  }
+  return absl::OkStatus();
+}
+
+Status JobControl::ResumeFromCheckpoint(const MasterSnapshot& snapshot, absl::Time now) {
+  const std::optional<proto::CheckpointRecord>& last = checkpoints_.last();
+  if (!last.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--resume: the job in --data-dir ", data_dir_,
+        " has no checkpoint to continue from: it stopped before training started; start it "
+        "again without --resume (a fresh --data-dir)"));
+  }
+  progress_.RestoreForResume(snapshot, *last);
+  // Every worker of the earlier run is fenced: none of its pushes may land
+  // on a restored server.
+  for (uint32_t id = 0; id < membership_.next_worker_id(); ++id) {
+    if (!membership_.IsFenced(id)) membership_.Fence(id, now, "resumed");
+  }
+  recovery_.StartRollback(snapshot.master.stopped()
+                              ? "resuming the stopped job"
+                              : "resuming the job (it was not stopped: a crash or a machine "
+                                "restart)",
+                          now);
+  LOG(INFO) << "resuming the job in " << data_dir_ << " from checkpoint " << last->id()
+            << " (epoch " << progress_.epoch() + 1 << ", " << last->master().records_trained()
+            << " records trained); waiting for its " << membership_.servers().size()
+            << " server(s) to register again";
+  events_->Record("job_resuming", {{"checkpoint", last->id()},
+                                   {"epoch", progress_.epoch() + 1},
+                                   {"records_trained", last->master().records_trained()}});
+  return absl::OkStatus();
+}
+
+void JobControl::DataScanned(StatusOr<std::pair<DataSet, DataSet>> data, absl::Time now) {
+  if (!data.ok()) {
+    Fail(std::string(data.status().message()), /*stopped=*/false, now);
+    return;
+  }
+  if (over()) return;
+  progress_.SetData(std::move(data->first), std::move(data->second));
+  MaybeStartTraining(now);
+}
+
+void JobControl::MaybeStartTraining(absl::Time now) {
+  membership_.MaybePlace(job_spec_.num_partitions());
+  // Placement and the data scan finish in either order (servers usually
+  // register while a large data set is still being scanned); training
+  // starts on whichever comes second.
+  if (!progress_.data_ready() || progress_.phase() != JobPhase::kScanning ||
+      !membership_.placed() || !membership_.all_servers_alive()) {
+    return;
+  }
+  progress_.StartEpoch(0);
+  if (checkpoints_.last().has_value()) return;
+  // Checkpoint 0: nothing trained, every server empty.
+  proto::CheckpointRecord start;
+  start.set_id(0);
+  *start.mutable_master() = SaveRecord();
+  progress_.SaveShards(&start);
+  start.set_unix_ms(absl::ToUnixMillis(now));
+  checkpoints_.RecordStart(std::move(start));
+}
+
+// --- RPC handlers -------------------------------------------------------------
+
+Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, absl::Time now,
+                                  proto::RegisterServerReply* reply) {
+  if (!ParseTcpEndpoint(request.endpoint()).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad server endpoint '", request.endpoint(), "'"));
+  }
+  const std::string this_job = absl::StrCat(job_spec_.job_id(), " ", job_spec_.name());
+  if (!request.stored_job().empty() && request.stored_job() != this_job) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the server's --data-dir holds the parameters of job ", request.stored_job(),
+        ", not of this job (", this_job, "); give it a fresh --data-dir"));
+  }
+  if (over()) return absl::FailedPreconditionError("the job is over");
+  ASSIGN_OR_RETURN(Membership::Claim claim, membership_.ClaimSlot(request));
+  if (!claim.retried) {
+    if (claim.restarted) {
+      StartRecovery(claim.slot, absl::StrCat("ps[", claim.slot, "] restarted"), now);
+      if (over()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the job failed: ", progress_.failure()));
+      }
+    }
+    const bool replaces = membership_.AdmitServer(claim.slot, request, now);
+    if (replaces) recovery_.AddLost(claim.slot);
+    events_->Record("server_registered", {{"server", claim.slot},
+                                          {"endpoint", request.endpoint()},
+                                          {"host", request.hostname()},
+                                          {"replaces", replaces},
+                                          {"restarted", claim.restarted},
+                                          {"fresh_data_dir", !request.has_stored_server_id()}});
+    MaybeStartTraining(now);
+  }
+  reply->set_server_id(claim.slot);
+  *reply->mutable_job() = job_spec_;
+  return absl::OkStatus();
+}
+
+Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, absl::Time now,
+                                  proto::RegisterWorkerReply* reply) {
+  if (over()) return absl::FailedPreconditionError("the job is over");
+  reply->set_worker_id(membership_.AdmitWorker(request, now));
+  *reply->mutable_job() = job_spec_;
+  reply->set_heartbeat_ms(static_cast<uint32_t>(job_.master.heartbeat_ms));
+  reply->set_lease_ms(static_cast<uint32_t>(job_.master.lease_ms));
+  return absl::OkStatus();
+}
+
+std::string JobControl::FencedWhy() const { return recovery_.why(); }
+
+Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
+                             absl::Time now, proto::HeartbeatReply* reply) {
+  bool* told = nullptr;
+  if (sender.role() == proto::ROLE_WORKER) {
+    ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, FencedWhy()));
+    const proto::WorkerStats& stats = request.worker();
+    worker->last_seen = now;
+    worker->records_per_s = stats.records_per_s();
+    worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());
+    worker->stats = stats;
+    worker->paused_for = request.paused_for_checkpoint();
+    if (std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {
+      reply->set_pause_for_checkpoint(*round);
+    }
+    told = &worker->told_to_exit;
+    if (std::optional<uint64_t> split = progress_.SplitRequestedOf(sender.id()); split) {
+      reply->set_split_shard(*split);
+    }
+  } else if (sender.role() == proto::ROLE_SERVER) {
+    bool first_contact = false;
+    RETURN_IF_ERROR(membership_.ServerHeartbeat(sender.id(), request.endpoint(), request.server(),
+                                                now, &first_contact));
+    told = &membership_.server(sender.id())->told_to_exit;
+  } else {
+    return absl::InvalidArgumentError("heartbeat from an unknown role");
+  }
+  reply->set_state(progress_.phase() == JobPhase::kFinished ? proto::JOB_FINISHED
+                   : progress_.phase() == JobPhase::kFailed ? proto::JOB_FAILED
+                                                            : proto::JOB_RUNNING);
+  reply->set_cluster_map_version(membership_.cluster_map().version());
+  reply->set_membership_epoch(membership_.generation());
+  FillJobProgress(reply);
+  if (over()) {
+    reply->set_shutdown(true);
+    *told = true;
+  }
+  return absl::OkStatus();
+}
+
+void JobControl::FillJobProgress(proto::HeartbeatReply* reply) const {
+  if (std::optional<uint64_t> left = progress_.PassLinesLeft(); left.has_value()) {
+    reply->set_pass_records_left(*left);
+  }
+  reply->set_job_records_per_s(meter_.records_per_s());
+  if (const std::optional<double> eta = EtaSeconds(); eta.has_value()) reply->set_eta_s(*eta);
+}
+
+Status JobControl::GetClusterMap(const proto::NodeId& sender,
+                                 proto::GetClusterMapReply* reply) const {
+  if (recovery_.active() && sender.role() == proto::ROLE_WORKER) {
+    return ErrorWithReason(absl::StatusCode::kUnavailable,
+                           absl::StrCat("the job is being restored (", recovery_.why(),
+                                        "); training goes on once every server is back"),
+                           proto::NOT_READY);
+  }
+  if (!membership_.placed()) {
+    return ErrorWithReason(
+        absl::StatusCode::kUnavailable,
+        absl::StrCat("waiting for parameter servers: ", membership_.servers().size(), " of ",
+                     job_.ps.num_servers, " registered"),
+        proto::NOT_READY);
+  }
+  *reply->mutable_map() = membership_.cluster_map();
+  return absl::OkStatus();
+}
+
+Status JobControl::GetShard(const proto::NodeId& sender, absl::Time now,
+                            proto::GetShardReply* reply) {
+  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, FencedWhy()));
+  worker->last_seen = now;
+  if (over()) {
+    reply->set_action(proto::GetShardReply::FINISHED);
+    worker->told_to_exit = true;
+    return absl::OkStatus();
+  }
+  // Nothing new starts while the job is restored, or while the servers
+  // write a checkpoint (a worker that joined after the pause would push
+  // into it).
+  const bool hold = recovery_.active() || checkpoints_.writing();
+  std::optional<proto::ShardAssignment> shard;
+  if (!hold) shard = progress_.Assign(sender.id());
+  if (!shard.has_value()) {
+    reply->set_action(proto::GetShardReply::WAIT);
+    // Well within a heartbeat, so a shard freed by a death is picked up
+    // within lease + one heartbeat.
+    reply->set_retry_after_ms(
+        static_cast<uint32_t>(std::clamp<int64_t>(job_.master.heartbeat_ms / 4, 5, 200)));
+    // An idle worker and nothing queued: ask the slowest holder to share.
+    if (!hold) progress_.RequestSplit(sender.id());
+    return absl::OkStatus();
+  }
+  reply->set_action(proto::GetShardReply::ASSIGNED);
+  *reply->mutable_shard() = *std::move(shard);
+  return absl::OkStatus();
+}
+
+Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgressRequest& request,
+                          std::span<const float> labels, std::span<const float> predictions,
+                          absl::Time now, proto::CommitProgressReply* reply) {
+  if (request.phase() == proto::EVAL) {
+    if (labels.size() != predictions.size() ||
+        labels.size() + request.malformed() != request.lines()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval commit carries ", labels.size(), " labels and ", predictions.size(),
+                       " predictions for ", request.lines(), " lines (", request.malformed(),
+                       " malformed)"));
+    }
+    // The metrics sort by prediction: NaN would break them, not just skew.
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (!(predictions[i] >= 0.0f && predictions[i] <= 1.0f) || !std::isfinite(labels[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "eval commit record ", i, " has prediction ", predictions[i], " and label ", labels[i],
+            "; predictions must be probabilities in [0, 1], labels finite"));
+      }
+    }
+  }
+  if (request.malformed() > request.lines()) {
+    return absl::InvalidArgumentError("more malformed lines than lines");
+  }
+  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, FencedWhy()));
+  worker->last_seen = now;
+  ASSIGN_OR_RETURN(TrainingProgress::Committed committed,
+                   progress_.Commit(sender.id(), request, labels, predictions));
+  reply->set_applied(committed.applied);
+  if (!committed.current_pass) return absl::OkStatus();
+  if (std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {
+    reply->set_pause_for_checkpoint(*round);
+  }
+  if (std::optional<uint64_t> split = progress_.SplitRequestedOf(sender.id()); split) {
+    reply->set_split_shard(*split);
+  }
+  if (!committed.applied) return absl::OkStatus();
+  worker->records += committed.records_trained;
+  if (progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) Finish(now);
+  return absl::OkStatus();
+}
+
+Status JobControl::SplitShard(const proto::NodeId& sender, const proto::SplitShardRequest& request,
+                              absl::Time now, proto::SplitShardReply* reply) {
+  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, FencedWhy()));
+  worker->last_seen = now;
+  ASSIGN_OR_RETURN(TrainingProgress::Split split, progress_.SplitShard(sender.id(), request));
+  reply->set_accepted(split.accepted);
+  if (split.accepted) reply->set_new_shard_id(split.new_shard);
+  return absl::OkStatus();
+}
+
+Status JobControl::Deregister(const proto::NodeId& sender) {
+  if (sender.role() != proto::ROLE_WORKER) {
+    return absl::InvalidArgumentError("only workers deregister");
+  }
+  ASSIGN_OR_RETURN(bool left, membership_.Leave(sender.id()));
+  if (left) progress_.ReleaseShardsOf(sender.id(), "left", std::nullopt);
+  return absl::OkStatus();
+}
+
+// --- The job loop ---------------------------------------------------------------
+
+void JobControl::ExpireLeases(absl::Time now) {
+  Membership::Expired expired = membership_.ExpireLeases(now);
+  for (const auto& [worker, retrained] : expired.workers) {
+    // What it pushed but never committed is trained again by others.
+    progress_.AddRetrained(retrained);
+    if (!over()) membership_.Fence(worker, now, "lease expired");
+  }
+  for (uint32_t server : expired.servers) {
+    StartRecovery(server, absl::StrCat("ps[", server, "] stopped heartbeating"), now);
+  }
+}
+
+void JobControl::Tick(absl::Time now) {
+  ExpireLeases(now);
+  SampleProgress(now);
+  checkpoints_.MaybeStart(now, !recovery_.active() && !over() &&
+                                   progress_.phase() == JobPhase::kTraining &&
+                                   membership_.placed());
+}
+
+void JobControl::StartRecovery(uint32_t server, const std::string& why, absl::Time now) {
+  if (over()) return;
+  const std::optional<proto::CheckpointRecord>& last = checkpoints_.last();
+  if (!last.has_value()) {
+    // Training has not started: nothing is lost. A server that takes the
+    // slot (MaybeStartTraining waits for one) is all it takes.
+    LOG(WARNING) << why << " before training started; waiting for a server to take its place";
+    return;
+  }
+  const bool rollback = job_.checkpoint.on_server_failure == "rollback";
+  if (recovery_.Start(why, rollback, server, now)) {
+    LOG(WARNING) << why << ": restoring "
+                 << (rollback ? "the job" : absl::StrCat("ps[", server, "]"))
+                 << " from checkpoint " << last->id() << " (checkpoint.on_server_failure = "
+                 << job_.checkpoint.on_server_failure
+                 << ") once a server takes its place: restart it on its --data-dir, or start an "
+                    "eps-server on a fresh --data-dir"
+                 << (job_.checkpoint.dir.empty() ? " that can read its checkpoint path" : "");
+    events_->Record("recovery_started", {{"server", server},
+                                         {"reason", why},
+                                         {"checkpoint", last->id()},
+                                         {"mode", job_.checkpoint.on_server_failure}});
+    // No worker may push until the servers are restored: all register again.
+    progress_.AddRetrained(membership_.FenceAllAlive(now, why));
+    // A round still waiting for workers to pause will not see them again.
+    checkpoints_.AbandonPausing(why, now);
+    checkpoints_.CancelRequest();
+  }
+  membership_.Bump();
+}
+
+void JobControl::FencesAcknowledged(const Membership::FenceRound& round, absl::Time now) {
+  for (const auto& [worker, last_seen] : membership_.FencesAcknowledged(round)) {
+    // A rollback replaces the whole pass: its shards need not move now.
+    if (recovery_.rollback()) continue;
+    auto entry = membership_.workers().find(worker);
+    const bool died =
+        entry != membership_.workers().end() && entry->second.state == PeerState::kDead;
+    progress_.ReleaseShardsOf(worker, "fenced",
+                              died ? std::optional(now - entry->second.last_seen) : std::nullopt);
+  }
+}
+
+std::optional<JobControl::CheckpointWrite> JobControl::NextCheckpointWrite(absl::Time now) {
+  const std::optional<uint64_t> round = checkpoints_.round_id();
+  if (!round.has_value()) return std::nullopt;
+  std::vector<uint32_t> not_paused;
+  for (const auto& [id, worker] : membership_.workers()) {
+    if (worker.state == PeerState::kAlive && worker.paused_for != *round) not_paused.push_back(id);
+  }
+  std::optional<CheckpointCoordinator::Write> write =
+      checkpoints_.Next(now, not_paused, membership_.awaiting_fences(), over());
+  if (!write.has_value()) return std::nullopt;
+  return CheckpointWrite{.write = *std::move(write), .servers = membership_.LiveServers()};
+}
+
+std::optional<proto::CheckpointRecord> JobControl::CheckpointWritten(
+    const CheckpointWrite& write, std::vector<StatusOr<proto::ServerCheckpoint>> parts,
+    absl::Time writing_started, absl::Time now, StateUpdate* update) {
+  std::string error = write.servers.empty() ? "no live server" : "";
+  proto::CheckpointRecord record;
+  record.set_id(write.write.id);
+  *record.mutable_master() = SaveRecord();
+  progress_.SaveShards(&record);
+  for (auto& part : parts) {
+    if (!part.ok()) {
+      absl::StrAppend(&error, error.empty() ? "" : "; ", part.status().message());
+      continue;
+    }
+    record.set_bytes(record.bytes() + part->bytes());
+    *record.add_servers() = *std::move(part);
+  }
+  record.set_unix_ms(absl::ToUnixMillis(now));
+  record.set_duration_ms(absl::ToDoubleMilliseconds(now - writing_started));
+  record.set_pause_ms(absl::ToDoubleMilliseconds(now - write.write.started));
+  if (!error.empty()) {
+    checkpoints_.Fail(absl::StrCat(error, "; the previous checkpoint stands"), now);
+    return std::nullopt;
+  }
+  *update = checkpoints_.CompleteUpdate(record);
+  return record;
+}
+
+void JobControl::CheckpointRecorded(const proto::CheckpointRecord& record, const Status& written,
+                                    absl::Time now) {
+  if (written.ok()) {
+    checkpoints_.Completed(record, now);
+  } else {
+    checkpoints_.Fail(
+        absl::StrCat("recording it: ", written.message(), "; the previous checkpoint stands"),
+        now);
+  }
+}
+
+std::optional<Recovery::Step> JobControl::NextRestore(absl::Time now) {
+  if (!recovery_.active() || over()) return std::nullopt;
+  if (!checkpoints_.last().has_value()) {
+    FailRecovery("no complete checkpoint to restore", now);
+    return std::nullopt;
+  }
+  Recovery::Step step = recovery_.Next(membership_, *checkpoints_.last(),
+                                       absl::Seconds(job_.job.progress_interval_s), now);
+  if (step.waiting_line.has_value()) LOG(WARNING) << *step.waiting_line;
+  switch (step.kind) {
+    case Recovery::Step::Kind::kWait:
+      return std::nullopt;
+    case Recovery::Step::Kind::kFail:
+      FailRecovery(step.error, now);
+      return std::nullopt;
+    case Recovery::Step::Kind::kRestore:
+      return step;
+  }
+  return std::nullopt;
+}
+
+void JobControl::Restored(const Recovery::Step& step, const std::vector<StatusOr<uint64_t>>& replies,
+                          absl::Time restore_started, absl::Time now) {
+  if (!recovery_.active() || over()) return;
+  const proto::CheckpointRecord checkpoint = *checkpoints_.last();
+  std::string error;
+  switch (recovery_.Restored(membership_, step, checkpoint.id(), replies, &error)) {
+    case Recovery::Verdict::kRetry:
+      VLOG(1) << "restoring checkpoint " << checkpoint.id() << ": a server is not ready; trying "
+              << "again";
+      return;
+    case Recovery::Verdict::kFail:
+      FailRecovery(error, now);
+      return;
+    case Recovery::Verdict::kDone:
+      break;
+  }
+  uint64_t bytes = 0;
+  for (const StatusOr<uint64_t>& reply : replies) bytes += *reply;
+  const uint64_t trained_before = progress_.records_trained();
+  const bool rollback = recovery_.rollback();
+  if (rollback) {
+    Status applied = progress_.ApplyCheckpoint(checkpoint);
+    if (!applied.ok()) {
+      FailRecovery(
+          absl::StrCat("cannot return to checkpoint ", checkpoint.id(), ": ", applied.message()),
+          now);
+      return;
+    }
+  }
+  std::vector<uint32_t> restored;
+  for (const Recovery::RestoreTarget& target : step.targets) restored.push_back(target.slot);
+  const uint64_t rolled_back = trained_before - progress_.records_trained();
+  json result = {{"reason", recovery_.why()},
+                 {"checkpoint", checkpoint.id()},
+                 {"mode", rollback ? "rollback" : "continue"},
+                 {"servers_restored", restored},
+                 {"bytes", bytes},
+                 {"records_rolled_back", rolled_back},
+                 {"restore_ms", absl::ToDoubleMilliseconds(now - restore_started)},
+                 {"took_ms", absl::ToDoubleMilliseconds(now - recovery_.started())}};
+  LOG(INFO) << "recovered (" << recovery_.why() << "): ps[" << absl::StrJoin(restored, "], ps[")
+            << "] restored to checkpoint " << checkpoint.id() << " in "
+            << absl::FormatDuration(absl::Trunc(now - restore_started, absl::Milliseconds(1)))
+            << (rollback ? absl::StrCat(", ", rolled_back, " records to train again")
+                         : std::string(", the other servers keep their state"))
+            << "; "
+            << absl::FormatDuration(
+                   absl::Trunc(now - recovery_.started(), absl::Milliseconds(100)))
+            << " since the failure";
+  events_->Record("recovered", result);
+  recovery_.Done(std::move(result));
+  membership_.Bump();
+}
+
+bool JobControl::Done(absl::Time now) const {
+  return over() && (membership_.EveryoneTold() || now >= done_at_);
+}
+
+// --- Lifecycle ------------------------------------------------------------------
+
+// The job loop ends once every live peer heard that the job is over; a peer
+// that stops heartbeating instead loses its lease and no longer counts. The
+// deadline only guards against a peer that heartbeats without ever hearing
+// (which should not happen).
+static absl::Time ShutdownDeadline(const JobConfig& job, absl::Time now) {
+  return now + 3 * absl::Milliseconds(job.master.lease_ms) + absl::Seconds(10);
+}
+
+void JobControl::Finish(absl::Time now) {
+  progress_.Finish();
+  done_at_ = ShutdownDeadline(job_, now);
+  ended_ = true;
+  const std::optional<double> auc = progress_.eval_auc();
+  LOG(INFO) << "job finished in "
+            << absl::FormatDuration(absl::Trunc(now - started_, absl::Milliseconds(100))) << ": "
+            << progress_.records_trained() << " records trained"
+            << (auc ? absl::StrFormat(", eval AUC %.5f, eval log loss %.5f", *auc,
+                                      *progress_.eval_logloss())
+                    : std::string())
+            << "; final status in "
+            << (std::filesystem::path(data_dir_) / "final_status.json").string();
+  events_->Record("job_finished", {{"records_trained", progress_.records_trained()}});
+}
+
+void JobControl::Fail(const std::string& reason, bool stopped, absl::Time now) {
+  if (over()) return;
+  progress_.Fail(reason, stopped);
+  done_at_ = ShutdownDeadline(job_, now);
+  ended_ = true;
+  LOG(ERROR) << "job failed: " << reason;
+  events_->Record("job_failed", {{"error", reason}});
+}
+
+StatusOr<uint64_t> JobControl::RequestCheckpoint() {
+  if (progress_.phase() != JobPhase::kTraining || over() || recovery_.active()) {
+    return absl::FailedPreconditionError(
+        recovery_.active() && !over()
+            ? absl::StrCat("the job is being restored (", recovery_.why(),
+                           "); ask again once it trains")
+            : absl::StrCat("checkpoints are taken while the job trains; it is ",
+                           JobPhaseName(progress_.phase())));
+  }
+  return checkpoints_.Request();
+}
+
+// --- Progress -------------------------------------------------------------------
+
+std::optional<double> JobControl::EtaSeconds() const {
+  const std::optional<double> left = progress_.JobLinesLeft();
+  if (!left.has_value() || meter_.records_per_s() <= 0) return std::nullopt;
+  return *left / meter_.records_per_s();
+}
+
+void JobControl::SampleProgress(absl::Time now) {
+  // Every commit applied (training and evaluation; a rollback undoes none).
+  if (!meter_.Due(now, progress_.records_committed_total()) || over()) return;
+  int alive_workers = 0;
+  for (const auto& [id, worker] : membership_.workers()) {
+    alive_workers += worker.state == PeerState::kAlive;
+  }
+  const double fraction = progress_.tracker() ? progress_.PassFraction() : 0.0;
+  const std::optional<double> eta = EtaSeconds();
+  const std::optional<double> loss = progress_.RunningLoss();
+  const JobPhase phase = progress_.phase();
+  // The history behind the status page's chart and scripts/plot_run.py.
+  json sample = {{"time", absl::ToDoubleSeconds(now - absl::UnixEpoch())},
+                 {"elapsed_s", absl::ToDoubleSeconds(now - started_)},
+                 {"phase", JobPhaseName(phase)},
+                 {"epoch", progress_.epoch() + 1},
+                 {"records_trained", progress_.records_trained()},
+                 {"records_per_s", meter_.records_per_s()},
+                 {"train_loss", NullableNumber(loss)},
+                 {"workers", alive_workers},
+                 {"pass_fraction", fraction},
+                 {"eta_s", NullableNumber(eta)}};
+  meter_.Keep(sample);
+  events_->Record("progress", std::move(sample));
+  const ShardTracker* tracker = progress_.tracker();
+  if (tracker == nullptr) {
+    LOG(INFO) << JobPhaseName(phase) << ": " << membership_.servers().size() << "/"
+              << job_.ps.num_servers << " server(s), " << alive_workers << " worker(s)";
+    return;
+  }
+  LOG(INFO) << (phase == JobPhase::kEvaluating
+                    ? std::string("eval")
+                    : absl::StrCat("epoch ", progress_.epoch() + 1, "/", job_.job.epochs))
+            << ": " << absl::StrFormat("%.1f", 100 * fraction) << "% (" << tracker->done() << "/"
+            << tracker->num_shards() << " shards done, " << tracker->doing()
+            << " in progress), " << absl::StrFormat("%.0f", meter_.records_per_s())
+            << " records/s, " << alive_workers << " worker(s), loss "
+            << (loss ? absl::StrFormat("%.5f", *loss) : std::string("n/a")) << ", ETA "
+            << (eta ? absl::FormatDuration(absl::Seconds(static_cast<int64_t>(*eta)))
+                    : std::string("?"));
+}
+
+// --- Persistence ----------------------------------------------------------------
+
+proto::MasterRecord JobControl::SaveRecord() const {
+  proto::MasterRecord record;
+  record.set_format_version(kMasterRecordFormat);
+  record.set_config_fingerprint(fingerprint_);
+  record.set_job_id(job_spec_.job_id());
+  membership_.SaveTo(&record);
+  progress_.SaveTo(&record);
+  checkpoints_.SaveTo(&record);
+  recovery_.SaveTo(&record);
+  return record;
+}
+
+bool JobControl::TakeChanges(StateUpdate* update) {
+  if (std::optional<proto::CheckpointRecord> start = checkpoints_.TakePendingRecord(); start) {
+    update->PutCheckpoint(*start);
+  }
+  progress_.TakeChanges(update);
+  // The record is compared whole with the last one taken, so no change can
+  // be forgotten: there is no dirty flag to set.
+  const proto::MasterRecord record = SaveRecord();
+  std::string serialized = record.SerializeAsString();
+  if (serialized != saved_record_) {
+    update->PutMaster(record);
+    saved_record_ = std::move(serialized);
+  }
+  const bool ended = ended_;
+  ended_ = false;
+  return ended;
+}
+
+}  // namespace eps

@@ -1,0 +1,200 @@
+// JobControl: the master's state machine. It composes the units
+// (Membership, TrainingProgress, CheckpointCoordinator, Recovery,
+// ProgressMeter) and holds the rules between them in one place:
+//   - while a recovery is in progress: workers get NOT_READY for the
+//     cluster map and WAIT for shards; no checkpoint starts; a round still
+//     pausing is abandoned;
+//   - while the servers write a checkpoint: no shard is handed out (a
+//     worker that joined after the pause would push into it);
+//   - a fenced worker's shards move only once every live server has its
+//     fence; a rollback replaces the pass instead;
+//   - a lost server before training starts only frees its slot.
+//
+// It decides and never waits: RPC handlers take decoded requests and fill
+// replies; the job loop's steps return what to send to the servers (fence
+// lists, checkpoint writes, restores) and take the replies back. Time is
+// passed in. The driver (master.cc) holds the one mutex around every call,
+// does the I/O without it, and persists TakeChanges() before any reply
+// leaves.
+//
+// Thread-safety: not thread-safe; the master guards it with its mutex.
+
+#ifndef EPS_MASTER_JOB_CONTROL_H_
+#define EPS_MASTER_JOB_CONTROL_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/job_config.h"
+#include "core/status.h"
+#include "master/checkpoint_coordinator.h"
+#include "master/data_set.h"
+#include "master/event_log.h"
+#include "master/membership.h"
+#include "master/progress_meter.h"
+#include "master/recovery.h"
+#include "master/state_store.h"
+#include "master/training_progress.h"
+#include "proto/eps.pb.h"
+
+namespace eps {
+
+class JobControl {
+ public:
+  // `spec` is the job as servers and workers receive it (its job_id set by
+  // StartNew or Restore); `fingerprint` the options a restart must keep
+  // (JobFingerprint). `events` is not owned and must outlive the unit.
+  JobControl(const JobConfig& job, proto::JobSpec spec, std::string fingerprint,
+             std::string data_dir, EventSink* events, absl::Time now);
+
+  // --- Startup --------------------------------------------------------------
+
+  // A new job with id `job_id`.
+  void StartNew(const std::string& job_id);
+  // Takes up the job saved in --data-dir (see MasterOptions::resume).
+  //   kFailedPrecondition: state of another format or configuration, a
+  //     job that is over, a stopped job without `resume`, `resume` with
+  //     nothing to resume.
+  //   kDataLoss: saved records that do not add up.
+  Status Restore(const MasterSnapshot& snapshot, bool resume, absl::Time now);
+  // The data scan ended: training starts once the servers are placed.
+  // A failed scan fails the job.
+  void DataScanned(StatusOr<std::pair<DataSet, DataSet>> data, absl::Time now);
+  bool data_ready() const { return progress_.data_ready(); }
+
+  // --- RPC handlers ---------------------------------------------------------
+  // Each validates, applies and fills its reply; errors as the wire
+  // expects them (FENCED, NOT_READY reasons; kInvalidArgument for
+  // malformed requests).
+
+  Status RegisterServer(const proto::RegisterServerRequest& request, absl::Time now,
+                        proto::RegisterServerReply* reply);
+  Status RegisterWorker(const proto::RegisterWorkerRequest& request, absl::Time now,
+                        proto::RegisterWorkerReply* reply);
+  Status Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
+                   absl::Time now, proto::HeartbeatReply* reply);
+  Status GetClusterMap(const proto::NodeId& sender, proto::GetClusterMapReply* reply) const;
+  Status GetShard(const proto::NodeId& sender, absl::Time now, proto::GetShardReply* reply);
+  // `labels` and `predictions`: an eval commit's frames.
+  Status Commit(const proto::NodeId& sender, const proto::CommitProgressRequest& request,
+                std::span<const float> labels, std::span<const float> predictions,
+                absl::Time now, proto::CommitProgressReply* reply);
+  Status SplitShard(const proto::NodeId& sender, const proto::SplitShardRequest& request,
+                    absl::Time now, proto::SplitShardReply* reply);
+  Status Deregister(const proto::NodeId& sender);
+
+  // --- The job loop ---------------------------------------------------------
+
+  // Leases, the progress sample, a checkpoint due.
+  void Tick(absl::Time now);
+  // Leases only: workers that missed theirs are fenced, a lost server starts
+  // a recovery (also called while the driver waits for servers).
+  void ExpireLeases(absl::Time now);
+  // The fence list to send to every live server, if some may lack it.
+  std::optional<Membership::FenceRound> PendingFences() const {
+    return membership_.PendingFences();
+  }
+  // Every server in `round` acknowledged it.
+  void FencesAcknowledged(const Membership::FenceRound& round, absl::Time now);
+
+  // The checkpoint round's write, once every worker paused; with the live
+  // servers to write it. The id must be persisted before it is sent.
+  struct CheckpointWrite {
+    CheckpointCoordinator::Write write;
+    std::vector<ServerAddress> servers;
+  };
+  std::optional<CheckpointWrite> NextCheckpointWrite(absl::Time now);
+  // The servers answered: the record to write (with `*update`), or the
+  // round fails now (an error from a server). `writing_started`: when the
+  // calls went out.
+  std::optional<proto::CheckpointRecord> CheckpointWritten(
+      const CheckpointWrite& write, std::vector<StatusOr<proto::ServerCheckpoint>> parts,
+      absl::Time writing_started, absl::Time now, StateUpdate* update);
+  // The record was written (or not: `written`); the workers go on.
+  void CheckpointRecorded(const proto::CheckpointRecord& record, const Status& written,
+                          absl::Time now);
+
+  // The recovery's restores, when every slot is filled and fenced.
+  std::optional<Recovery::Step> NextRestore(absl::Time now);
+  // The servers answered the restores (bytes restored, per target).
+  void Restored(const Recovery::Step& step, const std::vector<StatusOr<uint64_t>>& replies,
+                absl::Time restore_started, absl::Time now);
+
+  // The job loop may end: the job is over and every live peer heard it (or
+  // the shutdown deadline passed).
+  bool Done(absl::Time now) const;
+
+  // --- Lifecycle ------------------------------------------------------------
+
+  // Fails the job (a no-op once over). `stopped`: it can go on with --resume.
+  void Fail(const std::string& reason, bool stopped, absl::Time now);
+  bool over() const { return progress_.over(); }
+
+  // POST /checkpoint: the id of the round to wait for, or kFailedPrecondition
+  // saying why none can be taken now.
+  StatusOr<uint64_t> RequestCheckpoint();
+
+  // --- Persistence ----------------------------------------------------------
+
+  // Moves every change since the last call into `update` (the master record
+  // only when it differs from the one last taken). True when the job ended
+  // since: the final status must be in place before any reply leaves.
+  bool TakeChanges(StateUpdate* update);
+  // The master record as the state is now.
+  proto::MasterRecord SaveRecord() const;
+
+  // --- Views ----------------------------------------------------------------
+
+  const JobConfig& job() const { return job_; }
+  const proto::JobSpec& job_spec() const { return job_spec_; }
+  const Membership& membership() const { return membership_; }
+  const TrainingProgress& progress() const { return progress_; }
+  const CheckpointCoordinator& checkpoints() const { return checkpoints_; }
+  const Recovery& recovery() const { return recovery_; }
+  const ProgressMeter& meter() const { return meter_; }
+  bool resumed() const { return resumed_; }
+  absl::Time started() const { return started_; }
+  // Seconds to the end of the job at the last interval's rate.
+  std::optional<double> EtaSeconds() const;
+
+ private:
+  Status ResumeFromCheckpoint(const MasterSnapshot& snapshot, absl::Time now);
+  void StartRecovery(uint32_t server, const std::string& why, absl::Time now);
+  // A recovery that cannot complete stops the job resumably: its
+  // checkpoints stand, and --resume tries again once the cause is fixed.
+  void FailRecovery(const std::string& reason, absl::Time now) {
+    progress_.set_stopped(true);
+    Fail(reason, /*stopped=*/true, now);
+  }
+  // Places the servers and starts training once both are ready.
+  void MaybeStartTraining(absl::Time now);
+  void AfterCommit(absl::Time now);
+  void Finish(absl::Time now);
+  void SampleProgress(absl::Time now);
+  void FillJobProgress(proto::HeartbeatReply* reply) const;
+  std::string FencedWhy() const;
+
+  const JobConfig& job_;
+  proto::JobSpec job_spec_;
+  const std::string fingerprint_;
+  const std::string data_dir_;
+  EventSink* const events_;
+  const absl::Time started_;
+  Membership membership_;
+  TrainingProgress progress_;
+  CheckpointCoordinator checkpoints_;
+  Recovery recovery_;
+  ProgressMeter meter_;
+  bool resumed_ = false;
+  absl::Time done_at_ = absl::InfiniteFuture();
+  bool ended_ = false;  // the job ended since the last TakeChanges
+  std::string saved_record_;  // the master record last taken, serialized
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_JOB_CONTROL_H_

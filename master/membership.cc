@@ -1,0 +1,346 @@
+#include "master/membership.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/placement.h"
+#include "core/logging.h"
+#include "rpc/message.h"
+
+namespace eps {
+
+const char* PeerStateName(PeerState state) {
+  switch (state) {
+    case PeerState::kAlive: return "alive";
+    case PeerState::kDead: return "dead";
+    case PeerState::kLeft: return "left";
+    case PeerState::kFenced: return "fenced";
+  }
+  return "unknown";
+}
+
+Membership::Membership(const JobConfig& job, EventSink* events) : job_(job), events_(events) {}
+
+StatusOr<Membership::Claim> Membership::ClaimSlot(const proto::RegisterServerRequest& request) {
+  for (auto& [id, server] : servers_) {
+    if (server.endpoint == request.endpoint() && server.pid == request.pid() &&
+        server.state == PeerState::kAlive && server.seen) {
+      return Claim{.slot = id, .retried = true};
+    }
+  }
+  if (request.has_stored_server_id()) {
+    // A server restarted on its --data-dir takes its own slot back.
+    const uint32_t slot = request.stored_server_id();
+    auto it = servers_.find(slot);
+    if (it == servers_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the server's --data-dir says it was ps[", slot, "] of this job, which has no such "
+          "server; give it a fresh --data-dir"));
+    }
+    if (it->second.state != PeerState::kAlive) return Claim{.slot = slot};
+    // A new process (a running server never registers again), back before
+    // its lease ran out or after a master restart: what it held since its
+    // last checkpoint is gone all the same.
+    it->second.state = PeerState::kDead;
+    LOG(ERROR) << "ps[" << slot << "] restarted (pid " << it->second.pid << " -> " << request.pid()
+               << "): its parameters since the last checkpoint are lost";
+    events_->Record("server_dead",
+                    {{"server", slot}, {"endpoint", it->second.endpoint}, {"reason", "restarted"}});
+    return Claim{.slot = slot, .restarted = true};
+  }
+  if (!placed() && servers_.size() < static_cast<size_t>(job_.ps.num_servers)) {
+    return Claim{.slot = next_server_id_++};
+  }
+  // A fresh server takes the place of a dead one.
+  for (const auto& [id, server] : servers_) {
+    if (server.state != PeerState::kAlive) return Claim{.slot = id};
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("the job already has its ", job_.ps.num_servers,
+                   " server(s) (ps.num_servers), all alive; adding servers to a running job is "
+                   "not supported yet"));
+}
+
+bool Membership::AdmitServer(uint32_t slot, const proto::RegisterServerRequest& request,
+                             absl::Time now) {
+  const bool replaces = servers_.contains(slot);
+  ServerEntry& server = servers_[slot];
+  server = ServerEntry();
+  server.endpoint = request.endpoint();
+  server.host = request.hostname();
+  server.pid = request.pid();
+  server.last_seen = now;
+  server.seen = true;
+  ++generation_;
+  if (replaces) {
+    // The slot's partitions now live at the new endpoint; the new process
+    // has not heard of any fenced worker yet.
+    for (proto::ServerInfo& info : *cluster_map_.mutable_servers()) {
+      if (info.id() == slot) info.set_endpoint(request.endpoint());
+    }
+    if (placed()) cluster_map_.set_version(cluster_map_.version() + 1);
+    fences_acknowledged_ = 0;
+    LOG(INFO) << "ps[" << slot << "] is back: " << request.endpoint() << " ("
+              << request.hostname() << " pid " << request.pid() << ", "
+              << (request.has_stored_server_id() ? "its own --data-dir" : "a fresh --data-dir")
+              << ")";
+  } else {
+    LOG(INFO) << "ps[" << slot << "] registered: " << request.endpoint() << " ("
+              << request.hostname() << " pid " << request.pid() << "), " << servers_.size() << "/"
+              << job_.ps.num_servers;
+  }
+  return replaces;
+}
+
+uint32_t Membership::AdmitWorker(const proto::RegisterWorkerRequest& request, absl::Time now) {
+  const uint32_t id = next_worker_id_++;
+  WorkerEntry& worker = workers_[id];
+  worker.host = request.hostname();
+  worker.pid = request.pid();
+  worker.device = request.device();
+  worker.last_seen = worker.joined = now;
+  ++generation_;
+  LOG(INFO) << "worker[" << id << "] joined (" << request.hostname() << " pid " << request.pid()
+            << ", " << request.device() << ")";
+  events_->Record("worker_joined", {{"worker", id},
+                                    {"host", request.hostname()},
+                                    {"pid", request.pid()},
+                                    {"device", request.device()}});
+  return id;
+}
+
+StatusOr<WorkerEntry*> Membership::LiveWorker(const proto::NodeId& sender,
+                                              const std::string& fenced_why) {
+  if (sender.role() != proto::ROLE_WORKER) {
+    return absl::InvalidArgumentError("only workers may call this");
+  }
+  auto it = workers_.find(sender.id());
+  if (it != workers_.end() && it->second.state == PeerState::kFenced) {
+    return ErrorWithReason(
+        absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("worker ", sender.id(), " is fenced: a parameter server was lost",
+                     fenced_why.empty() ? "" : absl::StrCat(" (", fenced_why, ")"),
+                     " and the job is restored from a checkpoint; it must register again"),
+        proto::FENCED);
+  }
+  if (it == workers_.end() || it->second.state != PeerState::kAlive) {
+    return ErrorWithReason(
+        absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("worker ", sender.id(),
+                     " is fenced (its lease expired, it left, or the master restarted); "
+                     "it must register again"),
+        proto::FENCED);
+  }
+  return &it->second;
+}
+
+Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
+                                   const proto::ServerStats& stats, absl::Time now,
+                                   bool* first_contact) {
+  auto it = servers_.find(slot);
+  if (it == servers_.end() || it->second.state != PeerState::kAlive) {
+    return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                           absl::StrCat("server ", slot, " is not registered"), proto::FENCED);
+  }
+  if (!endpoint.empty() && endpoint != it->second.endpoint) {
+    return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                           absl::StrCat("ps[", slot, "] is now served at ", it->second.endpoint,
+                                        "; this server at ", endpoint, " was replaced"),
+                           proto::FENCED);
+  }
+  *first_contact = !it->second.seen;
+  it->second.last_seen = now;
+  it->second.seen = true;
+  it->second.stats = stats;
+  return absl::OkStatus();
+}
+
+ServerEntry* Membership::server(uint32_t slot) {
+  auto it = servers_.find(slot);
+  return it == servers_.end() ? nullptr : &it->second;
+}
+
+Membership::Expired Membership::ExpireLeases(absl::Time now) {
+  const absl::Duration lease = absl::Milliseconds(job_.master.lease_ms);
+  Expired expired;
+  for (auto& [id, worker] : workers_) {
+    if (worker.state != PeerState::kAlive || now - worker.last_seen <= lease) continue;
+    worker.state = PeerState::kDead;
+    LOG(WARNING) << "worker[" << id << "] (" << worker.host << " pid " << worker.pid
+                 << ") missed its lease (" << job_.master.lease_ms << " ms): dead";
+    events_->Record("worker_dead",
+                    {{"worker", id},
+                     {"host", worker.host},
+                     {"pid", worker.pid},
+                     {"silent_ms", absl::ToInt64Milliseconds(now - worker.last_seen)}});
+    expired.workers.emplace_back(
+        id, worker.records_pushed > worker.records ? worker.records_pushed - worker.records : 0);
+  }
+  std::vector<uint32_t> freed;
+  for (auto& [id, server] : servers_) {
+    if (server.state != PeerState::kAlive || now - server.last_seen <= lease) continue;
+    server.state = PeerState::kDead;
+    ++generation_;
+    LOG(ERROR) << "ps[" << id << "] at " << server.endpoint << " missed its lease ("
+               << job_.master.lease_ms << " ms): dead";
+    events_->Record("server_dead",
+                    {{"server", id},
+                     {"endpoint", server.endpoint},
+                     {"silent_ms", absl::ToInt64Milliseconds(now - server.last_seen)}});
+    // Nothing placed on it yet: another server may simply take its place.
+    (placed() ? expired.servers : freed).push_back(id);
+  }
+  for (uint32_t id : freed) servers_.erase(id);
+  return expired;
+}
+
+void Membership::AddToFenceList(uint32_t worker) {
+  auto it = std::lower_bound(fenced_.begin(), fenced_.end(), worker);
+  if (it == fenced_.end() || *it != worker) fenced_.insert(it, worker);
+  ++generation_;
+}
+
+void Membership::Fence(uint32_t worker, absl::Time now, const std::string& why) {
+  AddToFenceList(worker);
+  auto it = workers_.find(worker);
+  awaiting_fence_.emplace(worker, it != workers_.end() ? it->second.last_seen : now);
+  VLOG(1) << "fencing worker[" << worker << "]: " << why;
+}
+
+uint64_t Membership::FenceAllAlive(absl::Time now, const std::string& why) {
+  uint64_t retrained = 0;
+  for (auto& [id, worker] : workers_) {
+    if (worker.state != PeerState::kAlive) continue;
+    worker.state = PeerState::kFenced;
+    if (worker.records_pushed > worker.records) retrained += worker.records_pushed - worker.records;
+    Fence(id, now, why);
+  }
+  return retrained;
+}
+
+StatusOr<bool> Membership::Leave(uint32_t worker) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return absl::NotFoundError("unknown worker");
+  if (it->second.state != PeerState::kAlive) return false;
+  it->second.state = PeerState::kLeft;
+  LOG(INFO) << "worker[" << worker << "] left";
+  events_->Record("worker_left", {{"worker", worker}, {"records", it->second.records}});
+  // It committed what it pushed and stops pushing: its shards move now. Its
+  // id is still fenced, so nothing it might send later lands.
+  AddToFenceList(worker);
+  return true;
+}
+
+bool Membership::IsFenced(uint32_t worker) const {
+  return std::binary_search(fenced_.begin(), fenced_.end(), worker);
+}
+
+std::optional<Membership::FenceRound> Membership::PendingFences() const {
+  if (!fencing()) return std::nullopt;
+  // No server has seen a push before the cluster map exists; with none
+  // alive there is nobody to tell (the round is acknowledged at once).
+  return FenceRound{.fenced = fenced_, .servers = LiveServers()};
+}
+
+std::vector<std::pair<uint32_t, absl::Time>> Membership::FencesAcknowledged(
+    const FenceRound& round) {
+  fences_acknowledged_ = std::max(fences_acknowledged_, round.fenced.size());
+  std::vector<std::pair<uint32_t, absl::Time>> released;
+  for (auto it = awaiting_fence_.begin(); it != awaiting_fence_.end();) {
+    if (!std::binary_search(round.fenced.begin(), round.fenced.end(), it->first)) {
+      ++it;
+      continue;
+    }
+    events_->Record("worker_fenced", {{"worker", it->first}});
+    released.emplace_back(it->first, it->second);
+    it = awaiting_fence_.erase(it);
+  }
+  return released;
+}
+
+bool Membership::fencing() const {
+  return !awaiting_fence_.empty() || fences_acknowledged_ < fenced_.size();
+}
+
+bool Membership::MaybePlace(uint32_t num_partitions) {
+  if (placed() || servers_.size() < static_cast<size_t>(job_.ps.num_servers)) return false;
+  std::vector<proto::ServerInfo> infos;
+  for (const auto& [id, server] : servers_) {
+    proto::ServerInfo info;
+    info.set_id(id);
+    info.set_endpoint(server.endpoint);
+    infos.push_back(info);
+  }
+  cluster_map_ = MakeClusterMap(/*version=*/1, num_partitions, infos);
+  LOG(INFO) << "placed " << num_partitions << " partitions on " << infos.size()
+            << " server(s) (cluster map v1)";
+  return true;
+}
+
+bool Membership::all_servers_alive() const {
+  for (const auto& [id, server] : servers_) {
+    if (server.state != PeerState::kAlive) return false;
+  }
+  return true;
+}
+
+std::vector<uint32_t> Membership::MissingServers() const {
+  std::vector<uint32_t> missing;
+  for (const auto& [id, server] : servers_) {
+    if (server.state != PeerState::kAlive || !server.seen) missing.push_back(id);
+  }
+  return missing;
+}
+
+std::vector<ServerAddress> Membership::LiveServers() const {
+  std::vector<ServerAddress> live;
+  for (const auto& [id, server] : servers_) {
+    if (server.state == PeerState::kAlive) live.emplace_back(id, server.endpoint);
+  }
+  return live;
+}
+
+bool Membership::Serving(const ServerAddress& address) const {
+  auto it = servers_.find(address.first);
+  return it != servers_.end() && it->second.state == PeerState::kAlive &&
+         it->second.endpoint == address.second;
+}
+
+bool Membership::EveryoneTold() const {
+  for (const auto& [id, worker] : workers_) {
+    if (worker.state == PeerState::kAlive && !worker.told_to_exit) return false;
+  }
+  for (const auto& [id, server] : servers_) {
+    if (server.state == PeerState::kAlive && !server.told_to_exit) return false;
+  }
+  return true;
+}
+
+void Membership::SaveTo(proto::MasterRecord* record) const {
+  record->set_next_worker_id(next_worker_id_);
+  record->set_next_server_id(next_server_id_);
+  record->set_membership_epoch(generation_);
+  *record->mutable_cluster_map() = cluster_map_;
+  for (const auto& [id, server] : servers_) {
+    proto::ServerInfo* info = record->add_servers();
+    info->set_id(id);
+    info->set_endpoint(server.endpoint);
+  }
+  for (uint32_t id : fenced_) record->add_fenced_workers(id);
+}
+
+void Membership::RestoreFrom(const proto::MasterRecord& record, absl::Time now) {
+  next_worker_id_ = record.next_worker_id();
+  next_server_id_ = record.next_server_id();
+  generation_ = record.membership_epoch() + 1;
+  cluster_map_ = record.cluster_map();
+  for (const proto::ServerInfo& info : record.servers()) {
+    ServerEntry& server = servers_[info.id()];
+    server.endpoint = info.endpoint();
+    // Servers keep running while the master is away: give them a lease.
+    server.last_seen = now;
+  }
+  fenced_.assign(record.fenced_workers().begin(), record.fenced_workers().end());
+}
+
+}  // namespace eps

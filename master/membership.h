@@ -1,0 +1,211 @@
+// Membership: who is in the job. Workers (a fresh id per registration),
+// server slots (a slot is a server id; a restarted or replacement server
+// takes a slot back), leases, the fence list and how far the servers have
+// acknowledged it, the cluster map, and the membership generation (raised
+// by every change).
+//
+//   worker:  kAlive --lease expired--> kDead
+//              |  \--DEREGISTER-----> kLeft
+//              \----recovery--------> kFenced   (it registers again)
+//   server:  kAlive --lease expired or restarted--> kDead --slot filled--> kAlive
+//
+// A fenced worker id is never accepted again (ids are never reused); its
+// shards may move only once every live server refuses its pushes too, so
+// Fence() queues it and FencesAcknowledged() says when that is.
+//
+// Time is passed in; the unit holds no lock, reads no clock, does no I/O
+// (events are queued on the sink).
+//
+// Thread-safety: not thread-safe; the master guards it with its mutex.
+
+#ifndef EPS_MASTER_MEMBERSHIP_H_
+#define EPS_MASTER_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/job_config.h"
+#include "core/status.h"
+#include "master/event_log.h"
+#include "proto/eps.pb.h"
+
+namespace eps {
+
+// kFenced: a live worker sent away by a server recovery (it registers again).
+enum class PeerState { kAlive, kDead, kLeft, kFenced };
+const char* PeerStateName(PeerState state);
+
+struct WorkerEntry {
+  std::string host;
+  uint32_t pid = 0;
+  std::string device;
+  PeerState state = PeerState::kAlive;
+  absl::Time last_seen;
+  absl::Time joined;
+  uint64_t records = 0;         // committed by this worker, counted by the master
+  uint64_t records_pushed = 0;  // as the worker reports it
+  double records_per_s = 0;
+  bool told_to_exit = false;
+  uint64_t paused_for = 0;  // the checkpoint it reports having paused for
+  // As last reported; kept once the worker is gone (/metrics).
+  proto::WorkerStats stats;
+};
+
+struct ServerEntry {
+  std::string endpoint;
+  std::string host;
+  uint32_t pid = 0;
+  PeerState state = PeerState::kAlive;
+  absl::Time last_seen;
+  proto::ServerStats stats;
+  bool told_to_exit = false;
+  // Heard from by this master (a restored entry is not, until it heartbeats).
+  bool seen = false;
+};
+
+// A server slot and the endpoint a call to it goes to.
+using ServerAddress = std::pair<uint32_t, std::string>;
+
+class Membership {
+ public:
+  // `events` is not owned and must outlive the unit.
+  Membership(const JobConfig& job, EventSink* events);
+
+  // --- Registration -------------------------------------------------------
+
+  struct Claim {
+    uint32_t slot = 0;
+    // A registration retried by the process already in the slot: answer
+    // the same, change nothing.
+    bool retried = false;
+    // The slot's previous process was alive (a new process on its data
+    // dir): it is dead now, and what it held since its last checkpoint is
+    // lost (the caller starts a recovery).
+    bool restarted = false;
+  };
+  // Finds the slot a registering server takes: its own (stored_server_id),
+  // the next one while the job is placed, or a dead one.
+  //   kFailedPrecondition: a stored slot this job does not have, or every
+  //     slot taken by a live server.
+  StatusOr<Claim> ClaimSlot(const proto::RegisterServerRequest& request);
+  // Puts the registering server in `slot` (after ClaimSlot). Returns true
+  // when it replaces an earlier process of the slot: the slot's endpoint
+  // changes in the cluster map (a new version) and the fence list must be
+  // sent to it again.
+  bool AdmitServer(uint32_t slot, const proto::RegisterServerRequest& request, absl::Time now);
+
+  // A new worker id.
+  uint32_t AdmitWorker(const proto::RegisterWorkerRequest& request, absl::Time now);
+
+  // The worker `sender` names, if registered and alive. FENCED otherwise
+  // (kFailedPrecondition); `fenced_why`, when not empty, says why a worker
+  // fenced by a recovery was. kInvalidArgument when the sender is no worker.
+  StatusOr<WorkerEntry*> LiveWorker(const proto::NodeId& sender, const std::string& fenced_why);
+
+  // A server's heartbeat: renews its lease. FENCED (kFailedPrecondition)
+  // when the slot is not alive, or `endpoint` (when given) is not the
+  // slot's current process. Sets *first_contact when this master had not
+  // heard from the server yet.
+  Status ServerHeartbeat(uint32_t slot, const std::string& endpoint,
+                         const proto::ServerStats& stats, absl::Time now, bool* first_contact);
+  ServerEntry* server(uint32_t slot);
+
+  // --- Leases -------------------------------------------------------------
+
+  struct Expired {
+    // Workers whose lease ran out (now kDead), with the records each pushed
+    // but never committed (they are trained again by others).
+    std::vector<std::pair<uint32_t, uint64_t>> workers;
+    // Slots whose server's lease ran out (now kDead). Before placement the
+    // slot is simply freed for another server and not listed.
+    std::vector<uint32_t> servers;
+  };
+  Expired ExpireLeases(absl::Time now);
+
+  // --- Fencing ------------------------------------------------------------
+
+  // Adds `worker` to the fence list; its shards wait for FencesAcknowledged.
+  void Fence(uint32_t worker, absl::Time now, const std::string& why);
+  // Fences every live worker as kFenced (a recovery). Returns the records
+  // they pushed but never committed, summed.
+  uint64_t FenceAllAlive(absl::Time now, const std::string& why);
+  // A worker leaving (DEREGISTER): kLeft and fenced at once; its shards may
+  // move now (it committed what it pushed). False when it was not alive.
+  // kNotFound for an unknown worker.
+  StatusOr<bool> Leave(uint32_t worker);
+  // Every worker id ever fenced, sorted.
+  const std::vector<uint32_t>& fenced() const { return fenced_; }
+  bool IsFenced(uint32_t worker) const;
+
+  struct FenceRound {
+    std::vector<uint32_t> fenced;         // the whole list
+    std::vector<ServerAddress> servers;   // every live server
+  };
+  // The fence list to send, when some server may not have it yet.
+  std::optional<FenceRound> PendingFences() const;
+  // Every server in `round` acknowledged `round.fenced`. Returns the fenced
+  // workers that were waiting for it, with when each was last seen.
+  std::vector<std::pair<uint32_t, absl::Time>> FencesAcknowledged(const FenceRound& round);
+  // Some fence is not acknowledged by every live server yet.
+  bool fencing() const;
+  // Some fenced worker's shards wait for its fence to reach every server.
+  bool awaiting_fences() const { return !awaiting_fence_.empty(); }
+
+  // --- Placement ----------------------------------------------------------
+
+  // Places the partitions when ps.num_servers servers have registered
+  // (cluster map version 1). True when it did.
+  bool MaybePlace(uint32_t num_partitions);
+  bool placed() const { return cluster_map_.version() != 0; }
+  bool all_servers_alive() const;
+  // Slots without a live server this master has heard from.
+  std::vector<uint32_t> MissingServers() const;
+  std::vector<ServerAddress> LiveServers() const;
+  // The slot's server is alive at `endpoint` (a call to it still matters).
+  bool Serving(const ServerAddress& server) const;
+  const proto::ClusterMap& cluster_map() const { return cluster_map_; }
+
+  // --- Lifecycle ----------------------------------------------------------
+
+  // True when every live peer has been told to exit.
+  bool EveryoneTold() const;
+  void Bump() { ++generation_; }
+
+  const std::map<uint32_t, WorkerEntry>& workers() const { return workers_; }
+  const std::map<uint32_t, ServerEntry>& servers() const { return servers_; }
+  uint64_t generation() const { return generation_; }
+  uint32_t next_worker_id() const { return next_worker_id_; }
+
+  // The fields of MasterRecord this unit owns.
+  void SaveTo(proto::MasterRecord* record) const;
+  // A restarted master: the saved slots (given a fresh lease: servers keep
+  // running while the master is away), ids, fence list and map.
+  void RestoreFrom(const proto::MasterRecord& record, absl::Time now);
+
+ private:
+  void AddToFenceList(uint32_t worker);
+
+  const JobConfig& job_;
+  EventSink* const events_;
+  std::map<uint32_t, WorkerEntry> workers_;
+  std::map<uint32_t, ServerEntry> servers_;
+  uint32_t next_worker_id_ = 0;
+  uint32_t next_server_id_ = 0;
+  proto::ClusterMap cluster_map_;
+  uint64_t generation_ = 0;
+  std::vector<uint32_t> fenced_;
+  // Fenced workers whose shards wait until every server refuses them, with
+  // when each was last seen.
+  std::map<uint32_t, absl::Time> awaiting_fence_;
+  // Size of fenced_ every live server has acknowledged.
+  size_t fences_acknowledged_ = 0;
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_MEMBERSHIP_H_

@@ -1,0 +1,103 @@
+#include "master/recovery.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "rpc/message.h"
+
+namespace eps {
+
+bool Recovery::Start(const std::string& why, bool rollback, uint32_t lost, absl::Time now) {
+  const bool started = !state_.has_value();
+  if (started) {
+    state_ = State{.why = why, .started = now, .rollback = rollback, .lost = {}, .last_log = now};
+    ++count_;
+  }
+  state_->lost.insert(lost);
+  return started;
+}
+
+void Recovery::StartRollback(const std::string& why, absl::Time now) {
+  state_ = State{.why = why, .started = now, .rollback = true, .lost = {}, .last_log = now};
+  ++count_;
+}
+
+void Recovery::AddLost(uint32_t slot) {
+  if (state_.has_value()) state_->lost.insert(slot);
+}
+
+const std::string& Recovery::why() const {
+  static const std::string kNone;
+  return state_.has_value() ? state_->why : kNone;
+}
+
+Recovery::Step Recovery::Next(const Membership& membership,
+                              const proto::CheckpointRecord& checkpoint, absl::Duration log_every,
+                              absl::Time now) {
+  Step step;
+  const std::vector<uint32_t> missing = membership.MissingServers();
+  if (!missing.empty() || membership.fencing()) {
+    if (now - state_->last_log >= log_every) {
+      state_->last_log = now;
+      step.waiting_line = absl::StrCat(
+          state_->why, " ", absl::FormatDuration(absl::Trunc(now - state_->started, absl::Seconds(1))),
+          " ago; ",
+          missing.empty()
+              ? std::string("fencing the workers at every server")
+              : absl::StrCat("waiting for ps[", absl::StrJoin(missing, "], ps["),
+                             "] (restart each on its --data-dir, or start an eps-server on a "
+                             "fresh --data-dir in its place)"));
+    }
+    return step;
+  }
+  std::map<uint32_t, std::string> paths;  // none for checkpoint 0: empty servers
+  for (const proto::ServerCheckpoint& part : checkpoint.servers()) {
+    paths[part.server_id()] = part.path();
+  }
+  for (const auto& [slot, server] : membership.servers()) {
+    if (!state_->rollback && !state_->lost.contains(slot)) continue;
+    if (checkpoint.id() != 0 && !paths.contains(slot)) {
+      step.kind = Step::Kind::kFail;
+      step.error = absl::StrCat("checkpoint ", checkpoint.id(), " has no part of ps[", slot, "]");
+      return step;
+    }
+    step.targets.push_back(RestoreTarget{.slot = slot, .endpoint = server.endpoint,
+                                         .path = paths[slot]});
+  }
+  step.kind = Step::Kind::kRestore;
+  return step;
+}
+
+Recovery::Verdict Recovery::Restored(const Membership& membership, const Step& step,
+                                     uint64_t checkpoint_id,
+                                     const std::vector<StatusOr<uint64_t>>& restored_bytes,
+                                     std::string* error) {
+  for (size_t i = 0; i < restored_bytes.size(); ++i) {
+    if (restored_bytes[i].ok()) continue;
+    const Status& status = restored_bytes[i].status();
+    const RestoreTarget& target = step.targets[i];
+    const bool gone = !membership.Serving({target.slot, target.endpoint});
+    // A server still starting, one that died meanwhile or a lost reply:
+    // the recovery goes on (restoring again is harmless).
+    if (gone || ReasonOf(status) == proto::NOT_READY || absl::IsDeadlineExceeded(status)) {
+      return Verdict::kRetry;
+    }
+    *error = absl::StrCat("cannot restore ps[", target.slot, "] to checkpoint ", checkpoint_id,
+                          ": ", status.message(),
+                          target.path.empty()
+                              ? ""
+                              : absl::StrCat(" (its part is at ", target.path,
+                                             "; a replacement server must be able to read it: "
+                                             "set checkpoint.dir to shared storage)"));
+    return Verdict::kFail;
+  }
+  return Verdict::kDone;
+}
+
+void Recovery::Done(nlohmann::json result) {
+  last_ = std::move(result);
+  state_.reset();
+}
+
+}  // namespace eps

@@ -1,0 +1,64 @@
+// ServerCalls: the master's one fan-out to its servers: FENCE_WORKERS,
+// CHECKPOINT and RESTORE. A call goes to every server at once and the
+// replies are awaited together; the wait watches the servers meanwhile, so
+// a call to a server that dies (or is replaced) is given up instead of
+// waiting out its timeout.
+//
+// Thread-safety: one thread only (it owns its ZeroMQ sockets); it takes no
+// lock itself, so the caller must not hold the master's mutex.
+
+#ifndef EPS_MASTER_SERVER_CALLS_H_
+#define EPS_MASTER_SERVER_CALLS_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "master/membership.h"
+#include "master/recovery.h"
+#include "proto/eps.pb.h"
+#include "rpc/message.h"
+#include "rpc/rpc_channel.h"
+#include "rpc/socket_factory.h"
+
+namespace eps {
+
+class ServerCalls {
+ public:
+  // Asked every 20 ms while replies are outstanding: false when the
+  // server's call no longer matters (it died or was replaced).
+  using Serving = std::function<bool(const ServerAddress&)>;
+
+  // `factory` and `clock` are not owned and must outlive this.
+  ServerCalls(SocketFactory* factory, const Clock* clock);
+
+  // Sends the fence list to every server of `round`. True when every one
+  // acknowledged it (with none, at once); the caller tries again later
+  // otherwise.
+  bool SendFences(const Membership::FenceRound& round, absl::Duration timeout);
+  // Has every server write checkpoint `id`, keeping `keep` besides it. One
+  // result per server: its part, or the error naming it.
+  std::vector<StatusOr<proto::ServerCheckpoint>> WriteCheckpoint(
+      uint64_t id, const std::vector<uint64_t>& keep, const std::vector<ServerAddress>& servers,
+      const Serving& serving);
+  // Has every target restore checkpoint `id` (its path). One result per
+  // target: the bytes restored, or the error.
+  std::vector<StatusOr<uint64_t>> Restore(uint64_t id,
+                                          const std::vector<Recovery::RestoreTarget>& targets,
+                                          const Serving& serving);
+
+ private:
+  std::vector<StatusOr<Message>> CallAll(const std::vector<ServerAddress>& servers,
+                                         const std::function<Message(size_t)>& make,
+                                         absl::Duration timeout, const Serving& serving);
+
+  const Clock* const clock_;
+  RpcChannel channel_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_SERVER_CALLS_H_

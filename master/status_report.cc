@@ -1,0 +1,405 @@
+#include "master/status_report.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/metrics.h"
+#include "master/checkpoint_coordinator.h"
+#include "master/membership.h"
+#include "master/progress_meter.h"
+#include "master/recovery.h"
+#include "master/training_progress.h"
+#include "proto/eps.pb.h"
+
+namespace eps {
+
+using nlohmann::json;
+
+// Strings in the document come from outside; nlohmann::json throws on
+// invalid UTF-8 unless told to replace it.
+std::string DumpJson(const json& doc) {
+  return doc.dump(/*indent=*/2, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                  json::error_handler_t::replace);
+}
+
+json StatusDocument(const JobControl& control, absl::Time now) {
+  const JobConfig& job = control.job();
+  const TrainingProgress& progress = control.progress();
+  const Membership& membership = control.membership();
+  const CheckpointCoordinator& checkpoints = control.checkpoints();
+  const Recovery& recovery = control.recovery();
+  const ProgressMeter& meter = control.meter();
+  const JobPhase phase = progress.phase();
+  const ShardTracker* tracker = progress.tracker();
+
+  json doc;
+  doc["job"] = job.job.name;
+  doc["state"] = phase == JobPhase::kFinished ? "finished"
+                 : phase == JobPhase::kFailed ? "failed"
+                                              : "running";
+  doc["phase"] = JobPhaseName(phase);
+  if (!progress.failure().empty()) doc["error"] = progress.failure();
+  doc["epoch"] = progress.epoch() + 1;
+  doc["epochs"] = job.job.epochs;
+  doc["elapsed_s"] = absl::ToDoubleSeconds(now - control.started());
+  doc["resumed"] = control.resumed();
+  json shards = {{"total", 0}, {"todo", 0}, {"doing", 0}, {"done", 0}};
+  if (tracker != nullptr) {
+    shards = {{"total", tracker->num_shards()},
+              {"todo", tracker->todo()},
+              {"doing", tracker->doing()},
+              {"done", tracker->done()}};
+  } else if (phase == JobPhase::kFinished) {
+    const uint64_t total = progress.train_data().shards.size();
+    shards = {{"total", total}, {"todo", 0}, {"doing", 0}, {"done", total}};
+  }
+  doc["shards"] = shards;
+  doc["records_trained"] = progress.records_trained();
+  doc["records_retrained"] = progress.records_retrained();
+  doc["records_per_epoch"] = progress.train_data().records;
+  doc["records_per_s"] = meter.records_per_s();
+  doc["eta_s"] = NullableNumber(control.EtaSeconds());
+  doc["history"] = json(std::vector<json>(meter.history().begin(), meter.history().end()));
+  doc["records_malformed"] = progress.records_malformed();
+  doc["malformed_examples"] = progress.malformed_examples();
+  doc["membership_epoch"] = membership.generation();
+  doc["reassignments"] = progress.reassignments();
+  const std::optional<uint64_t> round = checkpoints.round_id();
+  doc["checkpoints"] = {{"written", checkpoints.written()},
+                        {"failed", checkpoints.failed()},
+                        {"interval_s", job.checkpoint.interval_s},
+                        {"pause_s", checkpoints.pause_s()},
+                        {"in_progress", round.has_value() ? json(*round) : json(nullptr)},
+                        {"last", checkpoints.LastResult()}};
+  json recovering = {{"in_progress", nullptr},
+                     {"recoveries", recovery.count()},
+                     {"on_server_failure", job.checkpoint.on_server_failure},
+                     {"last", recovery.last()}};
+  if (recovery.active()) {
+    const std::optional<proto::CheckpointRecord>& last = checkpoints.last();
+    recovering["in_progress"] = {
+        {"reason", recovery.why()},
+        {"checkpoint", last.has_value() ? json(last->id()) : json(nullptr)},
+        {"waiting_for_servers", membership.MissingServers()},
+        {"since_s", absl::ToDoubleSeconds(now - recovery.started())}};
+  }
+  doc["recovery"] = recovering;
+  if (progress.stopped()) doc["resumable"] = true;
+  doc["splits"] = progress.splits();
+  doc["workers_fenced"] = membership.fenced().size();
+  doc["max_reassign_delay_ms"] = absl::ToDoubleMilliseconds(progress.worst_reassign_delay());
+  doc["cluster_map_version"] = membership.cluster_map().version();
+
+  const std::vector<proto::EpochLedger>& ledger = progress.ledger();
+  json epochs = json::array();
+  for (size_t e = 0; e < ledger.size(); ++e) {
+    const proto::EpochLedger& entry = ledger[e];
+    const bool complete = progress.EpochComplete(e);
+    epochs.push_back(
+        {{"epoch", entry.epoch()},
+         {"lines_expected", entry.records_expected()},
+         {"lines_committed", entry.lines_committed()},
+         {"records_committed", entry.records_committed()},
+         {"malformed", entry.malformed()},
+         {"complete", complete},
+         {"exactly_once", complete && entry.lines_committed() == entry.records_expected()}});
+  }
+  doc["ledger"] = epochs;
+
+  json workers = json::array();
+  for (const auto& [id, worker] : membership.workers()) {
+    workers.push_back(
+        {{"id", id},
+         {"state", PeerStateName(worker.state)},
+         {"host", worker.host},
+         {"pid", worker.pid},
+         {"device", worker.device},
+         {"records", worker.records},
+         {"records_per_s", worker.state == PeerState::kAlive ? worker.records_per_s : 0.0}});
+  }
+  doc["workers"] = workers;
+  json servers = json::array();
+  for (const auto& [id, server] : membership.servers()) {
+    uint64_t partitions = 0;
+    for (uint32_t owner : membership.cluster_map().partition_owner()) partitions += owner == id;
+    servers.push_back(
+        {{"id", id},
+         {"state", PeerStateName(server.state)},
+         {"endpoint", server.endpoint},
+         {"partitions", partitions},
+         {"rows", server.stats.rows()},
+         {"memory_bytes", server.stats.bytes()},
+         {"rows_on_disk", server.stats.rows_on_disk()},
+         {"disk_bytes", server.stats.disk_bytes()},
+         {"hit_rate", server.stats.hits() + server.stats.misses() > 0
+                          ? static_cast<double>(server.stats.hits()) /
+                                static_cast<double>(server.stats.hits() + server.stats.misses())
+                          : 1.0},
+         {"evictions", server.stats.evictions()},
+         {"last_flush_ms", server.stats.last_flush_ms()},
+         {"pushes_fenced", server.stats.pushes_fenced()},
+         {"pushes_deduplicated", server.stats.pushes_deduplicated()}});
+  }
+  doc["servers"] = servers;
+
+  // train_loss is the last complete epoch's mean loss.
+  std::optional<double> train_loss;
+  json epoch_losses = json::array();
+  for (size_t e = 0; e < ledger.size(); ++e) {
+    if (!progress.EpochComplete(e) || ledger[e].records_committed() == 0) continue;
+    train_loss = ledger[e].loss_sum() / static_cast<double>(ledger[e].records_committed());
+    epoch_losses.push_back(*train_loss);
+  }
+  doc["metrics"] = {{"train_loss", NullableNumber(train_loss)},
+                    {"epoch_loss_so_far", NullableNumber(progress.RunningLoss())},
+                    {"epoch_train_loss", epoch_losses},
+                    {"eval_auc", NullableNumber(progress.eval_auc())},
+                    {"eval_logloss", NullableNumber(progress.eval_logloss())},
+                    {"eval_records", progress.eval_records()}};
+  return doc;
+}
+
+std::string MetricsText(const JobControl& control) {
+  // Families in a fixed order, each with every series it has: job progress,
+  // training quality, membership and shards, per worker, per server,
+  // checkpoints and recoveries. README.md "### Metrics" lists them.
+  const JobConfig& job = control.job();
+  const TrainingProgress& progress = control.progress();
+  const Membership& membership = control.membership();
+  const CheckpointCoordinator& checkpoints = control.checkpoints();
+  const JobPhase phase = progress.phase();
+  const ShardTracker* tracker = progress.tracker();
+
+  PrometheusWriter out;
+  auto gauge = [&out](const char* name, const char* help, double value) {
+    out.Family(name, MetricType::kGauge, help);
+    out.Sample(value);
+  };
+  auto counter = [&out](const char* name, const char* help, double value) {
+    out.Family(name, MetricType::kCounter, help);
+    out.Sample(value);
+  };
+
+  // Not "job": Prometheus gives every target a job label of its own.
+  out.Family("eps_job_info", MetricType::kGauge, "The job's name and id; always 1.");
+  out.Sample({{"name", job.job.name}, {"job_id", control.job_spec().job_id()}}, 1);
+  out.Family("eps_job_phase", MetricType::kGauge,
+             "1 for the job's current phase, 0 for the others.");
+  for (JobPhase each : {JobPhase::kScanning, JobPhase::kTraining, JobPhase::kEvaluating,
+                        JobPhase::kFinished, JobPhase::kFailed}) {
+    out.Sample({{"phase", JobPhaseName(each)}}, each == phase ? 1 : 0);
+  }
+  gauge("eps_job_epoch", "Current training epoch, 1-based.", progress.epoch() + 1);
+  gauge("eps_job_epochs", "Training epochs of the job.", static_cast<double>(job.job.epochs));
+  gauge("eps_job_pass_done_ratio",
+        "Fraction of the current pass (training epoch or evaluation) committed.",
+        progress.PassFraction());
+  gauge("eps_job_records_trained",
+        "The job's progress: training records committed, each once per epoch, over all epochs. "
+        "Falls back when a recovery rolls the job back.",
+        static_cast<double>(progress.records_trained()));
+  // Counted from the workers' entries, which are never removed: unlike
+  // records_trained, no rollback lowers it.
+  uint64_t committed = 0;
+  for (const auto& [id, worker] : membership.workers()) committed += worker.records;
+  counter("eps_records_trained_total",
+          "Training records committed by workers since this master started, including those a "
+          "recovery rolled back.",
+          static_cast<double>(committed));
+  counter("eps_records_retrained_total",
+          "Records trained again: pushed by a worker that died before committing them, or rolled "
+          "back by a recovery.",
+          static_cast<double>(progress.records_retrained()));
+  gauge("eps_records_per_second", "Records committed per second over the last progress interval.",
+        control.meter().records_per_s());
+
+  const std::vector<proto::EpochLedger>& ledger = progress.ledger();
+  for (size_t e = ledger.size(); e-- > 0;) {
+    if (!progress.EpochComplete(e) || ledger[e].records_committed() == 0) continue;
+    gauge("eps_train_loss", "Mean train loss of the last finished epoch.",
+          ledger[e].loss_sum() / static_cast<double>(ledger[e].records_committed()));
+    break;
+  }
+  if (const std::optional<double> loss = progress.RunningLoss(); loss.has_value()) {
+    gauge("eps_train_loss_current_epoch", "Mean train loss of the current epoch so far.", *loss);
+  }
+  if (const std::optional<double> auc = progress.eval_auc(); auc.has_value()) {
+    gauge("eps_eval_auc", "Final evaluation AUC.", *auc);
+  }
+  if (const std::optional<double> logloss = progress.eval_logloss(); logloss.has_value()) {
+    gauge("eps_eval_logloss", "Final evaluation log loss.", *logloss);
+  }
+
+  gauge("eps_membership_epoch", "Membership changes so far.",
+        static_cast<double>(membership.generation()));
+  uint64_t todo = 0, doing = 0, done = 0;
+  if (tracker != nullptr) {
+    todo = tracker->todo();
+    doing = tracker->doing();
+    done = tracker->done();
+  } else if (phase == JobPhase::kFinished) {
+    done = progress.train_data().shards.size();
+  }
+  out.Family("eps_shards", MetricType::kGauge, "Shards of the current pass by state.");
+  out.Sample({{"state", "todo"}}, static_cast<double>(todo));
+  out.Sample({{"state", "doing"}}, static_cast<double>(doing));
+  out.Sample({{"state", "done"}}, static_cast<double>(done));
+  counter("eps_reassignments_total", "Shards handed back after their worker died or left.",
+          static_cast<double>(progress.reassignments()));
+  counter("eps_splits_total", "Shards split off a straggler for an idle worker.",
+          static_cast<double>(progress.splits()));
+  const PeerState kStates[] = {PeerState::kAlive, PeerState::kDead, PeerState::kLeft,
+                               PeerState::kFenced};
+  out.Family("eps_workers", MetricType::kGauge, "Workers by state.");
+  for (PeerState state : kStates) {
+    int n = 0;
+    for (const auto& [id, worker] : membership.workers()) n += worker.state == state;
+    out.Sample({{"state", PeerStateName(state)}}, n);
+  }
+  out.Family("eps_servers", MetricType::kGauge, "Parameter servers by state.");
+  for (PeerState state : kStates) {
+    int n = 0;
+    for (const auto& [id, server] : membership.servers()) n += server.state == state;
+    out.Sample({{"state", PeerStateName(state)}}, n);
+  }
+
+  // Per peer. A gone worker's or server's series keep its last values (its
+  // entry stays), so counters and histograms never go back; a server that
+  // takes over a slot starts them again, as any restarted process does.
+  std::vector<std::pair<std::string, const WorkerEntry*>> workers;
+  for (const auto& [id, worker] : membership.workers()) {
+    workers.emplace_back(absl::StrCat(id), &worker);
+  }
+  std::vector<std::pair<std::string, const ServerEntry*>> servers;
+  // Keyed by the id as text, as the old code did: the series come out in
+  // that (lexicographic) order, unlike the other per-server families.
+  std::map<std::string, uint64_t> partitions;
+  for (const auto& [id, server] : membership.servers()) {
+    servers.emplace_back(absl::StrCat(id), &server);
+    uint64_t owned = 0;
+    for (uint32_t owner : membership.cluster_map().partition_owner()) owned += owner == id;
+    partitions[absl::StrCat(id)] = owned;
+  }
+  // A histogram a peer has not reported (or reported malformed) has no
+  // series.
+  auto histogram = [&out](const std::string& label, const std::string& id,
+                          const proto::Histogram& wire) {
+    StatusOr<HistogramSnapshot> snapshot = HistogramFromProto(wire);
+    if (snapshot.ok()) out.Histogram({{label, id}}, *snapshot);
+  };
+  out.Family("eps_worker_records_per_second", MetricType::kGauge,
+             "Records a worker trains per second, as it reports; 0 once it is gone.");
+  for (const auto& [id, worker] : workers) {
+    out.Sample({{"worker", id}}, worker->state == PeerState::kAlive ? worker->records_per_s : 0);
+  }
+  out.Family("eps_worker_records_committed_total", MetricType::kCounter,
+             "Training records the master accepted from a worker.");
+  for (const auto& [id, worker] : workers) {
+    out.Sample({{"worker", id}}, static_cast<double>(worker->records));
+  }
+  out.Family("eps_worker_pull_seconds", MetricType::kHistogram,
+             "Duration of a worker's pulls as its trainer sees them (all servers, network, "
+             "retries).");
+  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.pull_latency());
+  out.Family("eps_worker_push_seconds", MetricType::kHistogram,
+             "Duration of a worker's pushes as its trainer sees them (all servers, network, "
+             "retries).");
+  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.push_latency());
+
+  auto per_server = [&out, &servers](const char* name, MetricType type, const char* help,
+                                     const std::function<double(const ServerEntry&)>& value) {
+    out.Family(name, type, help);
+    for (const auto& [id, server] : servers) out.Sample({{"server", id}}, value(*server));
+  };
+  out.Family("eps_server_partitions", MetricType::kGauge, "Partitions a server owns.");
+  for (const auto& [id, owned] : partitions) {
+    out.Sample({{"server", id}}, static_cast<double>(owned));
+  }
+  per_server("eps_server_rows", MetricType::kGauge, "Rows a server holds in memory.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.rows()); });
+  per_server("eps_server_rows_on_disk", MetricType::kGauge,
+             "Rows in a server's on-disk store (approximate).",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.rows_on_disk()); });
+  per_server("eps_server_memory_bytes", MetricType::kGauge, "Bytes of a server's rows in memory.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.bytes()); });
+  per_server(
+      "eps_server_memory_budget_bytes", MetricType::kGauge,
+      "A server's memory budget for rows (ps.memory_budget_mb; 0: unlimited).",
+      [](const ServerEntry& s) { return static_cast<double>(s.stats.memory_budget_bytes()); });
+  per_server("eps_server_disk_bytes", MetricType::kGauge,
+             "Bytes of a server's on-disk store (approximate).",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.disk_bytes()); });
+  per_server("eps_server_hit_ratio", MetricType::kGauge,
+             "Fraction of a server's row lookups served from memory since it started (1 before "
+             "any).",
+             [](const ServerEntry& s) {
+               const uint64_t lookups = s.stats.hits() + s.stats.misses();
+               return lookups > 0
+                          ? static_cast<double>(s.stats.hits()) / static_cast<double>(lookups)
+                          : 1.0;
+             });
+  per_server("eps_server_row_hits_total", MetricType::kCounter,
+             "Row lookups a server served from memory.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.hits()); });
+  per_server("eps_server_row_misses_total", MetricType::kCounter,
+             "Row lookups a server read from its store.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.misses()); });
+  per_server("eps_server_evictions_total", MetricType::kCounter,
+             "Rows a server evicted from memory.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.evictions()); });
+  per_server("eps_server_last_flush_seconds", MetricType::kGauge,
+             "Duration of a server's last flush of changed rows to its store.",
+             [](const ServerEntry& s) { return s.stats.last_flush_ms() / 1000; });
+  per_server("eps_server_pulls_total", MetricType::kCounter, "PULL requests a server applied.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.pulls()); });
+  per_server("eps_server_pushes_total", MetricType::kCounter, "PUSH requests a server applied.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes()); });
+  per_server("eps_server_pushes_fenced_total", MetricType::kCounter,
+             "Pushes a server refused because their worker was fenced.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes_fenced()); });
+  per_server(
+      "eps_server_pushes_deduplicated_total", MetricType::kCounter,
+      "Retried pushes a server acknowledged without applying them again.",
+      [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes_deduplicated()); });
+  out.Family("eps_server_pull_seconds", MetricType::kHistogram,
+             "Time a server takes to answer a PULL, from its arrival to the reply.");
+  for (const auto& [id, server] : servers) histogram("server", id, server->stats.pull_latency());
+  out.Family("eps_server_push_seconds", MetricType::kHistogram,
+             "Time a server takes to answer a PUSH, from its arrival to the reply.");
+  for (const auto& [id, server] : servers) histogram("server", id, server->stats.push_latency());
+
+  counter("eps_checkpoints_written_total", "Coordinated checkpoints completed.",
+          static_cast<double>(checkpoints.written()));
+  counter("eps_checkpoints_failed_total", "Coordinated checkpoints abandoned or failed.",
+          static_cast<double>(checkpoints.failed()));
+  counter("eps_checkpoint_pause_seconds_total",
+          "Time workers spent paused for checkpoints, summed over rounds.", checkpoints.pause_s());
+  // Checkpoint 0 (training starting) is written by nobody: no durations.
+  if (const std::optional<proto::CheckpointRecord>& last = checkpoints.last();
+      last.has_value() && last->id() > 0) {
+    gauge("eps_checkpoint_last_pause_seconds",
+          "How long the last complete checkpoint paused the workers.", last->pause_ms() / 1000);
+    gauge("eps_checkpoint_last_duration_seconds",
+          "How long the servers took to write the last complete checkpoint.",
+          last->duration_ms() / 1000);
+    gauge("eps_checkpoint_last_bytes", "Bytes of the last complete checkpoint.",
+          static_cast<double>(last->bytes()));
+    gauge("eps_checkpoint_last_timestamp_seconds",
+          "Unix time at which the last complete checkpoint was recorded.",
+          static_cast<double>(last->unix_ms()) / 1000);
+  }
+  counter("eps_recoveries_total",
+          "Recoveries started: restores from the last complete checkpoint after a parameter "
+          "server was lost, or to resume a stopped job.",
+          static_cast<double>(control.recovery().count()));
+  gauge("eps_recovery_in_progress", "1 while the job is being restored after losing a server.",
+        control.recovery().active() ? 1 : 0);
+  return out.text();
+}
+
+}  // namespace eps

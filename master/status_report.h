@@ -1,0 +1,38 @@
+// The master's two views of the job, built from JobControl's state: the
+// /status JSON document (its contract: README.md and DESIGN.md section 12)
+// and the /metrics text (Prometheus exposition format; README.md "###
+// Metrics" lists the families). Tests, scripts and dashboards read both, so
+// for the same state the output is the same, byte for byte: keys, order of
+// families, HELP texts.
+//
+// Thread-safety: functions of the state; the caller holds the master's
+// mutex around every call. They read no clock (time is passed in) and do no
+// I/O.
+
+#ifndef EPS_MASTER_STATUS_REPORT_H_
+#define EPS_MASTER_STATUS_REPORT_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "master/job_control.h"
+#include "nlohmann/json.hpp"
+
+namespace eps {
+
+// The /status document as the job stands at `now` (elapsed_s and the
+// recovery's since_s are measured to it). Never fails.
+nlohmann::json StatusDocument(const JobControl& control, absl::Time now);
+
+// The /metrics text: every family in a fixed order, each with every series
+// it has. Never fails.
+std::string MetricsText(const JobControl& control);
+
+// `doc` as text, indented by 2. Strings from outside (the job name, file
+// paths, error messages naming them) need not be UTF-8: invalid bytes are
+// replaced (U+FFFD) instead of throwing.
+std::string DumpJson(const nlohmann::json& doc);
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_STATUS_REPORT_H_

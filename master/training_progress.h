@@ -1,0 +1,231 @@
+// TrainingProgress: where the job is in its data. The job phase, the data
+// sets, the pass in progress (one training epoch or the evaluation, as a
+// ShardTracker), the ledger that counts every line once per epoch, the
+// evaluation's results and the job's record counts.
+//
+//   scanning --data scanned, servers placed--> training (epoch 1..E)
+//     --last epoch done--> evaluating (when data.eval is set) --> finished
+//   any phase --Fail--> failed
+//
+// Every change to what is stored (shards of the pass, data sets, eval
+// results) is queued for TakeChanges(); the fields of MasterRecord the unit
+// owns are written by SaveTo.
+//
+// Time is passed in; the unit holds no lock, reads no clock, does no I/O
+// (events are queued on the sink).
+//
+// Thread-safety: not thread-safe; the master guards it with its mutex.
+
+#ifndef EPS_MASTER_TRAINING_PROGRESS_H_
+#define EPS_MASTER_TRAINING_PROGRESS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/job_config.h"
+#include "core/status.h"
+#include "master/data_set.h"
+#include "master/event_log.h"
+#include "master/shard_tracker.h"
+#include "master/state_store.h"
+#include "proto/eps.pb.h"
+
+namespace eps {
+
+// Persisted as MasterRecord.phase: never renumber.
+enum class JobPhase { kScanning = 0, kTraining = 1, kEvaluating = 2, kFinished = 3, kFailed = 4 };
+const char* JobPhaseName(JobPhase phase);
+
+class TrainingProgress {
+ public:
+  // `events` is not owned and must outlive the unit.
+  TrainingProgress(const JobConfig& job, EventSink* events);
+
+  // The scanned data; training can start.
+  void SetData(DataSet train, DataSet eval);
+  bool data_ready() const { return data_ready_; }
+
+  // Starts training epoch `epoch` (0-based): a new pass over data.train in
+  // the epoch's shuffled order.
+  void StartEpoch(uint32_t epoch);
+
+  // --- Shards ---------------------------------------------------------------
+
+  // The next shard for `worker`, nullopt when none is queued.
+  std::optional<proto::ShardAssignment> Assign(uint32_t worker);
+  // With nothing queued, asks the holder of the DOING shard with the most
+  // lines left to split it for `idle_worker`. Returns that shard.
+  std::optional<uint64_t> RequestSplit(uint32_t idle_worker);
+  // The shard `worker` was asked to split, if any.
+  std::optional<uint64_t> SplitRequestedOf(uint32_t worker) const;
+
+  struct Committed {
+    bool applied = false;          // false: a repeat, acknowledged without effect
+    bool current_pass = false;     // false: a repeat of a pass that is over
+    uint64_t records_trained = 0;  // well-formed training lines it added
+  };
+  // Applies a worker's commit. `labels` and `predictions` are an eval
+  // commit's, validated by the caller. A commit for a pass that is over
+  // repeats an applied one and is acknowledged unapplied.
+  //   kInvalidArgument: a range outside its shard, or what the
+  //     ShardTracker refuses as such.
+  //   kFailedPrecondition: a pass that is not the current one, or a shard
+  //     not held by `worker` / a gap (ShardTracker::Commit).
+  StatusOr<Committed> Commit(uint32_t worker, const proto::CommitProgressRequest& commit,
+                             std::span<const float> labels, std::span<const float> predictions);
+
+  struct Split {
+    bool accepted = false;
+    uint64_t new_shard = 0;
+  };
+  // A worker's split of the shard it was asked to split. Unaccepted when
+  // the pass moved on or the split is no longer wanted; a retried split
+  // gets the first one's answer. kInvalidArgument for a bad offset or line.
+  StatusOr<Split> SplitShard(uint32_t worker, const proto::SplitShardRequest& request);
+
+  // Puts the shards `worker` holds back in the queue (at their committed
+  // offsets). `since_last_seen` is the time from the worker's last sign of
+  // life, when it died (it feeds max_reassign_delay_ms).
+  void ReleaseShardsOf(uint32_t worker, const char* why,
+                       std::optional<absl::Duration> since_last_seen);
+  // The workers holding a shard of the pass in progress.
+  std::set<uint32_t> HoldersOfShardsInProgress() const;
+
+  // --- Passes and the job's end --------------------------------------------
+
+  enum class PassEnd { kNone, kNextEpoch, kEvaluation, kFinished };
+  // Moves on when the pass in progress is complete: to the next epoch, to
+  // the evaluation (computing nothing yet) or to the end of training with
+  // the evaluation's metrics computed. kFinished asks the caller to Finish.
+  PassEnd AdvanceIfPassDone();
+  // The job is over: finished, or failed with `reason`. Fail is a no-op
+  // once over. `stopped`: an operator's stop or a recovery that cannot
+  // complete; --resume continues the job.
+  void Finish();
+  void Fail(const std::string& reason, bool stopped);
+  bool over() const { return phase_ == JobPhase::kFinished || phase_ == JobPhase::kFailed; }
+
+  // --- Checkpoints ----------------------------------------------------------
+
+  // Returns the data progress (pass, shards, ledger, counts) to a
+  // checkpoint's: its shards in progress go back to the queue from where
+  // they were then. kDataLoss when the checkpoint was not taken while
+  // training or its records do not add up.
+  Status ApplyCheckpoint(const proto::CheckpointRecord& checkpoint);
+  // The shards of the pass in progress, as stored.
+  void SaveShards(proto::CheckpointRecord* checkpoint) const;
+
+  // --- Accounting -----------------------------------------------------------
+
+  // Records pushed but never committed (a worker died, or was fenced).
+  void AddRetrained(uint64_t records) { records_retrained_ += records; }
+  // Lines left in the pass in progress; nullopt between passes.
+  std::optional<uint64_t> PassLinesLeft() const;
+  // Fraction of the pass in progress committed (0 with none).
+  double PassFraction() const;
+  // Lines left to the end of the job (this pass, later epochs, the
+  // evaluation); nullopt when over or between passes.
+  std::optional<double> JobLinesLeft() const;
+  // Mean loss of the current epoch so far; nullopt outside training.
+  std::optional<double> RunningLoss() const;
+  // Ledger entry `e` describes a finished epoch.
+  bool EpochComplete(size_t e) const;
+
+  JobPhase phase() const { return phase_; }
+  uint32_t epoch() const { return epoch_; }
+  const std::string& failure() const { return failure_; }
+  bool stopped() const { return stopped_; }
+  void set_stopped(bool stopped) { stopped_ = stopped; }
+  const ShardTracker* tracker() const { return tracker_.get(); }
+  const DataSet& train_data() const { return train_data_; }
+  const DataSet& eval_data() const { return eval_data_; }
+  const std::vector<proto::EpochLedger>& ledger() const { return ledger_; }
+  uint64_t records_trained() const { return records_trained_; }
+  uint64_t records_retrained() const { return records_retrained_; }
+  uint64_t records_malformed() const { return records_malformed_; }
+  const std::vector<std::string>& malformed_examples() const { return malformed_examples_; }
+  std::optional<double> eval_auc() const { return eval_auc_; }
+  std::optional<double> eval_logloss() const { return eval_logloss_; }
+  uint64_t eval_records() const { return eval_records_; }
+  uint64_t reassignments() const;
+  uint64_t splits() const;
+  absl::Duration worst_reassign_delay() const { return worst_reassign_delay_; }
+  // Records of every applied commit (training and evaluation), never undone.
+  uint64_t records_committed_total() const { return records_committed_total_; }
+
+  // --- Persistence ----------------------------------------------------------
+
+  // Moves what changed in the stored pass, data sets and eval results into
+  // `update`.
+  void TakeChanges(StateUpdate* update);
+  // The fields of MasterRecord this unit owns.
+  void SaveTo(proto::MasterRecord* record) const;
+  // A restarted master: the counts and ledger, then (past scanning) the data
+  // sets and the pass in progress. kDataLoss when the records do not add up.
+  Status RestoreFrom(const MasterSnapshot& snapshot);
+  // --resume: the counts as saved, then the data sets and the phase and
+  // epoch of `checkpoint` (its pass is adopted when the job is restored).
+  void RestoreForResume(const MasterSnapshot& snapshot, const proto::CheckpointRecord& checkpoint);
+
+ private:
+  std::vector<uint32_t> EpochOrder(uint32_t epoch, size_t shards) const;
+  proto::EpochLedger& Ledger(uint32_t epoch);
+  void StartEvaluation();
+  // Ends the pass in progress: its reassignments and splits join the totals.
+  void ClosePass();
+  // Makes `shards` the pass in progress (see AdoptPass in the .cc).
+  Status AdoptPass(const std::vector<proto::ShardRecord>& shards, bool eval, uint32_t epoch,
+                   uint64_t saved_splits);
+  bool PassIsOver(bool eval, uint32_t epoch) const;
+  void MarkAllShards();
+  void RestoreCounts(const proto::MasterRecord& record);
+
+  const JobConfig& job_;
+  EventSink* const events_;
+  JobPhase phase_ = JobPhase::kScanning;
+  bool data_ready_ = false;
+  std::string failure_;
+  bool stopped_ = false;
+  uint32_t epoch_ = 0;  // 0-based
+  DataSet train_data_;
+  DataSet eval_data_;
+  std::unique_ptr<ShardTracker> tracker_;
+
+  // Accounting.
+  uint64_t records_trained_ = 0;  // every epoch, each record once
+  uint64_t records_retrained_ = 0;
+  uint64_t records_malformed_ = 0;
+  std::vector<std::string> malformed_examples_;
+  std::vector<proto::EpochLedger> ledger_;
+  // Eval commits by (shard, begin offset): labels, predictions.
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<std::vector<float>, std::vector<float>>>
+      eval_results_;
+  uint64_t eval_records_ = 0;
+  std::optional<double> eval_auc_;
+  std::optional<double> eval_logloss_;
+  // Totals over finished passes (the current tracker holds its own).
+  uint64_t reassignments_ = 0;
+  uint64_t splits_ = 0;
+  // Worst time from a dead worker's last sign of life to its shards being
+  // back in the queue (lease + detection + fencing every server).
+  absl::Duration worst_reassign_delay_ = absl::ZeroDuration();
+  uint64_t records_committed_total_ = 0;
+
+  // Changes for TakeChanges.
+  std::set<uint64_t> dirty_shards_;
+  bool clear_pass_ = false;
+  bool data_dirty_ = false;
+  StateUpdate pending_eval_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_TRAINING_PROGRESS_H_
