@@ -6,7 +6,6 @@
 #include <cmath>
 #include <optional>
 #include <span>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -16,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/job_progress.h"
+#include "cluster/member_session.h"
 #include "cluster/placement.h"
 #include "core/logging.h"
 #include "core/metrics.h"
@@ -25,7 +25,6 @@
 #include "ps/table.h"
 #include "rpc/message.h"
 #include "rpc/net.h"
-#include "rpc/rpc_channel.h"
 #include "rpc/rpc_server.h"
 #include "rpc/socket_factory.h"
 
@@ -77,12 +76,10 @@ Status FencedError(uint32_t worker) {
 class ParamServer::Impl {
  public:
   explicit Impl(const ParamServerOptions& options)
-      : options_(options),
-        master_channel_(&factory_, proto::NodeId()),
-        dedup_(std::make_unique<PushDeduplicator>()) {}
+      : options_(options), dedup_(std::make_unique<PushDeduplicator>()) {}
   ~Impl() {
     RequestStop();
-    if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+    if (session_) session_->Stop();
     if (rpc_) rpc_->Stop();
   }
 
@@ -115,15 +112,18 @@ class ParamServer::Impl {
   // kInvalidArgument for a dense key outside its tensor.
   Status CheckKeys(const Table& table, std::span<const uint64_t> keys);
 
-  // Heartbeats until the job ends or the master is lost.
-  void HeartbeatLoop();
+  // The member session's hooks, on its heartbeat thread.
+  MemberSession::Hooks SessionHooks();
+  void OnHeartbeatReply(const proto::HeartbeatReply& body);
   Status RefreshClusterMap();
   proto::ServerStats Stats() const;
 
   const ParamServerOptions options_;
   SocketFactory factory_;
-  // Used by Start, then only by the heartbeat thread.
-  RpcChannel master_channel_;
+  // Made by Start; heartbeats from the end of a successful Start until
+  // Wait returns.
+  std::unique_ptr<MemberSession> session_;
+  bool started_ = false;  // Start succeeded
   std::unique_ptr<RpcServer> rpc_;
   std::string endpoint_;
   uint32_t id_ = 0;
@@ -131,7 +131,10 @@ class ParamServer::Impl {
   // Set before the port is bound; internally synchronised, but its tables
   // are replaced by a restore: Table* are used only under restore_mu_.
   std::unique_ptr<ServerStorage> storage_;
-  std::thread heartbeat_thread_;
+  // Progress lines: heartbeat thread only.
+  absl::Time last_progress_;
+  uint64_t rows_pulled_before_ = 0;
+  uint64_t rows_pushed_before_ = 0;
   std::atomic<uint64_t> pulls_{0};
   std::atomic<uint64_t> pushes_{0};
   std::atomic<uint64_t> rows_pulled_{0};
@@ -166,8 +169,7 @@ class ParamServer::Impl {
   bool tables_ready_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Status stop_reason_ ABSL_GUARDED_BY(mu_);  // given by Stop, Wait's result
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  Status result_ ABSL_GUARDED_BY(mu_);
+  bool summarized_ = false;                  // Wait logged the summary
 };
 
 Status ParamServer::Impl::Start() {
@@ -199,29 +201,20 @@ Status ParamServer::Impl::Start() {
   if (const std::optional<uint32_t> stored = storage_->stored_server_id(); stored.has_value()) {
     body->set_stored_server_id(*stored);
   }
-  CallOptions call;
-  call.attempt_timeout = absl::Seconds(1);
-  call.max_attempts = std::max<int>(1, static_cast<int>(absl::ToInt64Seconds(options_.master_wait)));
-  master_channel_.set_self([] {
-    proto::NodeId self;
-    self.set_role(proto::ROLE_SERVER);
-    return self;
-  }());
-  StatusOr<Message> reply = master_channel_.Call(options_.master, std::move(request), call);
+  MemberSessionOptions session_options;
+  session_options.master = options_.master;
+  session_options.role = proto::ROLE_SERVER;
+  session_options.master_wait = options_.master_wait;
+  session_ = std::make_unique<MemberSession>(&factory_, session_options);
+  StatusOr<Message> reply = session_->Register(std::move(request));
   if (!reply.ok()) {
-    return Annotate(reply.status(),
-                    absl::StrCat("cannot register with the master at ", options_.master,
-                                 options_.storage.data_dir.empty()
-                                     ? std::string()
-                                     : absl::StrCat(" (--data-dir ", options_.storage.data_dir, ")")));
+    return options_.storage.data_dir.empty()
+               ? reply.status()
+               : Annotate(reply.status(), absl::StrCat("--data-dir ", options_.storage.data_dir));
   }
   id_ = reply->header().register_server_reply().server_id();
   job_ = reply->header().register_server_reply().job();
   SetLogNode(absl::StrCat("ps[", id_, "]"));
-  proto::NodeId self;
-  self.set_role(proto::ROLE_SERVER);
-  self.set_id(id_);
-  master_channel_.set_self(self);
   // The job comes from a peer: a bad one is refused, not a crash.
   RETURN_IF_ERROR_CTX(storage_->CreateTables(job_), "the master's job");
   // Recorded once the dir is known to be this job's: whatever slot the
@@ -233,17 +226,55 @@ Status ParamServer::Impl::Start() {
   }
   LOG(INFO) << "serving " << storage_->num_tables() << " table(s) of job '" << job_.name() << "' on "
             << endpoint_ << " with " << options_.threads << " thread(s)";
-  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  last_progress_ = absl::Now();
+  proto::NodeId self;
+  self.set_role(proto::ROLE_SERVER);
+  self.set_id(id_);
+  // A server never checks its lease (it pushes nothing); the master wait
+  // stands in for it.
+  session_->Start(self, options_.heartbeat, options_.master_wait, SessionHooks());
+  started_ = true;
   return absl::OkStatus();
 }
 
 Status ParamServer::Impl::Wait() {
-  if (!heartbeat_thread_.joinable()) {
-    return absl::FailedPreconditionError("Wait without a successful Start");
+  if (!started_) return absl::FailedPreconditionError("Wait without a successful Start");
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&stop_));
+  }
+  session_->Stop();
+  if (!summarized_) {
+    summarized_ = true;
+    const proto::ServerStats stats = Stats();
+    LOG(INFO) << "summary: " << stats.rows() << " rows, " << stats.pulls() << " pulls ("
+              << rows_pulled_.load() << " rows), " << stats.pushes() << " pushes ("
+              << rows_pushed_.load() << " rows), " << stats.pushes_fenced() << " pushes fenced, "
+              << stats.pushes_deduplicated() << " pushes deduplicated";
   }
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&done_));
-  return result_;
+  return stop_reason_;
+}
+
+MemberSession::Hooks ParamServer::Impl::SessionHooks() {
+  MemberSession::Hooks hooks;
+  hooks.fill_heartbeat = [this](proto::HeartbeatRequest* request) {
+    *request->mutable_server() = Stats();
+    request->set_endpoint(endpoint_);
+  };
+  hooks.on_reply = [this](const proto::HeartbeatReply& body) { OnHeartbeatReply(body); };
+  // The first heartbeat's reply brings the map: PULL and PUSH are served
+  // from then on.
+  hooks.follow_map = [this](uint64_t) { return RefreshClusterMap(); };
+  hooks.on_end = [this](MemberSession::State state, const Status& status) {
+    if (state == MemberSession::State::kFenced) {
+      Stop(absl::FailedPreconditionError(
+          absl::StrCat("the master no longer knows this server: ", status.message())));
+    } else {
+      Stop(status);  // OK when the job is over
+    }
+  };
+  return hooks;
 }
 
 Status ParamServer::Impl::RefreshClusterMap() {
@@ -253,7 +284,7 @@ Status ParamServer::Impl::RefreshClusterMap() {
   CallOptions call;
   call.attempt_timeout = options_.rpc_timeout;
   call.max_attempts = 1;
-  ASSIGN_OR_RETURN(Message reply, master_channel_.Call(options_.master, std::move(request), call));
+  ASSIGN_OR_RETURN(Message reply, session_->Call(std::move(request), call));
   ASSIGN_OR_RETURN(Placement placement,
                    Placement::FromProto(reply.header().get_cluster_map_reply().map()));
   std::vector<bool> owned(placement.num_partitions(), false);
@@ -288,86 +319,26 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   return stats;
 }
 
-void ParamServer::Impl::HeartbeatLoop() {
-  absl::Time last_contact = absl::Now();
-  absl::Time last_progress = absl::Now();
-  uint64_t rows_pulled_before = 0;
-  uint64_t rows_pushed_before = 0;
-  uint64_t map_version = 0;
-  Status result;
-  // The first heartbeat goes out at once: it brings the cluster map.
-  for (bool first = true;; first = false) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
-                               first ? absl::ZeroDuration() : options_.heartbeat)) {
-        result = stop_reason_;
-        break;
-      }
-    }
-    Message request;
-    request.header().set_method(proto::HEARTBEAT);
-    *request.header().mutable_heartbeat_request()->mutable_server() = Stats();
-    request.header().mutable_heartbeat_request()->set_endpoint(endpoint_);
-    CallOptions call;
-    call.attempt_timeout = std::max(options_.heartbeat, absl::Seconds(1));
-    call.max_attempts = 1;
-    StatusOr<Message> reply = master_channel_.Call(options_.master, std::move(request), call);
-    const absl::Time now = absl::Now();
-    if (!reply.ok()) {
-      if (ReasonOf(reply.status()) == proto::FENCED) {
-        result = absl::FailedPreconditionError(
-            absl::StrCat("the master no longer knows this server: ", reply.status().message()));
-        break;
-      }
-      if (now - last_contact > options_.master_wait) {
-        result = absl::UnavailableError(
-            absl::StrCat("lost the master at ", options_.master, " for ",
-                         absl::FormatDuration(options_.master_wait), ": ",
-                         reply.status().message()));
-        break;
-      }
-      VLOG(1) << "heartbeat failed: " << reply.status();
-      continue;
-    }
-    last_contact = now;
-    const proto::HeartbeatReply& body = reply->header().heartbeat_reply();
-    if (body.shutdown()) {
-      LOG(INFO) << "the master says the job is "
-                << (body.state() == proto::JOB_FINISHED ? "finished" : "over") << "; exiting";
-      break;
-    }
-    if (body.cluster_map_version() != map_version && body.cluster_map_version() != 0) {
-      Status refreshed = RefreshClusterMap();
-      if (refreshed.ok()) {
-        map_version = body.cluster_map_version();
-      } else {
-        LOG(WARNING) << "cannot fetch the cluster map: " << refreshed;
-      }
-    }
-    if (now - last_progress >= options_.progress_interval) {
-      const double seconds = absl::ToDoubleSeconds(now - last_progress);
-      const uint64_t pulled = rows_pulled_.load();
-      const uint64_t pushed = rows_pushed_.load();
-      const proto::ServerStats stats = Stats();
-      LOG(INFO) << stats.rows() << " rows (" << stats.bytes() / (1 << 20) << " MiB), "
-                << absl::StrFormat("%.0f", (pulled - rows_pulled_before) / seconds)
-                << " rows pulled/s, "
-                << absl::StrFormat("%.0f", (pushed - rows_pushed_before) / seconds)
-                << " rows pushed/s; " << JobProgress(body);
-      rows_pulled_before = pulled;
-      rows_pushed_before = pushed;
-      last_progress = now;
-    }
+void ParamServer::Impl::OnHeartbeatReply(const proto::HeartbeatReply& body) {
+  if (body.shutdown()) {
+    LOG(INFO) << "the master says the job is "
+              << (body.state() == proto::JOB_FINISHED ? "finished" : "over") << "; exiting";
+    return;
   }
+  const absl::Time now = absl::Now();
+  if (now - last_progress_ < options_.progress_interval) return;
+  const double seconds = absl::ToDoubleSeconds(now - last_progress_);
+  const uint64_t pulled = rows_pulled_.load();
+  const uint64_t pushed = rows_pushed_.load();
   const proto::ServerStats stats = Stats();
-  LOG(INFO) << "summary: " << stats.rows() << " rows, " << stats.pulls() << " pulls ("
-            << rows_pulled_.load() << " rows), " << stats.pushes() << " pushes ("
-            << rows_pushed_.load() << " rows), " << stats.pushes_fenced() << " pushes fenced, "
-            << stats.pushes_deduplicated() << " pushes deduplicated";
-  absl::MutexLock lock(&mu_);
-  result_ = result;
-  done_ = true;
+  LOG(INFO) << stats.rows() << " rows (" << stats.bytes() / (1 << 20) << " MiB), "
+            << absl::StrFormat("%.0f", (pulled - rows_pulled_before_) / seconds)
+            << " rows pulled/s, "
+            << absl::StrFormat("%.0f", (pushed - rows_pushed_before_) / seconds)
+            << " rows pushed/s; " << JobProgress(body);
+  rows_pulled_before_ = pulled;
+  rows_pushed_before_ = pushed;
+  last_progress_ = now;
 }
 
 void ParamServer::Impl::Stop(const Status& result) {

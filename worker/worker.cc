@@ -3,9 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <deque>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -15,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cluster/job_progress.h"
+#include "cluster/member_session.h"
 #include "cluster/placement.h"
 #include "core/data_schema.h"
 #include "core/logging.h"
@@ -27,9 +26,9 @@
 #include "rpc/net.h"
 #include "rpc/rpc_channel.h"
 #include "rpc/socket_factory.h"
-#include "worker/line_reader.h"
 #include "worker/ps_client.h"
 #include "worker/record_parser.h"
+#include "worker/shard_loader.h"
 
 namespace eps {
 
@@ -43,76 +42,6 @@ Status WorkerOptions::Validate() const {
 }
 
 namespace {
-
-// Malformed lines logged per worker before only counting them.
-constexpr int kMalformedLogLimit = 10;
-// Malformed-line samples sent to the master per commit.
-constexpr int kMalformedSamplesPerCommit = 3;
-
-// One batch, parsed and with its parameters pulled, ready to train.
-struct PreparedBatch {
-  proto::ShardAssignment shard;
-  uint64_t begin = 0;  // byte range of the shard this batch covers
-  uint64_t end = 0;
-  uint64_t lines = 0;
-  uint64_t malformed = 0;
-  std::vector<std::string> malformed_examples;
-  Batch batch;
-  ParamBuffers params;
-};
-
-// A bounded queue between the loader and the trainer. Close() ends it with
-// a status; Pop then drains what is left and returns null.
-class BatchQueue {
- public:
-  explicit BatchQueue(size_t capacity) : capacity_(capacity) {}
-
-  // Blocks while full. False if the queue was closed (the item is dropped).
-  bool Push(std::unique_ptr<PreparedBatch> item) {
-    absl::MutexLock lock(&mu_);
-    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return closed_ || items_.size() < capacity_;
-    };
-    mu_.Await(absl::Condition(&room));
-    if (closed_) return false;
-    items_.push_back(std::move(item));
-    return true;
-  }
-
-  // Blocks until an item or the end. Null at the end.
-  std::unique_ptr<PreparedBatch> Pop() {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return closed_ || !items_.empty();
-    };
-    mu_.Await(absl::Condition(&ready));
-    if (items_.empty()) return nullptr;
-    std::unique_ptr<PreparedBatch> item = std::move(items_.front());
-    items_.pop_front();
-    return item;
-  }
-
-  // Ends the queue; the first status given is kept. Items still queued are
-  // dropped when `drop` is set.
-  void Close(const Status& status, bool drop = false) {
-    absl::MutexLock lock(&mu_);
-    if (!closed_) status_ = status;
-    closed_ = true;
-    if (drop) items_.clear();
-  }
-
-  Status status() const {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  const size_t capacity_;
-  mutable absl::Mutex mu_;
-  std::deque<std::unique_ptr<PreparedBatch>> items_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  Status status_ ABSL_GUARDED_BY(mu_);
-};
 
 bool IsFenced(const Status& status) { return ReasonOf(status) == proto::FENCED; }
 
@@ -133,7 +62,10 @@ class Worker::Impl {
   // lease (frozen, partitioned, or the master restarted) drops its session
   // and registers again with a new id.
   struct Session {
-    explicit Session(size_t queue_capacity) : queue(queue_capacity) {}
+    // The heartbeat thread goes first: its hooks use the loader.
+    ~Session() {
+      if (member) member->Stop();
+    }
     proto::NodeId self;
     proto::JobSpec job;
     proto::ClusterMap initial_map;
@@ -142,9 +74,11 @@ class Worker::Impl {
     // Per model parameter: its table id, and for dense tensors the chunk keys.
     std::vector<uint32_t> table_ids;
     std::vector<std::vector<uint64_t>> dense_keys;
-    BatchQueue queue;
-    // Shard the master asked to split (-1: none), from heartbeats and commits.
-    std::atomic<int64_t> split_shard{-1};
+    // Registration, heartbeats and the lease (made by Register).
+    std::unique_ptr<MemberSession> member;
+    // The loader thread and its queue (made once registered, started once
+    // the cluster map is known).
+    std::unique_ptr<ShardLoader> loader;
     std::atomic<bool> over{false};  // fenced, failed or finished: wind down
     absl::Mutex mu;
     // The coordinated checkpoint the master asks to pause for (0: none),
@@ -156,14 +90,16 @@ class Worker::Impl {
     // it, whether the trainer waits to go on or has nothing to train.
     bool stepping ABSL_GUARDED_BY(mu) = false;
     absl::CondVar pause_changed;
-    // When the last heartbeat the master answered was sent: the master's
-    // lease on this session runs from no earlier than that.
-    absl::Time lease_start ABSL_GUARDED_BY(mu);
     Status failure ABSL_GUARDED_BY(mu);
     // Every pull and push of the session's parameter clients (loader and
     // trainer), reported in heartbeats: a new worker id starts from zero.
     LatencyHistogram pull_latency;
     LatencyHistogram push_latency;
+    // Heartbeat thread only: the committed records per second reported,
+    // sampled at least a second apart.
+    absl::Time rate_sampled;
+    uint64_t rate_records = 0;
+    double rate = 0;
   };
 
   CallOptions MasterCallOptions() const {
@@ -173,27 +109,25 @@ class Worker::Impl {
     return call;
   }
   // Calls the master with the message `make` builds, riding out short
-  // outages (a master being restarted): a call that gets no answer is made
-  // again until worker.master_wait_s has passed since the first attempt.
-  // Stops early with the last error when the session is over.
+  // outages (MemberSession::CallMaster); stops early when the session is
+  // over or the worker stopping.
   StatusOr<Message> CallMaster(Session& session, RpcChannel& master,
-                               const std::function<Message()>& make);
+                               const std::function<Message()>& make) {
+    return session.member->CallMaster(master, make, MasterCallOptions(),
+                                      [this, &session] { return StoppingOrOver(session); });
+  }
   // One registration: trains until the job ends (OK), the worker is asked to
   // stop (OK), it is fenced (FENCED) or something fails.
   Status RunSession();
-  Status Register(RpcChannel& master, Session& session);
+  Status Register(Session& session);
   StatusOr<proto::ClusterMap> FetchClusterMap(RpcChannel& master);
   StatusOr<proto::ClusterMap> AwaitClusterMap(RpcChannel& master);
   std::unique_ptr<PsClient> MakePsClient(Session& session, RpcChannel* master);
-
-  void LoaderLoop(Session& session);
-  Status LoadShards(Session& session, RpcChannel& master, PsClient& ps);
-  Status LoadShard(Session& session, RpcChannel& master, const proto::ShardAssignment& shard,
-                   PsClient& ps);
-  // Answers the master's request to split `shard`: gives up the second half
-  // of what `reader` has not read yet.
-  Status MaybeSplit(Session& session, RpcChannel& master, const proto::ShardAssignment& shard,
-                    LineReader& reader);
+  // The worker's side of the member session and of the shard loader.
+  MemberSession::Hooks MemberHooks(Session& session);
+  void FillHeartbeat(Session& session, proto::HeartbeatRequest* request);
+  void OnHeartbeatReply(Session& session, const proto::HeartbeatReply& body);
+  ShardLoader::Hooks LoaderHooks(Session& session);
   // Pulls into prepared.params the parameters the model wants pulled just
   // before the step (at_step: ParamSpec::pull_each_step) or the others,
   // pulled when the batch is prepared, ahead of its step.
@@ -202,7 +136,6 @@ class Worker::Impl {
                std::vector<float>* predictions);
   Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
                 double loss_sum, const std::vector<float>& predictions);
-  void HeartbeatLoop(Session& session);
   // Starts a step (session.stepping), first waiting while the master asks
   // to pause for a coordinated checkpoint. False, without starting one,
   // when the session is over or the worker is stopping meanwhile.
@@ -215,7 +148,7 @@ class Worker::Impl {
   Status Deregister(RpcChannel& master);
   // kFailedPrecondition/FENCED when the session's lease may have run out:
   // nothing may be pushed or committed then.
-  Status CheckLease(Session& session);
+  static Status CheckLease(Session& session) { return session.member->CheckLease(); }
   // A parameter server that does not answer may be dead; the master then
   // fences every worker while it restores the job. Waits (up to two
   // leases) for that verdict: the session's FENCED failure, on which the
@@ -239,21 +172,6 @@ class Worker::Impl {
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || finished_; };
     return mu_.AwaitWithTimeout(absl::Condition(&stop), duration);
   }
-  // As SleepUnlessStopping, also waking early on HeartbeatNow().
-  bool SleepUntilHeartbeat(absl::Duration duration) {
-    absl::MutexLock lock(&mu_);
-    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || finished_ || heartbeat_now_;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&wake), duration);
-    heartbeat_now_ = false;
-    return stop_ || finished_;
-  }
-  // Has the heartbeat thread send its next heartbeat now.
-  void HeartbeatNow() {
-    absl::MutexLock lock(&mu_);
-    heartbeat_now_ = true;
-  }
 
   const WorkerOptions options_;
   SocketFactory factory_;
@@ -275,38 +193,28 @@ class Worker::Impl {
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the master said the job is over
-  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // HeartbeatNow()
 };
 
-Status Worker::Impl::Register(RpcChannel& master, Session& session) {
+Status Worker::Impl::Register(Session& session) {
   Message request;
   request.header().set_method(proto::REGISTER_WORKER);
   proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
   body->set_hostname(Hostname());
   body->set_pid(static_cast<uint32_t>(getpid()));
   body->set_device(device_);
-  // Keep trying for worker.master_wait_s: the master may still be starting.
-  CallOptions call;
-  call.attempt_timeout = absl::Seconds(1);
-  call.max_attempts = std::max<int>(1, static_cast<int>(options_.job.worker.master_wait_s));
-  const absl::Time sent = absl::Now();
-  StatusOr<Message> reply = master.Call(options_.master, std::move(request), call);
-  if (!reply.ok()) {
-    return Annotate(reply.status(),
-                    absl::StrCat("cannot register with the master at ", options_.master));
-  }
-  const proto::RegisterWorkerReply& registered = reply->header().register_worker_reply();
+  MemberSessionOptions member;
+  member.master = options_.master;
+  member.role = proto::ROLE_WORKER;
+  member.master_wait = absl::Seconds(options_.job.worker.master_wait_s);
+  session.member = std::make_unique<MemberSession>(&factory_, member);
+  ASSIGN_OR_RETURN(Message reply, session.member->Register(std::move(request)));
+  const proto::RegisterWorkerReply& registered = reply.header().register_worker_reply();
   session.self.set_role(proto::ROLE_WORKER);
   session.self.set_id(registered.worker_id());
   session.job = registered.job();
   session.heartbeat = absl::Milliseconds(std::max<uint32_t>(1, registered.heartbeat_ms()));
   session.lease = absl::Milliseconds(
       registered.lease_ms() > 0 ? registered.lease_ms() : options_.job.master.lease_ms);
-  {
-    absl::MutexLock lock(&session.mu);
-    session.lease_start = sent;
-  }
-  master.set_self(session.self);
   SetLogNode(absl::StrCat("worker[", session.self.id(), "]"));
 
   // The master's tables must be this worker's model's parameters.
@@ -374,31 +282,6 @@ std::unique_ptr<PsClient> Worker::Impl::MakePsClient(Session& session, RpcChanne
   return client;
 }
 
-StatusOr<Message> Worker::Impl::CallMaster(Session& session, RpcChannel& master,
-                                           const std::function<Message()>& make) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(options_.job.worker.master_wait_s);
-  while (true) {
-    StatusOr<Message> reply = master.Call(options_.master, make(), MasterCallOptions());
-    const bool unanswered = absl::IsDeadlineExceeded(reply.status()) ||
-                            (absl::IsUnavailable(reply.status()) &&
-                             ReasonOf(reply.status()) == proto::REASON_UNSPECIFIED);
-    if (!unanswered || absl::Now() >= give_up || StoppingOrOver(session)) return reply;
-    VLOG(1) << "the master does not answer (" << reply.status() << "); trying again";
-  }
-}
-
-Status Worker::Impl::CheckLease(Session& session) {
-  absl::MutexLock lock(&session.mu);
-  if (absl::Now() - session.lease_start < session.lease) return absl::OkStatus();
-  return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
-                         absl::StrCat("no heartbeat answered for ",
-                                      absl::FormatDuration(absl::Now() - session.lease_start),
-                                      ", longer than the lease (",
-                                      absl::FormatDuration(session.lease),
-                                      "): this worker may be fenced"),
-                         proto::FENCED);
-}
-
 bool Worker::Impl::Fenced(Session& session) {
   if (!session.over.load()) return false;
   absl::MutexLock lock(&session.mu);
@@ -434,141 +317,6 @@ void Worker::Impl::Throttle(absl::Time started, uint64_t records) {
   const absl::Time due = started + absl::Seconds(static_cast<double>(records) / cap);
   const absl::Duration wait = due - absl::Now();
   if (wait > absl::ZeroDuration()) SleepUnlessStopping(wait);
-}
-
-void Worker::Impl::LoaderLoop(Session& session) {
-  RpcChannel master(&factory_, session.self);
-  std::unique_ptr<PsClient> ps = MakePsClient(session, &master);
-  Status status = AwaitVerdict(session, LoadShards(session, master, *ps));
-  if (!status.ok()) EndSession(session, status);
-  session.queue.Close(status);
-}
-
-Status Worker::Impl::LoadShards(Session& session, RpcChannel& master, PsClient& ps) {
-  while (!StoppingOrOver(session)) {
-    ASSIGN_OR_RETURN(Message reply, CallMaster(session, master, [] {
-                       Message request;
-                       request.header().set_method(proto::GET_SHARD);
-                       request.header().mutable_get_shard_request();
-                       return request;
-                     }));
-    const proto::GetShardReply& body = reply.header().get_shard_reply();
-    switch (body.action()) {
-      case proto::GetShardReply::FINISHED: {
-        absl::MutexLock lock(&mu_);
-        finished_ = true;
-        return absl::OkStatus();
-      }
-      case proto::GetShardReply::WAIT:
-        SleepUnlessStopping(absl::Milliseconds(std::max<uint32_t>(5, body.retry_after_ms())));
-        break;
-      case proto::GetShardReply::ASSIGNED:
-        RETURN_IF_ERROR(LoadShard(session, master, body.shard(), ps));
-        break;
-      default:
-        return absl::DataLossError("GET_SHARD reply without an action");
-    }
-  }
-  return absl::OkStatus();
-}
-
-Status Worker::Impl::MaybeSplit(Session& session, RpcChannel& master,
-                                const proto::ShardAssignment& shard, LineReader& reader) {
-  if (session.split_shard.load() != static_cast<int64_t>(shard.shard_id())) return absl::OkStatus();
-  session.split_shard.store(-1);
-  // Give up the second half of what is left unread; too little left keeps it.
-  const uint64_t from = reader.offset();
-  ASSIGN_OR_RETURN(std::optional<LinePosition> middle,
-                   FindMiddleLine(shard.path(), from, reader.line_number() + 1, reader.end()));
-  if (!middle.has_value()) return absl::OkStatus();
-  const uint64_t old_end = reader.end();
-  // The master treats a repeated split as the same split, so a retry after
-  // a lost reply is safe.
-  StatusOr<Message> reply = CallMaster(session, master, [&] {
-    Message request;
-    request.header().set_method(proto::SPLIT_SHARD);
-    proto::SplitShardRequest* body = request.header().mutable_split_shard_request();
-    body->set_shard_id(shard.shard_id());
-    body->set_epoch(shard.epoch());
-    body->set_phase(shard.phase());
-    body->set_split_offset(middle->offset);
-    body->set_split_line(middle->line);
-    return request;
-  });
-  RETURN_IF_ERROR_CTX(reply.status(), absl::StrCat("split of shard ", shard.shard_id()));
-  if (!reply->header().split_shard_reply().accepted()) {
-    VLOG(1) << "the master no longer wants shard " << shard.shard_id() << " split";
-    return absl::OkStatus();
-  }
-  reader.Truncate(middle->offset);
-  LOG(INFO) << "gave lines " << middle->line << "+ of shard " << shard.shard_id() << " ("
-            << shard.path() << " bytes " << middle->offset << "-" << old_end << ") to shard "
-            << reply->header().split_shard_reply().new_shard_id() << " for an idle worker";
-  return absl::OkStatus();
-}
-
-Status Worker::Impl::LoadShard(Session& session, RpcChannel& master,
-                               const proto::ShardAssignment& shard, PsClient& ps) {
-  VLOG(1) << (shard.phase() == proto::EVAL ? "eval" : "train") << " shard " << shard.shard_id()
-          << ": " << shard.path() << " from line " << shard.start_line() << " ("
-          << shard.records() << " records)";
-  ASSIGN_OR_RETURN(std::unique_ptr<LineReader> reader,
-                   LineReader::Open(shard.path(), shard.start(), shard.end(), shard.start_line()));
-  const Schema& schema = parser_->schema();
-  BatchBuilder builder(schema.num_dense, schema.num_cat);
-  std::vector<float> dense(schema.num_dense);
-  std::vector<uint64_t> ids(schema.num_cat);
-  std::vector<uint32_t> field_ends(schema.num_cat);
-  const bool multi_value = schema.has_multi_value();
-  const int64_t batch_size = options_.job.worker.batch_size;
-  uint64_t offset = shard.start();
-  while (offset < reader->end()) {
-    RETURN_IF_ERROR(MaybeSplit(session, master, shard, *reader));
-    if (offset >= reader->end()) break;
-    auto prepared = std::make_unique<PreparedBatch>();
-    prepared->shard = shard;
-    prepared->begin = offset;
-    absl::string_view line;
-    while (builder.size() < batch_size && reader->Next(&line)) {
-      ++prepared->lines;
-      float label = 0;
-      Status parsed =
-          multi_value
-              ? parser_->Parse(line, &label, std::span<float>(dense), &ids, field_ends)
-              : parser_->Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids));
-      if (parsed.ok()) {
-        if (multi_value) {
-          builder.Add(label, dense, ids, field_ends);
-        } else {
-          builder.Add(label, dense, ids);
-        }
-        continue;
-      }
-      ++prepared->malformed;
-      const std::string where =
-          absl::StrCat(shard.path(), ":", reader->line_number(), ": ", parsed.message());
-      if (malformed_logged_.fetch_add(1) < kMalformedLogLimit) {
-        LOG(WARNING) << "skipping malformed line " << where;
-      }
-      if (prepared->malformed_examples.size() < kMalformedSamplesPerCommit) {
-        prepared->malformed_examples.push_back(where);
-      }
-    }
-    RETURN_IF_ERROR(reader->status());
-    prepared->end = reader->offset();
-    if (prepared->lines == 0) {
-      return absl::DataLossError(absl::StrCat(shard.path(), ": no record at byte ", offset,
-                                              " although the shard ends at ", reader->end()));
-    }
-    prepared->batch = builder.Finish();
-    if (prepared->batch.size() > 0) {
-      RETURN_IF_ERROR(PullParams(session, ps, /*at_step=*/false, *prepared));
-    }
-    offset = prepared->end;
-    if (!session.queue.Push(std::move(prepared))) return absl::OkStatus();
-    if (StoppingOrOver(session)) return absl::OkStatus();  // the rest goes back
-  }
-  return absl::OkStatus();
 }
 
 Status Worker::Impl::PullParams(Session& session, PsClient& ps, bool at_step,
@@ -650,7 +398,7 @@ Status Worker::Impl::Commit(Session& session, RpcChannel& master, const Prepared
   });
   RETURN_IF_ERROR_CTX(reply.status(), absl::StrCat("commit of shard ", prepared.shard.shard_id()));
   const proto::CommitProgressReply& answer = reply->header().commit_progress_reply();
-  if (answer.has_split_shard()) session.split_shard.store(static_cast<int64_t>(answer.split_shard()));
+  if (answer.has_split_shard()) session.loader->RequestSplit(answer.split_shard());
   if (answer.pause_for_checkpoint() != 0) {
     absl::MutexLock lock(&session.mu);
     session.pause_for = answer.pause_for_checkpoint();
@@ -681,7 +429,7 @@ bool Worker::Impl::BeginStep(Session& session) {
     }
     if (newly_paused) {
       VLOG(1) << "paused for checkpoint " << checkpoint;
-      HeartbeatNow();  // tell the master without waiting for the next beat
+      session.member->HeartbeatNow();  // tell the master without waiting for the next beat
     }
     if (StoppingOrOver(session)) return false;
     // Timed: a stop or the end of the session does not signal pause_changed.
@@ -692,89 +440,99 @@ bool Worker::Impl::BeginStep(Session& session) {
   }
 }
 
-void Worker::Impl::HeartbeatLoop(Session& session) {
-  RpcChannel master(&factory_, session.self);
-  absl::Time last_sample = absl::Now();
-  uint64_t records_before = records_committed_.load();
-  double rate = 0;
-  const absl::Duration master_wait = absl::Seconds(options_.job.worker.master_wait_s);
-  while (!StoppingOrOver(session) && !SleepUntilHeartbeat(session.heartbeat)) {
-    if (session.over.load()) break;
-    const absl::Time now = absl::Now();
-    const uint64_t records = records_committed_.load();
-    const double seconds = absl::ToDoubleSeconds(now - last_sample);
-    if (seconds >= 1.0) {
-      rate = static_cast<double>(records - records_before) / seconds;
-      records_before = records;
-      last_sample = now;
-    }
-    Message request;
-    request.header().set_method(proto::HEARTBEAT);
-    proto::WorkerStats* stats = request.header().mutable_heartbeat_request()->mutable_worker();
-    stats->set_records(records);
-    stats->set_records_per_s(rate);
-    stats->set_batches(batches_.load());
-    stats->set_malformed(malformed_.load());
-    stats->set_records_pushed(records_pushed_.load());
-    HistogramToProto(session.pull_latency.Snapshot(), stats->mutable_pull_latency());
-    HistogramToProto(session.push_latency.Snapshot(), stats->mutable_push_latency());
-    {
-      absl::MutexLock lock(&session.mu);
-      request.header().mutable_heartbeat_request()->set_paused_for_checkpoint(
-          session.stepping ? 0 : session.pause_for);
-    }
-    CallOptions call;
-    call.attempt_timeout = std::max(session.heartbeat, absl::Seconds(1));
-    call.max_attempts = 1;
-    StatusOr<Message> reply = master.Call(options_.master, std::move(request), call);
-    if (!reply.ok()) {
-      if (IsFenced(reply.status())) {
-        EndSession(session, reply.status());
-        return;
-      }
-      absl::Time lease_start;
-      {
-        absl::MutexLock lock(&session.mu);
-        lease_start = session.lease_start;
-      }
-      if (absl::Now() - lease_start > master_wait) {
-        EndSession(session, absl::UnavailableError(absl::StrCat(
-                                "lost the master at ", options_.master, " for ",
-                                absl::FormatDuration(master_wait), ": ",
-                                reply.status().message())));
-        return;
-      }
-      VLOG(1) << "heartbeat failed: " << reply.status();
-      continue;
-    }
-    const proto::HeartbeatReply& body = reply->header().heartbeat_reply();
-    {
-      absl::MutexLock lock(&mu_);
-      job_progress_ = JobProgress(body);
-    }
-    bool idle_pause = false;
-    {
-      absl::MutexLock lock(&session.mu);
-      session.lease_start = now;
-      if (session.pause_for != body.pause_for_checkpoint()) {
-        session.pause_for = body.pause_for_checkpoint();
-        session.pause_changed.SignalAll();
-        idle_pause = session.pause_for != 0 && !session.stepping;
-      }
-    }
-    // Paused already when no step runs (nothing to train, say): say so at
-    // once.
-    if (idle_pause) HeartbeatNow();
-    if (body.has_split_shard()) session.split_shard.store(static_cast<int64_t>(body.split_shard()));
-    if (body.shutdown()) {
-      // Usually the loader hears it from GET_SHARD first; a worker waiting
-      // for work hears it here.
-      VLOG(1) << "the master says the job is over";
-      absl::MutexLock lock(&mu_);
-      finished_ = true;
+MemberSession::Hooks Worker::Impl::MemberHooks(Session& session) {
+  MemberSession::Hooks hooks;
+  hooks.fill_heartbeat = [this, &session](proto::HeartbeatRequest* request) {
+    FillHeartbeat(session, request);
+  };
+  hooks.on_reply = [this, &session](const proto::HeartbeatReply& body) {
+    OnHeartbeatReply(session, body);
+  };
+  // The map is only noted: the parameter clients belong to the loader and
+  // the trainer, and each fetches the map itself on WRONG_OWNER (see
+  // worker.h).
+  hooks.follow_map = [](uint64_t version) {
+    VLOG(1) << "cluster map v" << version;
+    return absl::OkStatus();
+  };
+  hooks.on_end = [this, &session](MemberSession::State state, const Status& status) {
+    if (state != MemberSession::State::kFinished) {
+      EndSession(session, status);
       return;
     }
+    // Usually the loader hears it from GET_SHARD first; a worker waiting
+    // for work hears it here.
+    VLOG(1) << "the master says the job is over";
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+  };
+  return hooks;
+}
+
+void Worker::Impl::FillHeartbeat(Session& session, proto::HeartbeatRequest* request) {
+  const absl::Time now = absl::Now();
+  const uint64_t records = records_committed_.load();
+  const double seconds = absl::ToDoubleSeconds(now - session.rate_sampled);
+  if (seconds >= 1.0) {
+    session.rate = static_cast<double>(records - session.rate_records) / seconds;
+    session.rate_records = records;
+    session.rate_sampled = now;
   }
+  proto::WorkerStats* stats = request->mutable_worker();
+  stats->set_records(records);
+  stats->set_records_per_s(session.rate);
+  stats->set_batches(batches_.load());
+  stats->set_malformed(malformed_.load());
+  stats->set_records_pushed(records_pushed_.load());
+  HistogramToProto(session.pull_latency.Snapshot(), stats->mutable_pull_latency());
+  HistogramToProto(session.push_latency.Snapshot(), stats->mutable_push_latency());
+  absl::MutexLock lock(&session.mu);
+  request->set_paused_for_checkpoint(session.stepping ? 0 : session.pause_for);
+}
+
+void Worker::Impl::OnHeartbeatReply(Session& session, const proto::HeartbeatReply& body) {
+  {
+    absl::MutexLock lock(&mu_);
+    job_progress_ = JobProgress(body);
+  }
+  bool idle_pause = false;
+  {
+    absl::MutexLock lock(&session.mu);
+    if (session.pause_for != body.pause_for_checkpoint()) {
+      session.pause_for = body.pause_for_checkpoint();
+      session.pause_changed.SignalAll();
+      idle_pause = session.pause_for != 0 && !session.stepping;
+    }
+  }
+  // Paused already when no step runs (nothing to train, say): say so at
+  // once.
+  if (idle_pause) session.member->HeartbeatNow();
+  if (body.has_split_shard()) session.loader->RequestSplit(body.split_shard());
+}
+
+ShardLoader::Hooks Worker::Impl::LoaderHooks(Session& session) {
+  ShardLoader::Hooks hooks;
+  hooks.make_ps_client = [this, &session](RpcChannel* master) {
+    return MakePsClient(session, master);
+  };
+  hooks.call_master = [this, &session](RpcChannel& master, const std::function<Message()>& make) {
+    return CallMaster(session, master, make);
+  };
+  hooks.prepare = [this, &session](PsClient& ps, PreparedBatch& prepared) {
+    return PullParams(session, ps, /*at_step=*/false, prepared);
+  };
+  hooks.stopping = [this, &session] { return StoppingOrOver(session); };
+  hooks.sleep = [this](absl::Duration duration) { SleepUnlessStopping(duration); };
+  hooks.finished = [this] {
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+  };
+  hooks.failed = [this, &session](Status error) {
+    const Status verdict = AwaitVerdict(session, std::move(error));
+    if (!verdict.ok()) EndSession(session, verdict);
+    return verdict;
+  };
+  return hooks;
 }
 
 Status Worker::Impl::Deregister(RpcChannel& master) {
@@ -787,19 +545,27 @@ Status Worker::Impl::Deregister(RpcChannel& master) {
 }
 
 Status Worker::Impl::RunSession() {
-  Session session(static_cast<size_t>(options_.job.worker.prefetch_batches));
-  RpcChannel master(&factory_, proto::NodeId());
-  RETURN_IF_ERROR(Register(master, session));
-  std::thread heartbeat([this, &session] { HeartbeatLoop(session); });
+  Session session;
+  RETURN_IF_ERROR(Register(session));
+  ShardLoaderOptions loader_options;
+  loader_options.batch_size = options_.job.worker.batch_size;
+  loader_options.prefetch_batches = static_cast<size_t>(options_.job.worker.prefetch_batches);
+  session.loader = std::make_unique<ShardLoader>(loader_options, &factory_, session.self,
+                                                 parser_.get(), &malformed_logged_,
+                                                 LoaderHooks(session));
+  session.rate_sampled = absl::Now();
+  session.rate_records = records_committed_.load();
+  session.member->Start(session.self, session.heartbeat, session.lease, MemberHooks(session));
+  RpcChannel master(&factory_, session.self);
   StatusOr<proto::ClusterMap> map = AwaitClusterMap(master);
   if (!map.ok()) {
     EndSession(session, absl::OkStatus());
-    heartbeat.join();
+    session.member->Stop();
     if (absl::IsCancelled(map.status())) return Deregister(master);
     return Annotate(map.status(), "cannot get the cluster map");
   }
   session.initial_map = *map;
-  std::thread loader([this, &session] { LoaderLoop(session); });
+  session.loader->Start();
 
   std::unique_ptr<PsClient> ps = MakePsClient(session, &master);
   const absl::Time started = absl::Now();
@@ -810,7 +576,7 @@ Status Worker::Impl::RunSession() {
   uint64_t loss_count_since = 0;
   Status status;
   std::vector<float> predictions;
-  while (std::unique_ptr<PreparedBatch> prepared = session.queue.Pop()) {
+  while (std::unique_ptr<PreparedBatch> prepared = session.loader->Pop()) {
     if (session.over.load()) break;  // fenced: nothing queued may land
     // The batch before this one is committed and nothing is in flight: the
     // moment to pause for a coordinated checkpoint.
@@ -860,13 +626,12 @@ Status Worker::Impl::RunSession() {
       loss_count_since = 0;
     }
   }
-  // Stop the loader (it may be blocked on a full queue) and collect it;
-  // batches still queued were never pushed and are simply dropped.
+  // Stop the loader and collect it; batches still queued were never pushed
+  // and are simply dropped.
   EndSession(session, absl::OkStatus());
-  session.queue.Close(absl::CancelledError("worker stopping"), /*drop=*/true);
-  loader.join();
-  heartbeat.join();
-  if (status.ok()) status = session.queue.status();
+  session.loader->Stop();
+  session.member->Stop();
+  if (status.ok()) status = session.loader->status();
   if (absl::IsCancelled(status)) status = absl::OkStatus();
   {
     absl::MutexLock lock(&session.mu);

@@ -11,6 +11,18 @@
 // stop the job. After the last epoch the master hands out evaluation shards:
 // the worker sends back a prediction per record.
 //
+// Membership (cluster/member_session.h): the worker registers, heartbeats
+// and checks its lease before every push and commit through a
+// MemberSession; fenced, it drops the session and registers again.
+// Cluster map versions announced in heartbeat replies are followed by
+// noting them only: the parameter clients belong to the loader and the
+// trainer threads (one thread each), and each fetches the map itself when
+// a server answers WRONG_OWNER. The map changes only when a replacement
+// server takes a dead one's slot, and the master fences every worker
+// during that recovery, so the next session starts from the new map
+// anyway; an eager fetch would add a master call per change and a hand-off
+// into both clients for no request saved.
+//
 // Thread-safety: Run from one thread; RequestStop from any.
 
 #ifndef EPS_WORKER_WORKER_H_
