@@ -72,6 +72,7 @@ bool Membership::AdmitServer(uint32_t slot, const proto::RegisterServerRequest& 
   server.last_seen = now;
   server.seen = true;
   ++generation_;
+  ++admissions_;
   if (replaces) {
     // The slot's partitions now live at the new endpoint; the new process
     // has not heard of any fenced worker yet.
@@ -239,13 +240,14 @@ std::optional<Membership::FenceRound> Membership::PendingFences() const {
   if (!fencing()) return std::nullopt;
   // No server has seen a push before the cluster map exists; with none
   // alive there is nobody to tell (the round is acknowledged at once).
-  return FenceRound{.fenced = fenced_, .servers = LiveServers()};
+  return FenceRound{.fenced = fenced_, .servers = LiveServers(), .admissions = admissions_};
 }
 
 std::vector<std::pair<uint32_t, absl::Time>> Membership::FencesAcknowledged(
     const FenceRound& round) {
-  fences_acknowledged_ = std::max(fences_acknowledged_, round.fenced.size());
   std::vector<std::pair<uint32_t, absl::Time>> released;
+  if (round.admissions != admissions_) return released;
+  fences_acknowledged_ = std::max(fences_acknowledged_, round.fenced.size());
   for (auto it = awaiting_fence_.begin(); it != awaiting_fence_.end();) {
     if (!std::binary_search(round.fenced.begin(), round.fenced.end(), it->first)) {
       ++it;

@@ -145,11 +145,16 @@ class Membership {
   struct FenceRound {
     std::vector<uint32_t> fenced;         // the whole list
     std::vector<ServerAddress> servers;   // every live server
+    // Server admissions when the round was taken: a server admitted since
+    // (a slot refilled, even on the same endpoint) was not sent the round.
+    uint64_t admissions = 0;
   };
   // The fence list to send, when some server may not have it yet.
   std::optional<FenceRound> PendingFences() const;
   // Every server in `round` acknowledged `round.fenced`. Returns the fenced
-  // workers that were waiting for it, with when each was last seen.
+  // workers that were waiting for it, with when each was last seen. A round
+  // taken before a server was admitted counts for nothing (that server has
+  // not heard it): the next round goes to it too.
   std::vector<std::pair<uint32_t, absl::Time>> FencesAcknowledged(const FenceRound& round);
   // Some fence is not acknowledged by every live server yet.
   bool fencing() const;
@@ -204,6 +209,8 @@ class Membership {
   std::map<uint32_t, absl::Time> awaiting_fence_;
   // Size of fenced_ every live server has acknowledged.
   size_t fences_acknowledged_ = 0;
+  // Servers admitted so far (see FenceRound::admissions).
+  uint64_t admissions_ = 0;
 };
 
 }  // namespace eps

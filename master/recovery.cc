@@ -1,5 +1,6 @@
 #include "master/recovery.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -73,14 +74,24 @@ Recovery::Verdict Recovery::Restored(const Membership& membership, const Step& s
                                      uint64_t checkpoint_id,
                                      const std::vector<StatusOr<uint64_t>>& restored_bytes,
                                      std::string* error) {
+  // A target replaced after it answered, or a slot lost meanwhile that was
+  // not a target (continue restores only the lost ones): its new process
+  // holds nothing restored yet, so the recovery is not done.
+  for (const RestoreTarget& target : step.targets) {
+    if (!membership.Serving({target.slot, target.endpoint})) return Verdict::kRetry;
+  }
+  for (uint32_t slot : state_->lost) {
+    const bool targeted = std::any_of(step.targets.begin(), step.targets.end(),
+                                      [slot](const RestoreTarget& t) { return t.slot == slot; });
+    if (!targeted) return Verdict::kRetry;
+  }
   for (size_t i = 0; i < restored_bytes.size(); ++i) {
     if (restored_bytes[i].ok()) continue;
     const Status& status = restored_bytes[i].status();
     const RestoreTarget& target = step.targets[i];
-    const bool gone = !membership.Serving({target.slot, target.endpoint});
-    // A server still starting, one that died meanwhile or a lost reply:
-    // the recovery goes on (restoring again is harmless).
-    if (gone || ReasonOf(status) == proto::NOT_READY || absl::IsDeadlineExceeded(status)) {
+    // A server still starting or a lost reply: the recovery goes on
+    // (restoring again is harmless).
+    if (ReasonOf(status) == proto::NOT_READY || absl::IsDeadlineExceeded(status)) {
       return Verdict::kRetry;
     }
     *error = absl::StrCat("cannot restore ps[", target.slot, "] to checkpoint ", checkpoint_id,

@@ -65,7 +65,8 @@ class Recovery {
 
   enum class Verdict { kDone, kRetry, kFail };
   // Judges the RESTORE replies (one per target of `step`). kRetry for a
-  // server still starting, one gone meanwhile or a lost reply (restoring
+  // server still starting, a lost reply, a target replaced since (even one
+  // that answered) or a slot lost since that was not a target (restoring
   // again is harmless); kFail sets *error.
   Verdict Restored(const Membership& membership, const Step& step, uint64_t checkpoint_id,
                    const std::vector<StatusOr<uint64_t>>& restored_bytes, std::string* error);

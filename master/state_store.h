@@ -63,6 +63,14 @@ class StateUpdate {
   // this one's shard and eval puts are dropped with it.
   void Append(StateUpdate&& other);
 
+  // What Write would do: (key, value) puts in order, deleted keys, and
+  // whether the pass is cleared first.
+  const std::vector<std::pair<std::string, std::string>>& puts_for_testing() const {
+    return puts_;
+  }
+  const std::vector<std::string>& deletes_for_testing() const { return deletes_; }
+  bool clears_pass_for_testing() const { return clear_pass_; }
+
  private:
   friend class StateStore;
   bool clear_pass_ = false;

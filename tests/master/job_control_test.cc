@@ -1,0 +1,1045 @@
+// Tests master/job_control.h: a whole small job driven through JobControl's
+// handlers and job-loop steps with scripted time (no sockets, no files, no
+// sleeps), and the interleavings that otherwise need real processes and
+// timing: a server lost while it writes a checkpoint, a worker's lease
+// running out while fences propagate, a recovery starting during a
+// checkpoint round, a commit from a fenced worker; then what is persisted
+// and a restarted master taking the job up.
+
+#include "master/job_control.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "master/data_set.h"
+#include "master/shard_tracker.h"
+#include "master/state_store.h"
+#include "master/training_progress.h"
+#include "proto/eps.pb.h"
+#include "rpc/message.h"
+#include "tests/master/state_update_peek.h"
+#include "tests/testing/recording_events.h"
+
+namespace eps {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+constexpr int64_t kLeaseMs = 1000;
+constexpr uint64_t kLineBytes = 10;
+constexpr char kFingerprint[] = "fingerprint of the tiny job";
+constexpr char kDataDir[] = "/nonexistent/eps-master";
+
+// One file of 10-byte lines cut into shards of `records` lines each.
+DataSet MakeData(const std::string& file, const std::vector<uint64_t>& records) {
+  DataSet data;
+  data.files = {file};
+  uint64_t offset = 0;
+  uint64_t line = 1;
+  for (uint64_t n : records) {
+    data.shards.push_back(ShardSpec{
+        .file = 0, .begin = offset, .end = offset + n * kLineBytes, .first_line = line,
+        .records = n});
+    offset += n * kLineBytes;
+    line += n;
+    data.records += n;
+  }
+  data.bytes = offset;
+  return data;
+}
+
+// The training data: shards of 4, 4 and 2 lines; no eval data.
+std::pair<DataSet, DataSet> TinyData() {
+  return {MakeData("/data/train-0", {4, 4, 2}), DataSet()};
+}
+
+proto::DataSetRecord ToRecord(const DataSet& data) {
+  proto::DataSetRecord record;
+  for (const std::string& file : data.files) record.add_files(file);
+  record.set_records(data.records);
+  record.set_bytes(data.bytes);
+  for (const ShardSpec& spec : data.shards) {
+    proto::ShardRecord* shard = record.add_shards();
+    shard->set_file(spec.file);
+    shard->set_begin(spec.begin);
+    shard->set_end(spec.end);
+    shard->set_first_line(spec.first_line);
+    shard->set_records(spec.records);
+  }
+  return record;
+}
+
+std::string Endpoint(int port) { return absl::StrCat("tcp://127.0.0.1:", port); }
+
+proto::NodeId Node(proto::Role role, uint32_t id) {
+  proto::NodeId node;
+  node.set_role(role);
+  node.set_id(id);
+  return node;
+}
+proto::NodeId WorkerNode(uint32_t id) { return Node(proto::ROLE_WORKER, id); }
+proto::NodeId ServerNode(uint32_t id) { return Node(proto::ROLE_SERVER, id); }
+
+// `lines` lines of the assigned shard from byte `begin`.
+proto::CommitProgressRequest CommitOf(const proto::ShardAssignment& shard, uint64_t begin,
+                                      uint64_t lines) {
+  proto::CommitProgressRequest commit;
+  commit.set_shard_id(shard.shard_id());
+  commit.set_epoch(shard.epoch());
+  commit.set_phase(shard.phase());
+  commit.set_begin_offset(begin);
+  commit.set_end_offset(begin + lines * kLineBytes);
+  commit.set_lines(lines);
+  commit.set_loss_sum(0.5 * static_cast<double>(lines));
+  return commit;
+}
+
+proto::ServerCheckpoint Part(uint32_t slot, uint64_t id, uint64_t bytes) {
+  proto::ServerCheckpoint part;
+  part.set_server_id(slot);
+  part.set_path(absl::StrCat("/ckpt/ps-", slot, "/", id));
+  part.set_bytes(bytes);
+  return part;
+}
+
+// The state a StateStore would hold after writing each update in turn
+// (StateStore::Write: the clear, then the puts, then the deletes), read
+// back as StateStore::Load would.
+class FakeStore {
+ public:
+  void Write(const StateUpdate& update) {
+    const PeekedUpdate peeked = PeekUpdate(update);
+    if (peeked.clear_pass) {
+      std::erase_if(kv_, [](const auto& entry) {
+        return absl::StartsWith(entry.first, "pass/shard/") ||
+               absl::StartsWith(entry.first, "eval/");
+      });
+    }
+    for (const std::string& key : peeked.put_keys) kv_[key] = peeked.values.at(key);
+    for (const std::string& key : peeked.deleted_keys) kv_.erase(key);
+  }
+
+  MasterSnapshot Load() const {
+    MasterSnapshot snapshot;
+    for (const auto& [key, value] : kv_) {
+      absl::string_view rest = key;
+      uint64_t id = 0;
+      if (key == kMasterKey) {
+        EXPECT_TRUE(snapshot.master.ParseFromString(value));
+      } else if (key == kTrainKey) {
+        EXPECT_TRUE(snapshot.train.ParseFromString(value));
+      } else if (key == kEvalKey) {
+        EXPECT_TRUE(snapshot.eval.ParseFromString(value));
+      } else if (absl::ConsumePrefix(&rest, "pass/shard/")) {
+        EXPECT_TRUE(absl::SimpleHexAtoi(rest, &id)) << key;
+        EXPECT_TRUE(snapshot.shards[id].ParseFromString(value));
+      } else if (absl::ConsumePrefix(&rest, "checkpoint/")) {
+        EXPECT_TRUE(absl::SimpleHexAtoi(rest, &id)) << key;
+        EXPECT_TRUE(snapshot.checkpoints[id].ParseFromString(value));
+      }
+    }
+    return snapshot;
+  }
+
+
+ private:
+  std::map<std::string, std::string> kv_;
+};
+
+class JobControlTest : public ::testing::Test {
+ protected:
+  JobControlTest() {
+    job_.job.name = "tiny";
+    job_.job.epochs = 1;
+    job_.job.progress_interval_s = 10;
+    job_.ps.num_servers = 2;
+    job_.master.heartbeat_ms = 100;
+    job_.master.lease_ms = kLeaseMs;
+    job_.checkpoint.interval_s = 60;
+    job_.checkpoint.keep = 3;
+    job_.worker.batch_size = 2;
+    control_ = NewControl();
+  }
+
+  std::unique_ptr<JobControl> NewControl(std::string fingerprint = kFingerprint) {
+    proto::JobSpec spec;
+    spec.set_name("tiny");
+    spec.set_num_partitions(8);
+    return std::make_unique<JobControl>(job_, spec, std::move(fingerprint), kDataDir, &events_,
+                                        t0_);
+  }
+
+  absl::Time At(int64_t ms) const { return t0_ + absl::Milliseconds(ms); }
+
+  Status RegisterServer(int port, uint32_t pid, std::optional<uint32_t> stored, absl::Time now,
+                        proto::RegisterServerReply* reply = nullptr) {
+    proto::RegisterServerRequest request;
+    request.set_endpoint(Endpoint(port));
+    request.set_hostname("ps-host");
+    request.set_pid(pid);
+    if (stored.has_value()) {
+      request.set_stored_server_id(*stored);
+      request.set_stored_job(absl::StrCat(control_->job_spec().job_id(), " tiny"));
+    }
+    proto::RegisterServerReply ignored;
+    return control_->RegisterServer(request, now, reply != nullptr ? reply : &ignored);
+  }
+
+  uint32_t AddWorker(absl::Time now) {
+    proto::RegisterWorkerRequest request;
+    request.set_hostname("worker-host");
+    request.set_pid(300);
+    request.set_device("cpu");
+    proto::RegisterWorkerReply reply;
+    Status status = control_->RegisterWorker(request, now, &reply);
+    EXPECT_TRUE(status.ok()) << status;
+    return reply.worker_id();
+  }
+
+  // A new job with two servers (ports 5000, 5001) and its data scanned at
+  // t0, training; workers 0 and 1 registered.
+  void StartTraining() {
+    control_->StartNew("job-1");
+    ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+    ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+    control_->DataScanned(TinyData(), t0_);
+    ASSERT_EQ(control_->progress().phase(), JobPhase::kTraining);
+    ASSERT_EQ(AddWorker(t0_), 0u);
+    ASSERT_EQ(AddWorker(t0_), 1u);
+  }
+
+  Status ServerBeat(uint32_t slot, absl::Time now, proto::HeartbeatReply* reply = nullptr) {
+    proto::HeartbeatRequest request;
+    request.set_endpoint(control_->membership().servers().at(slot).endpoint);
+    proto::HeartbeatReply ignored;
+    return control_->Heartbeat(ServerNode(slot), request, now,
+                               reply != nullptr ? reply : &ignored);
+  }
+
+  Status WorkerBeat(uint32_t id, absl::Time now, uint64_t paused_for = 0,
+                    proto::HeartbeatReply* reply = nullptr) {
+    proto::HeartbeatRequest request;
+    request.set_paused_for_checkpoint(paused_for);
+    proto::HeartbeatReply ignored;
+    return control_->Heartbeat(WorkerNode(id), request, now, reply != nullptr ? reply : &ignored);
+  }
+
+  // Heartbeats from `servers` and `workers` (not paused).
+  void Beat(absl::Time now, const std::vector<uint32_t>& servers,
+            const std::vector<uint32_t>& workers) {
+    for (uint32_t slot : servers) EXPECT_TRUE(ServerBeat(slot, now).ok()) << "ps[" << slot << "]";
+    for (uint32_t id : workers) EXPECT_TRUE(WorkerBeat(id, now).ok()) << "worker " << id;
+  }
+
+  proto::GetShardReply GetShard(uint32_t worker, absl::Time now) {
+    proto::GetShardReply reply;
+    Status status = control_->GetShard(WorkerNode(worker), now, &reply);
+    EXPECT_TRUE(status.ok()) << status;
+    return reply;
+  }
+
+  // The next shard for `worker`, which must get one.
+  proto::ShardAssignment Assigned(uint32_t worker, absl::Time now) {
+    proto::GetShardReply reply = GetShard(worker, now);
+    EXPECT_EQ(reply.action(), proto::GetShardReply::ASSIGNED);
+    return reply.shard();
+  }
+
+  Status Commit(uint32_t worker, const proto::CommitProgressRequest& commit, absl::Time now,
+                proto::CommitProgressReply* reply = nullptr) {
+    proto::CommitProgressReply ignored;
+    return control_->Commit(WorkerNode(worker), commit, {}, {}, now,
+                            reply != nullptr ? reply : &ignored);
+  }
+
+  const ShardTracker::Shard& ShardState(uint64_t id) const {
+    return control_->progress().tracker()->shard(id);
+  }
+
+  PeekedUpdate Take(bool* ended = nullptr) {
+    StateUpdate update;
+    const bool job_ended = control_->TakeChanges(&update);
+    if (ended != nullptr) *ended = job_ended;
+    return PeekUpdate(update);
+  }
+
+  const absl::Time t0_ = absl::FromUnixSeconds(1'700'000'000);
+  JobConfig job_;
+  RecordingEvents events_;
+  std::unique_ptr<JobControl> control_;
+};
+
+// --- A whole job -----------------------------------------------------------------
+
+TEST_F(JobControlTest, RunsASmallJobToTheEnd) {
+  control_->StartNew("job-1");
+  EXPECT_EQ(events_.Count("job_started"), 1u);
+  proto::GetClusterMapReply map;
+  Status early = control_->GetClusterMap(WorkerNode(0), &map);
+  EXPECT_EQ(early.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(early), proto::NOT_READY);
+
+  proto::RegisterServerReply registered;
+  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_, &registered).ok());
+  EXPECT_EQ(registered.server_id(), 0u);
+  EXPECT_EQ(registered.job().job_id(), "job-1");
+  EXPECT_EQ(registered.job().num_partitions(), 8u);
+  EXPECT_FALSE(control_->membership().placed());
+  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_, &registered).ok());
+  EXPECT_EQ(registered.server_id(), 1u);
+  EXPECT_TRUE(control_->membership().placed());
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kScanning) << "the data is not scanned yet";
+  EXPECT_FALSE(control_->checkpoints().last().has_value());
+
+  // Refused servers: a bad endpoint, another job's, one too many.
+  proto::RegisterServerRequest bad;
+  bad.set_endpoint("localhost:5002");
+  EXPECT_EQ(control_->RegisterServer(bad, t0_, &registered).code(),
+            absl::StatusCode::kInvalidArgument);
+  proto::RegisterServerRequest other_job;
+  other_job.set_endpoint(Endpoint(5002));
+  other_job.set_stored_job("job-0 tiny");
+  other_job.set_stored_server_id(0);
+  EXPECT_EQ(control_->RegisterServer(other_job, t0_, &registered).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RegisterServer(5002, 102, std::nullopt, t0_).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  control_->DataScanned(TinyData(), At(500));
+  ASSERT_EQ(control_->progress().phase(), JobPhase::kTraining);
+  ASSERT_TRUE(control_->checkpoints().last().has_value());
+  EXPECT_EQ(control_->checkpoints().last()->id(), 0u);
+  EXPECT_EQ(control_->checkpoints().last()->shards_size(), 3);
+  EXPECT_EQ(control_->checkpoints().last()->servers_size(), 0) << "checkpoint 0 is written by nobody";
+  ASSERT_TRUE(control_->GetClusterMap(WorkerNode(0), &map).ok());
+  EXPECT_EQ(map.map().version(), 1u);
+
+  proto::RegisterWorkerRequest request;
+  request.set_hostname("worker-host");
+  proto::RegisterWorkerReply worker_reply;
+  ASSERT_TRUE(control_->RegisterWorker(request, At(600), &worker_reply).ok());
+  EXPECT_EQ(worker_reply.worker_id(), 0u);
+  EXPECT_EQ(worker_reply.lease_ms(), kLeaseMs);
+  EXPECT_EQ(worker_reply.heartbeat_ms(), 100u);
+  EXPECT_EQ(worker_reply.job().job_id(), "job-1");
+  ASSERT_EQ(AddWorker(At(600)), 1u);
+
+  // Both workers take shards and commit them in 2-line pieces until the
+  // pass is done; each GetShard and commit renews the worker's lease.
+  int64_t ms = 600;
+  std::set<uint32_t> finished;
+  while (finished.size() < 2 && ms < 10'000) {
+    for (uint32_t worker : {0u, 1u}) {
+      ms += 50;
+      if (!control_->over()) Beat(At(ms), {0, 1}, {});
+      const proto::GetShardReply reply = GetShard(worker, At(ms));
+      if (reply.action() == proto::GetShardReply::FINISHED) {
+        finished.insert(worker);
+        continue;
+      }
+      if (reply.action() == proto::GetShardReply::WAIT) {
+        EXPECT_EQ(reply.retry_after_ms(), 25u);
+        continue;
+      }
+      ASSERT_EQ(reply.action(), proto::GetShardReply::ASSIGNED);
+      const proto::ShardAssignment& shard = reply.shard();
+      EXPECT_EQ(shard.path(), "/data/train-0");
+      for (uint64_t begin = shard.start(); begin < shard.end(); begin += 2 * kLineBytes) {
+        const uint64_t lines = std::min<uint64_t>(2, (shard.end() - begin) / kLineBytes);
+        proto::CommitProgressReply committed;
+        ASSERT_TRUE(Commit(worker, CommitOf(shard, begin, lines), At(ms), &committed).ok());
+        EXPECT_TRUE(committed.applied());
+      }
+    }
+  }
+  EXPECT_THAT(finished, ElementsAre(0u, 1u));
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kFinished);
+  EXPECT_EQ(control_->progress().records_trained(), 10u);
+  EXPECT_EQ(control_->progress().ledger()[0].lines_committed(), 10u);
+  ASSERT_EQ(events_.Count("job_finished"), 1u);
+  EXPECT_EQ(events_.Named("job_finished")[0]["records_trained"], 10);
+
+  bool ended = false;
+  Take(&ended);
+  EXPECT_TRUE(ended);
+  Take(&ended);
+  EXPECT_FALSE(ended) << "the end is reported once";
+
+  // The job loop ends once every live peer heard it.
+  EXPECT_FALSE(control_->Done(At(ms))) << "the servers have not heard yet";
+  proto::HeartbeatReply beat;
+  ASSERT_TRUE(ServerBeat(0, At(ms), &beat).ok());
+  EXPECT_TRUE(beat.shutdown());
+  EXPECT_EQ(beat.state(), proto::JOB_FINISHED);
+  EXPECT_FALSE(control_->Done(At(ms)));
+  ASSERT_TRUE(ServerBeat(1, At(ms)).ok());
+  EXPECT_TRUE(control_->Done(At(ms)));
+  EXPECT_EQ(control_->RegisterWorker(request, At(ms), &worker_reply).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobControlTest, ServerLostBeforeTrainingOnlyFreesItsSlot) {
+  control_->StartNew("job-1");
+  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+  control_->ExpireLeases(At(kLeaseMs + 1));
+  EXPECT_FALSE(control_->recovery().active());
+  EXPECT_TRUE(control_->membership().servers().empty());
+  EXPECT_FALSE(control_->over());
+
+  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, At(2000)).ok());
+  ASSERT_TRUE(RegisterServer(5002, 102, std::nullopt, At(2000)).ok());
+  control_->DataScanned(TinyData(), At(2000));
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kTraining);
+  EXPECT_EQ(control_->membership().cluster_map().version(), 1u);
+}
+
+TEST_F(JobControlTest, AFailedScanFailsTheJob) {
+  control_->StartNew("job-1");
+  control_->DataScanned(absl::NotFoundError("data.train: no file matches /data/*.tsv"), t0_);
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kFailed);
+  EXPECT_EQ(control_->progress().failure(), "data.train: no file matches /data/*.tsv");
+  EXPECT_FALSE(control_->progress().stopped());
+  bool ended = false;
+  Take(&ended);
+  EXPECT_TRUE(ended);
+}
+
+// --- Interleavings ---------------------------------------------------------------
+
+// (a) A server lost while the servers write a checkpoint: the round fails,
+// the previous checkpoint stands, and the job is restored.
+TEST_F(JobControlTest, ServerLostWhileWritingACheckpointFailsTheRound) {
+  StartTraining();
+  const proto::ShardAssignment shard = Assigned(0, At(100));
+  ASSERT_TRUE(Commit(0, CommitOf(shard, shard.start(), 1), At(100)).ok());
+
+  ASSERT_EQ(control_->RequestCheckpoint().value(), 1u);
+  control_->Tick(At(200));
+  ASSERT_EQ(control_->checkpoints().round_id(), 1u);
+  proto::HeartbeatReply beat;
+  ASSERT_TRUE(WorkerBeat(0, At(200), /*paused_for=*/0, &beat).ok());
+  EXPECT_EQ(beat.pause_for_checkpoint(), 1u);
+  EXPECT_FALSE(control_->NextCheckpointWrite(At(200)).has_value()) << "no worker paused yet";
+  ASSERT_TRUE(WorkerBeat(0, At(300), /*paused_for=*/1).ok());
+  EXPECT_FALSE(control_->NextCheckpointWrite(At(300)).has_value()) << "worker 1 is not paused";
+  ASSERT_TRUE(WorkerBeat(1, At(300), /*paused_for=*/1).ok());
+  const std::optional<JobControl::CheckpointWrite> write = control_->NextCheckpointWrite(At(300));
+  ASSERT_TRUE(write.has_value());
+  EXPECT_EQ(write->write.id, 1u);
+  EXPECT_THAT(write->write.keep, IsEmpty());
+  EXPECT_THAT(write->servers,
+              ElementsAre(Pair(0u, Endpoint(5000)), Pair(1u, Endpoint(5001))));
+  EXPECT_TRUE(control_->checkpoints().writing());
+  // No shard is handed out while the servers write.
+  EXPECT_EQ(GetShard(1, At(300)).action(), proto::GetShardReply::WAIT);
+
+  // ps[1] stops heartbeating while it writes.
+  ASSERT_TRUE(ServerBeat(0, At(1100)).ok());
+  ASSERT_TRUE(WorkerBeat(0, At(1100), 1).ok());
+  ASSERT_TRUE(WorkerBeat(1, At(1100), 1).ok());
+  control_->ExpireLeases(At(1200));
+  ASSERT_TRUE(control_->recovery().active());
+  EXPECT_EQ(control_->recovery().why(), "ps[1] stopped heartbeating");
+  EXPECT_TRUE(control_->checkpoints().writing()) << "a round writing waits for its servers";
+  EXPECT_EQ(control_->membership().workers().at(0).state, PeerState::kFenced);
+  EXPECT_EQ(control_->membership().workers().at(1).state, PeerState::kFenced);
+
+  std::vector<StatusOr<proto::ServerCheckpoint>> parts;
+  parts.push_back(Part(0, 1, 1000));
+  parts.push_back(absl::UnavailableError("ps[1] at tcp://127.0.0.1:5001: connection lost"));
+  StateUpdate update;
+  EXPECT_FALSE(
+      control_->CheckpointWritten(*write, std::move(parts), At(300), At(1300), &update)
+          .has_value());
+  EXPECT_TRUE(update.empty());
+  EXPECT_EQ(control_->checkpoints().failed(), 1u);
+  EXPECT_EQ(control_->checkpoints().written(), 0u);
+  EXPECT_FALSE(control_->checkpoints().round_id().has_value());
+  ASSERT_TRUE(control_->checkpoints().last().has_value());
+  EXPECT_EQ(control_->checkpoints().last()->id(), 0u) << "the previous checkpoint stands";
+  const nlohmann::json* result = control_->checkpoints().Result(1);
+  ASSERT_NE(result, nullptr);
+  EXPECT_THAT((*result)["error"].get<std::string>(), HasSubstr("connection lost"));
+  EXPECT_THAT((*result)["error"].get<std::string>(), HasSubstr("the previous checkpoint stands"));
+  EXPECT_TRUE(control_->recovery().active());
+  ASSERT_EQ(events_.Count("recovery_started"), 1u);
+  EXPECT_EQ(events_.Named("recovery_started")[0]["checkpoint"], 0);
+  EXPECT_EQ(events_.Named("recovery_started")[0]["server"], 1);
+
+  // Its workers were fenced: their calls are refused.
+  proto::GetShardReply reply;
+  Status fenced = control_->GetShard(WorkerNode(0), At(1300), &reply);
+  EXPECT_EQ(fenced.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(fenced), proto::FENCED);
+}
+
+// (b) A worker's lease runs out: its shard stays with it until every
+// server refuses its pushes, then goes back from its committed offset.
+TEST_F(JobControlTest, DeadWorkersShardMovesOnlyOnceItsFenceIsAcknowledged) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 1), t0_).ok());
+  const proto::ShardAssignment b = Assigned(1, t0_);
+
+  // Worker 0 falls silent.
+  Beat(At(700), {0, 1}, {1});
+  Beat(At(1100), {0, 1}, {1});
+  control_->Tick(At(1100));
+  EXPECT_EQ(control_->membership().workers().at(0).state, PeerState::kDead);
+  EXPECT_EQ(control_->membership().workers().at(1).state, PeerState::kAlive);
+  EXPECT_THAT(control_->membership().fenced(), ElementsAre(0u));
+  EXPECT_FALSE(control_->recovery().active()) << "a worker's death needs no recovery";
+
+  const std::optional<Membership::FenceRound> first = control_->PendingFences();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_THAT(first->fenced, ElementsAre(0u));
+  EXPECT_THAT(first->servers, ElementsAre(Pair(0u, Endpoint(5000)), Pair(1u, Endpoint(5001))));
+
+  // Before the servers acknowledge, worker 0 might still push: its shard
+  // stays DOING and is not handed to anyone else.
+  EXPECT_EQ(ShardState(a.shard_id()).state, ShardTracker::State::kDoing);
+  EXPECT_EQ(ShardState(a.shard_id()).holder, 0u);
+  const uint32_t w2 = AddWorker(At(1100));
+  const proto::ShardAssignment c = Assigned(w2, At(1100));
+  EXPECT_NE(c.shard_id(), a.shard_id());
+  EXPECT_NE(c.shard_id(), b.shard_id());
+  ASSERT_TRUE(Commit(w2, CommitOf(c, c.start(), c.records()), At(1100)).ok());
+  EXPECT_EQ(GetShard(w2, At(1100)).action(), proto::GetShardReply::WAIT);
+
+  // Worker 1 falls silent too, after the first round was taken.
+  Beat(At(2200), {0, 1}, {w2});
+  control_->Tick(At(2200));
+  EXPECT_EQ(control_->membership().workers().at(1).state, PeerState::kDead);
+  EXPECT_THAT(control_->membership().fenced(), ElementsAre(0u, 1u));
+
+  // The first round releases worker 0 only.
+  control_->FencesAcknowledged(*first, At(2200));
+  EXPECT_EQ(ShardState(a.shard_id()).state, ShardTracker::State::kTodo);
+  EXPECT_EQ(ShardState(b.shard_id()).state, ShardTracker::State::kDoing);
+  EXPECT_EQ(ShardState(b.shard_id()).holder, 1u);
+  ASSERT_EQ(events_.Count("shard_reassigned"), 1u);
+  const nlohmann::json moved = events_.Named("shard_reassigned")[0];
+  EXPECT_EQ(moved["shard"], a.shard_id());
+  EXPECT_EQ(moved["from_worker"], 0);
+  EXPECT_EQ(moved["reason"], "fenced");
+  EXPECT_EQ(moved["since_last_seen_ms"], 2200.0) << "from its last sign of life at t0";
+  EXPECT_EQ(control_->progress().worst_reassign_delay(), absl::Milliseconds(2200));
+
+  const proto::ShardAssignment resumed = Assigned(w2, At(2200));
+  EXPECT_EQ(resumed.shard_id(), a.shard_id());
+  EXPECT_EQ(resumed.start(), a.start() + kLineBytes) << "from its committed offset";
+  EXPECT_EQ(resumed.start_line(), a.start_line() + 1);
+  EXPECT_EQ(resumed.records(), a.records() - 1);
+
+  const std::optional<Membership::FenceRound> second = control_->PendingFences();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_THAT(second->fenced, ElementsAre(0u, 1u));
+  control_->FencesAcknowledged(*second, At(2300));
+  EXPECT_EQ(ShardState(b.shard_id()).state, ShardTracker::State::kTodo);
+  EXPECT_FALSE(control_->PendingFences().has_value());
+  const proto::ShardAssignment b_again = Assigned(w2, At(2300));
+  EXPECT_EQ(b_again.shard_id(), b.shard_id());
+  EXPECT_EQ(b_again.start(), b.start());
+  EXPECT_EQ(control_->progress().records_trained(), 1u + c.records());
+}
+
+// (c) A server lost while a checkpoint round waits for the workers to
+// pause: the round is abandoned, the workers fenced, and once the slot is
+// filled and fenced every server returns to the last checkpoint.
+TEST_F(JobControlTest, RecoveryDuringACheckpointRoundRollsBack) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, At(100));
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 2), At(100)).ok());
+
+  // Checkpoint 1: two lines trained, shard a half done by worker 0.
+  ASSERT_EQ(control_->RequestCheckpoint().value(), 1u);
+  control_->Tick(At(200));
+  ASSERT_TRUE(WorkerBeat(0, At(200), 1).ok());
+  ASSERT_TRUE(WorkerBeat(1, At(200), 1).ok());
+  const std::optional<JobControl::CheckpointWrite> write = control_->NextCheckpointWrite(At(200));
+  ASSERT_TRUE(write.has_value());
+  std::vector<StatusOr<proto::ServerCheckpoint>> parts = {Part(0, 1, 1000), Part(1, 1, 2000)};
+  StateUpdate update;
+  std::optional<proto::CheckpointRecord> record =
+      control_->CheckpointWritten(*write, std::move(parts), At(200), At(250), &update);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->master().records_trained(), 2u);
+  EXPECT_EQ(record->bytes(), 3000u);
+  EXPECT_THAT(PeekUpdate(update).put_keys, ElementsAre(CheckpointKey(1)));
+  control_->CheckpointRecorded(*record, absl::OkStatus(), At(250));
+  ASSERT_EQ(control_->checkpoints().last()->id(), 1u);
+  EXPECT_EQ(control_->checkpoints().written(), 1u);
+
+  // Training goes on: worker 0 finishes a and starts c, worker 1 starts b.
+  Beat(At(300), {}, {0, 1});
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start() + 2 * kLineBytes, 2), At(300)).ok());
+  const proto::ShardAssignment b = Assigned(1, At(300));
+  ASSERT_TRUE(Commit(1, CommitOf(b, b.start(), 1), At(300)).ok());
+  const proto::ShardAssignment c = Assigned(0, At(300));
+  ASSERT_TRUE(Commit(0, CommitOf(c, c.start(), 1), At(300)).ok());
+  ASSERT_EQ(control_->progress().records_trained(), 6u);
+
+  // Checkpoint 2 starts; only worker 0 pauses.
+  ASSERT_EQ(control_->RequestCheckpoint().value(), 2u);
+  control_->Tick(At(400));
+  ASSERT_EQ(control_->checkpoints().round_id(), 2u);
+  ASSERT_TRUE(WorkerBeat(0, At(400), 2).ok());
+  EXPECT_FALSE(control_->NextCheckpointWrite(At(400)).has_value());
+
+  // ps[1] stops heartbeating.
+  ASSERT_TRUE(ServerBeat(0, At(1100)).ok());
+  ASSERT_TRUE(WorkerBeat(0, At(1100), 2).ok());
+  ASSERT_TRUE(WorkerBeat(1, At(1100), 0).ok());
+  control_->Tick(At(1300));
+  ASSERT_TRUE(control_->recovery().active());
+  EXPECT_TRUE(control_->recovery().rollback());
+  EXPECT_FALSE(control_->checkpoints().round_id().has_value());
+  EXPECT_EQ(control_->checkpoints().failed(), 1u);
+  ASSERT_NE(control_->checkpoints().Result(2), nullptr);
+  EXPECT_EQ((*control_->checkpoints().Result(2))["error"],
+            "abandoned: ps[1] stopped heartbeating");
+  EXPECT_EQ(control_->checkpoints().last()->id(), 1u);
+
+  // The workers are fenced; a new one waits; no checkpoint may start.
+  proto::GetShardReply shard_reply;
+  Status fenced = control_->GetShard(WorkerNode(1), At(1300), &shard_reply);
+  EXPECT_EQ(fenced.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(fenced), proto::FENCED);
+  EXPECT_THAT(fenced.message(), HasSubstr("a parameter server was lost (ps[1] stopped heartbeating)"));
+  const uint32_t w2 = AddWorker(At(1300));
+  EXPECT_EQ(GetShard(w2, At(1300)).action(), proto::GetShardReply::WAIT);
+  proto::GetClusterMapReply map;
+  Status not_ready = control_->GetClusterMap(WorkerNode(w2), &map);
+  EXPECT_EQ(not_ready.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(not_ready), proto::NOT_READY);
+  EXPECT_TRUE(control_->GetClusterMap(ServerNode(0), &map).ok()) << "servers still get the map";
+  EXPECT_EQ(control_->RequestCheckpoint().status().code(), absl::StatusCode::kFailedPrecondition);
+  // A checkpoint is due by now (interval 60 s), but none starts.
+  const int64_t later = 61'000;
+  Beat(At(later), {0}, {w2});
+  control_->Tick(At(later));
+  EXPECT_FALSE(control_->checkpoints().round_id().has_value()) << "no round during a recovery";
+  EXPECT_FALSE(control_->NextRestore(At(later)).has_value()) << "ps[1] is missing";
+
+  // ps[1] restarts on its data dir; the fences must reach it first.
+  proto::RegisterServerReply registered;
+  ASSERT_TRUE(RegisterServer(6001, 201, /*stored=*/1, At(later + 100), &registered).ok());
+  EXPECT_EQ(registered.server_id(), 1u);
+  EXPECT_EQ(control_->membership().cluster_map().version(), 2u);
+  EXPECT_FALSE(control_->NextRestore(At(later + 100)).has_value()) << "fences pending";
+  const std::optional<Membership::FenceRound> round = control_->PendingFences();
+  ASSERT_TRUE(round.has_value());
+  EXPECT_THAT(round->fenced, ElementsAre(0u, 1u));
+  EXPECT_THAT(round->servers, ElementsAre(Pair(0u, Endpoint(5000)), Pair(1u, Endpoint(6001))));
+  control_->FencesAcknowledged(*round, At(later + 200));
+  EXPECT_EQ(ShardState(c.shard_id()).state, ShardTracker::State::kDoing)
+      << "a rollback replaces the pass instead of moving shards";
+
+  const std::optional<Recovery::Step> step = control_->NextRestore(At(later + 200));
+  ASSERT_TRUE(step.has_value());
+  ASSERT_EQ(step->kind, Recovery::Step::Kind::kRestore);
+  ASSERT_EQ(step->targets.size(), 2u);
+  EXPECT_EQ(step->targets[0].slot, 0u);
+  EXPECT_EQ(step->targets[0].path, "/ckpt/ps-0/1");
+  EXPECT_EQ(step->targets[1].slot, 1u);
+  EXPECT_EQ(step->targets[1].endpoint, Endpoint(6001));
+  EXPECT_EQ(step->targets[1].path, "/ckpt/ps-1/1");
+
+  control_->Restored(*step, {StatusOr<uint64_t>(1000), StatusOr<uint64_t>(2000)},
+                     At(later + 200), At(later + 300));
+  EXPECT_FALSE(control_->recovery().active());
+  EXPECT_EQ(control_->progress().records_trained(), 2u);
+  EXPECT_EQ(control_->progress().records_retrained(), 4u);
+  EXPECT_EQ(control_->progress().tracker()->committed_records(), 2u);
+  const nlohmann::json& last = control_->recovery().last();
+  EXPECT_EQ(last["mode"], "rollback");
+  EXPECT_EQ(last["checkpoint"], 1);
+  EXPECT_EQ(last["records_rolled_back"], 4);
+  EXPECT_EQ(last["bytes"], 3000);
+  EXPECT_EQ(last["servers_restored"], nlohmann::json({0, 1}));
+  EXPECT_EQ(events_.Count("recovered"), 1u);
+
+  // Training resumes from the checkpoint: shard a from its 2 lines.
+  ASSERT_TRUE(control_->GetClusterMap(WorkerNode(w2), &map).ok());
+  EXPECT_EQ(map.map().version(), 2u);
+  const proto::ShardAssignment again = Assigned(w2, At(later + 300));
+  EXPECT_EQ(again.shard_id(), a.shard_id());
+  EXPECT_EQ(again.start(), a.start() + 2 * kLineBytes);
+  EXPECT_EQ(again.records(), 2u);
+}
+
+// The fence round goes out without the master's lock. A slot filled while
+// it is out never received it: the recovery must not restore before it has.
+// FAILS at the time of writing (Membership::FencesAcknowledged; see the
+// report).
+TEST_F(JobControlTest, FenceRoundTakenBeforeAReplacementDoesNotCoverIt) {
+  StartTraining();
+  Beat(At(900), {0}, {0, 1});
+  control_->ExpireLeases(At(1100));
+  ASSERT_TRUE(control_->recovery().active());
+  const std::optional<Membership::FenceRound> round = control_->PendingFences();
+  ASSERT_TRUE(round.has_value());
+  ASSERT_THAT(round->servers, ElementsAre(Pair(0u, Endpoint(5000))));
+
+  ASSERT_TRUE(RegisterServer(6001, 201, /*stored=*/1, At(1200)).ok());
+  control_->FencesAcknowledged(*round, At(1300));  // ps[0] acknowledged
+  EXPECT_FALSE(control_->NextRestore(At(1300)).has_value())
+      << "ps[1]'s new process does not refuse the fenced workers yet";
+  const std::optional<Membership::FenceRound> again = control_->PendingFences();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_THAT(again->servers, ElementsAre(Pair(0u, Endpoint(5000)), Pair(1u, Endpoint(6001))));
+}
+
+TEST_F(JobControlTest, RestoreFailureStopsTheJobResumably) {
+  StartTraining();
+  Beat(At(900), {0}, {0, 1});
+  control_->ExpireLeases(At(1100));
+  ASSERT_TRUE(control_->recovery().active());
+  ASSERT_TRUE(RegisterServer(6001, 201, /*stored=*/1, At(1200)).ok());
+  control_->FencesAcknowledged(*control_->PendingFences(), At(1200));
+  const std::optional<Recovery::Step> step = control_->NextRestore(At(1200));
+  ASSERT_TRUE(step.has_value());
+  // A server still starting: try again.
+  control_->Restored(*step,
+                     {StatusOr<uint64_t>(0),
+                      StatusOr<uint64_t>(ErrorWithReason(absl::StatusCode::kUnavailable,
+                                                         "opening", proto::NOT_READY))},
+                     At(1200), At(1300));
+  EXPECT_TRUE(control_->recovery().active());
+  EXPECT_FALSE(control_->over());
+  control_->Restored(*step, {StatusOr<uint64_t>(0), StatusOr<uint64_t>(absl::InternalError("bad"))},
+                     At(1300), At(1400));
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kFailed);
+  EXPECT_TRUE(control_->progress().stopped()) << "--resume continues it";
+  EXPECT_THAT(control_->progress().failure(), HasSubstr("cannot restore ps[1] to checkpoint 0"));
+}
+
+// (d) A commit from a worker fenced meanwhile changes nothing.
+TEST_F(JobControlTest, CommitFromAFencedWorkerIsRefused) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 1), t0_).ok());
+  Beat(At(800), {0, 1}, {1});
+  control_->Tick(At(1100));
+  ASSERT_TRUE(control_->membership().IsFenced(0));
+  // Its shard is still DOING (the fence is not acknowledged), so only the
+  // fence stops the commit.
+  ASSERT_EQ(ShardState(a.shard_id()).state, ShardTracker::State::kDoing);
+
+  proto::CommitProgressReply reply;
+  Status refused = Commit(0, CommitOf(a, a.start() + kLineBytes, 1), At(1200), &reply);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(refused), proto::FENCED);
+  EXPECT_FALSE(reply.applied());
+  EXPECT_EQ(control_->progress().records_trained(), 1u);
+  EXPECT_EQ(control_->progress().ledger()[0].lines_committed(), 1u);
+  EXPECT_EQ(ShardState(a.shard_id()).committed, a.start() + kLineBytes);
+  EXPECT_EQ(control_->membership().workers().at(0).records, 1u);
+  Status beat = WorkerBeat(0, At(1200));
+  EXPECT_EQ(ReasonOf(beat), proto::FENCED);
+}
+
+TEST_F(JobControlTest, CommitFromAWorkerFencedByARecoveryIsRefused) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  Beat(At(900), {0}, {0, 1});
+  control_->ExpireLeases(At(1100));
+  ASSERT_TRUE(control_->recovery().active());
+  Status refused = Commit(0, CommitOf(a, a.start(), 1), At(1200));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(refused), proto::FENCED);
+  EXPECT_THAT(refused.message(), HasSubstr("must register again"));
+  EXPECT_EQ(control_->progress().records_trained(), 0u);
+}
+
+TEST_F(JobControlTest, MalformedRequestsAreRefused) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  proto::CommitProgressRequest commit = CommitOf(a, a.start(), 1);
+  commit.set_malformed(2);
+  EXPECT_EQ(Commit(0, commit, t0_).code(), absl::StatusCode::kInvalidArgument);
+  proto::GetShardReply reply;
+  EXPECT_EQ(control_->GetShard(ServerNode(0), t0_, &reply).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(control_->Deregister(ServerNode(0)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(control_->progress().records_trained(), 0u);
+}
+
+TEST_F(JobControlTest, DeregisteredWorkersShardMovesAtOnce) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 1), t0_).ok());
+  ASSERT_TRUE(control_->Deregister(WorkerNode(0)).ok());
+  EXPECT_EQ(ShardState(a.shard_id()).state, ShardTracker::State::kTodo);
+  const proto::ShardAssignment moved = Assigned(1, t0_);
+  EXPECT_EQ(moved.shard_id(), a.shard_id());
+  EXPECT_EQ(moved.start(), a.start() + kLineBytes);
+  EXPECT_EQ(ReasonOf(Commit(0, CommitOf(a, a.start() + kLineBytes, 1), t0_)), proto::FENCED);
+}
+
+// --- Persistence -----------------------------------------------------------------
+
+TEST_F(JobControlTest, TakeChangesPutsTheMasterRecordOnlyWhenItChanged) {
+  control_->StartNew("job-1");
+  PeekedUpdate update = Take();
+  EXPECT_THAT(update.put_keys, ElementsAre(kMasterKey));
+  proto::MasterRecord record;
+  ASSERT_TRUE(record.ParseFromString(update.values.at(kMasterKey)));
+  EXPECT_EQ(record.job_id(), "job-1");
+  EXPECT_EQ(record.config_fingerprint(), kFingerprint);
+  EXPECT_THAT(Take().put_keys, IsEmpty()) << "nothing changed";
+
+  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+  EXPECT_THAT(Take().put_keys, ElementsAre(kMasterKey));
+  ASSERT_TRUE(ServerBeat(0, At(100)).ok());
+  StateUpdate heartbeat;
+  control_->TakeChanges(&heartbeat);
+  EXPECT_TRUE(heartbeat.empty()) << "a heartbeat changes nothing stored";
+
+  // Training starts: checkpoint 0, the data sets and the pass go with it.
+  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, At(100)).ok());
+  control_->DataScanned(TinyData(), At(200));
+  bool ended = true;
+  update = Take(&ended);
+  EXPECT_FALSE(ended);
+  EXPECT_TRUE(update.clear_pass);
+  EXPECT_THAT(update.put_keys,
+              UnorderedElementsAre(CheckpointKey(0), kTrainKey, kEvalKey, ShardKey(0),
+                                   ShardKey(1), ShardKey(2), kMasterKey));
+  proto::CheckpointRecord start;
+  ASSERT_TRUE(start.ParseFromString(update.values.at(CheckpointKey(0))));
+  EXPECT_EQ(start.id(), 0u);
+  EXPECT_EQ(start.master().phase(), static_cast<uint32_t>(JobPhase::kTraining));
+  EXPECT_EQ(start.shards_size(), 3);
+  EXPECT_EQ(start.servers_size(), 0);
+  EXPECT_THAT(Take().put_keys, IsEmpty()) << "checkpoint 0 is put once";
+
+  const uint32_t worker = AddWorker(At(300));
+  EXPECT_THAT(Take().put_keys, ElementsAre(kMasterKey)) << "a new worker id";
+  const proto::ShardAssignment shard = Assigned(worker, At(300));
+  EXPECT_THAT(Take().put_keys, ElementsAre(ShardKey(shard.shard_id())))
+      << "an assignment changes the shard, not the master record";
+  ASSERT_TRUE(WorkerBeat(worker, At(400)).ok());
+  EXPECT_THAT(Take().put_keys, IsEmpty());
+  ASSERT_TRUE(Commit(worker, CommitOf(shard, shard.start(), 1), At(400)).ok());
+  update = Take();
+  EXPECT_THAT(update.put_keys, ElementsAre(ShardKey(shard.shard_id()), kMasterKey));
+  ASSERT_TRUE(record.ParseFromString(update.values.at(kMasterKey)));
+  EXPECT_EQ(record.records_trained(), 1u);
+}
+
+// What TakeChanges hands over is all a restarted master needs.
+TEST_F(JobControlTest, ARestartFromThePersistedChangesContinuesTheJob) {
+  FakeStore store;
+  auto persist = [&] {
+    StateUpdate update;
+    control_->TakeChanges(&update);
+    store.Write(update);
+  };
+  StartTraining();
+  persist();
+  const proto::ShardAssignment a = Assigned(0, At(100));
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 3), At(100)).ok());
+  persist();
+
+  const MasterSnapshot snapshot = store.Load();
+  EXPECT_EQ(snapshot.master.SerializeAsString(), control_->SaveRecord().SerializeAsString());
+  ASSERT_EQ(snapshot.checkpoints.size(), 1u);
+  EXPECT_TRUE(snapshot.checkpoints.contains(0));
+  EXPECT_EQ(snapshot.shards.size(), 3u);
+
+  control_ = NewControl();
+  ASSERT_TRUE(control_->Restore(snapshot, /*resume=*/false, At(5000)).ok());
+  EXPECT_EQ(control_->progress().records_trained(), 3u);
+  EXPECT_EQ(ShardState(a.shard_id()).committed, a.start() + 3 * kLineBytes);
+  EXPECT_EQ(control_->checkpoints().last()->id(), 0u);
+  EXPECT_THAT(control_->membership().fenced(), ElementsAre(0u));
+}
+
+// A restarted master takes up the saved job where it was; the workers that
+// held shards are fenced before their shards move.
+TEST_F(JobControlTest, RestoreContinuesWhereItWasWithTheHoldersFenced) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, At(100));
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 1), At(100)).ok());
+  const proto::ShardAssignment b = Assigned(1, At(100));
+
+  MasterSnapshot snapshot;
+  snapshot.master = control_->SaveRecord();
+  snapshot.train = ToRecord(TinyData().first);
+  snapshot.eval = ToRecord(TinyData().second);
+  for (uint64_t id = 0; id < control_->progress().tracker()->num_shards(); ++id) {
+    snapshot.shards[id] = control_->progress().tracker()->ToRecord(id);
+  }
+  snapshot.checkpoints[0] = *control_->checkpoints().last();
+
+  events_.Clear();
+  control_ = NewControl();
+  const absl::Time t1 = At(60'000);
+  ASSERT_TRUE(control_->Restore(snapshot, /*resume=*/false, t1).ok());
+  EXPECT_TRUE(control_->resumed());
+  EXPECT_EQ(control_->job_spec().job_id(), "job-1");
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kTraining);
+  EXPECT_EQ(control_->progress().records_trained(), 1u);
+  EXPECT_EQ(control_->checkpoints().last()->id(), 0u);
+  EXPECT_FALSE(control_->recovery().active());
+  EXPECT_EQ(events_.Count("master_resumed"), 1u);
+  EXPECT_THAT(control_->membership().fenced(), ElementsAre(0u, 1u));
+  EXPECT_EQ(ShardState(a.shard_id()).state, ShardTracker::State::kDoing);
+  EXPECT_EQ(ShardState(a.shard_id()).holder, 0u);
+
+  // The previous run's workers must register again.
+  EXPECT_EQ(ReasonOf(Commit(0, CommitOf(a, a.start() + kLineBytes, 1), t1)), proto::FENCED);
+  EXPECT_EQ(control_->progress().records_trained(), 1u);
+  const uint32_t w2 = AddWorker(t1);
+  EXPECT_EQ(w2, 2u) << "ids are never reused";
+  // Only the untouched shard is free until the fences are acknowledged.
+  const proto::ShardAssignment c = Assigned(w2, t1);
+  EXPECT_NE(c.shard_id(), a.shard_id());
+  EXPECT_NE(c.shard_id(), b.shard_id());
+  EXPECT_EQ(GetShard(w2, t1).action(), proto::GetShardReply::WAIT);
+
+  // The servers heartbeat the new master; the fences go out.
+  proto::HeartbeatReply beat;
+  ASSERT_TRUE(ServerBeat(0, t1, &beat).ok());
+  EXPECT_EQ(beat.cluster_map_version(), 1u);
+  ASSERT_TRUE(ServerBeat(1, t1).ok());
+  const std::optional<Membership::FenceRound> round = control_->PendingFences();
+  ASSERT_TRUE(round.has_value());
+  EXPECT_THAT(round->fenced, ElementsAre(0u, 1u));
+  control_->FencesAcknowledged(*round, t1);
+  std::map<uint64_t, proto::ShardAssignment> moved;
+  for (int i = 0; i < 2; ++i) {
+    const proto::ShardAssignment shard = Assigned(w2, t1);
+    moved[shard.shard_id()] = shard;
+  }
+  ASSERT_EQ(moved.size(), 2u);
+  EXPECT_EQ(moved.at(a.shard_id()).start(), a.start() + kLineBytes);
+  EXPECT_EQ(moved.at(b.shard_id()).start(), b.start());
+}
+
+TEST_F(JobControlTest, RestoreRedoesARecoveryInProgress) {
+  StartTraining();
+  MasterSnapshot snapshot;
+  snapshot.master = control_->SaveRecord();
+  snapshot.master.set_recovering(true);
+  snapshot.train = ToRecord(TinyData().first);
+  snapshot.eval = ToRecord(TinyData().second);
+  for (uint64_t id = 0; id < control_->progress().tracker()->num_shards(); ++id) {
+    snapshot.shards[id] = control_->progress().tracker()->ToRecord(id);
+  }
+  snapshot.checkpoints[0] = *control_->checkpoints().last();
+  control_ = NewControl();
+  ASSERT_TRUE(control_->Restore(snapshot, /*resume=*/false, At(5000)).ok());
+  EXPECT_TRUE(control_->recovery().active());
+  EXPECT_TRUE(control_->recovery().rollback());
+  EXPECT_EQ(control_->RequestCheckpoint().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// --resume: a stopped job continues from its last complete checkpoint,
+// every server restoring it and every earlier worker fenced.
+TEST_F(JobControlTest, ResumeReturnsToTheLastCheckpoint) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, At(100));
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 2), At(100)).ok());
+  ASSERT_EQ(control_->RequestCheckpoint().value(), 1u);
+  control_->Tick(At(200));
+  ASSERT_TRUE(WorkerBeat(0, At(200), 1).ok());
+  ASSERT_TRUE(WorkerBeat(1, At(200), 1).ok());
+  const std::optional<JobControl::CheckpointWrite> write = control_->NextCheckpointWrite(At(200));
+  ASSERT_TRUE(write.has_value());
+  StateUpdate update;
+  const std::optional<proto::CheckpointRecord> checkpoint = control_->CheckpointWritten(
+      *write, {Part(0, 1, 1000), Part(1, 1, 2000)}, At(200), At(250), &update);
+  ASSERT_TRUE(checkpoint.has_value());
+  control_->CheckpointRecorded(*checkpoint, absl::OkStatus(), At(250));
+  Beat(At(300), {}, {0, 1});
+  ASSERT_TRUE(Commit(0, CommitOf(a, a.start() + 2 * kLineBytes, 2), At(300)).ok());
+  control_->Fail("stopped by the operator", /*stopped=*/true, At(400));
+  ASSERT_EQ(control_->progress().records_trained(), 4u);
+
+  MasterSnapshot snapshot;
+  snapshot.master = control_->SaveRecord();
+  EXPECT_TRUE(snapshot.master.stopped());
+  snapshot.train = ToRecord(TinyData().first);
+  snapshot.eval = ToRecord(TinyData().second);
+  snapshot.checkpoints[1] = *checkpoint;
+
+  control_ = NewControl();
+  Status plain = control_->Restore(snapshot, /*resume=*/false, At(5000));
+  EXPECT_EQ(plain.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plain.message(), HasSubstr("--resume"));
+
+  events_.Clear();
+  control_ = NewControl();
+  const absl::Time t1 = At(60'000);
+  ASSERT_TRUE(control_->Restore(snapshot, /*resume=*/true, t1).ok());
+  EXPECT_TRUE(control_->recovery().active());
+  EXPECT_TRUE(control_->recovery().rollback());
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kTraining);
+  EXPECT_THAT(control_->membership().fenced(), ElementsAre(0u, 1u));
+  ASSERT_EQ(events_.Count("job_resuming"), 1u);
+  EXPECT_EQ(events_.Named("job_resuming")[0]["checkpoint"], 1);
+  const uint32_t w2 = AddWorker(t1);
+  EXPECT_EQ(w2, 2u);
+  EXPECT_EQ(GetShard(w2, t1).action(), proto::GetShardReply::WAIT);
+  EXPECT_FALSE(control_->NextRestore(t1).has_value()) << "no server heard from yet";
+
+  Beat(t1, {0, 1}, {});
+  const std::optional<Membership::FenceRound> round = control_->PendingFences();
+  ASSERT_TRUE(round.has_value());
+  EXPECT_THAT(round->fenced, ElementsAre(0u, 1u));
+  control_->FencesAcknowledged(*round, t1);
+  const std::optional<Recovery::Step> step = control_->NextRestore(t1);
+  ASSERT_TRUE(step.has_value());
+  ASSERT_EQ(step->targets.size(), 2u);
+  EXPECT_EQ(step->targets[0].path, "/ckpt/ps-0/1");
+  EXPECT_EQ(step->targets[1].path, "/ckpt/ps-1/1");
+  control_->Restored(*step, {StatusOr<uint64_t>(1000), StatusOr<uint64_t>(2000)}, t1,
+                     t1 + absl::Seconds(1));
+  EXPECT_FALSE(control_->recovery().active());
+  EXPECT_EQ(control_->progress().records_trained(), 2u);
+  EXPECT_EQ(control_->progress().records_retrained(), 2u);
+  const proto::ShardAssignment again = Assigned(w2, t1 + absl::Seconds(1));
+  EXPECT_EQ(again.shard_id(), a.shard_id());
+  EXPECT_EQ(again.start(), a.start() + 2 * kLineBytes);
+}
+
+TEST_F(JobControlTest, RestoreRefusesAnotherConfigurationOrAJobThatIsOver) {
+  StartTraining();
+  MasterSnapshot snapshot;
+  snapshot.master = control_->SaveRecord();
+  snapshot.train = ToRecord(TinyData().first);
+
+  control_ = NewControl("another fingerprint");
+  EXPECT_EQ(control_->Restore(snapshot, /*resume=*/false, At(5000)).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  snapshot.master.set_phase(static_cast<uint32_t>(JobPhase::kFinished));
+  control_ = NewControl();
+  Status over = control_->Restore(snapshot, /*resume=*/false, At(5000));
+  EXPECT_EQ(over.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(over.message(), HasSubstr("is over"));
+}
+
+}  // namespace
+}  // namespace eps
