@@ -84,7 +84,7 @@ StatusOr<std::vector<std::string>> ExpandDataPaths(const std::string& spec,
   return files;
 }
 
-StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_records,
+StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_lines,
                                 const ScanProgress& progress) {
   DataSet data;
   data.files = std::move(files);
@@ -107,7 +107,7 @@ StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_r
       return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
     }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    ShardSpec current{.file = f, .begin = 0, .end = 0, .first_line = 1, .records = 0};
+    ShardSpec current{.file = f, .begin = 0, .end = 0, .first_line = 1, .lines = 0};
     uint64_t offset = 0;
     uint64_t line = 1;
     bool in_line = false;  // bytes seen since the last '\n'
@@ -132,13 +132,13 @@ StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_r
         offset += static_cast<uint64_t>(newline - p) + 1;
         p = newline + 1;
         in_line = false;
-        ++current.records;
+        ++current.lines;
         ++line;
-        if (current.records == shard_records) {
+        if (current.lines == shard_lines) {
           current.end = offset;
           data.shards.push_back(current);
-          data.records += current.records;
-          current = ShardSpec{.file = f, .begin = offset, .end = 0, .first_line = line, .records = 0};
+          data.lines += current.lines;
+          current = ShardSpec{.file = f, .begin = offset, .end = 0, .first_line = line, .lines = 0};
         }
       }
       scanned += static_cast<uint64_t>(got);
@@ -148,12 +148,43 @@ StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_r
       }
     }
     ::close(fd);
-    if (in_line) ++current.records;  // a last line without '\n'
-    if (current.records > 0) {
+    if (in_line) ++current.lines;  // a last line without '\n'
+    if (current.lines > 0) {
       current.end = offset;
       data.shards.push_back(current);
-      data.records += current.records;
+      data.lines += current.lines;
     }
+  }
+  return data;
+}
+
+proto::DataSetRecord DataSetToRecord(const DataSet& data) {
+  proto::DataSetRecord record;
+  for (const std::string& file : data.files) record.add_files(file);
+  record.set_records(data.lines);
+  record.set_bytes(data.bytes);
+  for (const ShardSpec& spec : data.shards) {
+    proto::ShardRecord* shard = record.add_shards();
+    shard->set_file(spec.file);
+    shard->set_begin(spec.begin);
+    shard->set_end(spec.end);
+    shard->set_first_line(spec.first_line);
+    shard->set_records(spec.lines);
+  }
+  return record;
+}
+
+DataSet DataSetFromRecord(const proto::DataSetRecord& record) {
+  DataSet data;
+  data.files.assign(record.files().begin(), record.files().end());
+  data.lines = record.records();
+  data.bytes = record.bytes();
+  for (const proto::ShardRecord& shard : record.shards()) {
+    data.shards.push_back(ShardSpec{.file = shard.file(),
+                                    .begin = shard.begin(),
+                                    .end = shard.end(),
+                                    .first_line = shard.first_line(),
+                                    .lines = shard.records()});
   }
   return data;
 }

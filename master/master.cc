@@ -282,7 +282,7 @@ Status Master::Impl::Persist() {
 }
 
 StatusOr<std::pair<DataSet, DataSet>> Master::Impl::ScanData() {
-  const uint64_t shard_records = static_cast<uint64_t>(options_.job.data.shard_records);
+  const uint64_t shard_lines = static_cast<uint64_t>(options_.job.data.shard_records);
   absl::Time last_report = clock_->Now();
   auto progress = [&](const char* what, uint64_t done, uint64_t total) {
     const absl::Time now = clock_->Now();
@@ -296,21 +296,21 @@ StatusOr<std::pair<DataSet, DataSet>> Master::Impl::ScanData() {
   std::pair<DataSet, DataSet> data;
   auto& [train, eval] = data;
   ASSIGN_OR_RETURN(train,
-                   CutIntoShards(train_files_, shard_records, [&](uint64_t done, uint64_t total) {
+                   CutIntoShards(train_files_, shard_lines, [&](uint64_t done, uint64_t total) {
                      return progress("data.train", done, total);
                    }));
-  if (train.records == 0) {
+  if (train.lines == 0) {
     return absl::InvalidArgumentError("data.train: the files hold no records");
   }
-  LOG(INFO) << "data.train: " << train.records << " records in " << train.files.size()
-            << " file(s), " << train.shards.size() << " shards";
+  LOG(INFO) << "data.train: " << train.lines << " lines in " << train.files.size() << " file(s), "
+            << train.shards.size() << " shards";
   if (!eval_files_.empty()) {
     ASSIGN_OR_RETURN(eval,
-                     CutIntoShards(eval_files_, shard_records, [&](uint64_t done, uint64_t total) {
+                     CutIntoShards(eval_files_, shard_lines, [&](uint64_t done, uint64_t total) {
                        return progress("data.eval", done, total);
                      }));
-    LOG(INFO) << "data.eval: " << eval.records << " records in " << eval.files.size()
-              << " file(s), " << eval.shards.size() << " shards";
+    LOG(INFO) << "data.eval: " << eval.lines << " lines in " << eval.files.size() << " file(s), "
+              << eval.shards.size() << " shards";
   }
   return data;
 }

@@ -183,6 +183,8 @@ class Membership {
 
   const std::map<uint32_t, WorkerEntry>& workers() const { return workers_; }
   const std::map<uint32_t, ServerEntry>& servers() const { return servers_; }
+  // The membership generation; `membership_epoch` on the wire, in the
+  // stored MasterRecord and in /status.
   uint64_t generation() const { return generation_; }
   uint32_t next_worker_id() const { return next_worker_id_; }
 

@@ -12,7 +12,7 @@ ShardTracker::ShardTracker(const DataSet& data, const std::vector<uint32_t>& ord
   for (const ShardSpec& spec : data.shards) {
     Shard shard;
     shard.spec = spec;
-    shard.committed = spec.begin;
+    shard.committed_offset = spec.begin;
     shard.committed_line = spec.first_line;
     shards_.push_back(shard);
   }
@@ -35,14 +35,14 @@ std::optional<ShardTracker::Assignment> ShardTracker::Assign(uint32_t worker) {
   ++doing_;
   return Assignment{.shard_id = id,
                     .spec = &shard.spec,
-                    .start = shard.committed,
-                    .start_line = shard.committed_line,
-                    .records = shard.spec.records - shard.committed_records};
+                    .committed_offset = shard.committed_offset,
+                    .committed_line = shard.committed_line,
+                    .lines = shard.spec.lines - shard.committed_lines};
 }
 
 StatusOr<ShardTracker::CommitResult> ShardTracker::Commit(uint32_t worker, uint64_t shard_id,
                                                           uint64_t begin, uint64_t end,
-                                                          uint64_t records) {
+                                                          uint64_t lines) {
   if (shard_id >= shards_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown shard ", shard_id));
   }
@@ -52,45 +52,45 @@ StatusOr<ShardTracker::CommitResult> ShardTracker::Commit(uint32_t worker, uint6
                                                    ") is outside shard ", shard_id, " [",
                                                    shard.spec.begin, ", ", shard.spec.end, ")"));
   }
-  if (begin == end && records > 0) {
-    return absl::InvalidArgumentError(absl::StrCat("commit of shard ", shard_id, " claims ",
-                                                   records, " records in an empty range"));
+  if (begin == end && lines > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("commit of shard ", shard_id, " claims ", lines, " lines in an empty range"));
   }
   // A repeat of an applied commit: acknowledge, change nothing.
-  if (end <= shard.committed) {
+  if (end <= shard.committed_offset) {
     return CommitResult::kDuplicate;
   }
   if (shard.state != State::kDoing || shard.holder != worker) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", shard_id, " is not held by worker ", worker));
   }
-  if (begin != shard.committed) {
+  if (begin != shard.committed_offset) {
     return absl::FailedPreconditionError(absl::StrCat("commit of shard ", shard_id, " starts at ",
-                                                      begin, " but its records are committed up to ",
-                                                      shard.committed));
+                                                      begin, " but its lines are committed up to ",
+                                                      shard.committed_offset));
   }
-  const uint64_t left = shard.spec.records - shard.committed_records;
-  if (records > left) {
-    return absl::InvalidArgumentError(absl::StrCat("commit of shard ", shard_id, " claims ",
-                                                   records, " records; only ", left, " are left"));
+  const uint64_t left = shard.spec.lines - shard.committed_lines;
+  if (lines > left) {
+    return absl::InvalidArgumentError(absl::StrCat("commit of shard ", shard_id, " claims ", lines,
+                                                   " lines; only ", left, " are left"));
   }
-  // Shards and commits are aligned to record starts, so a range that reaches
-  // the shard's end holds every record left, and a shorter (non-empty) one
+  // Shards and commits are aligned to line starts, so a range that reaches
+  // the shard's end holds every line left, and a shorter (non-empty) one
   // holds at least one and leaves at least one. A peer claiming otherwise
   // is answered with an error; the DONE transition below relies on it.
   const bool to_end = end == shard.spec.end;
-  if (records == 0 || (to_end ? records != left : records >= left)) {
+  if (lines == 0 || (to_end ? lines != left : lines >= left)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("commit [", begin, ", ", end, ") of shard ", shard_id, " claims ", records,
-                     " records, which does not fit the ", left, " records left in [",
-                     shard.committed, ", ", shard.spec.end, ")"));
+        absl::StrCat("commit [", begin, ", ", end, ") of shard ", shard_id, " claims ", lines,
+                     " lines, which does not fit the ", left, " lines left in [",
+                     shard.committed_offset, ", ", shard.spec.end, ")"));
   }
-  shard.committed = end;
-  shard.committed_line += records;
-  shard.committed_records += records;
-  committed_records_ += records;
+  shard.committed_offset = end;
+  shard.committed_line += lines;
+  shard.committed_lines += lines;
+  committed_lines_ += lines;
   if (end == shard.spec.end) {
-    CHECK_EQ(shard.committed_records, shard.spec.records);
+    CHECK_EQ(shard.committed_lines, shard.spec.lines);
     shard.state = State::kDone;
     --doing_;
     ++done_;
@@ -114,14 +114,14 @@ std::vector<uint64_t> ShardTracker::Release(uint32_t worker) {
   return released;
 }
 
-std::optional<uint64_t> ShardTracker::RequestSplit(uint64_t min_records) {
+std::optional<uint64_t> ShardTracker::RequestSplit(uint64_t min_lines) {
   std::optional<uint64_t> best;
   uint64_t best_left = 0;
   for (uint64_t id = 0; id < shards_.size(); ++id) {
     const Shard& shard = shards_[id];
     if (shard.state != State::kDoing || shard.split_requested) continue;
-    const uint64_t left = shard.spec.records - shard.committed_records;
-    if (left >= std::max<uint64_t>(min_records, 2) && left > best_left) {
+    const uint64_t left = shard.spec.lines - shard.committed_lines;
+    if (left >= std::max<uint64_t>(min_lines, 2) && left > best_left) {
       best = id;
       best_left = left;
     }
@@ -151,24 +151,24 @@ StatusOr<uint64_t> ShardTracker::Split(uint32_t worker, uint64_t shard_id, uint6
   if (!shard.split_requested) {
     return absl::FailedPreconditionError(absl::StrCat("no split of shard ", shard_id, " was asked"));
   }
-  const uint64_t end_line = shard.spec.first_line + shard.spec.records;
-  if (offset <= shard.committed || offset >= shard.spec.end || line <= shard.committed_line ||
-      line >= end_line) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "split of shard ", shard_id, " at byte ", offset, ", line ", line,
-        " is not strictly inside its uncommitted part (bytes ", shard.committed, "-",
-        shard.spec.end, ", lines ", shard.committed_line, "-", end_line, ")"));
+  const uint64_t end_line = shard.spec.first_line + shard.spec.lines;
+  if (offset <= shard.committed_offset || offset >= shard.spec.end ||
+      line <= shard.committed_line || line >= end_line) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split of shard ", shard_id, " at byte ", offset, ", line ", line,
+                     " is not strictly inside its uncommitted part (bytes ", shard.committed_offset,
+                     "-", shard.spec.end, ", lines ", shard.committed_line, "-", end_line, ")"));
   }
   Shard child;
   child.spec = shard.spec;
   child.spec.begin = offset;
   child.spec.first_line = line;
-  child.spec.records = end_line - line;
-  child.committed = offset;
+  child.spec.lines = end_line - line;
+  child.committed_offset = offset;
   child.committed_line = line;
   child.split_from = shard_id;
   shard.spec.end = offset;
-  shard.spec.records = line - shard.spec.first_line;
+  shard.spec.lines = line - shard.spec.first_line;
   shard.split_requested = false;
   const uint64_t child_id = shards_.size();
   shards_.push_back(child);
@@ -184,14 +184,14 @@ proto::ShardRecord ShardTracker::ToRecord(uint64_t id) const {
   record.set_begin(shard.spec.begin);
   record.set_end(shard.spec.end);
   record.set_first_line(shard.spec.first_line);
-  record.set_records(shard.spec.records);
+  record.set_records(shard.spec.lines);
   record.set_state(shard.state == State::kTodo    ? proto::SHARD_TODO
                    : shard.state == State::kDoing ? proto::SHARD_DOING
                                                   : proto::SHARD_DONE);
   record.set_holder(shard.holder);
-  record.set_committed(shard.committed);
+  record.set_committed(shard.committed_offset);
   record.set_committed_line(shard.committed_line);
-  record.set_committed_records(shard.committed_records);
+  record.set_committed_records(shard.committed_lines);
   record.set_assignments(shard.assignments);
   if (shard.split_from.has_value()) record.set_split_from(*shard.split_from);
   return record;
@@ -207,23 +207,23 @@ StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardR
                            .begin = record.begin(),
                            .end = record.end(),
                            .first_line = record.first_line(),
-                           .records = record.records()};
+                           .lines = record.records()};
     shard.holder = record.holder();
-    shard.committed = record.committed();
+    shard.committed_offset = record.committed();
     shard.committed_line = record.committed_line();
-    shard.committed_records = record.committed_records();
+    shard.committed_lines = record.committed_records();
     shard.assignments = record.assignments();
     if (record.has_split_from()) shard.split_from = record.split_from();
     // What Commit and Split maintain: the committed offset inside the
-    // range, its line number following from the records before it, and
-    // bytes and records reaching the end together.
-    if (shard.spec.begin > shard.spec.end || shard.committed < shard.spec.begin ||
-        shard.committed > shard.spec.end || shard.committed_records > shard.spec.records ||
-        shard.committed_line != shard.spec.first_line + shard.committed_records ||
-        (shard.committed == shard.spec.end) != (shard.committed_records == shard.spec.records)) {
+    // range, its line number following from the lines before it, and
+    // bytes and lines reaching the end together.
+    if (shard.spec.begin > shard.spec.end || shard.committed_offset < shard.spec.begin ||
+        shard.committed_offset > shard.spec.end || shard.committed_lines > shard.spec.lines ||
+        shard.committed_line != shard.spec.first_line + shard.committed_lines ||
+        (shard.committed_offset == shard.spec.end) != (shard.committed_lines == shard.spec.lines)) {
       return absl::DataLossError(absl::StrCat("shard record ", id, " is inconsistent"));
     }
-    if (record.state() == proto::SHARD_DONE && shard.committed != shard.spec.end) {
+    if (record.state() == proto::SHARD_DONE && shard.committed_offset != shard.spec.end) {
       return absl::DataLossError(
           absl::StrCat("shard record ", id, " is done but not committed to its end"));
     }
@@ -239,7 +239,7 @@ StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardR
         break;
       default: return absl::DataLossError(absl::StrCat("shard record ", id, " has no state"));
     }
-    tracker.committed_records_ += shard.committed_records;
+    tracker.committed_lines_ += shard.committed_lines;
     tracker.splits_ += shard.split_from.has_value();
     tracker.shards_.push_back(shard);
   }

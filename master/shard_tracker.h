@@ -7,12 +7,12 @@
 //                            from the committed offset; nothing is dropped)
 //
 // Stragglers: when TODO is empty and a worker idles, RequestSplit marks the
-// DOING shard with the most records left; its holder answers with Split at
-// a record start past what it has read, and [split, end) becomes a new
-// shard at the front of TODO. A record is in exactly one of the two.
+// DOING shard with the most lines left; its holder answers with Split at
+// a line start past what it has read, and [split, end) becomes a new
+// shard at the front of TODO. A line is in exactly one of the two.
 //
 // A commit covers [begin, end) of a shard and is accepted only from the
-// shard's holder and only when `begin` is the committed offset, so records
+// shard's holder and only when `begin` is the committed offset, so lines
 // are counted exactly once; a commit that repeats one already applied (end
 // at or below the committed offset) is acknowledged without effect.
 //
@@ -39,21 +39,23 @@ class ShardTracker {
   struct Shard {
     ShardSpec spec;
     State state = State::kTodo;
-    uint32_t holder = 0;          // valid while kDoing
-    uint64_t committed = 0;       // byte offset up to which records are committed
-    uint64_t committed_line = 1;  // line number at `committed`
-    uint64_t committed_records = 0;
-    uint32_t assignments = 0;     // times handed out
+    uint32_t holder = 0;            // valid while kDoing
+    uint64_t committed_offset = 0;  // byte offset up to which lines are committed
+    uint64_t committed_line = 1;    // line number at committed_offset
+    uint64_t committed_lines = 0;   // lines committed so far
+    uint32_t assignments = 0;       // times handed out
     bool split_requested = false;
     std::optional<uint64_t> split_from;  // parent shard of a split-off shard
   };
 
+  // Sent as ShardAssignment: committed_offset and committed_line as
+  // `start` and `start_line`, lines as `records`.
   struct Assignment {
     uint64_t shard_id = 0;
     const ShardSpec* spec = nullptr;
-    uint64_t start = 0;
-    uint64_t start_line = 0;
-    uint64_t records = 0;  // records left, from `start`
+    uint64_t committed_offset = 0;  // where the worker starts
+    uint64_t committed_line = 0;    // line number at committed_offset
+    uint64_t lines = 0;             // lines left, from committed_offset
   };
 
   enum class CommitResult { kApplied, kDuplicate };
@@ -74,32 +76,32 @@ class ShardTracker {
   // Hands the next TODO shard to `worker`; nullopt when none is left.
   std::optional<Assignment> Assign(uint32_t worker);
 
-  // Commits [begin, end) of shard `shard_id` holding `records` records.
+  // Commits [begin, end) of shard `shard_id` holding `lines` lines.
   //   kInvalidArgument: unknown shard, end outside the shard, begin > end,
-  //     or `records` that cannot be the records of [begin, end): more than
+  //     or `lines` that cannot be the lines of [begin, end): more than
   //     are left, none for a non-empty range, fewer than are left for a
   //     range reaching the shard's end, all that are left for one that
   //     does not.
   //   kFailedPrecondition: the shard is not held by `worker`, or `begin` is
   //     not the committed offset (a gap or an overlap).
   StatusOr<CommitResult> Commit(uint32_t worker, uint64_t shard_id, uint64_t begin, uint64_t end,
-                                uint64_t records);
+                                uint64_t lines);
 
   // Puts every shard `worker` holds back to TODO (at its committed offset,
   // ahead of untouched shards). Returns their ids.
   std::vector<uint64_t> Release(uint32_t worker);
 
-  // Marks the DOING shard with the most records left (at least
-  // `min_records`, not asked before) for splitting; nullopt when none
+  // Marks the DOING shard with the most lines left (at least
+  // `min_lines`, not asked before) for splitting; nullopt when none
   // qualifies.
-  std::optional<uint64_t> RequestSplit(uint64_t min_records);
+  std::optional<uint64_t> RequestSplit(uint64_t min_lines);
   // The shard `worker` holds that was asked to split, if any.
   std::optional<uint64_t> SplitRequestedOf(uint32_t worker) const;
   // Cuts [offset, end) off shard `shard_id` as a new TODO shard (front of
-  // the queue) whose first record is on line `line`; returns its id.
+  // the queue) whose first line is line `line`; returns its id.
   //   kFailedPrecondition: not held by `worker`, or no split was requested.
   //   kInvalidArgument: `offset` not strictly inside (committed, end), or
-  //     `line` leaving either part without records.
+  //     `line` leaving either part without lines.
   StatusOr<uint64_t> Split(uint32_t worker, uint64_t shard_id, uint64_t offset, uint64_t line);
 
   uint64_t num_shards() const { return shards_.size(); }
@@ -107,8 +109,8 @@ class ShardTracker {
   uint64_t doing() const { return doing_; }
   uint64_t done() const { return done_; }
   bool finished() const { return done_ == shards_.size(); }
-  // Records committed so far in this pass.
-  uint64_t committed_records() const { return committed_records_; }
+  // Lines committed so far in this pass.
+  uint64_t committed_lines() const { return committed_lines_; }
   // Shards put back to TODO because their worker died or left.
   uint64_t reassignments() const { return reassignments_; }
   // Shards split off stragglers in this pass.
@@ -120,7 +122,7 @@ class ShardTracker {
   std::deque<uint32_t> todo_;
   uint64_t doing_ = 0;
   uint64_t done_ = 0;
-  uint64_t committed_records_ = 0;
+  uint64_t committed_lines_ = 0;
   uint64_t reassignments_ = 0;
   uint64_t splits_ = 0;
 };

@@ -61,7 +61,7 @@ json StatusDocument(const JobControl& control, absl::Time now) {
   doc["shards"] = shards;
   doc["records_trained"] = progress.records_trained();
   doc["records_retrained"] = progress.records_retrained();
-  doc["records_per_epoch"] = progress.train_data().records;
+  doc["records_per_epoch"] = progress.train_data().lines;
   doc["records_per_s"] = meter.records_per_s();
   doc["eta_s"] = NullableNumber(control.EtaSeconds());
   doc["history"] = json(std::vector<json>(meter.history().begin(), meter.history().end()));

@@ -23,41 +23,6 @@ const char* JobPhaseName(JobPhase phase) {
   return "unknown";
 }
 
-namespace {
-
-proto::DataSetRecord ToRecord(const DataSet& data) {
-  proto::DataSetRecord record;
-  for (const std::string& file : data.files) record.add_files(file);
-  record.set_records(data.records);
-  record.set_bytes(data.bytes);
-  for (const ShardSpec& spec : data.shards) {
-    proto::ShardRecord* shard = record.add_shards();
-    shard->set_file(spec.file);
-    shard->set_begin(spec.begin);
-    shard->set_end(spec.end);
-    shard->set_first_line(spec.first_line);
-    shard->set_records(spec.records);
-  }
-  return record;
-}
-
-DataSet FromRecord(const proto::DataSetRecord& record) {
-  DataSet data;
-  data.files.assign(record.files().begin(), record.files().end());
-  data.records = record.records();
-  data.bytes = record.bytes();
-  for (const proto::ShardRecord& shard : record.shards()) {
-    data.shards.push_back(ShardSpec{.file = shard.file(),
-                                    .begin = shard.begin(),
-                                    .end = shard.end(),
-                                    .first_line = shard.first_line(),
-                                    .records = shard.records()});
-  }
-  return data;
-}
-
-}  // namespace
-
 TrainingProgress::TrainingProgress(const JobConfig& job, EventSink* events)
     : job_(job), events_(events) {}
 
@@ -80,7 +45,7 @@ proto::EpochLedger& TrainingProgress::Ledger(uint32_t epoch) {
   while (ledger_.size() <= epoch) {
     proto::EpochLedger entry;
     entry.set_epoch(static_cast<uint32_t>(ledger_.size()) + 1);
-    entry.set_records_expected(train_data_.records);
+    entry.set_records_expected(train_data_.lines);
     ledger_.push_back(entry);
   }
   return ledger_[epoch];
@@ -107,7 +72,7 @@ void TrainingProgress::StartEpoch(uint32_t epoch) {
   clear_pass_ = true;
   MarkAllShards();
   LOG(INFO) << "epoch " << epoch + 1 << "/" << job_.job.epochs << ": " << train_data_.shards.size()
-            << " shards, " << train_data_.records << " records";
+            << " shards, " << train_data_.lines << " lines";
   events_->Record("epoch_started", {{"epoch", epoch + 1}, {"shards", train_data_.shards.size()}});
 }
 
@@ -120,7 +85,7 @@ void TrainingProgress::StartEvaluation() {
   eval_results_.clear();
   clear_pass_ = true;
   MarkAllShards();
-  LOG(INFO) << "evaluating on " << eval_data_.records << " records (" << eval_data_.shards.size()
+  LOG(INFO) << "evaluating on " << eval_data_.lines << " lines (" << eval_data_.shards.size()
             << " shards)";
   events_->Record("evaluation_started", {{"shards", eval_data_.shards.size()}});
 }
@@ -139,12 +104,12 @@ std::optional<proto::ShardAssignment> TrainingProgress::Assign(uint32_t worker) 
   shard.set_path(data.files[assignment->spec->file]);
   shard.set_begin(assignment->spec->begin);
   shard.set_end(assignment->spec->end);
-  shard.set_start(assignment->start);
-  shard.set_start_line(assignment->start_line);
-  shard.set_records(assignment->records);
+  shard.set_start(assignment->committed_offset);
+  shard.set_start_line(assignment->committed_line);
+  shard.set_records(assignment->lines);
   VLOG(1) << "worker[" << worker << "] takes " << (eval ? "eval" : "train") << " shard "
-          << assignment->shard_id << " (" << assignment->records << " records from line "
-          << assignment->start_line << " of " << shard.path() << ")";
+          << assignment->shard_id << " (" << assignment->lines << " lines from line "
+          << assignment->committed_line << " of " << shard.path() << ")";
   return shard;
 }
 
@@ -156,11 +121,10 @@ std::optional<uint64_t> TrainingProgress::RequestSplit(uint32_t idle_worker) {
   const ShardTracker::Shard& shard = tracker_->shard(*split);
   VLOG(1) << "asking worker[" << shard.holder << "] to split shard " << *split
           << " for idle worker[" << idle_worker << "]";
-  events_->Record("split_requested",
-                  {{"shard", *split},
-                   {"holder", shard.holder},
-                   {"idle_worker", idle_worker},
-                   {"records_left", shard.spec.records - shard.committed_records}});
+  events_->Record("split_requested", {{"shard", *split},
+                                      {"holder", shard.holder},
+                                      {"idle_worker", idle_worker},
+                                      {"records_left", shard.spec.lines - shard.committed_lines}});
   return split;
 }
 
@@ -275,14 +239,13 @@ StatusOr<TrainingProgress::Split> TrainingProgress::SplitShard(
   dirty_shards_.insert(*child);
   const ShardTracker::Shard& part = tracker_->shard(*child);
   LOG(INFO) << "split shard " << request.shard_id() << " of worker[" << worker << "] at line "
-            << request.split_line() << ": " << part.spec.records << " records go to shard "
-            << *child;
+            << request.split_line() << ": " << part.spec.lines << " lines go to shard " << *child;
   events_->Record("shard_split", {{"shard", request.shard_id()},
                                   {"new_shard", *child},
                                   {"worker", worker},
                                   {"split_offset", request.split_offset()},
                                   {"split_line", request.split_line()},
-                                  {"records_moved", part.spec.records}});
+                                  {"records_moved", part.spec.lines}});
   return Split{.accepted = true, .new_shard = *child};
 }
 
@@ -297,15 +260,15 @@ void TrainingProgress::ReleaseShardsOf(uint32_t worker, const char* why,
     const ShardTracker::Shard& state = tracker_->shard(shard);
     LOG(INFO) << "shard " << shard << " back to the queue from worker[" << worker << "] (" << why
               << "), resuming at line " << state.committed_line;
-    events_->Record("shard_reassigned",
-                    {{"shard", shard},
-                     {"from_worker", worker},
-                     {"reason", why},
-                     {"resume_offset", state.committed},
-                     {"resume_line", state.committed_line},
-                     {"since_last_seen_ms", since_last_seen.has_value()
-                                                ? absl::ToDoubleMilliseconds(*since_last_seen)
-                                                : 0.0}});
+    events_->Record(
+        "shard_reassigned",
+        {{"shard", shard},
+         {"from_worker", worker},
+         {"reason", why},
+         {"resume_offset", state.committed_offset},
+         {"resume_line", state.committed_line},
+         {"since_last_seen_ms",
+          since_last_seen.has_value() ? absl::ToDoubleMilliseconds(*since_last_seen) : 0.0}});
   }
 }
 
@@ -439,14 +402,14 @@ void TrainingProgress::SaveShards(proto::CheckpointRecord* checkpoint) const {
 std::optional<uint64_t> TrainingProgress::PassLinesLeft() const {
   if (!tracker_) return std::nullopt;
   const DataSet& data = phase_ == JobPhase::kEvaluating ? eval_data_ : train_data_;
-  return data.records - std::min(data.records, tracker_->committed_records());
+  return data.lines - std::min(data.lines, tracker_->committed_lines());
 }
 
 double TrainingProgress::PassFraction() const {
   if (!tracker_) return phase_ == JobPhase::kFinished ? 1.0 : 0.0;
   const DataSet& data = phase_ == JobPhase::kEvaluating ? eval_data_ : train_data_;
-  return static_cast<double>(tracker_->committed_records()) /
-         static_cast<double>(std::max<uint64_t>(1, data.records));
+  return static_cast<double>(tracker_->committed_lines()) /
+         static_cast<double>(std::max<uint64_t>(1, data.lines));
 }
 
 std::optional<double> TrainingProgress::JobLinesLeft() const {
@@ -455,8 +418,8 @@ std::optional<double> TrainingProgress::JobLinesLeft() const {
   double left = static_cast<double>(*pass_left);
   if (phase_ != JobPhase::kEvaluating) {
     const uint32_t later_epochs = static_cast<uint32_t>(job_.job.epochs) - epoch_ - 1;
-    left += static_cast<double>(later_epochs) * static_cast<double>(train_data_.records) +
-            static_cast<double>(eval_data_.records);
+    left += static_cast<double>(later_epochs) * static_cast<double>(train_data_.lines) +
+            static_cast<double>(eval_data_.lines);
   }
   return left;
 }
@@ -485,8 +448,8 @@ void TrainingProgress::TakeChanges(StateUpdate* update) {
   if (clear_pass_) update->ClearPass();
   clear_pass_ = false;
   if (data_dirty_) {
-    update->PutDataSet(/*eval=*/false, ToRecord(train_data_));
-    update->PutDataSet(/*eval=*/true, ToRecord(eval_data_));
+    update->PutDataSet(/*eval=*/false, DataSetToRecord(train_data_));
+    update->PutDataSet(/*eval=*/true, DataSetToRecord(eval_data_));
     data_dirty_ = false;
   }
   if (tracker_) {
@@ -534,8 +497,8 @@ Status TrainingProgress::RestoreFrom(const MasterSnapshot& snapshot) {
   RestoreCounts(record);
   const JobPhase phase = static_cast<JobPhase>(record.phase());
   if (phase == JobPhase::kScanning) return absl::OkStatus();  // nothing handed out: scan again
-  train_data_ = FromRecord(snapshot.train);
-  eval_data_ = FromRecord(snapshot.eval);
+  train_data_ = DataSetFromRecord(snapshot.train);
+  eval_data_ = DataSetFromRecord(snapshot.eval);
   data_ready_ = true;
   phase_ = phase;
   std::vector<proto::ShardRecord> shards;
@@ -554,8 +517,8 @@ Status TrainingProgress::RestoreFrom(const MasterSnapshot& snapshot) {
 void TrainingProgress::RestoreForResume(const MasterSnapshot& snapshot,
                                         const proto::CheckpointRecord& checkpoint) {
   RestoreCounts(snapshot.master);
-  train_data_ = FromRecord(snapshot.train);
-  eval_data_ = FromRecord(snapshot.eval);
+  train_data_ = DataSetFromRecord(snapshot.train);
+  eval_data_ = DataSetFromRecord(snapshot.eval);
   data_ready_ = true;
   phase_ = static_cast<JobPhase>(checkpoint.master().phase());
   epoch_ = checkpoint.master().epoch();

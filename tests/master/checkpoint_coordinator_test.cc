@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "master/state_store.h"
 #include "proto/eps.pb.h"
-#include "tests/master/state_update_peek.h"
+#include "tests/master/unit_testing.h"
 #include "tests/testing/recording_events.h"
 
 namespace eps {
@@ -27,7 +27,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 constexpr int64_t kIntervalS = 60;
-constexpr int64_t kLeaseMs = 1000;
 const absl::Duration kInterval = absl::Seconds(kIntervalS);
 const absl::Duration kPatience = absl::Milliseconds(2 * kLeaseMs);
 
@@ -35,10 +34,7 @@ proto::CheckpointRecord Record(uint64_t id, uint64_t records_trained = 0) {
   proto::CheckpointRecord record;
   record.set_id(id);
   record.mutable_master()->set_records_trained(records_trained);
-  proto::ServerCheckpoint* part = record.add_servers();
-  part->set_server_id(0);
-  part->set_path("/ckpt/ps-0/" + std::to_string(id));
-  part->set_bytes(100);
+  *record.add_servers() = Part(0, id, /*bytes=*/100);
   record.set_bytes(100);
   record.set_pause_ms(500);
   return record;

@@ -1,5 +1,5 @@
-// Tests master/data_set.h: expanding data paths and cutting files into
-// shards of whole records.
+// Tests master/data_set.h: expanding data paths, cutting files into
+// shards of whole lines, and the stored form of a data set.
 
 #include "master/data_set.h"
 
@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/eps.pb.h"
 
 namespace eps {
 namespace {
@@ -68,7 +69,7 @@ class DataSetTest : public ::testing::Test {
 // Checks the invariants every cut must hold: per file, shards tile the
 // file, start on line boundaries with the right line numbers and hold the
 // lines they claim.
-void ExpectShardsTileFiles(const DataSet& data, uint64_t shard_records) {
+void ExpectShardsTileFiles(const DataSet& data, uint64_t shard_lines) {
   uint64_t total = 0;
   for (uint32_t f = 0; f < data.files.size(); ++f) {
     std::ifstream in(data.files[f], std::ios::binary);
@@ -89,15 +90,15 @@ void ExpectShardsTileFiles(const DataSet& data, uint64_t shard_records) {
       uint64_t lines = 0;
       for (char c : piece) lines += c == '\n';
       if (piece.back() != '\n') ++lines;
-      EXPECT_EQ(lines, shard.records);
-      EXPECT_LE(shard.records, shard_records);
+      EXPECT_EQ(lines, shard.lines);
+      EXPECT_LE(shard.lines, shard_lines);
       expected_begin = shard.end;
-      expected_line += shard.records;
-      total += shard.records;
+      expected_line += shard.lines;
+      total += shard.lines;
     }
     EXPECT_EQ(joined, text) << "shards of " << data.files[f] << " do not cover it";
   }
-  EXPECT_EQ(total, data.records);
+  EXPECT_EQ(total, data.lines);
 }
 
 TEST_F(DataSetTest, CutsEveryNLinesWhenNDividesTheCount) {
@@ -105,12 +106,12 @@ TEST_F(DataSetTest, CutsEveryNLinesWhenNDividesTheCount) {
   StatusOr<DataSet> data = CutIntoShards({path}, 4);
   ASSERT_TRUE(data.ok()) << data.status();
   ASSERT_EQ(data->shards.size(), 3u);
-  EXPECT_EQ(data->records, 12u);
+  EXPECT_EQ(data->lines, 12u);
   EXPECT_EQ(data->bytes, ReadAll(path).size());
   EXPECT_EQ(data->shards[0].first_line, 1u);
   EXPECT_EQ(data->shards[1].first_line, 5u);
   EXPECT_EQ(data->shards[2].first_line, 9u);
-  for (const ShardSpec& shard : data->shards) EXPECT_EQ(shard.records, 4u);
+  for (const ShardSpec& shard : data->shards) EXPECT_EQ(shard.lines, 4u);
   ExpectShardsTileFiles(*data, 4);
 }
 
@@ -119,7 +120,7 @@ TEST_F(DataSetTest, LastShardIsShorterWhenNDoesNotDivide) {
   StatusOr<DataSet> data = CutIntoShards({path}, 4);
   ASSERT_TRUE(data.ok()) << data.status();
   ASSERT_EQ(data->shards.size(), 3u);
-  EXPECT_EQ(data->shards[2].records, 2u);
+  EXPECT_EQ(data->shards[2].lines, 2u);
   EXPECT_EQ(data->shards[2].first_line, 9u);
   EXPECT_EQ(data->shards[2].end, ReadAll(path).size());
   ExpectShardsTileFiles(*data, 4);
@@ -129,9 +130,9 @@ TEST_F(DataSetTest, LastLineWithoutNewlineIsARecord) {
   const std::string path = Write("a.txt", Lines(9, /*final_newline=*/false));
   StatusOr<DataSet> data = CutIntoShards({path}, 4);
   ASSERT_TRUE(data.ok()) << data.status();
-  EXPECT_EQ(data->records, 9u);
+  EXPECT_EQ(data->lines, 9u);
   ASSERT_EQ(data->shards.size(), 3u);
-  EXPECT_EQ(data->shards[2].records, 1u);
+  EXPECT_EQ(data->shards[2].lines, 1u);
   EXPECT_EQ(data->shards[2].end, ReadAll(path).size());
   ExpectShardsTileFiles(*data, 4);
 
@@ -140,7 +141,7 @@ TEST_F(DataSetTest, LastLineWithoutNewlineIsARecord) {
   StatusOr<DataSet> whole = CutIntoShards({four}, 4);
   ASSERT_TRUE(whole.ok()) << whole.status();
   ASSERT_EQ(whole->shards.size(), 1u);
-  EXPECT_EQ(whole->shards[0].records, 4u);
+  EXPECT_EQ(whole->shards[0].lines, 4u);
 }
 
 TEST_F(DataSetTest, EmptyFileGivesNoShards) {
@@ -148,7 +149,7 @@ TEST_F(DataSetTest, EmptyFileGivesNoShards) {
   StatusOr<DataSet> data = CutIntoShards({empty}, 4);
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_THAT(data->shards, IsEmpty());
-  EXPECT_EQ(data->records, 0u);
+  EXPECT_EQ(data->lines, 0u);
 }
 
 TEST_F(DataSetTest, ShardsNeverSpanFiles) {
@@ -158,17 +159,17 @@ TEST_F(DataSetTest, ShardsNeverSpanFiles) {
   const std::string d = Write("d.txt", Lines(8));
   StatusOr<DataSet> data = CutIntoShards({a, empty, c, d}, 4);
   ASSERT_TRUE(data.ok()) << data.status();
-  EXPECT_EQ(data->records, 16u);
+  EXPECT_EQ(data->lines, 16u);
   std::vector<uint32_t> files;
-  std::vector<uint64_t> records;
+  std::vector<uint64_t> lines;
   std::vector<uint64_t> first_lines;
   for (const ShardSpec& shard : data->shards) {
     files.push_back(shard.file);
-    records.push_back(shard.records);
+    lines.push_back(shard.lines);
     first_lines.push_back(shard.first_line);
   }
   EXPECT_THAT(files, ElementsAre(0, 0, 2, 3, 3));
-  EXPECT_THAT(records, ElementsAre(4, 1, 3, 4, 4));
+  EXPECT_THAT(lines, ElementsAre(4, 1, 3, 4, 4));
   EXPECT_THAT(first_lines, ElementsAre(1, 5, 1, 1, 5));
   ExpectShardsTileFiles(*data, 4);
 }
@@ -292,6 +293,40 @@ TEST_F(DataSetTest, EmptyDirectoryIsNotFound) {
 
 TEST_F(DataSetTest, EmptySpecIsNotFound) {
   EXPECT_EQ(ExpandDataPaths(" , ", "data.train").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Lines are stored in the records' `records` fields.
+TEST_F(DataSetTest, StoredRecordHoldsTheCutAndReadsBackTheSame) {
+  const std::string a = Write("a.txt", Lines(5));
+  const std::string b = Write("b.txt", Lines(3, /*final_newline=*/false));
+  StatusOr<DataSet> data = CutIntoShards({a, b}, 4);
+  ASSERT_TRUE(data.ok()) << data.status();
+
+  const proto::DataSetRecord record = DataSetToRecord(*data);
+  EXPECT_THAT(record.files(), ElementsAre(a, b));
+  EXPECT_EQ(record.records(), 8u);
+  EXPECT_EQ(record.bytes(), data->bytes);
+  ASSERT_EQ(record.shards_size(), 3);
+  EXPECT_EQ(record.shards(1).file(), 0u);
+  EXPECT_EQ(record.shards(1).begin(), data->shards[1].begin);
+  EXPECT_EQ(record.shards(1).end(), data->shards[1].end);
+  EXPECT_EQ(record.shards(1).first_line(), 5u);
+  EXPECT_EQ(record.shards(1).records(), 1u);
+  EXPECT_EQ(record.shards(2).file(), 1u);
+  EXPECT_EQ(record.shards(2).records(), 3u);
+
+  const DataSet back = DataSetFromRecord(record);
+  EXPECT_EQ(back.files, data->files);
+  EXPECT_EQ(back.lines, data->lines);
+  EXPECT_EQ(back.bytes, data->bytes);
+  ASSERT_EQ(back.shards.size(), data->shards.size());
+  for (size_t i = 0; i < back.shards.size(); ++i) {
+    EXPECT_EQ(back.shards[i].file, data->shards[i].file) << i;
+    EXPECT_EQ(back.shards[i].begin, data->shards[i].begin) << i;
+    EXPECT_EQ(back.shards[i].end, data->shards[i].end) << i;
+    EXPECT_EQ(back.shards[i].first_line, data->shards[i].first_line) << i;
+    EXPECT_EQ(back.shards[i].lines, data->shards[i].lines) << i;
+  }
 }
 
 }  // namespace

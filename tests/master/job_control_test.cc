@@ -20,8 +20,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "core/job_config.h"
 #include "gmock/gmock.h"
@@ -32,7 +32,7 @@
 #include "master/training_progress.h"
 #include "proto/eps.pb.h"
 #include "rpc/message.h"
-#include "tests/master/state_update_peek.h"
+#include "tests/master/unit_testing.h"
 #include "tests/testing/recording_events.h"
 
 namespace eps {
@@ -44,81 +44,12 @@ using ::testing::IsEmpty;
 using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
 
-constexpr int64_t kLeaseMs = 1000;
-constexpr uint64_t kLineBytes = 10;
 constexpr char kFingerprint[] = "fingerprint of the tiny job";
 constexpr char kDataDir[] = "/nonexistent/eps-master";
-
-// One file of 10-byte lines cut into shards of `records` lines each.
-DataSet MakeData(const std::string& file, const std::vector<uint64_t>& records) {
-  DataSet data;
-  data.files = {file};
-  uint64_t offset = 0;
-  uint64_t line = 1;
-  for (uint64_t n : records) {
-    data.shards.push_back(ShardSpec{
-        .file = 0, .begin = offset, .end = offset + n * kLineBytes, .first_line = line,
-        .records = n});
-    offset += n * kLineBytes;
-    line += n;
-    data.records += n;
-  }
-  data.bytes = offset;
-  return data;
-}
 
 // The training data: shards of 4, 4 and 2 lines; no eval data.
 std::pair<DataSet, DataSet> TinyData() {
   return {MakeData("/data/train-0", {4, 4, 2}), DataSet()};
-}
-
-proto::DataSetRecord ToRecord(const DataSet& data) {
-  proto::DataSetRecord record;
-  for (const std::string& file : data.files) record.add_files(file);
-  record.set_records(data.records);
-  record.set_bytes(data.bytes);
-  for (const ShardSpec& spec : data.shards) {
-    proto::ShardRecord* shard = record.add_shards();
-    shard->set_file(spec.file);
-    shard->set_begin(spec.begin);
-    shard->set_end(spec.end);
-    shard->set_first_line(spec.first_line);
-    shard->set_records(spec.records);
-  }
-  return record;
-}
-
-std::string Endpoint(int port) { return absl::StrCat("tcp://127.0.0.1:", port); }
-
-proto::NodeId Node(proto::Role role, uint32_t id) {
-  proto::NodeId node;
-  node.set_role(role);
-  node.set_id(id);
-  return node;
-}
-proto::NodeId WorkerNode(uint32_t id) { return Node(proto::ROLE_WORKER, id); }
-proto::NodeId ServerNode(uint32_t id) { return Node(proto::ROLE_SERVER, id); }
-
-// `lines` lines of the assigned shard from byte `begin`.
-proto::CommitProgressRequest CommitOf(const proto::ShardAssignment& shard, uint64_t begin,
-                                      uint64_t lines) {
-  proto::CommitProgressRequest commit;
-  commit.set_shard_id(shard.shard_id());
-  commit.set_epoch(shard.epoch());
-  commit.set_phase(shard.phase());
-  commit.set_begin_offset(begin);
-  commit.set_end_offset(begin + lines * kLineBytes);
-  commit.set_lines(lines);
-  commit.set_loss_sum(0.5 * static_cast<double>(lines));
-  return commit;
-}
-
-proto::ServerCheckpoint Part(uint32_t slot, uint64_t id, uint64_t bytes) {
-  proto::ServerCheckpoint part;
-  part.set_server_id(slot);
-  part.set_path(absl::StrCat("/ckpt/ps-", slot, "/", id));
-  part.set_bytes(bytes);
-  return part;
 }
 
 // The state a StateStore would hold after writing each update in turn
@@ -160,7 +91,6 @@ class FakeStore {
     return snapshot;
   }
 
-
  private:
   std::map<std::string, std::string> kv_;
 };
@@ -171,9 +101,7 @@ class JobControlTest : public ::testing::Test {
     job_.job.name = "tiny";
     job_.job.epochs = 1;
     job_.job.progress_interval_s = 10;
-    job_.ps.num_servers = 2;
     job_.master.heartbeat_ms = 100;
-    job_.master.lease_ms = kLeaseMs;
     job_.checkpoint.interval_s = 60;
     job_.checkpoint.keep = 3;
     job_.worker.batch_size = 2;
@@ -192,12 +120,8 @@ class JobControlTest : public ::testing::Test {
 
   Status RegisterServer(int port, uint32_t pid, std::optional<uint32_t> stored, absl::Time now,
                         proto::RegisterServerReply* reply = nullptr) {
-    proto::RegisterServerRequest request;
-    request.set_endpoint(Endpoint(port));
-    request.set_hostname("ps-host");
-    request.set_pid(pid);
+    proto::RegisterServerRequest request = ServerRequest(port, pid, stored);
     if (stored.has_value()) {
-      request.set_stored_server_id(*stored);
       request.set_stored_job(absl::StrCat(control_->job_spec().job_id(), " tiny"));
     }
     proto::RegisterServerReply ignored;
@@ -205,12 +129,8 @@ class JobControlTest : public ::testing::Test {
   }
 
   uint32_t AddWorker(absl::Time now) {
-    proto::RegisterWorkerRequest request;
-    request.set_hostname("worker-host");
-    request.set_pid(300);
-    request.set_device("cpu");
     proto::RegisterWorkerReply reply;
-    Status status = control_->RegisterWorker(request, now, &reply);
+    Status status = control_->RegisterWorker(WorkerRequest(/*pid=*/300), now, &reply);
     EXPECT_TRUE(status.ok()) << status;
     return reply.worker_id();
   }
@@ -275,6 +195,42 @@ class JobControlTest : public ::testing::Test {
     return control_->progress().tracker()->shard(id);
   }
 
+  // Checkpoint `id`: requested and started at `now`, both workers paused,
+  // written by both servers (1000 and 2000 bytes) and recorded 50 ms later.
+  void RecordCheckpoint(uint64_t id, absl::Time now, proto::CheckpointRecord* recorded) {
+    ASSERT_EQ(control_->RequestCheckpoint().value(), id);
+    control_->Tick(now);
+    ASSERT_TRUE(WorkerBeat(0, now, /*paused_for=*/id).ok());
+    ASSERT_TRUE(WorkerBeat(1, now, /*paused_for=*/id).ok());
+    const std::optional<JobControl::CheckpointWrite> write = control_->NextCheckpointWrite(now);
+    ASSERT_TRUE(write.has_value());
+    const absl::Time written = now + absl::Milliseconds(50);
+    StateUpdate update;
+    const std::optional<proto::CheckpointRecord> record = control_->CheckpointWritten(
+        *write, {Part(0, id, 1000), Part(1, id, 2000)}, now, written, &update);
+    ASSERT_TRUE(record.has_value());
+    EXPECT_THAT(PeekUpdate(update).put_keys, ElementsAre(CheckpointKey(id)));
+    control_->CheckpointRecorded(*record, absl::OkStatus(), written);
+    ASSERT_EQ(control_->checkpoints().last()->id(), id);
+    *recorded = *record;
+  }
+
+  // What the store holds for the job now: the master record, the data
+  // sets, the pass's shards and the last checkpoint.
+  MasterSnapshot Snapshot() const {
+    MasterSnapshot snapshot;
+    snapshot.master = control_->SaveRecord();
+    snapshot.train = DataSetToRecord(TinyData().first);
+    snapshot.eval = DataSetToRecord(TinyData().second);
+    const ShardTracker* tracker = control_->progress().tracker();
+    for (uint64_t id = 0; id < tracker->num_shards(); ++id) {
+      snapshot.shards[id] = tracker->ToRecord(id);
+    }
+    const proto::CheckpointRecord& last = *control_->checkpoints().last();
+    snapshot.checkpoints[last.id()] = last;
+    return snapshot;
+  }
+
   PeekedUpdate Take(bool* ended = nullptr) {
     StateUpdate update;
     const bool job_ended = control_->TakeChanges(&update);
@@ -283,7 +239,7 @@ class JobControlTest : public ::testing::Test {
   }
 
   const absl::Time t0_ = absl::FromUnixSeconds(1'700'000'000);
-  JobConfig job_;
+  JobConfig job_ = TwoServerJob();
   RecordingEvents events_;
   std::unique_ptr<JobControl> control_;
 };
@@ -571,22 +527,10 @@ TEST_F(JobControlTest, RecoveryDuringACheckpointRoundRollsBack) {
   ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 2), At(100)).ok());
 
   // Checkpoint 1: two lines trained, shard a half done by worker 0.
-  ASSERT_EQ(control_->RequestCheckpoint().value(), 1u);
-  control_->Tick(At(200));
-  ASSERT_TRUE(WorkerBeat(0, At(200), 1).ok());
-  ASSERT_TRUE(WorkerBeat(1, At(200), 1).ok());
-  const std::optional<JobControl::CheckpointWrite> write = control_->NextCheckpointWrite(At(200));
-  ASSERT_TRUE(write.has_value());
-  std::vector<StatusOr<proto::ServerCheckpoint>> parts = {Part(0, 1, 1000), Part(1, 1, 2000)};
-  StateUpdate update;
-  std::optional<proto::CheckpointRecord> record =
-      control_->CheckpointWritten(*write, std::move(parts), At(200), At(250), &update);
-  ASSERT_TRUE(record.has_value());
-  EXPECT_EQ(record->master().records_trained(), 2u);
-  EXPECT_EQ(record->bytes(), 3000u);
-  EXPECT_THAT(PeekUpdate(update).put_keys, ElementsAre(CheckpointKey(1)));
-  control_->CheckpointRecorded(*record, absl::OkStatus(), At(250));
-  ASSERT_EQ(control_->checkpoints().last()->id(), 1u);
+  proto::CheckpointRecord record;
+  ASSERT_NO_FATAL_FAILURE(RecordCheckpoint(1, At(200), &record));
+  EXPECT_EQ(record.master().records_trained(), 2u);
+  EXPECT_EQ(record.bytes(), 3000u);
   EXPECT_EQ(control_->checkpoints().written(), 1u);
 
   // Training goes on: worker 0 finishes a and starts c, worker 1 starts b.
@@ -669,7 +613,7 @@ TEST_F(JobControlTest, RecoveryDuringACheckpointRoundRollsBack) {
   EXPECT_FALSE(control_->recovery().active());
   EXPECT_EQ(control_->progress().records_trained(), 2u);
   EXPECT_EQ(control_->progress().records_retrained(), 4u);
-  EXPECT_EQ(control_->progress().tracker()->committed_records(), 2u);
+  EXPECT_EQ(control_->progress().tracker()->committed_lines(), 2u);
   const nlohmann::json& last = control_->recovery().last();
   EXPECT_EQ(last["mode"], "rollback");
   EXPECT_EQ(last["checkpoint"], 1);
@@ -752,7 +696,7 @@ TEST_F(JobControlTest, CommitFromAFencedWorkerIsRefused) {
   EXPECT_FALSE(reply.applied());
   EXPECT_EQ(control_->progress().records_trained(), 1u);
   EXPECT_EQ(control_->progress().ledger()[0].lines_committed(), 1u);
-  EXPECT_EQ(ShardState(a.shard_id()).committed, a.start() + kLineBytes);
+  EXPECT_EQ(ShardState(a.shard_id()).committed_offset, a.start() + kLineBytes);
   EXPECT_EQ(control_->membership().workers().at(0).records, 1u);
   Status beat = WorkerBeat(0, At(1200));
   EXPECT_EQ(ReasonOf(beat), proto::FENCED);
@@ -870,7 +814,7 @@ TEST_F(JobControlTest, ARestartFromThePersistedChangesContinuesTheJob) {
   control_ = NewControl();
   ASSERT_TRUE(control_->Restore(snapshot, /*resume=*/false, At(5000)).ok());
   EXPECT_EQ(control_->progress().records_trained(), 3u);
-  EXPECT_EQ(ShardState(a.shard_id()).committed, a.start() + 3 * kLineBytes);
+  EXPECT_EQ(ShardState(a.shard_id()).committed_offset, a.start() + 3 * kLineBytes);
   EXPECT_EQ(control_->checkpoints().last()->id(), 0u);
   EXPECT_THAT(control_->membership().fenced(), ElementsAre(0u));
 }
@@ -883,14 +827,8 @@ TEST_F(JobControlTest, RestoreContinuesWhereItWasWithTheHoldersFenced) {
   ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 1), At(100)).ok());
   const proto::ShardAssignment b = Assigned(1, At(100));
 
-  MasterSnapshot snapshot;
-  snapshot.master = control_->SaveRecord();
-  snapshot.train = ToRecord(TinyData().first);
-  snapshot.eval = ToRecord(TinyData().second);
-  for (uint64_t id = 0; id < control_->progress().tracker()->num_shards(); ++id) {
-    snapshot.shards[id] = control_->progress().tracker()->ToRecord(id);
-  }
-  snapshot.checkpoints[0] = *control_->checkpoints().last();
+  const MasterSnapshot snapshot = Snapshot();
+  ASSERT_TRUE(snapshot.checkpoints.contains(0));
 
   events_.Clear();
   control_ = NewControl();
@@ -939,15 +877,8 @@ TEST_F(JobControlTest, RestoreContinuesWhereItWasWithTheHoldersFenced) {
 
 TEST_F(JobControlTest, RestoreRedoesARecoveryInProgress) {
   StartTraining();
-  MasterSnapshot snapshot;
-  snapshot.master = control_->SaveRecord();
+  MasterSnapshot snapshot = Snapshot();
   snapshot.master.set_recovering(true);
-  snapshot.train = ToRecord(TinyData().first);
-  snapshot.eval = ToRecord(TinyData().second);
-  for (uint64_t id = 0; id < control_->progress().tracker()->num_shards(); ++id) {
-    snapshot.shards[id] = control_->progress().tracker()->ToRecord(id);
-  }
-  snapshot.checkpoints[0] = *control_->checkpoints().last();
   control_ = NewControl();
   ASSERT_TRUE(control_->Restore(snapshot, /*resume=*/false, At(5000)).ok());
   EXPECT_TRUE(control_->recovery().active());
@@ -961,17 +892,8 @@ TEST_F(JobControlTest, ResumeReturnsToTheLastCheckpoint) {
   StartTraining();
   const proto::ShardAssignment a = Assigned(0, At(100));
   ASSERT_TRUE(Commit(0, CommitOf(a, a.start(), 2), At(100)).ok());
-  ASSERT_EQ(control_->RequestCheckpoint().value(), 1u);
-  control_->Tick(At(200));
-  ASSERT_TRUE(WorkerBeat(0, At(200), 1).ok());
-  ASSERT_TRUE(WorkerBeat(1, At(200), 1).ok());
-  const std::optional<JobControl::CheckpointWrite> write = control_->NextCheckpointWrite(At(200));
-  ASSERT_TRUE(write.has_value());
-  StateUpdate update;
-  const std::optional<proto::CheckpointRecord> checkpoint = control_->CheckpointWritten(
-      *write, {Part(0, 1, 1000), Part(1, 1, 2000)}, At(200), At(250), &update);
-  ASSERT_TRUE(checkpoint.has_value());
-  control_->CheckpointRecorded(*checkpoint, absl::OkStatus(), At(250));
+  proto::CheckpointRecord checkpoint;
+  ASSERT_NO_FATAL_FAILURE(RecordCheckpoint(1, At(200), &checkpoint));
   Beat(At(300), {}, {0, 1});
   ASSERT_TRUE(Commit(0, CommitOf(a, a.start() + 2 * kLineBytes, 2), At(300)).ok());
   control_->Fail("stopped by the operator", /*stopped=*/true, At(400));
@@ -980,9 +902,9 @@ TEST_F(JobControlTest, ResumeReturnsToTheLastCheckpoint) {
   MasterSnapshot snapshot;
   snapshot.master = control_->SaveRecord();
   EXPECT_TRUE(snapshot.master.stopped());
-  snapshot.train = ToRecord(TinyData().first);
-  snapshot.eval = ToRecord(TinyData().second);
-  snapshot.checkpoints[1] = *checkpoint;
+  snapshot.train = DataSetToRecord(TinyData().first);
+  snapshot.eval = DataSetToRecord(TinyData().second);
+  snapshot.checkpoints[1] = checkpoint;
 
   control_ = NewControl();
   Status plain = control_->Restore(snapshot, /*resume=*/false, At(5000));
@@ -1028,7 +950,7 @@ TEST_F(JobControlTest, RestoreRefusesAnotherConfigurationOrAJobThatIsOver) {
   StartTraining();
   MasterSnapshot snapshot;
   snapshot.master = control_->SaveRecord();
-  snapshot.train = ToRecord(TinyData().first);
+  snapshot.train = DataSetToRecord(TinyData().first);
 
   control_ = NewControl("another fingerprint");
   EXPECT_EQ(control_->Restore(snapshot, /*resume=*/false, At(5000)).code(),

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "proto/eps.pb.h"
 #include "rpc/message.h"
+#include "tests/master/unit_testing.h"
 #include "tests/testing/recording_events.h"
 
 namespace eps {
@@ -26,41 +27,10 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Pair;
 
-constexpr int64_t kLeaseMs = 1000;
 const absl::Duration kLease = absl::Milliseconds(kLeaseMs);
-
-proto::RegisterServerRequest ServerRequest(int port, uint32_t pid,
-                                           std::optional<uint32_t> stored_slot = std::nullopt) {
-  proto::RegisterServerRequest request;
-  request.set_endpoint("tcp://127.0.0.1:" + std::to_string(port));
-  request.set_hostname("ps-host");
-  request.set_pid(pid);
-  if (stored_slot.has_value()) request.set_stored_server_id(*stored_slot);
-  return request;
-}
-
-proto::RegisterWorkerRequest WorkerRequest(uint32_t pid) {
-  proto::RegisterWorkerRequest request;
-  request.set_hostname("worker-host");
-  request.set_pid(pid);
-  request.set_device("cpu");
-  return request;
-}
-
-proto::NodeId WorkerNode(uint32_t id) {
-  proto::NodeId node;
-  node.set_role(proto::ROLE_WORKER);
-  node.set_id(id);
-  return node;
-}
 
 class MembershipTest : public ::testing::Test {
  protected:
-  MembershipTest() {
-    job_.ps.num_servers = 2;
-    job_.master.lease_ms = kLeaseMs;
-  }
-
   // ClaimSlot then AdmitServer, as RegisterServer does. Returns the slot.
   uint32_t Register(const proto::RegisterServerRequest& request, absl::Time now) {
     StatusOr<Membership::Claim> claim = members_.ClaimSlot(request);
@@ -83,7 +53,7 @@ class MembershipTest : public ::testing::Test {
   }
 
   const absl::Time t0_ = absl::FromUnixSeconds(1'700'000'000);
-  JobConfig job_;
+  const JobConfig job_ = TwoServerJob();
   RecordingEvents events_;
   Membership members_{job_, &events_};
 };

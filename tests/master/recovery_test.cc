@@ -19,6 +19,7 @@
 #include "master/membership.h"
 #include "proto/eps.pb.h"
 #include "rpc/message.h"
+#include "tests/master/unit_testing.h"
 #include "tests/testing/recording_events.h"
 
 namespace eps {
@@ -40,28 +41,13 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr int64_t kLeaseMs = 1000;
 const absl::Duration kLogEvery = absl::Seconds(10);
-
-proto::RegisterServerRequest ServerRequest(int port, uint32_t pid,
-                                           std::optional<uint32_t> stored_slot = std::nullopt) {
-  proto::RegisterServerRequest request;
-  request.set_endpoint("tcp://127.0.0.1:" + std::to_string(port));
-  request.set_hostname("ps-host");
-  request.set_pid(pid);
-  if (stored_slot.has_value()) request.set_stored_server_id(*stored_slot);
-  return request;
-}
 
 // Checkpoint `id` with a part for each of `slots`.
 proto::CheckpointRecord Checkpoint(uint64_t id, const std::vector<uint32_t>& slots) {
   proto::CheckpointRecord checkpoint;
   checkpoint.set_id(id);
-  for (uint32_t slot : slots) {
-    proto::ServerCheckpoint* part = checkpoint.add_servers();
-    part->set_server_id(slot);
-    part->set_path("/ckpt/ps-" + std::to_string(slot) + "/" + std::to_string(id));
-  }
+  for (uint32_t slot : slots) *checkpoint.add_servers() = Part(slot, id);
   return checkpoint;
 }
 
@@ -77,8 +63,6 @@ std::vector<std::string> Targets(const Recovery::Step& step) {
 class RecoveryTest : public ::testing::Test {
  protected:
   RecoveryTest() {
-    job_.ps.num_servers = 2;
-    job_.master.lease_ms = kLeaseMs;
     // Two servers at ports 5000 and 5001, placed at t0.
     for (int slot = 0; slot < 2; ++slot) {
       const proto::RegisterServerRequest request = ServerRequest(5000 + slot, 100 + slot);
@@ -118,6 +102,17 @@ class RecoveryTest : public ::testing::Test {
     members_.FenceAllAlive(now, "ps[1] lost");
   }
 
+  // Slot 1 lost, a recovery started at once, the slot refilled a second
+  // later and the fences acknowledged: ready to restore. Returns when slot 1
+  // was lost.
+  absl::Time ReadyToRestore(bool rollback) {
+    const absl::Time lost = LoseSlotOne();
+    recovery_.Start("ps[1] lost", rollback, 1, lost);
+    RefillSlotOne(lost + absl::Seconds(1));
+    AcknowledgeFences();
+    return lost;
+  }
+
   // Every server acknowledges the fence list, if there is one to send.
   void AcknowledgeFences() {
     if (std::optional<Membership::FenceRound> round = members_.PendingFences(); round) {
@@ -127,7 +122,7 @@ class RecoveryTest : public ::testing::Test {
   }
 
   const absl::Time t0_ = absl::FromUnixSeconds(1'700'000'000);
-  JobConfig job_;
+  const JobConfig job_ = TwoServerJob();
   RecordingEvents events_;
   Membership members_{job_, &events_};
   Recovery recovery_;
@@ -201,10 +196,7 @@ TEST_F(RecoveryTest, NextWaitsForPendingFences) {
 }
 
 TEST_F(RecoveryTest, RollbackRestoresEverySlot) {
-  const absl::Time lost = LoseSlotOne();
-  recovery_.Start("ps[1] lost", /*rollback=*/true, 1, lost);
-  RefillSlotOne(lost + absl::Seconds(1));
-  AcknowledgeFences();
+  const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   Recovery::Step step =
       recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
@@ -213,10 +205,7 @@ TEST_F(RecoveryTest, RollbackRestoresEverySlot) {
 }
 
 TEST_F(RecoveryTest, ContinueRestoresOnlyTheLostSlots) {
-  const absl::Time lost = LoseSlotOne();
-  recovery_.Start("ps[1] lost", /*rollback=*/false, 1, lost);
-  RefillSlotOne(lost + absl::Seconds(1));
-  AcknowledgeFences();
+  const absl::Time lost = ReadyToRestore(/*rollback=*/false);
   const proto::CheckpointRecord checkpoint = Checkpoint(3, {0, 1});
   Recovery::Step step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
@@ -235,10 +224,7 @@ TEST_F(RecoveryTest, ContinueRestoresOnlyTheLostSlots) {
 // FAILS at the time of writing: Restored judges only the step's targets
 // (see the report).
 TEST_F(RecoveryTest, ContinueIsNotDoneWhileASlotLostMeanwhileHasNotRestored) {
-  const absl::Time lost = LoseSlotOne();
-  recovery_.Start("ps[1] lost", /*rollback=*/false, 1, lost);
-  RefillSlotOne(lost + absl::Seconds(1));
-  AcknowledgeFences();
+  const absl::Time lost = ReadyToRestore(/*rollback=*/false);
   const Recovery::Step step =
       recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
@@ -258,10 +244,7 @@ TEST_F(RecoveryTest, ContinueIsNotDoneWhileASlotLostMeanwhileHasNotRestored) {
 }
 
 TEST_F(RecoveryTest, CheckpointZeroEmptiesTheServers) {
-  const absl::Time lost = LoseSlotOne();
-  recovery_.Start("ps[1] lost", /*rollback=*/true, 1, lost);
-  RefillSlotOne(lost + absl::Seconds(1));
-  AcknowledgeFences();
+  const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   Recovery::Step step =
       recovery_.Next(members_, Checkpoint(0, {}), kLogEvery, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
@@ -270,10 +253,7 @@ TEST_F(RecoveryTest, CheckpointZeroEmptiesTheServers) {
 }
 
 TEST_F(RecoveryTest, FailsForASlotTheCheckpointHasNoPartOf) {
-  const absl::Time lost = LoseSlotOne();
-  recovery_.Start("ps[1] lost", /*rollback=*/true, 1, lost);
-  RefillSlotOne(lost + absl::Seconds(1));
-  AcknowledgeFences();
+  const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   Recovery::Step step =
       recovery_.Next(members_, Checkpoint(3, {0}), kLogEvery, lost + absl::Seconds(2));
   EXPECT_EQ(step.kind, Recovery::Step::Kind::kFail);
@@ -284,10 +264,7 @@ class RestoredTest : public RecoveryTest {
  protected:
   // A rollback to checkpoint 3 ready to restore both slots.
   void SetUp() override {
-    lost_ = LoseSlotOne();
-    recovery_.Start("ps[1] lost", /*rollback=*/true, 1, lost_);
-    RefillSlotOne(lost_ + absl::Seconds(1));
-    AcknowledgeFences();
+    lost_ = ReadyToRestore(/*rollback=*/true);
     step_ = recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, lost_ + absl::Seconds(2));
     ASSERT_EQ(step_.kind, Recovery::Step::Kind::kRestore);
     ASSERT_EQ(step_.targets.size(), 2u);
@@ -358,10 +335,7 @@ TEST_F(RestoredTest, FailsOtherwiseNamingThePath) {
 }
 
 TEST_F(RecoveryTest, FailureRestoringCheckpointZeroNamesNoPath) {
-  const absl::Time lost = LoseSlotOne();
-  recovery_.Start("ps[1] lost", /*rollback=*/true, 1, lost);
-  RefillSlotOne(lost + absl::Seconds(1));
-  AcknowledgeFences();
+  const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   Recovery::Step step =
       recovery_.Next(members_, Checkpoint(0, {}), kLogEvery, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);

@@ -13,36 +13,22 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "master/data_set.h"
+#include "tests/master/unit_testing.h"
 
 namespace eps {
 namespace {
 
 using ::testing::HasSubstr;
 
-// Lines of kLineBytes bytes; shard i holds kRecords lines (the last one
-// `last_records`) starting at byte i * kRecords * kLineBytes.
-constexpr uint64_t kLineBytes = 10;
-constexpr uint64_t kRecords = 10;
-constexpr uint64_t kLastRecords = 4;
+// Shard i holds kShardLines lines of kLineBytes bytes (the last one
+// `last_lines`), starting at byte i * kShardLines * kLineBytes.
+constexpr uint64_t kShardLines = 10;
+constexpr uint64_t kLastShardLines = 4;
 
-DataSet MakeData(int num_shards, uint64_t last_records = kLastRecords) {
-  DataSet data;
-  data.files = {"/data/part-0"};
-  uint64_t offset = 0;
-  uint64_t line = 1;
-  for (int i = 0; i < num_shards; ++i) {
-    const uint64_t records = i + 1 == num_shards ? last_records : kRecords;
-    data.shards.push_back(ShardSpec{.file = 0,
-                                    .begin = offset,
-                                    .end = offset + records * kLineBytes,
-                                    .first_line = line,
-                                    .records = records});
-    offset += records * kLineBytes;
-    line += records;
-    data.records += records;
-  }
-  data.bytes = offset;
-  return data;
+DataSet MakeShards(int num_shards, uint64_t last_lines = kLastShardLines) {
+  std::vector<uint64_t> lines(num_shards, kShardLines);
+  lines.back() = last_lines;
+  return MakeData("/data/part-0", lines);
 }
 
 std::vector<uint32_t> Identity(int n) {
@@ -54,12 +40,12 @@ std::vector<uint32_t> Identity(int n) {
 // Commits `lines` lines of shard `id` from its committed offset.
 StatusOr<ShardTracker::CommitResult> CommitLines(ShardTracker& tracker, uint32_t worker,
                                                  uint64_t id, uint64_t lines) {
-  const uint64_t begin = tracker.shard(id).committed;
+  const uint64_t begin = tracker.shard(id).committed_offset;
   return tracker.Commit(worker, id, begin, begin + lines * kLineBytes, lines);
 }
 
 TEST(ShardTracker, AssignsInTheGivenOrder) {
-  const DataSet data = MakeData(4);
+  const DataSet data = MakeShards(4);
   ShardTracker tracker(data, {2, 0, 3, 1});
   EXPECT_EQ(tracker.num_shards(), 4u);
   EXPECT_EQ(tracker.todo(), 4u);
@@ -67,9 +53,9 @@ TEST(ShardTracker, AssignsInTheGivenOrder) {
   while (std::optional<ShardTracker::Assignment> a = tracker.Assign(/*worker=*/7)) {
     const ShardSpec& spec = data.shards[a->shard_id];
     EXPECT_EQ(a->spec->begin, spec.begin);
-    EXPECT_EQ(a->start, spec.begin);
-    EXPECT_EQ(a->start_line, spec.first_line);
-    EXPECT_EQ(a->records, spec.records);
+    EXPECT_EQ(a->committed_offset, spec.begin);
+    EXPECT_EQ(a->committed_line, spec.first_line);
+    EXPECT_EQ(a->lines, spec.lines);
     EXPECT_EQ(tracker.shard(a->shard_id).holder, 7u);
     EXPECT_EQ(tracker.shard(a->shard_id).state, ShardTracker::State::kDoing);
     handed.push_back(a->shard_id);
@@ -82,39 +68,39 @@ TEST(ShardTracker, AssignsInTheGivenOrder) {
 }
 
 TEST(ShardTracker, CommitAppliesAndAdvances) {
-  const DataSet data = MakeData(2);
+  const DataSet data = MakeShards(2);
   ShardTracker tracker(data, Identity(2));
   ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
 
   ASSERT_EQ(*CommitLines(tracker, 1, 0, 3), ShardTracker::CommitResult::kApplied);
-  EXPECT_EQ(tracker.shard(0).committed, 3 * kLineBytes);
+  EXPECT_EQ(tracker.shard(0).committed_offset, 3 * kLineBytes);
   EXPECT_EQ(tracker.shard(0).committed_line, 4u);
-  EXPECT_EQ(tracker.shard(0).committed_records, 3u);
-  EXPECT_EQ(tracker.committed_records(), 3u);
+  EXPECT_EQ(tracker.shard(0).committed_lines, 3u);
+  EXPECT_EQ(tracker.committed_lines(), 3u);
   EXPECT_EQ(tracker.shard(0).state, ShardTracker::State::kDoing);
 
   ASSERT_EQ(*CommitLines(tracker, 1, 0, 7), ShardTracker::CommitResult::kApplied);
   EXPECT_EQ(tracker.shard(0).state, ShardTracker::State::kDone);
-  EXPECT_EQ(tracker.committed_records(), 10u);
+  EXPECT_EQ(tracker.committed_lines(), 10u);
   EXPECT_EQ(tracker.doing(), 0u);
   EXPECT_EQ(tracker.done(), 1u);
   EXPECT_FALSE(tracker.finished());
 
   ASSERT_EQ(tracker.Assign(1)->shard_id, 1u);
-  ASSERT_EQ(*CommitLines(tracker, 1, 1, kLastRecords), ShardTracker::CommitResult::kApplied);
+  ASSERT_EQ(*CommitLines(tracker, 1, 1, kLastShardLines), ShardTracker::CommitResult::kApplied);
   EXPECT_TRUE(tracker.finished());
-  EXPECT_EQ(tracker.committed_records(), data.records);
+  EXPECT_EQ(tracker.committed_lines(), data.lines);
   EXPECT_FALSE(tracker.Assign(1).has_value());
 }
 
 TEST(ShardTracker, RepeatedCommitIsADuplicateCountedOnce) {
-  const DataSet data = MakeData(2);
+  const DataSet data = MakeShards(2);
   ShardTracker tracker(data, Identity(2));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_EQ(*tracker.Commit(1, 0, 0, 40, 4), ShardTracker::CommitResult::kApplied);
   EXPECT_EQ(*tracker.Commit(1, 0, 0, 40, 4), ShardTracker::CommitResult::kDuplicate);
-  EXPECT_EQ(tracker.committed_records(), 4u);
-  EXPECT_EQ(tracker.shard(0).committed, 40u);
+  EXPECT_EQ(tracker.committed_lines(), 4u);
+  EXPECT_EQ(tracker.shard(0).committed_offset, 40u);
 
   // The last commit of a shard, repeated after it is done, and repeated by
   // its former holder after the shard moved on to another worker.
@@ -126,11 +112,11 @@ TEST(ShardTracker, RepeatedCommitIsADuplicateCountedOnce) {
   EXPECT_EQ(tracker.Release(1).size(), 1u);
   ASSERT_EQ(tracker.Assign(2)->shard_id, 1u);
   EXPECT_EQ(*tracker.Commit(1, 1, 100, 120, 2), ShardTracker::CommitResult::kDuplicate);
-  EXPECT_EQ(tracker.committed_records(), 12u);
+  EXPECT_EQ(tracker.committed_lines(), 12u);
 }
 
 TEST(ShardTracker, CommitByNonHolderIsRefused) {
-  const DataSet data = MakeData(3);
+  const DataSet data = MakeShards(3);
   ShardTracker tracker(data, Identity(3));
   ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
   StatusOr<ShardTracker::CommitResult> other = tracker.Commit(2, 0, 0, 10, 1);
@@ -139,11 +125,11 @@ TEST(ShardTracker, CommitByNonHolderIsRefused) {
   // A shard nobody holds yet.
   EXPECT_EQ(tracker.Commit(1, 1, 100, 110, 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(tracker.committed_records(), 0u);
+  EXPECT_EQ(tracker.committed_lines(), 0u);
 }
 
 TEST(ShardTracker, GapOrOverlapIsRefused) {
-  const DataSet data = MakeData(1, kRecords);
+  const DataSet data = MakeShards(1, kShardLines);
   ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_TRUE(tracker.Commit(1, 0, 0, 30, 3).ok());
@@ -151,12 +137,12 @@ TEST(ShardTracker, GapOrOverlapIsRefused) {
   EXPECT_EQ(tracker.Commit(1, 0, 40, 50, 1).status().code(), absl::StatusCode::kFailedPrecondition);
   // An overlap: starts before the committed offset and ends past it.
   EXPECT_EQ(tracker.Commit(1, 0, 20, 50, 3).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(tracker.shard(0).committed, 30u);
-  EXPECT_EQ(tracker.committed_records(), 3u);
+  EXPECT_EQ(tracker.shard(0).committed_offset, 30u);
+  EXPECT_EQ(tracker.committed_lines(), 3u);
 }
 
 TEST(ShardTracker, OutOfRangeCommitIsInvalid) {
-  const DataSet data = MakeData(2);
+  const DataSet data = MakeShards(2);
   ShardTracker tracker(data, Identity(2));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_TRUE(tracker.Assign(1).has_value());
@@ -165,42 +151,42 @@ TEST(ShardTracker, OutOfRangeCommitIsInvalid) {
   // Shard 1 starts at byte 100.
   EXPECT_EQ(tracker.Commit(1, 1, 90, 110, 2).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(tracker.Commit(1, 0, 20, 10, 1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(tracker.committed_records(), 0u);
+  EXPECT_EQ(tracker.committed_lines(), 0u);
 }
 
 TEST(ShardTracker, TooManyRecordsIsInvalid) {
-  const DataSet data = MakeData(1, kRecords);
+  const DataSet data = MakeShards(1, kShardLines);
   ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_TRUE(tracker.Commit(1, 0, 0, 50, 5).ok());
   StatusOr<ShardTracker::CommitResult> result = tracker.Commit(1, 0, 50, 90, 6);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(result.status().message(), HasSubstr("only 5 are left"));
-  EXPECT_EQ(tracker.committed_records(), 5u);
+  EXPECT_EQ(tracker.committed_lines(), 5u);
 }
 
-// Records and bytes must agree: a commit reaching the shard's end covers
-// every record left, and one that stops short leaves some. A peer claiming
+// Lines and bytes must agree: a commit reaching the shard's end covers
+// every line left, and one that stops short leaves some. A peer claiming
 // otherwise must get an error, not crash the master.
 TEST(ShardTracker, RecordCountInconsistentWithRangeIsInvalid) {
-  const DataSet data = MakeData(1, kRecords);
+  const DataSet data = MakeShards(1, kShardLines);
   ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
-  // Reaches the end with records left over.
+  // Reaches the end with lines left over.
   EXPECT_EQ(tracker.Commit(1, 0, 0, 100, 9).status().code(), absl::StatusCode::kInvalidArgument);
-  // Claims every record but stops short of the end.
+  // Claims every line but stops short of the end.
   EXPECT_EQ(tracker.Commit(1, 0, 0, 90, 10).status().code(), absl::StatusCode::kInvalidArgument);
-  // Bytes without records, and records without bytes.
+  // Bytes without lines, and lines without bytes.
   EXPECT_EQ(tracker.Commit(1, 0, 0, 10, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(tracker.Commit(1, 0, 0, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(tracker.committed_records(), 0u);
+  EXPECT_EQ(tracker.committed_lines(), 0u);
   EXPECT_EQ(tracker.shard(0).state, ShardTracker::State::kDoing);
   ASSERT_TRUE(tracker.Commit(1, 0, 0, 100, 10).ok());
   EXPECT_TRUE(tracker.finished());
 }
 
 TEST(ShardTracker, ReleaseResumesAtTheCommittedOffsetAtTheFront) {
-  const DataSet data = MakeData(4);
+  const DataSet data = MakeShards(4);
   ShardTracker tracker(data, {3, 1, 0, 2});
   ASSERT_EQ(tracker.Assign(1)->shard_id, 3u);
   ASSERT_EQ(tracker.Assign(1)->shard_id, 1u);
@@ -222,59 +208,59 @@ TEST(ShardTracker, ReleaseResumesAtTheCommittedOffsetAtTheFront) {
               ::testing::UnorderedElementsAre(1u, 3u));
   const ShardTracker::Assignment& resumed = first->shard_id == 1 ? *first : *second;
   const ShardTracker::Assignment& fresh = first->shard_id == 1 ? *second : *first;
-  EXPECT_EQ(resumed.start, data.shards[1].begin + 4 * kLineBytes);
-  EXPECT_EQ(resumed.start_line, data.shards[1].first_line + 4);
-  EXPECT_EQ(resumed.records, kRecords - 4);
-  EXPECT_EQ(fresh.start, data.shards[3].begin);
-  EXPECT_EQ(fresh.start_line, data.shards[3].first_line);
-  EXPECT_EQ(fresh.records, kLastRecords);
+  EXPECT_EQ(resumed.committed_offset, data.shards[1].begin + 4 * kLineBytes);
+  EXPECT_EQ(resumed.committed_line, data.shards[1].first_line + 4);
+  EXPECT_EQ(resumed.lines, kShardLines - 4);
+  EXPECT_EQ(fresh.committed_offset, data.shards[3].begin);
+  EXPECT_EQ(fresh.committed_line, data.shards[3].first_line);
+  EXPECT_EQ(fresh.lines, kLastShardLines);
   EXPECT_EQ(tracker.shard(1).assignments, 2u);
   EXPECT_EQ(tracker.Assign(2)->shard_id, 0u);
   EXPECT_EQ(tracker.Assign(2)->shard_id, 2u);
 
   // The new holder picks up exactly where the old one stopped.
-  EXPECT_EQ(*tracker.Commit(2, 1, data.shards[1].begin, resumed.start, 4),
+  EXPECT_EQ(*tracker.Commit(2, 1, data.shards[1].begin, resumed.committed_offset, 4),
             ShardTracker::CommitResult::kDuplicate);
-  ASSERT_EQ(*tracker.Commit(2, 1, resumed.start, data.shards[1].end, 6),
+  ASSERT_EQ(*tracker.Commit(2, 1, resumed.committed_offset, data.shards[1].end, 6),
             ShardTracker::CommitResult::kApplied);
   EXPECT_EQ(tracker.shard(1).state, ShardTracker::State::kDone);
-  EXPECT_EQ(tracker.committed_records(), kRecords);
+  EXPECT_EQ(tracker.committed_lines(), kShardLines);
 }
 
 // A shard whose workers keep dying is never dropped, and each of its
-// records is counted once however often it moves.
+// lines is counted once however often it moves.
 TEST(ShardTracker, RepeatedDeathsNeverDropOrDoubleCount) {
-  const DataSet data = MakeData(3);
+  const DataSet data = MakeShards(3);
   ShardTracker tracker(data, Identity(3));
   uint32_t worker = 0;
-  for (uint64_t i = 0; i < kRecords - 1; ++i) {
+  for (uint64_t i = 0; i < kShardLines - 1; ++i) {
     std::optional<ShardTracker::Assignment> a = tracker.Assign(++worker);
     ASSERT_TRUE(a.has_value());
     ASSERT_EQ(a->shard_id, 0u) << "round " << i;
-    EXPECT_EQ(a->start, i * kLineBytes);
-    EXPECT_EQ(a->start_line, 1 + i);
-    EXPECT_EQ(a->records, kRecords - i);
+    EXPECT_EQ(a->committed_offset, i * kLineBytes);
+    EXPECT_EQ(a->committed_line, 1 + i);
+    EXPECT_EQ(a->lines, kShardLines - i);
     ASSERT_EQ(*CommitLines(tracker, worker, 0, 1), ShardTracker::CommitResult::kApplied);
     // The dying worker's last commit may arrive twice.
     EXPECT_EQ(*tracker.Commit(worker, 0, i * kLineBytes, (i + 1) * kLineBytes, 1),
               ShardTracker::CommitResult::kDuplicate);
     EXPECT_EQ(tracker.Release(worker).size(), 1u);
-    EXPECT_EQ(tracker.committed_records(), i + 1);
+    EXPECT_EQ(tracker.committed_lines(), i + 1);
     EXPECT_EQ(tracker.todo(), 3u);
   }
-  EXPECT_EQ(tracker.reassignments(), kRecords - 1);
+  EXPECT_EQ(tracker.reassignments(), kShardLines - 1);
   // Finish everything with one last worker.
   ++worker;
   while (std::optional<ShardTracker::Assignment> a = tracker.Assign(worker)) {
-    ASSERT_EQ(*CommitLines(tracker, worker, a->shard_id, a->records),
+    ASSERT_EQ(*CommitLines(tracker, worker, a->shard_id, a->lines),
               ShardTracker::CommitResult::kApplied);
   }
   EXPECT_TRUE(tracker.finished());
   EXPECT_EQ(tracker.done(), 3u);
   EXPECT_EQ(tracker.todo(), 0u);
   EXPECT_EQ(tracker.doing(), 0u);
-  EXPECT_EQ(tracker.committed_records(), data.records);
-  EXPECT_EQ(tracker.shard(0).assignments, kRecords);
+  EXPECT_EQ(tracker.committed_lines(), data.lines);
+  EXPECT_EQ(tracker.shard(0).assignments, kShardLines);
 }
 
 TEST(ShardTracker, EmptyDataSetIsFinishedAtOnce) {
@@ -288,8 +274,8 @@ TEST(ShardTracker, EmptyDataSetIsFinishedAtOnce) {
 // Straggler splits.
 
 TEST(ShardTracker, RequestSplitPicksTheDoingShardWithMostRecordsLeft) {
-  // Shards 0..3 of 10 records each; 4 of kLastRecords.
-  const DataSet data = MakeData(5);
+  // Shards 0..3 of 10 records each; 4 of kLastShardLines.
+  const DataSet data = MakeShards(5);
   ShardTracker tracker(data, Identity(5));
   ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
   ASSERT_EQ(tracker.Assign(2)->shard_id, 1u);
@@ -297,7 +283,7 @@ TEST(ShardTracker, RequestSplitPicksTheDoingShardWithMostRecordsLeft) {
   ASSERT_EQ(*CommitLines(tracker, 1, 0, 3), ShardTracker::CommitResult::kApplied);   // 7 left
   ASSERT_EQ(*CommitLines(tracker, 2, 1, 6), ShardTracker::CommitResult::kApplied);   // 4 left
   ASSERT_EQ(*CommitLines(tracker, 3, 2, 10), ShardTracker::CommitResult::kApplied);  // DONE
-  // Shards 3 (10 records) and 4 are TODO: never asked, however large.
+  // Shards 3 (10 lines) and 4 are TODO: never asked, however large.
   EXPECT_EQ(tracker.shard(3).state, ShardTracker::State::kTodo);
   EXPECT_FALSE(tracker.SplitRequestedOf(1).has_value());
 
@@ -318,19 +304,19 @@ TEST(ShardTracker, RequestSplitPicksTheDoingShardWithMostRecordsLeft) {
   EXPECT_FALSE(tracker.shard(4).split_requested);
 }
 
-// A shard with one record left cannot be split, whatever the minimum.
+// A shard with one line left cannot be split, whatever the minimum.
 TEST(ShardTracker, RequestSplitNeedsTwoRecordsLeft) {
-  const DataSet data = MakeData(1, kRecords);
+  const DataSet data = MakeShards(1, kShardLines);
   ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
-  ASSERT_TRUE(CommitLines(tracker, 1, 0, kRecords - 1).ok());
+  ASSERT_TRUE(CommitLines(tracker, 1, 0, kShardLines - 1).ok());
   EXPECT_FALSE(tracker.RequestSplit(0).has_value());
   EXPECT_FALSE(tracker.RequestSplit(1).has_value());
   EXPECT_FALSE(tracker.SplitRequestedOf(1).has_value());
 }
 
 TEST(ShardTracker, SplitIsRefusedUnlessRequestedAndHeld) {
-  const DataSet data = MakeData(3);
+  const DataSet data = MakeShards(3);
   ShardTracker tracker(data, Identity(3));
   ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
   ASSERT_EQ(tracker.Assign(2)->shard_id, 1u);
@@ -356,7 +342,7 @@ TEST(ShardTracker, SplitIsRefusedUnlessRequestedAndHeld) {
     split = tracker.Split(1, 0, offset, 7);
     EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << offset;
   }
-  // Lines leaving either part without records: shard 0 holds lines 1..10,
+  // Lines leaving either part without lines: shard 0 holds lines 1..10,
   // committed up to line 3.
   for (uint64_t line : {uint64_t{1}, uint64_t{3}, uint64_t{11}, uint64_t{20}}) {
     split = tracker.Split(1, 0, 60, line);
@@ -372,7 +358,7 @@ TEST(ShardTracker, SplitIsRefusedUnlessRequestedAndHeld) {
 }
 
 TEST(ShardTracker, SplitCutsTheRestIntoANewShardAtTheFrontCountedOnce) {
-  const DataSet data = MakeData(3);
+  const DataSet data = MakeShards(3);
   ShardTracker tracker(data, Identity(3));
   ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
   ASSERT_TRUE(CommitLines(tracker, 1, 0, 2).ok());
@@ -395,9 +381,9 @@ TEST(ShardTracker, SplitCutsTheRestIntoANewShardAtTheFrontCountedOnce) {
   EXPECT_EQ(parent.spec.begin, 0u);
   EXPECT_EQ(parent.spec.end, 60u);
   EXPECT_EQ(parent.spec.first_line, 1u);
-  EXPECT_EQ(parent.spec.records, 6u);
-  EXPECT_EQ(parent.committed, 20u);
-  EXPECT_EQ(parent.committed_records, 2u);
+  EXPECT_EQ(parent.spec.lines, 6u);
+  EXPECT_EQ(parent.committed_offset, 20u);
+  EXPECT_EQ(parent.committed_lines, 2u);
   EXPECT_FALSE(parent.split_from.has_value());
   const ShardTracker::Shard& part = tracker.shard(3);
   EXPECT_EQ(part.state, ShardTracker::State::kTodo);
@@ -405,10 +391,10 @@ TEST(ShardTracker, SplitCutsTheRestIntoANewShardAtTheFrontCountedOnce) {
   EXPECT_EQ(part.spec.begin, 60u);
   EXPECT_EQ(part.spec.end, 100u);
   EXPECT_EQ(part.spec.first_line, 7u);
-  EXPECT_EQ(part.spec.records, 4u);
-  EXPECT_EQ(part.committed, 60u);
+  EXPECT_EQ(part.spec.lines, 4u);
+  EXPECT_EQ(part.committed_offset, 60u);
   EXPECT_EQ(part.committed_line, 7u);
-  EXPECT_EQ(part.committed_records, 0u);
+  EXPECT_EQ(part.committed_lines, 0u);
   EXPECT_EQ(part.assignments, 0u);
   EXPECT_EQ(part.split_from, std::optional<uint64_t>(0));
 
@@ -419,41 +405,41 @@ TEST(ShardTracker, SplitCutsTheRestIntoANewShardAtTheFrontCountedOnce) {
   std::optional<ShardTracker::Assignment> taken = tracker.Assign(2);
   ASSERT_TRUE(taken.has_value());
   EXPECT_EQ(taken->shard_id, 3u);
-  EXPECT_EQ(taken->start, 60u);
-  EXPECT_EQ(taken->start_line, 7u);
-  EXPECT_EQ(taken->records, 4u);
+  EXPECT_EQ(taken->committed_offset, 60u);
+  EXPECT_EQ(taken->committed_line, 7u);
+  EXPECT_EQ(taken->lines, 4u);
   EXPECT_EQ(taken->spec->end, 100u);
 
-  // Both halves complete; every record of the original shard counts once.
+  // Both halves complete; every line of the original shard counts once.
   ASSERT_EQ(*tracker.Commit(2, 3, 60, 100, 4), ShardTracker::CommitResult::kApplied);
   EXPECT_EQ(tracker.shard(3).state, ShardTracker::State::kDone);
   ASSERT_EQ(*tracker.Commit(1, 0, 20, 60, 4), ShardTracker::CommitResult::kApplied);
   EXPECT_EQ(tracker.shard(0).state, ShardTracker::State::kDone);
-  EXPECT_EQ(tracker.committed_records(), kRecords);
+  EXPECT_EQ(tracker.committed_lines(), kShardLines);
   EXPECT_EQ(*tracker.Commit(1, 0, 20, 60, 4), ShardTracker::CommitResult::kDuplicate);
   while (std::optional<ShardTracker::Assignment> a = tracker.Assign(2)) {
-    ASSERT_TRUE(CommitLines(tracker, 2, a->shard_id, a->records).ok());
+    ASSERT_TRUE(CommitLines(tracker, 2, a->shard_id, a->lines).ok());
   }
   EXPECT_TRUE(tracker.finished());
   EXPECT_EQ(tracker.done(), 4u);
-  EXPECT_EQ(tracker.committed_records(), data.records);
+  EXPECT_EQ(tracker.committed_lines(), data.lines);
 }
 
 // A child can be split again, and a split right after the committed offset
-// leaves the holder a single record.
+// leaves the holder a single line.
 TEST(ShardTracker, SplitsNestAndKeepEveryRecordOnce) {
-  const DataSet data = MakeData(1, kRecords);
+  const DataSet data = MakeShards(1, kShardLines);
   ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(0));
   ASSERT_EQ(*tracker.Split(1, 0, 10, 2), 1u);  // worker 1 keeps line 1
-  EXPECT_EQ(tracker.shard(0).spec.records, 1u);
+  EXPECT_EQ(tracker.shard(0).spec.lines, 1u);
   ASSERT_EQ(tracker.Assign(2)->shard_id, 1u);
   ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(1));
   EXPECT_EQ(tracker.SplitRequestedOf(2), std::optional<uint64_t>(1));
   ASSERT_EQ(*tracker.Split(2, 1, 50, 6), 2u);  // lines 2..5 stay, 6..10 go
-  EXPECT_EQ(tracker.shard(1).spec.records, 4u);
-  EXPECT_EQ(tracker.shard(2).spec.records, 5u);
+  EXPECT_EQ(tracker.shard(1).spec.lines, 4u);
+  EXPECT_EQ(tracker.shard(2).spec.lines, 5u);
   EXPECT_EQ(tracker.shard(2).split_from, std::optional<uint64_t>(1));
   ASSERT_EQ(tracker.Assign(3)->shard_id, 2u);
   ASSERT_TRUE(tracker.Commit(3, 2, 50, 100, 5).ok());
@@ -461,11 +447,11 @@ TEST(ShardTracker, SplitsNestAndKeepEveryRecordOnce) {
   ASSERT_TRUE(tracker.Commit(1, 0, 0, 10, 1).ok());
   EXPECT_TRUE(tracker.finished());
   EXPECT_EQ(tracker.splits(), 2u);
-  EXPECT_EQ(tracker.committed_records(), kRecords);
+  EXPECT_EQ(tracker.committed_lines(), kShardLines);
 }
 
 TEST(ShardTracker, ReleaseOfASplitShardsHolder) {
-  const DataSet data = MakeData(2);
+  const DataSet data = MakeShards(2);
   ShardTracker tracker(data, Identity(2));
   ASSERT_EQ(tracker.Assign(1)->shard_id, 0u);
   ASSERT_TRUE(CommitLines(tracker, 1, 0, 2).ok());
@@ -482,20 +468,20 @@ TEST(ShardTracker, ReleaseOfASplitShardsHolder) {
   std::optional<ShardTracker::Assignment> resumed = tracker.Assign(2);
   ASSERT_TRUE(resumed.has_value());
   EXPECT_EQ(resumed->shard_id, 0u);
-  EXPECT_EQ(resumed->start, 30u);
-  EXPECT_EQ(resumed->start_line, 4u);
-  EXPECT_EQ(resumed->records, 3u);
+  EXPECT_EQ(resumed->committed_offset, 30u);
+  EXPECT_EQ(resumed->committed_line, 4u);
+  EXPECT_EQ(resumed->lines, 3u);
   EXPECT_EQ(resumed->spec->end, 60u);
   EXPECT_EQ(tracker.Assign(3)->shard_id, 2u);
   ASSERT_TRUE(tracker.Commit(2, 0, 30, 60, 3).ok());
   ASSERT_TRUE(tracker.Commit(3, 2, 60, 100, 4).ok());
-  EXPECT_EQ(tracker.committed_records(), kRecords);
+  EXPECT_EQ(tracker.committed_lines(), kShardLines);
 }
 
 // A split asked of a worker that then dies is dropped with its shard: the
 // next holder is not asked, and the shard may be asked again.
 TEST(ShardTracker, ReleaseClearsASplitRequest) {
-  const DataSet data = MakeData(1, kRecords);
+  const DataSet data = MakeShards(1, kShardLines);
   ShardTracker tracker(data, Identity(1));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(0));
@@ -518,14 +504,14 @@ void ExpectSameShard(const ShardTracker::Shard& a, const ShardTracker::Shard& b)
   EXPECT_EQ(a.spec.begin, b.spec.begin);
   EXPECT_EQ(a.spec.end, b.spec.end);
   EXPECT_EQ(a.spec.first_line, b.spec.first_line);
-  EXPECT_EQ(a.spec.records, b.spec.records);
+  EXPECT_EQ(a.spec.lines, b.spec.lines);
   EXPECT_EQ(a.state, b.state);
   if (a.state == ShardTracker::State::kDoing) {
     EXPECT_EQ(a.holder, b.holder);
   }
-  EXPECT_EQ(a.committed, b.committed);
+  EXPECT_EQ(a.committed_offset, b.committed_offset);
   EXPECT_EQ(a.committed_line, b.committed_line);
-  EXPECT_EQ(a.committed_records, b.committed_records);
+  EXPECT_EQ(a.committed_lines, b.committed_lines);
   EXPECT_EQ(a.assignments, b.assignments);
   EXPECT_EQ(a.split_from, b.split_from);
 }
@@ -537,19 +523,19 @@ std::vector<proto::ShardRecord> Records(const ShardTracker& tracker) {
 }
 
 TEST(ShardTracker, RecordsRoundTripEveryState) {
-  // Shards 0..4 of 10 records, 5 of 4; handed out in `order`.
-  const DataSet data = MakeData(6);
+  // Shards 0..4 of 10 lines, 5 of 4; handed out in `order`.
+  const DataSet data = MakeShards(6);
   const std::vector<uint32_t> order = {2, 0, 5, 1, 4, 3};
   ShardTracker tracker(data, order);
   ASSERT_EQ(tracker.Assign(1)->shard_id, 2u);
   ASSERT_TRUE(CommitLines(tracker, 1, 2, 3).ok());  // DOING, committed
   ASSERT_EQ(tracker.Assign(2)->shard_id, 0u);
-  ASSERT_TRUE(CommitLines(tracker, 2, 0, kRecords).ok());  // DONE
+  ASSERT_TRUE(CommitLines(tracker, 2, 0, kShardLines).ok());  // DONE
   ASSERT_EQ(tracker.Assign(3)->shard_id, 5u);
   ASSERT_TRUE(CommitLines(tracker, 3, 5, 1).ok());
   ASSERT_EQ(tracker.Assign(4)->shard_id, 1u);
   ASSERT_TRUE(CommitLines(tracker, 4, 1, 5).ok());
-  // Shard 2 has 7 records left, 1 has 5, 5 has 3.
+  // Shard 2 has 7 lines left, 1 has 5, 5 has 3.
   ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(2));
   ASSERT_EQ(*tracker.Split(1, 2, data.shards[2].begin + 60, data.shards[2].first_line + 6), 6u);
   ASSERT_EQ(tracker.RequestSplit(2), std::optional<uint64_t>(1));
@@ -576,7 +562,7 @@ TEST(ShardTracker, RecordsRoundTripEveryState) {
   EXPECT_EQ(restored->todo(), 5u);
   EXPECT_EQ(restored->doing(), 2u);
   EXPECT_EQ(restored->done(), 1u);
-  EXPECT_EQ(restored->committed_records(), tracker.committed_records());
+  EXPECT_EQ(restored->committed_lines(), tracker.committed_lines());
   EXPECT_EQ(restored->splits(), 2u);
   EXPECT_FALSE(restored->finished());
   // Records of the restored tracker are the same records.
@@ -595,22 +581,22 @@ TEST(ShardTracker, RecordsRoundTripEveryState) {
   while (std::optional<ShardTracker::Assignment> a = restored->Assign(9)) {
     handed.push_back(a->shard_id);
     if (a->shard_id == 5) {
-      EXPECT_EQ(a->start, data.shards[5].begin + kLineBytes);
-      EXPECT_EQ(a->start_line, data.shards[5].first_line + 1);
-      EXPECT_EQ(a->records, kLastRecords - 1);
+      EXPECT_EQ(a->committed_offset, data.shards[5].begin + kLineBytes);
+      EXPECT_EQ(a->committed_line, data.shards[5].first_line + 1);
+      EXPECT_EQ(a->lines, kLastShardLines - 1);
     }
-    ASSERT_TRUE(CommitLines(*restored, 9, a->shard_id, a->records).ok()) << a->shard_id;
+    ASSERT_TRUE(CommitLines(*restored, 9, a->shard_id, a->lines).ok()) << a->shard_id;
   }
   EXPECT_EQ(handed, (std::vector<uint64_t>{6, 7, 5, 4, 3}));
   ASSERT_TRUE(CommitLines(*restored, 4, 1, 2).ok());
   EXPECT_TRUE(restored->finished());
-  // Every record once, the ones committed before the restart included.
-  EXPECT_EQ(restored->committed_records(), data.records);
+  // Every line once, the ones committed before the restart included.
+  EXPECT_EQ(restored->committed_lines(), data.lines);
 }
 
 // Shards missing from `order` are still queued; duplicates are harmless.
 TEST(ShardTracker, RecordsNotInTheOrderAreStillQueued) {
-  const DataSet data = MakeData(3);
+  const DataSet data = MakeShards(3);
   ShardTracker tracker(data, Identity(3));
   StatusOr<ShardTracker> restored = ShardTracker::FromRecords(Records(tracker), {1, 1});
   ASSERT_TRUE(restored.ok()) << restored.status();
@@ -623,7 +609,7 @@ TEST(ShardTracker, RecordsNotInTheOrderAreStillQueued) {
 }
 
 TEST(ShardTracker, InconsistentRecordsAreDataLoss) {
-  const DataSet data = MakeData(2);
+  const DataSet data = MakeShards(2);
   ShardTracker tracker(data, Identity(2));
   ASSERT_TRUE(tracker.Assign(1).has_value());
   ASSERT_TRUE(CommitLines(tracker, 1, 0, 4).ok());

@@ -22,7 +22,7 @@
 #include "master/shard_tracker.h"
 #include "master/state_store.h"
 #include "proto/eps.pb.h"
-#include "tests/master/state_update_peek.h"
+#include "tests/master/unit_testing.h"
 #include "tests/testing/recording_events.h"
 
 namespace eps {
@@ -31,42 +31,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
-
-constexpr uint64_t kLineBytes = 10;
-
-// One file of 10-byte lines cut into shards of `records` lines each.
-DataSet MakeData(const std::string& file, const std::vector<uint64_t>& records) {
-  DataSet data;
-  data.files = {file};
-  uint64_t offset = 0;
-  uint64_t line = 1;
-  for (uint64_t n : records) {
-    data.shards.push_back(ShardSpec{
-        .file = 0, .begin = offset, .end = offset + n * kLineBytes, .first_line = line,
-        .records = n});
-    offset += n * kLineBytes;
-    line += n;
-    data.records += n;
-  }
-  data.bytes = offset;
-  return data;
-}
-
-// `lines` lines of the assigned shard from byte `begin`; each valid line's
-// loss is 0.5.
-proto::CommitProgressRequest CommitOf(const proto::ShardAssignment& shard, uint64_t begin,
-                                      uint64_t lines, uint64_t malformed = 0) {
-  proto::CommitProgressRequest commit;
-  commit.set_shard_id(shard.shard_id());
-  commit.set_epoch(shard.epoch());
-  commit.set_phase(shard.phase());
-  commit.set_begin_offset(begin);
-  commit.set_end_offset(begin + lines * kLineBytes);
-  commit.set_lines(lines);
-  commit.set_malformed(malformed);
-  commit.set_loss_sum(0.5 * static_cast<double>(lines - malformed));
-  return commit;
-}
 
 // The rest of the assigned shard, from where the assignment starts.
 proto::CommitProgressRequest RestOf(const proto::ShardAssignment& shard) {
@@ -154,7 +118,7 @@ TEST_F(TrainingProgressTest, CommitCountsEachLineOnce) {
   EXPECT_EQ(shard->end(), spec.end);
   EXPECT_EQ(shard->start(), spec.begin);
   EXPECT_EQ(shard->start_line(), spec.first_line);
-  EXPECT_EQ(shard->records(), spec.records);
+  EXPECT_EQ(shard->records(), spec.lines);
   // Take the shards in their shuffled order until a 4-line one comes up.
   while (shard->records() != 4) {
     ASSERT_TRUE(progress_.Commit(1, RestOf(*shard), {}, {}).ok());
@@ -234,7 +198,7 @@ TEST_F(TrainingProgressTest, CommitsThatCannotApplyAreRefused) {
             absl::StatusCode::kFailedPrecondition);
 
   EXPECT_EQ(progress_.records_trained(), 0u);
-  EXPECT_EQ(progress_.tracker()->committed_records(), 0u);
+  EXPECT_EQ(progress_.tracker()->committed_lines(), 0u);
   EXPECT_EQ(progress_.ledger()[0].lines_committed(), 0u);
 }
 
@@ -253,7 +217,7 @@ TEST_F(TrainingProgressTest, CommitForAFinishedEpochIsAcknowledgedUnapplied) {
   EXPECT_EQ(progress_.records_trained(), 10u);
   EXPECT_EQ(progress_.ledger()[0].lines_committed(), 10u);
   EXPECT_EQ(progress_.ledger()[1].lines_committed(), 0u);
-  EXPECT_EQ(progress_.tracker()->committed_records(), 0u);
+  EXPECT_EQ(progress_.tracker()->committed_lines(), 0u);
 
   // Still checked against the shard it names.
   proto::CommitProgressRequest outside = last;
@@ -405,7 +369,7 @@ TEST_F(TrainingProgressTest, ApplyCheckpointReturnsToItsCounts) {
   EXPECT_EQ(progress_.records_retrained(), trained - 1);
   ASSERT_EQ(progress_.ledger().size(), 1u);
   EXPECT_EQ(progress_.ledger()[0].lines_committed(), 1u);
-  EXPECT_EQ(progress_.tracker()->committed_records(), 1u);
+  EXPECT_EQ(progress_.tracker()->committed_lines(), 1u);
   // The shard in progress then goes back to the queue from where it was.
   EXPECT_THAT(progress_.HoldersOfShardsInProgress(), IsEmpty());
   ASSERT_EQ(events_.Count("shard_reassigned"), 1u);
@@ -531,12 +495,12 @@ TEST_F(TrainingProgressTest, RestoreFromTheStoredStateContinuesThePass) {
   EXPECT_EQ(restored.epoch(), 0u);
   EXPECT_EQ(restored.records_trained(), 3u);
   EXPECT_EQ(restored.ledger()[0].lines_committed(), 3u);
-  EXPECT_EQ(restored.train_data().records, 10u);
-  EXPECT_EQ(restored.eval_data().records, 4u);
+  EXPECT_EQ(restored.train_data().lines, 10u);
+  EXPECT_EQ(restored.eval_data().lines, 4u);
   const ShardTracker::Shard& held = restored.tracker()->shard(a->shard_id());
   EXPECT_EQ(held.state, ShardTracker::State::kDoing);
   EXPECT_EQ(held.holder, 1u);
-  EXPECT_EQ(held.committed, a->start() + 3 * kLineBytes);
+  EXPECT_EQ(held.committed_offset, a->start() + 3 * kLineBytes);
   EXPECT_THAT(restored.HoldersOfShardsInProgress(), ElementsAre(1u));
 
   // A snapshot with a gap in its shard ids does not add up.
@@ -555,7 +519,7 @@ TEST_F(TrainingProgressTest, SplitOffAStragglerGoesToTheIdleWorker) {
   // (4, at least 2 batches of 2) is asked to split.
   std::optional<uint64_t> split = progress_.RequestSplit(/*idle_worker=*/2);
   ASSERT_TRUE(split.has_value());
-  EXPECT_EQ(progress_.train_data().shards[*split].records, 4u);
+  EXPECT_EQ(progress_.train_data().shards[*split].lines, 4u);
   EXPECT_EQ(progress_.SplitRequestedOf(1), split);
   ASSERT_EQ(events_.Count("split_requested"), 1u);
   EXPECT_EQ(events_.Named("split_requested")[0]["idle_worker"], 2);
