@@ -131,12 +131,7 @@ void JobControl::MaybeStartTraining(absl::Time now) {
   progress_.StartEpoch(0);
   if (checkpoints_.last().has_value()) return;
   // Checkpoint 0: nothing trained, every server empty.
-  proto::CheckpointRecord start;
-  start.set_id(0);
-  *start.mutable_master() = SaveRecord();
-  progress_.SaveShards(&start);
-  start.set_unix_ms(absl::ToUnixMillis(now));
-  checkpoints_.RecordStart(std::move(start));
+  checkpoints_.RecordStart(CheckpointRecordNow(/*id=*/0, now));
 }
 
 // --- RPC handlers -------------------------------------------------------------
@@ -188,13 +183,11 @@ Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, a
   return absl::OkStatus();
 }
 
-std::string JobControl::FencedWhy() const { return recovery_.why(); }
-
 Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
                              absl::Time now, proto::HeartbeatReply* reply) {
   bool* told = nullptr;
   if (sender.role() == proto::ROLE_WORKER) {
-    ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, FencedWhy()));
+    ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
     const proto::WorkerStats& stats = request.worker();
     worker->last_seen = now;
     worker->records_per_s = stats.records_per_s();
@@ -258,7 +251,7 @@ Status JobControl::GetClusterMap(const proto::NodeId& sender,
 
 Status JobControl::GetShard(const proto::NodeId& sender, absl::Time now,
                             proto::GetShardReply* reply) {
-  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, FencedWhy()));
+  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
   worker->last_seen = now;
   if (over()) {
     reply->set_action(proto::GetShardReply::FINISHED);
@@ -309,7 +302,7 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
   if (request.malformed() > request.lines()) {
     return absl::InvalidArgumentError("more malformed lines than lines");
   }
-  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, FencedWhy()));
+  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
   worker->last_seen = now;
   ASSIGN_OR_RETURN(TrainingProgress::Committed committed,
                    progress_.Commit(sender.id(), request, labels, predictions));
@@ -329,7 +322,7 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
 
 Status JobControl::SplitShard(const proto::NodeId& sender, const proto::SplitShardRequest& request,
                               absl::Time now, proto::SplitShardReply* reply) {
-  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, FencedWhy()));
+  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
   worker->last_seen = now;
   ASSIGN_OR_RETURN(TrainingProgress::Split split, progress_.SplitShard(sender.id(), request));
   reply->set_accepted(split.accepted);
@@ -428,10 +421,7 @@ std::optional<proto::CheckpointRecord> JobControl::CheckpointWritten(
     const CheckpointWrite& write, std::vector<StatusOr<proto::ServerCheckpoint>> parts,
     absl::Time writing_started, absl::Time now, StateUpdate* update) {
   std::string error = write.servers.empty() ? "no live server" : "";
-  proto::CheckpointRecord record;
-  record.set_id(write.write.id);
-  *record.mutable_master() = SaveRecord();
-  progress_.SaveShards(&record);
+  proto::CheckpointRecord record = CheckpointRecordNow(write.write.id, now);
   for (auto& part : parts) {
     if (!part.ok()) {
       absl::StrAppend(&error, error.empty() ? "" : "; ", part.status().message());
@@ -440,7 +430,6 @@ std::optional<proto::CheckpointRecord> JobControl::CheckpointWritten(
     record.set_bytes(record.bytes() + part->bytes());
     *record.add_servers() = *std::move(part);
   }
-  record.set_unix_ms(absl::ToUnixMillis(now));
   record.set_duration_ms(absl::ToDoubleMilliseconds(now - writing_started));
   record.set_pause_ms(absl::ToDoubleMilliseconds(now - write.write.started));
   if (!error.empty()) {
@@ -639,6 +628,15 @@ void JobControl::SampleProgress(absl::Time now) {
 }
 
 // --- Persistence ----------------------------------------------------------------
+
+proto::CheckpointRecord JobControl::CheckpointRecordNow(uint64_t id, absl::Time now) const {
+  proto::CheckpointRecord record;
+  record.set_id(id);
+  *record.mutable_master() = SaveRecord();
+  progress_.SaveShards(&record);
+  record.set_unix_ms(absl::ToUnixMillis(now));
+  return record;
+}
 
 proto::MasterRecord JobControl::SaveRecord() const {
   proto::MasterRecord record;

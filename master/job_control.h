@@ -176,7 +176,8 @@ class JobControl {
   void Finish(absl::Time now);
   void SampleProgress(absl::Time now);
   void FillJobProgress(proto::HeartbeatReply* reply) const;
-  std::string FencedWhy() const;
+  // The job's state now as checkpoint `id`'s record (no server parts yet).
+  proto::CheckpointRecord CheckpointRecordNow(uint64_t id, absl::Time now) const;
 
   const JobConfig& job_;
   proto::JobSpec job_spec_;

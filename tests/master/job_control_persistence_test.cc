@@ -7,12 +7,6 @@
 namespace eps {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::Pair;
-using ::testing::UnorderedElementsAre;
-
 TEST_F(JobControlTest, TakeChangesPutsTheMasterRecordOnlyWhenItChanged) {
   control_->StartNew("job-1");
   PeekedUpdate update = Take();

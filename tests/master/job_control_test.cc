@@ -8,12 +8,6 @@
 namespace eps {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::Pair;
-using ::testing::UnorderedElementsAre;
-
 TEST_F(JobControlTest, RunsASmallJobToTheEnd) {
   control_->StartNew("job-1");
   EXPECT_EQ(events_.Count("job_started"), 1u);

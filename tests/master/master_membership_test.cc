@@ -1,15 +1,11 @@
-// Tests master/master.h: the Master service over real RPC (fencing at every server, straggler splits, master restarts).
+// Tests master/master.h: the Master service over real RPC (fencing at every
+// server, straggler splits, master restarts).
 // The fixture is in tests/master/master_fixture.h.
 
 #include "tests/master/master_fixture.h"
 
 namespace eps {
 namespace {
-
-using nlohmann::json;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ::testing::UnorderedElementsAre;
 
 // A dead worker's pushes may still reach a server that has not fenced it
 // yet: its shard must not move until every live server refuses it.

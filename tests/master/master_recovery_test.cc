@@ -1,15 +1,11 @@
-// Tests master/master.h: the Master service over real RPC (a lost server, --resume, stopping the job).
+// Tests master/master.h: the Master service over real RPC (a lost server,
+// --resume, stopping the job).
 // The fixture is in tests/master/master_fixture.h.
 
 #include "tests/master/master_fixture.h"
 
 namespace eps {
 namespace {
-
-using nlohmann::json;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ::testing::UnorderedElementsAre;
 
 // A server that misses its lease: every worker is fenced, the job waits
 // for a server to take the slot, then every server restores the last

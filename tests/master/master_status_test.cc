@@ -1,15 +1,11 @@
-// Tests master/master.h: the Master service over real RPC (/status and /metrics over HTTP, missing data).
+// Tests master/master.h: the Master service over real RPC (/status and /metrics
+// over HTTP, missing data).
 // The fixture is in tests/master/master_fixture.h.
 
 #include "tests/master/master_fixture.h"
 
 namespace eps {
 namespace {
-
-using nlohmann::json;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ::testing::UnorderedElementsAre;
 
 TEST_F(MasterTest, ServesStatusAndMetricsOverHttp) {
   const std::string train = Write("train.tsv", CriteoText(10, /*seed=*/1));

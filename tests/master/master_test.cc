@@ -1,15 +1,11 @@
-// Tests master/master.h: the Master service over real RPC (a whole job, checkpoint rounds, leases, commits and malformed requests).
+// Tests master/master.h: the Master service over real RPC (a whole job,
+// checkpoint rounds, leases, commits and malformed requests).
 // The fixture is in tests/master/master_fixture.h.
 
 #include "tests/master/master_fixture.h"
 
 namespace eps {
 namespace {
-
-using nlohmann::json;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ::testing::UnorderedElementsAre;
 
 // The whole life of a small job: registration and placement, two epochs of
 // training with exactly-once accounting, the final evaluation with exact

@@ -7,9 +7,6 @@
 namespace eps {
 namespace {
 
-using ::eps::testing::TempDir;
-using ::testing::HasSubstr;
-
 TEST_F(ParamServerTest, RetriedPushIsAppliedOnce) {
   StartServer();
   AwaitMap();

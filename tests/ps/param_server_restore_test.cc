@@ -6,9 +6,6 @@
 namespace eps {
 namespace {
 
-using ::eps::testing::TempDir;
-using ::testing::HasSubstr;
-
 TEST_F(ParamServerTest, RestoreBringsBackExactlyTheCheckpointedValues) {
   TempDir temp;
   StartServer(OptionsWithDataDir(temp.path()));
