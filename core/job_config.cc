@@ -1,5 +1,6 @@
 #include "core/job_config.h"
 
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <set>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -94,6 +96,51 @@ Status CheckOptimizer(const JobConfig::Optimizer& optimizer,
   return absl::OkStatus();
 }
 
+// Whether every process of a job must have the master's value of option
+// `name` (JobConfig::SharedOptions): what defines the model and its update
+// rule, how data is parsed, where keys live, what an acknowledged push
+// promises, and the heartbeat and lease every member keeps.
+bool IsSharedOption(absl::string_view name) {
+  static constexpr absl::string_view kShared[] = {
+      "job.seed",          "data.format",          "data.schema",
+      "data.multi_value_separator", "ps.num_servers", "ps.partitions",
+      "ps.dense_chunk_floats", "ps.durability",    "master.heartbeat_ms",
+      "master.lease_ms"};
+  if (absl::StartsWith(name, "model.") || absl::StartsWith(name, "optimizer.")) return true;
+  for (absl::string_view shared : kShared) {
+    if (name == shared) return true;
+  }
+  return false;
+}
+
+// Collects the shared options with exactly formatted values.
+class SharedOptionsVisitor : public OptionVisitor {
+ public:
+  void Visit(absl::string_view name, std::string* value, absl::string_view) override {
+    Add(name, *value);
+  }
+  void Visit(absl::string_view name, int64_t* value, absl::string_view) override {
+    Add(name, absl::StrCat(*value));
+  }
+  void Visit(absl::string_view name, double* value, absl::string_view) override {
+    // The shortest text that reads back as the same double: exact, and
+    // "0.05" rather than "0.050000000000000003".
+    char text[64];
+    const std::to_chars_result end = std::to_chars(text, text + sizeof(text), *value);
+    Add(name, std::string(text, end.ptr));
+  }
+  void Visit(absl::string_view name, bool* value, absl::string_view) override {
+    Add(name, *value ? "true" : "false");
+  }
+  std::vector<std::pair<std::string, std::string>> options() const { return options_; }
+
+ private:
+  void Add(absl::string_view name, std::string value) {
+    if (IsSharedOption(name)) options_.emplace_back(std::string(name), std::move(value));
+  }
+  std::vector<std::pair<std::string, std::string>> options_;
+};
+
 class PrintVisitor : public OptionVisitor {
  public:
   void Visit(absl::string_view name, std::string* value, absl::string_view) override {
@@ -137,6 +184,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("job.seed", &job.seed, "seed of shard shuffling and initialisation");
   v.Visit("job.progress_interval_s", &job.progress_interval_s,
           "seconds between progress lines in the logs");
+  v.Visit("job.divergence_factor", &job.divergence_factor,
+          "stop when the recent loss exceeds this times epoch 1's; 0 never");
 
   v.Visit("data.train", &data.train, "training files, globs or directories, comma-separated");
   v.Visit("data.eval", &data.eval, "evaluation files, globs or directories; empty: no eval");
@@ -146,6 +195,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("data.multi_value_separator", &data.multi_value_separator,
           "the character between the values of a multicat column");
   v.Visit("data.shard_records", &data.shard_records, "records per data shard");
+  v.Visit("data.on_unreadable", &data.on_unreadable,
+          "a data file that cannot be read at run time: fail or skip");
 
   v.Visit("model.type", &model.type, "model: lr, wdl, deepfm or dlrm");
   v.Visit("model.embedding_dim", &model.embedding_dim, "floats per embedding row");
@@ -193,6 +244,12 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("master.heartbeat_ms", &master.heartbeat_ms, "heartbeat interval");
   v.Visit("master.lease_ms", &master.lease_ms, "heartbeat silence after which a peer is dead");
   v.Visit("master.bind_host", &master.bind_host, "address the master binds to");
+  v.Visit("master.recovery_timeout_s", &master.recovery_timeout_s,
+          "longest wait for a missing server (at the start, in a recovery)");
+  v.Visit("master.progress_timeout_s", &master.progress_timeout_s,
+          "a worker holding a shard without committing for this long is fenced");
+  v.Visit("master.worker_wait_s", &master.worker_wait_s,
+          "stop when no worker is alive for this long; 0 wait forever");
 
   v.Visit("checkpoint.interval_s", &checkpoint.interval_s, "seconds between checkpoints");
   v.Visit("checkpoint.keep", &checkpoint.keep, "checkpoints each server keeps");
@@ -202,12 +259,20 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "where servers write checkpoints (shared storage for replacement servers)");
   v.Visit("checkpoint.on_server_failure", &checkpoint.on_server_failure,
           "rollback or continue");
+  v.Visit("checkpoint.max_failures", &checkpoint.max_failures,
+          "stop after this many failed checkpoints in a row; 0 never");
 }
 
 Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckAtLeast("job.epochs", job.epochs, 1));
   RETURN_IF_ERROR(CheckAtLeast("job.seed", job.seed, 0));
   RETURN_IF_ERROR(CheckAtLeast("job.progress_interval_s", job.progress_interval_s, 1));
+  if (!(job.divergence_factor == 0 || (job.divergence_factor > 1 &&
+                                       std::isfinite(job.divergence_factor)))) {
+    return OptionError("job.divergence_factor",
+                       absl::StrCat("must be 0 (off) or a finite number > 1 (got ",
+                                    job.divergence_factor, ")"));
+  }
 
   if (data.train.empty()) return OptionError("data.train", "is required (training data path)");
   RETURN_IF_ERROR(CheckOneOf("data.format", data.format, {"criteo", "tsv"}));
@@ -225,6 +290,7 @@ Status JobConfig::Validate() const {
     return OptionError("data.multi_value_separator", "must be one character other than a tab");
   }
   RETURN_IF_ERROR(CheckAtLeast("data.shard_records", data.shard_records, 1));
+  RETURN_IF_ERROR(CheckOneOf("data.on_unreadable", data.on_unreadable, {"fail", "skip"}));
 
   RETURN_IF_ERROR(CheckOneOf("model.type", model.type, {"lr", "wdl", "deepfm", "dlrm"}));
   RETURN_IF_ERROR(CheckAtLeast("model.embedding_dim", model.embedding_dim, 1));
@@ -288,9 +354,13 @@ Status JobConfig::Validate() const {
                                     " <= ", master.heartbeat_ms, ")"));
   }
   if (master.bind_host.empty()) return OptionError("master.bind_host", "must not be empty");
+  RETURN_IF_ERROR(CheckAtLeast("master.recovery_timeout_s", master.recovery_timeout_s, 1));
+  RETURN_IF_ERROR(CheckAtLeast("master.progress_timeout_s", master.progress_timeout_s, 1));
+  RETURN_IF_ERROR(CheckAtLeast("master.worker_wait_s", master.worker_wait_s, 0));
 
   RETURN_IF_ERROR(CheckAtLeast("checkpoint.interval_s", checkpoint.interval_s, 1));
   RETURN_IF_ERROR(CheckAtLeast("checkpoint.keep", checkpoint.keep, 1));
+  RETURN_IF_ERROR(CheckAtLeast("checkpoint.max_failures", checkpoint.max_failures, 0));
   RETURN_IF_ERROR(CheckOneOf("checkpoint.on_server_failure", checkpoint.on_server_failure,
                              {"rollback", "continue"}));
   RETURN_IF_ERROR(CheckOneOf("ps.durability", ps.durability, {"flush", "every_push"}));
@@ -363,6 +433,34 @@ std::string JobConfig::DebugString() const {
   PrintVisitor printer;
   const_cast<JobConfig*>(this)->VisitOptions(printer);
   return printer.str();
+}
+
+std::vector<std::pair<std::string, std::string>> JobConfig::SharedOptions() const {
+  SharedOptionsVisitor collector;
+  const_cast<JobConfig*>(this)->VisitOptions(collector);
+  return collector.options();
+}
+
+std::string DescribeOptionDifferences(
+    const std::vector<std::pair<std::string, std::string>>& member,
+    const std::vector<std::pair<std::string, std::string>>& master) {
+  const std::map<std::string, std::string> theirs(master.begin(), master.end());
+  std::vector<std::string> differences;
+  std::set<std::string> named;
+  for (const auto& [name, value] : member) {
+    named.insert(name);
+    auto it = theirs.find(name);
+    const std::string master_value = it == theirs.end() ? "(not set)" : it->second;
+    if (master_value != value) {
+      differences.push_back(absl::StrCat(name, " = ", value, " (the master has ", master_value, ")"));
+    }
+  }
+  for (const auto& [name, value] : master) {
+    if (!named.contains(name)) {
+      differences.push_back(absl::StrCat(name, " = (not set) (the master has ", value, ")"));
+    }
+  }
+  return absl::StrJoin(differences, "; ");
 }
 
 }  // namespace eps

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "core/status.h"
@@ -40,6 +42,11 @@ struct JobConfig {
     int64_t seed = 1;
     // Seconds between progress lines in every process's log. Default 10.
     int64_t progress_interval_s = 10;
+    // The job stops (resumably) when the mean loss of the last records
+    // trained rises past this factor times the first epoch's mean loss;
+    // 0 = never (a non-finite loss stops it all the same). 0 or > 1.
+    // Default 2.
+    double divergence_factor = 2.0;
   } job;
 
   struct Data {
@@ -58,6 +65,12 @@ struct JobConfig {
     std::string multi_value_separator = ",";
     // Records (lines) per data shard. Default 100000.
     int64_t shard_records = 100000;
+    // What a shard whose file cannot be read at run time (gone, truncated,
+    // unreadable) does, once the master has checked the file itself:
+    // "fail" stops the job resumably naming the file; "skip" counts the
+    // shard's unread lines as skipped (ledger lines_skipped, with the
+    // reason) and goes on. Default "fail".
+    std::string on_unreadable = "fail";
   } data;
 
   struct Model {
@@ -170,6 +183,18 @@ struct JobConfig {
     // Address the master's RPC and HTTP ports bind to. Default 127.0.0.1;
     // use 0.0.0.0 to serve other machines.
     std::string bind_host = "127.0.0.1";
+    // Longest wait for a missing parameter server, in seconds: for
+    // ps.num_servers to register at the start (the job then fails), and for
+    // a lost server's slot to be filled in a recovery or on --resume (the
+    // job then stops resumably, naming the slot). Default 600.
+    int64_t recovery_timeout_s = 600;
+    // A worker that holds a shard and commits nothing for this long, in
+    // seconds (a hung trainer, a dead GPU), is fenced and its shards go
+    // back to the queue from their committed offsets. Default 600.
+    int64_t progress_timeout_s = 600;
+    // With work left and no live worker for this long, in seconds, the job
+    // stops resumably; 0 = wait for workers forever. Default 3600.
+    int64_t worker_wait_s = 3600;
   } master;
 
   struct Checkpoint {
@@ -191,6 +216,10 @@ struct JobConfig {
     // server's partitions and keeps the rest (the updates those partitions
     // took since the checkpoint are lost). Default "rollback".
     std::string on_server_failure = "rollback";
+    // After this many checkpoint rounds in a row fail, the job stops
+    // resumably (it would otherwise train on with nothing to recover to);
+    // 0 = never. Default 3.
+    int64_t max_failures = 3;
   } checkpoint;
 
   // Calls `visitor` once for every option, in file order.
@@ -210,7 +239,24 @@ struct JobConfig {
 
   // "section.key = value" lines for every option, for startup logs.
   std::string DebugString() const;
+
+  // The options every process of a job must share with the master (the
+  // data format, the model, the optimizer, the placement, durability, the
+  // heartbeat and the lease), as (name, value) pairs in file order, each
+  // value exact (a double as the shortest text that reads back as it).
+  // Options a process may set for itself (worker.*, ps.threads,
+  // ps.memory_budget_mb, ps.flush_interval_ms, checkpoint.dir, ...) and
+  // those only the master reads are not among them.
+  std::vector<std::pair<std::string, std::string>> SharedOptions() const;
 };
+
+// How a member's shared options (`member`, as its SharedOptions made them)
+// differ from the master's (`master`): "NAME = MEMBER'S (the master has
+// MASTER'S)" items joined by "; ", an option only one side names counting
+// as "(not set)" on the other; empty when they agree.
+std::string DescribeOptionDifferences(
+    const std::vector<std::pair<std::string, std::string>>& member,
+    const std::vector<std::pair<std::string, std::string>>& master);
 
 // Parses a comma-separated list of layer sizes ("512,256,1"): each an
 // integer in [1, 65536], at least one. kInvalidArgument naming `option`

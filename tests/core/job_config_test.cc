@@ -174,6 +174,15 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
       {"checkpoint.interval_s", [](JobConfig& c) { c.checkpoint.interval_s = 0; }},
       {"checkpoint.on_server_failure",
        [](JobConfig& c) { c.checkpoint.on_server_failure = "retry"; }},
+      {"checkpoint.max_failures", [](JobConfig& c) { c.checkpoint.max_failures = -1; }},
+      {"job.divergence_factor", [](JobConfig& c) { c.job.divergence_factor = 1.0; }},
+      {"job.divergence_factor", [](JobConfig& c) { c.job.divergence_factor = -2; }},
+      {"job.divergence_factor",
+       [](JobConfig& c) { c.job.divergence_factor = std::numeric_limits<double>::infinity(); }},
+      {"data.on_unreadable", [](JobConfig& c) { c.data.on_unreadable = "ignore"; }},
+      {"master.recovery_timeout_s", [](JobConfig& c) { c.master.recovery_timeout_s = 0; }},
+      {"master.progress_timeout_s", [](JobConfig& c) { c.master.progress_timeout_s = 0; }},
+      {"master.worker_wait_s", [](JobConfig& c) { c.master.worker_wait_s = -1; }},
   };
   for (const BadCase& bad : cases) {
     SCOPED_TRACE(bad.option);
@@ -346,6 +355,51 @@ TEST(JobConfig, DebugStringListsEveryOption) {
   }
   EXPECT_THAT(text, HasSubstr("worker.batch_size = 333\n"));
   EXPECT_THAT(text, HasSubstr("data.train = /data/train\n"));
+}
+
+TEST(JobConfig, SharedOptionsAreTheOnesEveryProcessMustAgreeOn) {
+  JobConfig config = ValidConfig();
+  std::map<std::string, std::string> shared;
+  for (const auto& [name, value] : config.SharedOptions()) shared[name] = value;
+  for (const char* name : {"job.seed", "data.format", "data.schema", "model.type",
+                           "model.embedding_dim", "model.init_scale", "optimizer.type",
+                           "optimizer.learning_rate", "optimizer.per_table", "ps.partitions",
+                           "ps.num_servers", "ps.dense_chunk_floats", "ps.durability",
+                           "master.heartbeat_ms", "master.lease_ms"}) {
+    EXPECT_TRUE(shared.contains(name)) << name;
+  }
+  // A process's own settings, and the master's alone.
+  for (const char* name : {"worker.batch_size", "worker.max_records_per_s", "ps.threads",
+                           "ps.memory_budget_mb", "checkpoint.dir", "checkpoint.restore",
+                           "data.train", "job.epochs", "master.bind_host"}) {
+    EXPECT_FALSE(shared.contains(name)) << name;
+  }
+  EXPECT_EQ(shared["optimizer.learning_rate"], "0.05");
+  EXPECT_EQ(shared["model.embedding_dim"], "16");
+}
+
+TEST(JobConfig, OptionDifferencesNameEachOptionAndBothValues) {
+  JobConfig master = ValidConfig();
+  JobConfig member = master;
+  EXPECT_EQ(DescribeOptionDifferences(member.SharedOptions(), master.SharedOptions()), "");
+  // Differences a process may have on its own do not count.
+  member.worker.batch_size = 7;
+  member.ps.threads = 9;
+  EXPECT_EQ(DescribeOptionDifferences(member.SharedOptions(), master.SharedOptions()), "");
+  member.optimizer.learning_rate = 0.1;
+  member.model.embedding_dim = 8;
+  member.ps.partitions = 64;
+  EXPECT_EQ(DescribeOptionDifferences(member.SharedOptions(), master.SharedOptions()),
+            "model.embedding_dim = 8 (the master has 16); optimizer.learning_rate = 0.1 (the "
+            "master has 0.05); ps.partitions = 64 (the master has 256)");
+  // A value the last digit tells apart is a difference.
+  member = master;
+  member.optimizer.learning_rate = 0.05000000000000001;
+  EXPECT_THAT(DescribeOptionDifferences(member.SharedOptions(), master.SharedOptions()),
+              HasSubstr("optimizer.learning_rate = 0.05000000000000001 (the master has 0.05)"));
+  // An option only one side knows (an older or newer peer).
+  EXPECT_EQ(DescribeOptionDifferences({{"a.b", "1"}}, {{"c.d", "2"}}),
+            "a.b = 1 (the master has (not set)); c.d = (not set) (the master has 2)");
 }
 
 }  // namespace
