@@ -73,6 +73,7 @@ void CheckpointCoordinator::Completed(const proto::CheckpointRecord& record, abs
   kept_.push_back(record.id());
   while (kept_.size() > static_cast<size_t>(job_.checkpoint.keep)) kept_.pop_front();
   ++written_;
+  consecutive_failures_ = 0;
   last_ = record;
   pause_s_ += record.pause_ms() / 1000;
   const json result = RecordJson(record);
@@ -84,8 +85,12 @@ void CheckpointCoordinator::Completed(const proto::CheckpointRecord& record, abs
   next_ = now + absl::Seconds(job_.checkpoint.interval_s);
 }
 
-void CheckpointCoordinator::Fail(const std::string& error, absl::Time now) {
+void CheckpointCoordinator::Fail(const std::string& error, absl::Time now, bool counts) {
   const uint64_t id = round_->id;
+  if (counts) {
+    ++consecutive_failures_;
+    last_failure_ = absl::StrCat("checkpoint ", id, ": ", error);
+  }
   LOG(WARNING) << "checkpoint " << id << " failed: " << error;
   events_->Record("checkpoint_failed", {{"checkpoint", id}, {"error", error}});
   SetResult(id, {{"checkpoint", id}, {"error", error}});
@@ -95,7 +100,9 @@ void CheckpointCoordinator::Fail(const std::string& error, absl::Time now) {
 }
 
 void CheckpointCoordinator::AbandonPausing(const std::string& why, absl::Time now) {
-  if (round_.has_value() && !round_->writing) Fail(absl::StrCat("abandoned: ", why), now);
+  if (round_.has_value() && !round_->writing) {
+    Fail(absl::StrCat("abandoned: ", why), now, /*counts=*/false);
+  }
 }
 
 void CheckpointCoordinator::RecordStart(proto::CheckpointRecord start) {

@@ -72,10 +72,12 @@ class CheckpointCoordinator {
   // The record of the round is written: it is the newest complete one.
   void Completed(const proto::CheckpointRecord& record, absl::Time now);
   // Ends the round in progress as failed with `error` (log, event, result);
-  // the next one is due an interval later. REQUIRES: a round in progress.
-  void Fail(const std::string& error, absl::Time now);
+  // the next one is due an interval later. It counts as a consecutive
+  // failure unless `counts` is false. REQUIRES: a round in progress.
+  void Fail(const std::string& error, absl::Time now, bool counts = true);
   // Fails a round still pausing (its workers are fenced: they will not
-  // pause again). A round writing carries on.
+  // pause again), not counting it as a consecutive failure: the recovery
+  // that fenced them is the cause. A round writing carries on.
   void AbandonPausing(const std::string& why, absl::Time now);
 
   // Checkpoint 0, written with the first epoch's start.
@@ -95,6 +97,9 @@ class CheckpointCoordinator {
   uint64_t last_id() const { return last_id_; }
   uint64_t written() const { return written_; }
   uint64_t failed() const { return failed_; }
+  // Rounds failed since the last complete one, and the last one's error.
+  uint64_t consecutive_failures() const { return consecutive_failures_; }
+  const std::string& last_failure() const { return last_failure_; }
   double pause_s() const { return pause_s_; }
 
   static nlohmann::json RecordJson(const proto::CheckpointRecord& record);
@@ -120,6 +125,8 @@ class CheckpointCoordinator {
   std::deque<uint64_t> kept_;    // complete, oldest first
   uint64_t written_ = 0;
   uint64_t failed_ = 0;
+  uint64_t consecutive_failures_ = 0;
+  std::string last_failure_;
   double pause_s_ = 0;           // total, over every round
   std::map<uint64_t, nlohmann::json> results_;
   std::optional<proto::CheckpointRecord> last_;

@@ -158,6 +158,51 @@ StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_l
   return data;
 }
 
+Status CheckShardRange(const std::string& path, uint64_t begin, uint64_t end, uint64_t lines) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    const std::string why = absl::StrCat("cannot open it: ", std::strerror(error));
+    if (error == ENOENT) return absl::NotFoundError("the file is gone");
+    if (error == EACCES || error == EPERM) return absl::PermissionDeniedError(why);
+    return absl::UnavailableError(why);
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || static_cast<uint64_t>(info.st_size) < end) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat("truncated: ", info.st_size,
+                                            " bytes, the scan saw at least ", end));
+  }
+  std::vector<char> buffer(size_t{1} << 20);
+  uint64_t offset = begin;
+  uint64_t newlines = 0;
+  char last = '\n';
+  while (offset < end) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(buffer.size(), end - offset));
+    const ssize_t got = ::pread(fd, buffer.data(), want, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int error = errno;
+      ::close(fd);
+      return got == 0 ? absl::DataLossError(absl::StrCat("truncated at byte ", offset))
+                      : absl::UnavailableError(absl::StrCat("read error at byte ", offset, ": ",
+                                                            std::strerror(error)));
+    }
+    newlines += static_cast<uint64_t>(std::count(buffer.data(), buffer.data() + got, '\n'));
+    last = buffer[static_cast<size_t>(got) - 1];
+    offset += static_cast<uint64_t>(got);
+  }
+  ::close(fd);
+  // A range ends after a '\n', or at the end of the file for a last line
+  // without one.
+  const uint64_t found = newlines + (begin < end && last != '\n' ? 1 : 0);
+  if (found != lines) {
+    return absl::DataLossError(absl::StrCat("changed: bytes ", begin, "-", end, " hold ", found,
+                                            " lines, the scan saw ", lines));
+  }
+  return absl::OkStatus();
+}
+
 proto::DataSetRecord DataSetToRecord(const DataSet& data) {
   proto::DataSetRecord record;
   for (const std::string& file : data.files) record.add_files(file);

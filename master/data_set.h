@@ -56,6 +56,14 @@ using ScanProgress = std::function<bool(uint64_t, uint64_t)>;
 StatusOr<DataSet> CutIntoShards(std::vector<std::string> files, uint64_t shard_lines,
                                 const ScanProgress& progress = nullptr);
 
+// Reads [begin, end) of `path` as CutIntoShards did and checks it still
+// holds `lines` lines there: OK when it does. Otherwise why it does not,
+// in words for the job's failure line: kNotFound (the file is gone),
+// kPermissionDenied (it cannot be opened), kDataLoss (shorter than `end`:
+// truncated; or another number of lines: changed), kUnavailable (a read
+// error). Blocks for the read (one shard, a few MiB).
+Status CheckShardRange(const std::string& path, uint64_t begin, uint64_t end, uint64_t lines);
+
 // The data set as stored under data/train and data/eval (DataSetRecord,
 // whose `records` fields hold the lines), and back. Pure conversions: no
 // checks (a record that does not add up fails in ShardTracker::FromRecords).

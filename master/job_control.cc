@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cluster/job_options.h"
 #include "core/logging.h"
 #include "master/job_record.h"
 #include "rpc/message.h"
@@ -18,6 +19,16 @@ using nlohmann::json;
 
 namespace {
 
+// The answer to a worker's call once the job has failed or stopped: it
+// stops too (the master's final status says why).
+Status JobOver() {
+  return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                         "the job is over; the master's final status says why", proto::JOB_OVER);
+}
+
+std::string Seconds(absl::Duration duration) {
+  return absl::FormatDuration(absl::Trunc(duration, absl::Seconds(1)));
+}
 
 }  // namespace
 
@@ -142,6 +153,13 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
     return absl::InvalidArgumentError(
         absl::StrCat("bad server endpoint '", request.endpoint(), "'"));
   }
+  // Before the server counts: one with another model, optimizer or lease
+  // must not take a slot.
+  if (Status options = CheckSharedOptions(job_, request.job_options(), "server"); !options.ok()) {
+    LOG(WARNING) << "refused the server at " << request.endpoint() << " (" << request.hostname()
+                 << " pid " << request.pid() << "): " << options.message();
+    return options;
+  }
   const std::string this_job = absl::StrCat(job_spec_.job_id(), " ", job_spec_.name());
   if (!request.stored_job().empty() && request.stored_job() != this_job) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -165,6 +183,7 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
                                           {"host", request.hostname()},
                                           {"replaces", replaces},
                                           {"restarted", claim.restarted},
+                                          {"rejoined", request.rejoin()},
                                           {"fresh_data_dir", !request.has_stored_server_id()}});
     MaybeStartTraining(now);
   }
@@ -176,6 +195,11 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
 Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, absl::Time now,
                                   proto::RegisterWorkerReply* reply) {
   if (over()) return absl::FailedPreconditionError("the job is over");
+  if (Status options = CheckSharedOptions(job_, request.job_options(), "worker"); !options.ok()) {
+    LOG(WARNING) << "refused a worker (" << request.hostname() << " pid " << request.pid()
+                 << "): " << options.message();
+    return options;
+  }
   reply->set_worker_id(membership_.AdmitWorker(request, now));
   *reply->mutable_job() = job_spec_;
   reply->set_heartbeat_ms(static_cast<uint32_t>(job_.master.heartbeat_ms));
@@ -205,6 +229,16 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     bool first_contact = false;
     RETURN_IF_ERROR(membership_.ServerHeartbeat(sender.id(), request.endpoint(), request.server(),
                                                 now, &first_contact));
+    const ServerEntry& server = *membership_.server(sender.id());
+    if (!request.storage_error().empty() && !over()) {
+      // What it acknowledges from now on may never reach its store: stop
+      // before more work is lost.
+      Stop(absl::StrCat("ps[", sender.id(), "] (", server.host, " pid ", server.pid,
+                        ") cannot write its store: ", request.storage_error(),
+                        "; free space (or fix the disk), then run eps-master --resume and "
+                        "restart the servers on their --data-dir"),
+           now);
+    }
     told = &membership_.server(sender.id())->told_to_exit;
   } else {
     return absl::InvalidArgumentError("heartbeat from an unknown role");
@@ -276,12 +310,16 @@ Status JobControl::GetShard(const proto::NodeId& sender, absl::Time now,
   }
   reply->set_action(proto::GetShardReply::ASSIGNED);
   *reply->mutable_shard() = *std::move(shard);
+  worker->last_progress = now;
   return absl::OkStatus();
 }
 
 Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgressRequest& request,
                           std::span<const float> labels, std::span<const float> predictions,
                           absl::Time now, proto::CommitProgressReply* reply) {
+  // A failed or stopped job takes nothing more; a finished one still
+  // acknowledges a repeat of its last commits (below).
+  if (progress_.phase() == JobPhase::kFailed) return JobOver();
   if (request.phase() == proto::EVAL) {
     if (labels.size() != predictions.size() ||
         labels.size() + request.malformed() != request.lines()) {
@@ -292,6 +330,16 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
     }
     // The metrics sort by prediction: NaN would break them, not just skew.
     for (size_t i = 0; i < labels.size(); ++i) {
+      if (std::isnan(predictions[i])) {
+        // The model itself is broken: no evaluation of it may stand.
+        ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
+        worker->last_seen = now;
+        StopDiverged(absl::StrCat("the model diverged: worker[", sender.id(),
+                                  "] predicted NaN for the evaluation (shard ", request.shard_id(),
+                                  ", record ", i, " of the commit)"),
+                     now);
+        return JobOver();
+      }
       if (!(predictions[i] >= 0.0f && predictions[i] <= 1.0f) || !std::isfinite(labels[i])) {
         return absl::InvalidArgumentError(absl::StrCat(
             "eval commit record ", i, " has prediction ", predictions[i], " and label ", labels[i],
@@ -304,6 +352,12 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
   }
   ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
   worker->last_seen = now;
+  if (request.phase() == proto::TRAIN) {
+    if (std::optional<std::string> diverged = progress_.NonFiniteLoss(sender.id(), request)) {
+      StopDiverged(*diverged, now);
+      return JobOver();
+    }
+  }
   ASSIGN_OR_RETURN(TrainingProgress::Committed committed,
                    progress_.Commit(sender.id(), request, labels, predictions));
   reply->set_applied(committed.applied);
@@ -316,6 +370,12 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
   }
   if (!committed.applied) return absl::OkStatus();
   worker->records += committed.records_trained;
+  worker->last_progress = now;
+  if (std::optional<std::string> diverged = progress_.Diverging()) {
+    StopDiverged(absl::StrCat(*diverged, "; first seen in worker[", sender.id(), "]'s commit"),
+                 now);
+    return absl::OkStatus();
+  }
   if (progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) Finish(now);
   return absl::OkStatus();
 }
@@ -328,6 +388,54 @@ Status JobControl::SplitShard(const proto::NodeId& sender, const proto::SplitSha
   reply->set_accepted(split.accepted);
   if (split.accepted) reply->set_new_shard_id(split.new_shard);
   return absl::OkStatus();
+}
+
+StatusOr<std::optional<TrainingProgress::UnreadRange>> JobControl::UnreadableShard(
+    const proto::NodeId& sender, const proto::ShardUnreadableRequest& request, absl::Time now,
+    proto::ShardUnreadableReply* reply) {
+  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
+  worker->last_seen = now;
+  if (over()) return JobOver();
+  ASSIGN_OR_RETURN(std::optional<TrainingProgress::UnreadRange> range,
+                   progress_.Unread(sender.id(), request));
+  if (!range.has_value()) reply->set_skipped(true);
+  return range;
+}
+
+Status JobControl::ShardUnreadable(const proto::NodeId& sender,
+                                   const proto::ShardUnreadableRequest& request,
+                                   const TrainingProgress::UnreadRange& range,
+                                   const Status& readable, absl::Time now,
+                                   proto::ShardUnreadableReply* reply) {
+  // The state may have moved while the master read the file.
+  ASSIGN_OR_RETURN(std::optional<TrainingProgress::UnreadRange> still,
+                   UnreadableShard(sender, request, now, reply));
+  if (!still.has_value()) return absl::OkStatus();
+  const std::string lines =
+      absl::StrCat("lines ", range.first_line, "-", range.first_line + range.lines - 1);
+  if (readable.ok()) {
+    LOG(WARNING) << "worker[" << sender.id() << "] cannot read " << range.path << " (" << lines
+                 << "): " << request.error() << "; the master can: the worker's access is broken";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the master reads ", range.path, " (", lines, ") fine, but this worker cannot (",
+        request.error(), "): check this machine's access to the data"));
+  }
+  const std::string reason(readable.message());
+  if (job_.data.on_unreadable == "skip") {
+    RETURN_IF_ERROR(progress_.SkipUnread(sender.id(), request, reason));
+    reply->set_skipped(true);
+    if (progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) Finish(now);
+    return absl::OkStatus();
+  }
+  Stop(absl::StrCat("data file ", range.path, " cannot be read (", reason, "; ", lines,
+                    request.phase() == proto::EVAL
+                        ? std::string(" of the evaluation")
+                        : absl::StrCat(" in epoch ", request.epoch() + 1),
+                    ", first seen by worker[", sender.id(), "]: ", request.error(),
+                    "); restore it and run eps-master --resume, or set data.on_unreadable = skip "
+                    "to train without it"),
+       now);
+  return JobOver();
 }
 
 Status JobControl::Deregister(const proto::NodeId& sender) {
@@ -355,6 +463,7 @@ void JobControl::ExpireLeases(absl::Time now) {
 
 void JobControl::Tick(absl::Time now) {
   ExpireLeases(now);
+  EnforceBounds(now);
   SampleProgress(now);
   checkpoints_.MaybeStart(now, !recovery_.active() && !over() &&
                                    progress_.phase() == JobPhase::kTraining &&
@@ -401,6 +510,18 @@ void JobControl::FencesAcknowledged(const Membership::FenceRound& round, absl::T
         entry != membership_.workers().end() && entry->second.state == PeerState::kDead;
     progress_.ReleaseShardsOf(worker, "fenced",
                               died ? std::optional(now - entry->second.last_seen) : std::nullopt);
+  }
+}
+
+void JobControl::FencesRefused(const Membership::FenceRound& round,
+                               const std::vector<ServerAddress>& refused, absl::Time now) {
+  const absl::Duration patience = absl::Milliseconds(job_.master.lease_ms);
+  for (uint32_t slot : membership_.FencesRefused(round, refused, patience, now)) {
+    const std::string why = absl::StrCat("did not acknowledge the fence list for more than a lease (",
+                                         job_.master.lease_ms, " ms)");
+    if (membership_.LoseServer(slot, why, now)) {
+      StartRecovery(slot, absl::StrCat("ps[", slot, "] ", why), now);
+    }
   }
 }
 
@@ -454,17 +575,18 @@ void JobControl::CheckpointRecorded(const proto::CheckpointRecord& record, const
 std::optional<Recovery::Step> JobControl::NextRestore(absl::Time now) {
   if (!recovery_.active() || over()) return std::nullopt;
   if (!checkpoints_.last().has_value()) {
-    FailRecovery("no complete checkpoint to restore", now);
+    Stop("no complete checkpoint to restore", now);
     return std::nullopt;
   }
   Recovery::Step step = recovery_.Next(membership_, *checkpoints_.last(),
-                                       absl::Seconds(job_.job.progress_interval_s), now);
+                                       absl::Seconds(job_.job.progress_interval_s),
+                                       absl::Seconds(job_.master.recovery_timeout_s), now);
   if (step.waiting_line.has_value()) LOG(WARNING) << *step.waiting_line;
   switch (step.kind) {
     case Recovery::Step::Kind::kWait:
       return std::nullopt;
     case Recovery::Step::Kind::kFail:
-      FailRecovery(step.error, now);
+      Stop(step.error, now);
       return std::nullopt;
     case Recovery::Step::Kind::kRestore:
       return step;
@@ -483,7 +605,7 @@ void JobControl::Restored(const Recovery::Step& step, const std::vector<StatusOr
               << "again";
       return;
     case Recovery::Verdict::kFail:
-      FailRecovery(error, now);
+      Stop(error, now);
       return;
     case Recovery::Verdict::kDone:
       break;
@@ -495,7 +617,7 @@ void JobControl::Restored(const Recovery::Step& step, const std::vector<StatusOr
   if (rollback) {
     Status applied = progress_.ApplyCheckpoint(checkpoint);
     if (!applied.ok()) {
-      FailRecovery(
+      Stop(
           absl::StrCat("cannot return to checkpoint ", checkpoint.id(), ": ", applied.message()),
           now);
       return;
@@ -541,6 +663,16 @@ static absl::Time ShutdownDeadline(const JobConfig& job, absl::Time now) {
 }
 
 void JobControl::Finish(absl::Time now) {
+  const std::optional<double> evaluated_auc = progress_.eval_auc();
+  const std::optional<double> evaluated_logloss = progress_.eval_logloss();
+  if ((evaluated_auc && !std::isfinite(*evaluated_auc)) ||
+      (evaluated_logloss && !std::isfinite(*evaluated_logloss))) {
+    // Never "finished" with a model whose evaluation is not a number.
+    StopDiverged(absl::StrCat("the evaluation is not finite (AUC ", *evaluated_auc, ", log loss ",
+                              *evaluated_logloss, ")"),
+                 now);
+    return;
+  }
   progress_.Finish();
   done_at_ = ShutdownDeadline(job_, now);
   ended_ = true;
@@ -563,6 +695,120 @@ void JobControl::Fail(const std::string& reason, bool stopped, absl::Time now) {
   ended_ = true;
   LOG(ERROR) << "job failed: " << reason;
   events_->Record("job_failed", {{"error", reason}});
+}
+
+void JobControl::StopDiverged(const std::string& reason, absl::Time now) {
+  const std::optional<proto::CheckpointRecord>& last = checkpoints_.last();
+  Stop(absl::StrCat(
+           reason, "; resume from ",
+           last.has_value() ? absl::StrCat("checkpoint ", last->id()) : "the last checkpoint",
+           " with a smaller step: eps-master --resume --optimizer.learning_rate=... (give every "
+           "server and worker the same option)"),
+       now);
+}
+
+void JobControl::EnforceBounds(absl::Time now) {
+  if (over()) return;
+  const JobPhase phase = progress_.phase();
+  // Servers to register: before training, a missing server fails the job
+  // (nothing was trained, there is nothing to resume); once training, a
+  // lost one starts a recovery, which has its own bound.
+  const bool servers_missing =
+      phase == JobPhase::kScanning && !recovery_.active() &&
+      (membership_.servers().size() < static_cast<size_t>(job_.ps.num_servers) ||
+       !membership_.all_servers_alive());
+  if (!servers_missing) {
+    servers_missing_since_ = absl::InfiniteFuture();
+  } else if (servers_missing_since_ == absl::InfiniteFuture()) {
+    servers_missing_since_ = now;
+  } else if (now - servers_missing_since_ > absl::Seconds(job_.master.recovery_timeout_s)) {
+    size_t alive = 0;
+    for (const auto& [id, server] : membership_.servers()) alive += server.state == PeerState::kAlive;
+    Fail(absl::StrCat("only ", alive, " of ", job_.ps.num_servers,
+                      " parameter server(s) registered within master.recovery_timeout_s (",
+                      job_.master.recovery_timeout_s,
+                      " s): start the missing eps-server processes, then start the job again"),
+         /*stopped=*/false, now);
+    return;
+  }
+  const bool training = phase == JobPhase::kTraining || phase == JobPhase::kEvaluating;
+  if (!training) return;
+
+  // A shard's holder that makes no progress (a hung trainer, a dead GPU)
+  // is fenced; its shards move once every server refuses it. Time the
+  // job held workers back (a checkpoint round, a recovery) does not count.
+  if (recovery_.active() || checkpoints_.round_id().has_value()) held_until_ = now;
+  const absl::Duration patience = absl::Seconds(job_.master.progress_timeout_s);
+  for (uint32_t holder : progress_.HoldersOfShardsInProgress()) {
+    auto it = membership_.workers().find(holder);
+    if (it == membership_.workers().end() || it->second.state != PeerState::kAlive) continue;
+    const absl::Time since = std::max(it->second.last_progress, held_until_);
+    if (now - since <= patience) continue;
+    progress_.AddRetrained(membership_.FenceAlive(
+        holder, now,
+        absl::StrCat("it holds a shard and made no progress for ", Seconds(now - since),
+                     " (master.progress_timeout_s = ", job_.master.progress_timeout_s,
+                     " s): a hung trainer?")));
+  }
+
+  // Workers to train: the job stops (resumably) when none came for long.
+  bool worker_alive = false;
+  for (const auto& [id, worker] : membership_.workers()) {
+    worker_alive |= worker.state == PeerState::kAlive;
+  }
+  if (worker_alive || recovery_.active() || job_.master.worker_wait_s == 0) {
+    no_workers_since_ = absl::InfiniteFuture();
+  } else if (no_workers_since_ == absl::InfiniteFuture()) {
+    no_workers_since_ = now;
+  } else if (now - no_workers_since_ > absl::Seconds(job_.master.worker_wait_s)) {
+    Stop(absl::StrCat("no worker was alive for ", Seconds(now - no_workers_since_),
+                      " (master.worker_wait_s = ", job_.master.worker_wait_s,
+                      " s): start eps-worker processes, then run eps-master --resume"),
+         now);
+    return;
+  }
+
+  // Checkpoints that keep failing leave nothing newer to return to.
+  if (job_.checkpoint.max_failures > 0 &&
+      checkpoints_.consecutive_failures() >= static_cast<uint64_t>(job_.checkpoint.max_failures)) {
+    Stop(absl::StrCat("the last ", checkpoints_.consecutive_failures(),
+                      " checkpoints failed (checkpoint.max_failures = ",
+                      job_.checkpoint.max_failures, "), the last one: ",
+                      checkpoints_.last_failure(),
+                      "; fix the cause, then run eps-master --resume"),
+         now);
+  }
+}
+
+std::vector<std::string> JobControl::Waits(absl::Time now) const {
+  std::vector<std::string> waits;
+  if (over()) return waits;
+  if (servers_missing_since_ != absl::InfiniteFuture()) {
+    waits.push_back(absl::StrCat("parameter servers to register: ", membership_.servers().size(),
+                                 " of ", job_.ps.num_servers, " for ",
+                                 Seconds(now - servers_missing_since_),
+                                 " (master.recovery_timeout_s = ", job_.master.recovery_timeout_s,
+                                 " s)"));
+  }
+  if (recovery_.active()) {
+    const std::vector<uint32_t> missing = membership_.MissingServers();
+    waits.push_back(absl::StrCat(
+        "recovery (", recovery_.why(), ") for ", Seconds(now - recovery_.started()), ": ",
+        !missing.empty() ? absl::StrCat("ps[", absl::StrJoin(missing, "], ps["), "] to come back")
+        : membership_.fencing() ? std::string("the servers to acknowledge the fence list")
+                                : std::string("the servers to restore"),
+        " (master.recovery_timeout_s = ", job_.master.recovery_timeout_s, " s)"));
+  }
+  if (const std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {
+    waits.push_back(absl::StrCat("checkpoint ", *round, ": ",
+                                 checkpoints_.writing() ? "the servers to write it"
+                                                        : "the workers to pause"));
+  }
+  if (no_workers_since_ != absl::InfiniteFuture()) {
+    waits.push_back(absl::StrCat("workers: none alive for ", Seconds(now - no_workers_since_),
+                                 " (master.worker_wait_s = ", job_.master.worker_wait_s, " s)"));
+  }
+  return waits;
 }
 
 StatusOr<uint64_t> JobControl::RequestCheckpoint() {
@@ -609,6 +855,10 @@ void JobControl::SampleProgress(absl::Time now) {
                  {"eta_s", NullableNumber(eta)}};
   meter_.Keep(sample);
   events_->Record("progress", std::move(sample));
+  // A recovery says what it waits for itself (NextRestore).
+  if (!recovery_.active()) {
+    for (const std::string& wait : Waits(now)) LOG(INFO) << "waiting for " << wait;
+  }
   const ShardTracker* tracker = progress_.tracker();
   if (tracker == nullptr) {
     LOG(INFO) << JobPhaseName(phase) << ": " << membership_.servers().size() << "/"

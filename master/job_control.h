@@ -8,7 +8,15 @@
 //     worker that joined after the pause would push into it);
 //   - a fenced worker's shards move only once every live server has its
 //     fence; a rollback replaces the pass instead;
-//   - a lost server before training starts only frees its slot.
+//   - a lost server before training starts only frees its slot;
+//   - every wait on something outside the master has a bound and an
+//     outcome (docs/design.md 2.14), enforced on every Tick: servers to
+//     register, a slot to be filled, fences to be acknowledged, a shard's
+//     holder to make progress, workers to exist, checkpoints to succeed;
+//   - a model that diverged (a non-finite loss or prediction, a loss past
+//     job.divergence_factor) or a server that cannot write its store stops
+//     the job resumably; the job never finishes with a non-finite
+//     evaluation.
 //
 // It decides and never waits: RPC handlers take decoded requests and fill
 // replies; the job loop's steps return what to send to the servers (fence
@@ -85,6 +93,22 @@ class JobControl {
                 absl::Time now, proto::CommitProgressReply* reply);
   Status SplitShard(const proto::NodeId& sender, const proto::SplitShardRequest& request,
                     absl::Time now, proto::SplitShardReply* reply);
+  // SHARD_UNREADABLE, in two halves around the master's own read of the
+  // file (I/O, which the driver does without its lock). First, the range
+  // to read; nullopt when there is none to read: a repeated report of a
+  // shard skipped already (`reply` says so). FENCED for a fenced worker,
+  // JOB_OVER once the job is over, TrainingProgress::Unread's errors.
+  StatusOr<std::optional<TrainingProgress::UnreadRange>> UnreadableShard(
+      const proto::NodeId& sender, const proto::ShardUnreadableRequest& request, absl::Time now,
+      proto::ShardUnreadableReply* reply);
+  // Then what the master's read of `range` found: OK means the file is
+  // fine and the worker's own access is broken (kFailedPrecondition for
+  // it, naming the file: the worker exits and its shard moves on);
+  // otherwise data.on_unreadable decides: "fail" stops the job resumably
+  // naming the file (JOB_OVER for the worker), "skip" skips the range.
+  Status ShardUnreadable(const proto::NodeId& sender, const proto::ShardUnreadableRequest& request,
+                         const TrainingProgress::UnreadRange& range, const Status& readable,
+                         absl::Time now, proto::ShardUnreadableReply* reply);
   Status Deregister(const proto::NodeId& sender);
 
   // --- The job loop ---------------------------------------------------------
@@ -100,6 +124,11 @@ class JobControl {
   }
   // Every server in `round` acknowledged it.
   void FencesAcknowledged(const Membership::FenceRound& round, absl::Time now);
+  // The servers `refused` of `round` did not acknowledge it (the others
+  // did). One that has failed to for longer than a lease is lost (it
+  // cannot refuse fenced workers, so it is not serving): a recovery.
+  void FencesRefused(const Membership::FenceRound& round,
+                     const std::vector<ServerAddress>& refused, absl::Time now);
 
   // The checkpoint round's write, once every worker paused; with the live
   // servers to write it. The id must be persisted before it is sent.
@@ -132,6 +161,12 @@ class JobControl {
 
   // Fails the job (a no-op once over). `stopped`: it can go on with --resume.
   void Fail(const std::string& reason, bool stopped, absl::Time now);
+  // Stops the job resumably (Fail with stopped): its checkpoints stand, and
+  // --resume goes on from the last complete one once the cause is fixed.
+  void Stop(const std::string& reason, absl::Time now) {
+    progress_.set_stopped(true);
+    Fail(reason, /*stopped=*/true, now);
+  }
   bool over() const { return progress_.over(); }
 
   // POST /checkpoint: the id of the round to wait for, or kFailedPrecondition
@@ -160,16 +195,19 @@ class JobControl {
   absl::Time started() const { return started_; }
   // Seconds to the end of the job at the last interval's rate.
   std::optional<double> EtaSeconds() const;
+  // What the job waits for right now on something outside the master
+  // (servers, workers, a recovery, a checkpoint round), one line each with
+  // how long and its bound; empty when it waits for nothing. /status
+  // `waiting_for`.
+  std::vector<std::string> Waits(absl::Time now) const;
 
  private:
   Status ResumeFromCheckpoint(const MasterSnapshot& snapshot, absl::Time now);
   void StartRecovery(uint32_t server, const std::string& why, absl::Time now);
-  // A recovery that cannot complete stops the job resumably: its
-  // checkpoints stand, and --resume tries again once the cause is fixed.
-  void FailRecovery(const std::string& reason, absl::Time now) {
-    progress_.set_stopped(true);
-    Fail(reason, /*stopped=*/true, now);
-  }
+  // Ends the waits that ran past their bounds (Tick).
+  void EnforceBounds(absl::Time now);
+  // Stops the job for a diverged model: `reason`, and how to go on.
+  void StopDiverged(const std::string& reason, absl::Time now);
   // Places the servers and starts training once both are ready.
   void MaybeStartTraining(absl::Time now);
   void AfterCommit(absl::Time now);
@@ -191,6 +229,13 @@ class JobControl {
   Recovery recovery_;
   ProgressMeter meter_;
   bool resumed_ = false;
+  // Since when the bounded waits of EnforceBounds have lasted
+  // (InfiniteFuture while not waiting), and the last tick the job held
+  // workers back (a checkpoint round or a recovery), which does not count
+  // against their progress.
+  absl::Time servers_missing_since_ = absl::InfiniteFuture();
+  absl::Time no_workers_since_ = absl::InfiniteFuture();
+  absl::Time held_until_ = absl::InfinitePast();
   absl::Time done_at_ = absl::InfiniteFuture();
   bool ended_ = false;  // the job ended since the last TakeChanges
   std::string saved_record_;  // the master record last taken, serialized

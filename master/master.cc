@@ -84,6 +84,10 @@ class Master::Impl {
  private:
   Status StartServing();
   Status Handle(Message& request, Message* reply);
+  // SHARD_UNREADABLE: JobControl judges the report around the master's own
+  // read of the file, done without mu_ (one shard: a few MiB; the RPC
+  // thread waits for it).
+  Status HandleShardUnreadable(const Message& request, Message* reply);
   // POST /checkpoint: a coordinated round now (or the one in progress);
   // answers when it is complete or has failed.
   std::pair<int, std::string> PostCheckpoint();
@@ -375,9 +379,13 @@ void Master::Impl::PropagateFences(ServerCalls& calls) {
   if (!round.has_value()) return;
   const absl::Duration timeout =
       absl::Milliseconds(std::max<int64_t>(200, options_.job.master.heartbeat_ms));
-  if (!calls.SendFences(*round, timeout)) return;  // again next tick
+  const std::vector<ServerAddress> refused = calls.SendFences(*round, timeout);
   absl::MutexLock lock(&mu_);
-  control_->FencesAcknowledged(*round, clock_->Now());
+  if (refused.empty()) {
+    control_->FencesAcknowledged(*round, clock_->Now());
+  } else {
+    control_->FencesRefused(*round, refused, clock_->Now());  // again next tick
+  }
   changed_.SignalAll();
 }
 
@@ -478,6 +486,11 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
         return absl::InvalidArgumentError("SPLIT_SHARD without its body");
       }
       break;
+    case proto::SHARD_UNREADABLE:
+      if (!request.header().has_shard_unreadable_request()) {
+        return absl::InvalidArgumentError("SHARD_UNREADABLE without its body");
+      }
+      return HandleShardUnreadable(request, reply);
     case proto::GET_CLUSTER_MAP:
     case proto::GET_SHARD:
     case proto::DEREGISTER:
@@ -547,6 +560,35 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
     changed_.SignalAll();
   }
   // What the reply acknowledges is on disk before the reply leaves.
+  Status persisted = Persist();
+  return persisted.ok() ? status : persisted;
+}
+
+Status Master::Impl::HandleShardUnreadable(const Message& request, Message* reply) {
+  const proto::NodeId& sender = request.header().sender();
+  const proto::ShardUnreadableRequest& body = request.header().shard_unreadable_request();
+  proto::ShardUnreadableReply answer;
+  Status status;
+  std::optional<TrainingProgress::UnreadRange> range;
+  {
+    absl::MutexLock lock(&mu_);
+    StatusOr<std::optional<TrainingProgress::UnreadRange>> found =
+        control_->UnreadableShard(sender, body, clock_->Now(), &answer);
+    if (found.ok()) {
+      range = *std::move(found);
+    } else {
+      status = found.status();
+    }
+  }
+  if (range.has_value()) {
+    const Status readable = CheckShardRange(range->path, range->begin, range->end, range->lines);
+    absl::MutexLock lock(&mu_);
+    status = control_->ShardUnreadable(sender, body, *range, readable, clock_->Now(), &answer);
+    changed_.SignalAll();
+  }
+  if (status.ok()) *reply->header().mutable_shard_unreadable_reply() = answer;
+  // What the reply acknowledges (a skipped shard, a stopped job) is on
+  // disk before it leaves.
   Status persisted = Persist();
   return persisted.ok() ? status : persisted;
 }

@@ -28,6 +28,23 @@ StatusOr<Membership::Claim> Membership::ClaimSlot(const proto::RegisterServerReq
       return Claim{.slot = id, .retried = true};
     }
   }
+  if (request.rejoin()) {
+    // The same process, back after its lease ran out (cut off, stopped):
+    // its slot is its own again unless another process took it meanwhile.
+    const uint32_t slot = request.stored_server_id();
+    auto it = servers_.find(slot);
+    if (it == servers_.end() || it->second.endpoint != request.endpoint() ||
+        (it->second.pid != 0 && it->second.pid != request.pid())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ps[", slot, "] ",
+          it == servers_.end() ? std::string("is no longer a slot of this job")
+                               : absl::StrCat("is served by ", it->second.endpoint, " now"),
+          ": this server (", request.endpoint(),
+          ") was replaced while it was away, and exits"));
+    }
+    if (it->second.state == PeerState::kAlive) return Claim{.slot = slot, .retried = true};
+    return Claim{.slot = slot};
+  }
   if (request.has_stored_server_id()) {
     // A server restarted on its --data-dir takes its own slot back.
     const uint32_t slot = request.stored_server_id();
@@ -83,7 +100,9 @@ bool Membership::AdmitServer(uint32_t slot, const proto::RegisterServerRequest& 
     fences_acknowledged_ = 0;
     LOG(INFO) << "ps[" << slot << "] is back: " << request.endpoint() << " ("
               << request.hostname() << " pid " << request.pid() << ", "
-              << (request.has_stored_server_id() ? "its own --data-dir" : "a fresh --data-dir")
+              << (request.rejoin()                   ? "the same process, back after it was cut off"
+                  : request.has_stored_server_id() ? "its own --data-dir"
+                                                   : "a fresh --data-dir")
               << ")";
   } else {
     LOG(INFO) << "ps[" << slot << "] registered: " << request.endpoint() << " ("
@@ -141,7 +160,10 @@ Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
   auto it = servers_.find(slot);
   if (it == servers_.end() || it->second.state != PeerState::kAlive) {
     return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
-                           absl::StrCat("server ", slot, " is not registered"), proto::FENCED);
+                           absl::StrCat("ps[", slot,
+                                        " is not registered (its lease ran out, or the job never "
+                                        "had it): register again"),
+                           proto::FENCED);
   }
   if (!endpoint.empty() && endpoint != it->second.endpoint) {
     return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
@@ -177,22 +199,37 @@ Membership::Expired Membership::ExpireLeases(absl::Time now) {
     expired.workers.emplace_back(
         id, worker.records_pushed > worker.records ? worker.records_pushed - worker.records : 0);
   }
-  std::vector<uint32_t> freed;
-  for (auto& [id, server] : servers_) {
-    if (server.state != PeerState::kAlive || now - server.last_seen <= lease) continue;
-    server.state = PeerState::kDead;
-    ++generation_;
-    LOG(ERROR) << "ps[" << id << "] at " << server.endpoint << " missed its lease ("
-               << job_.master.lease_ms << " ms): dead";
-    events_->Record("server_dead",
-                    {{"server", id},
-                     {"endpoint", server.endpoint},
-                     {"silent_ms", absl::ToInt64Milliseconds(now - server.last_seen)}});
-    // Nothing placed on it yet: another server may simply take its place.
-    (placed() ? expired.servers : freed).push_back(id);
+  std::vector<uint32_t> silent;
+  for (const auto& [id, server] : servers_) {
+    if (server.state == PeerState::kAlive && now - server.last_seen > lease) silent.push_back(id);
   }
-  for (uint32_t id : freed) servers_.erase(id);
+  for (uint32_t id : silent) {
+    const absl::Duration quiet = now - servers_.at(id).last_seen;
+    if (LoseServer(id,
+                   absl::StrCat("missed its lease (", job_.master.lease_ms, " ms): silent for ",
+                                absl::ToInt64Milliseconds(quiet), " ms"),
+                   now)) {
+      expired.servers.push_back(id);
+    }
+  }
   return expired;
+}
+
+bool Membership::LoseServer(uint32_t slot, const std::string& why, absl::Time now) {
+  auto it = servers_.find(slot);
+  if (it == servers_.end() || it->second.state != PeerState::kAlive) return false;
+  ServerEntry& server = it->second;
+  server.state = PeerState::kDead;
+  ++generation_;
+  LOG(ERROR) << "ps[" << slot << "] at " << server.endpoint << " " << why << ": dead";
+  events_->Record("server_dead", {{"server", slot},
+                                  {"endpoint", server.endpoint},
+                                  {"reason", why},
+                                  {"silent_ms", absl::ToInt64Milliseconds(now - server.last_seen)}});
+  if (placed()) return true;
+  // Nothing placed on it yet: another server may simply take its place.
+  servers_.erase(it);
+  return false;
 }
 
 void Membership::AddToFenceList(uint32_t worker) {
@@ -217,6 +254,18 @@ uint64_t Membership::FenceAllAlive(absl::Time now, const std::string& why) {
     Fence(id, now, why);
   }
   return retrained;
+}
+
+uint64_t Membership::FenceAlive(uint32_t worker, absl::Time now, const std::string& why) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end() || it->second.state != PeerState::kAlive) return 0;
+  WorkerEntry& entry = it->second;
+  entry.state = PeerState::kFenced;
+  LOG(WARNING) << "worker[" << worker << "] (" << entry.host << " pid " << entry.pid
+               << ") fenced: " << why;
+  events_->Record("worker_fenced_alive", {{"worker", worker}, {"reason", why}});
+  Fence(worker, now, why);
+  return entry.records_pushed > entry.records ? entry.records_pushed - entry.records : 0;
 }
 
 StatusOr<bool> Membership::Leave(uint32_t worker) {
@@ -248,6 +297,11 @@ std::vector<std::pair<uint32_t, absl::Time>> Membership::FencesAcknowledged(
   std::vector<std::pair<uint32_t, absl::Time>> released;
   if (round.admissions != admissions_) return released;
   fences_acknowledged_ = std::max(fences_acknowledged_, round.fenced.size());
+  for (const ServerAddress& address : round.servers) {
+    if (ServerEntry* server = this->server(address.first); server != nullptr) {
+      server->fences_failing_since = absl::InfiniteFuture();
+    }
+  }
   for (auto it = awaiting_fence_.begin(); it != awaiting_fence_.end();) {
     if (!std::binary_search(round.fenced.begin(), round.fenced.end(), it->first)) {
       ++it;
@@ -258,6 +312,26 @@ std::vector<std::pair<uint32_t, absl::Time>> Membership::FencesAcknowledged(
     it = awaiting_fence_.erase(it);
   }
   return released;
+}
+
+std::vector<uint32_t> Membership::FencesRefused(const FenceRound& round,
+                                               const std::vector<ServerAddress>& refused,
+                                               absl::Duration patience, absl::Time now) {
+  std::vector<uint32_t> overdue;
+  for (const ServerAddress& address : round.servers) {
+    auto it = servers_.find(address.first);
+    if (it == servers_.end() || it->second.endpoint != address.second) continue;
+    ServerEntry& server = it->second;
+    if (std::find(refused.begin(), refused.end(), address) == refused.end()) {
+      server.fences_failing_since = absl::InfiniteFuture();
+      continue;
+    }
+    if (server.fences_failing_since == absl::InfiniteFuture()) server.fences_failing_since = now;
+    if (server.state == PeerState::kAlive && now - server.fences_failing_since > patience) {
+      overdue.push_back(address.first);
+    }
+  }
+  return overdue;
 }
 
 bool Membership::fencing() const {

@@ -52,6 +52,8 @@ struct WorkerEntry {
   double records_per_s = 0;
   bool told_to_exit = false;
   uint64_t paused_for = 0;  // the checkpoint it reports having paused for
+  // When it last made progress: took a shard, or had a commit applied.
+  absl::Time last_progress;
   // As last reported; kept once the worker is gone (/metrics).
   proto::WorkerStats stats;
 };
@@ -66,6 +68,9 @@ struct ServerEntry {
   bool told_to_exit = false;
   // Heard from by this master (a restored entry is not, until it heartbeats).
   bool seen = false;
+  // Since when it has failed to acknowledge the fence list (InfiniteFuture
+  // while it acknowledges).
+  absl::Time fences_failing_since = absl::InfiniteFuture();
 };
 
 // A server slot and the endpoint a call to it goes to.
@@ -89,9 +94,13 @@ class Membership {
     bool restarted = false;
   };
   // Finds the slot a registering server takes: its own (stored_server_id),
-  // the next one while the job is placed, or a dead one.
-  //   kFailedPrecondition: a stored slot this job does not have, or every
-  //     slot taken by a live server.
+  // the next one while the job is placed, or a dead one. A rejoining
+  // process (request.rejoin: it lost its lease, it is not a new process)
+  // takes its slot back only while the slot is still its own (the same
+  // endpoint and pid), alive or dead.
+  //   kFailedPrecondition: a stored slot this job does not have, every
+  //     slot taken by a live server, or a rejoining server whose slot
+  //     another process took.
   StatusOr<Claim> ClaimSlot(const proto::RegisterServerRequest& request);
   // Puts the registering server in `slot` (after ClaimSlot). Returns true
   // when it replaces an earlier process of the slot: the slot's endpoint
@@ -126,6 +135,11 @@ class Membership {
     std::vector<uint32_t> servers;
   };
   Expired ExpireLeases(absl::Time now);
+  // Marks the live server in `slot` dead for `why` (logged, event
+  // server_dead). Before placement the slot is freed instead (another
+  // server may take it) and false is returned; true once placed: the
+  // caller starts a recovery.
+  bool LoseServer(uint32_t slot, const std::string& why, absl::Time now);
 
   // --- Fencing ------------------------------------------------------------
 
@@ -134,6 +148,10 @@ class Membership {
   // Fences every live worker as kFenced (a recovery). Returns the records
   // they pushed but never committed, summed.
   uint64_t FenceAllAlive(absl::Time now, const std::string& why);
+  // Fences one live worker as kFenced (it registers again); its shards
+  // wait for FencesAcknowledged. Returns the records it pushed but never
+  // committed. No-op (0) unless it is alive.
+  uint64_t FenceAlive(uint32_t worker, absl::Time now, const std::string& why);
   // A worker leaving (DEREGISTER): kLeft and fenced at once; its shards may
   // move now (it committed what it pushed). False when it was not alive.
   // kNotFound for an unknown worker.
@@ -156,6 +174,13 @@ class Membership {
   // taken before a server was admitted counts for nothing (that server has
   // not heard it): the next round goes to it too.
   std::vector<std::pair<uint32_t, absl::Time>> FencesAcknowledged(const FenceRound& round);
+  // Some servers of `round` did not acknowledge it (`refused`, the others
+  // did). Returns the refusing servers that have failed to acknowledge the
+  // fence list for longer than `patience` (a server that cannot fence is
+  // not serving: the caller loses it).
+  std::vector<uint32_t> FencesRefused(const FenceRound& round,
+                                      const std::vector<ServerAddress>& refused,
+                                      absl::Duration patience, absl::Time now);
   // Some fence is not acknowledged by every live server yet.
   bool fencing() const;
   // Some fenced worker's shards wait for its fence to reach every server.

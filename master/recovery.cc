@@ -35,9 +35,28 @@ const std::string& Recovery::why() const {
 
 Recovery::Step Recovery::Next(const Membership& membership,
                               const proto::CheckpointRecord& checkpoint, absl::Duration log_every,
-                              absl::Time now) {
+                              absl::Duration timeout, absl::Time now) {
   Step step;
   const std::vector<uint32_t> missing = membership.MissingServers();
+  if (now - state_->started > timeout) {
+    step.kind = Step::Kind::kFail;
+    const std::string waited = absl::StrCat(
+        "within master.recovery_timeout_s (", absl::FormatDuration(timeout), ") of ",
+        state_->why);
+    if (!missing.empty()) {
+      step.error = absl::StrCat(
+          "ps[", absl::StrJoin(missing, "], ps["), "] did not come back ", waited,
+          ": restart each on its --data-dir (or start an eps-server on a fresh --data-dir in its "
+          "place), then run eps-master --resume");
+    } else if (membership.fencing()) {
+      step.error = absl::StrCat("the servers did not acknowledge the fence list ", waited);
+    } else {
+      step.error = absl::StrCat("the restore of checkpoint ", checkpoint.id(),
+                                " did not complete ", waited,
+                                state_->last_retry.empty() ? "" : ": ", state_->last_retry);
+    }
+    return step;
+  }
   if (!missing.empty() || membership.fencing()) {
     if (now - state_->last_log >= log_every) {
       state_->last_log = now;
@@ -78,12 +97,18 @@ Recovery::Verdict Recovery::Restored(const Membership& membership, const Step& s
   // not a target (continue restores only the lost ones): its new process
   // holds nothing restored yet, so the recovery is not done.
   for (const RestoreTarget& target : step.targets) {
-    if (!membership.Serving({target.slot, target.endpoint})) return Verdict::kRetry;
+    if (!membership.Serving({target.slot, target.endpoint})) {
+      state_->last_retry = absl::StrCat("ps[", target.slot, "] was lost while it restored");
+      return Verdict::kRetry;
+    }
   }
   for (uint32_t slot : state_->lost) {
     const bool targeted = std::any_of(step.targets.begin(), step.targets.end(),
                                       [slot](const RestoreTarget& t) { return t.slot == slot; });
-    if (!targeted) return Verdict::kRetry;
+    if (!targeted) {
+      state_->last_retry = absl::StrCat("ps[", slot, "] was lost meanwhile");
+      return Verdict::kRetry;
+    }
   }
   for (size_t i = 0; i < restored_bytes.size(); ++i) {
     if (restored_bytes[i].ok()) continue;
@@ -92,6 +117,7 @@ Recovery::Verdict Recovery::Restored(const Membership& membership, const Step& s
     // A server still starting or a lost reply: the recovery goes on
     // (restoring again is harmless).
     if (ReasonOf(status) == proto::NOT_READY || absl::IsDeadlineExceeded(status)) {
+      state_->last_retry = absl::StrCat("ps[", target.slot, "]: ", status.message());
       return Verdict::kRetry;
     }
     *error = absl::StrCat("cannot restore ps[", target.slot, "] to checkpoint ", checkpoint_id,

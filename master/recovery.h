@@ -9,6 +9,8 @@
 //     --Restored: kDone--> idle (the caller applies a rollback)
 //     --Restored: kRetry--> waiting (a server restarting, a lost reply)
 //     --Restored: kFail / Next: Fail--> the job stops resumably
+//   waiting --Next, master.recovery_timeout_s after Start--> Fail, naming
+//     the slots still missing (or the restore that kept failing)
 //
 // `rollback` restores every server, and the data progress returns to the
 // checkpoint; `continue` restores only the lost slots.
@@ -59,9 +61,10 @@ class Recovery {
     std::optional<std::string> waiting_line;
   };
   // What to do next: wait for slots and fences, restore `checkpoint` at the
-  // targets, or fail (a slot the checkpoint has no part of).
+  // targets, or fail: a slot the checkpoint has no part of, or `timeout`
+  // passed since the recovery started (the error names what is missing).
   Step Next(const Membership& membership, const proto::CheckpointRecord& checkpoint,
-            absl::Duration log_every, absl::Time now);
+            absl::Duration log_every, absl::Duration timeout, absl::Time now);
 
   enum class Verdict { kDone, kRetry, kFail };
   // Judges the RESTORE replies (one per target of `step`). kRetry for a
@@ -90,6 +93,7 @@ class Recovery {
     bool rollback = true;       // every server restores, and the data progress
     std::set<uint32_t> lost;    // the slots whose server was lost
     absl::Time last_log;
+    std::string last_retry;     // why the last restore is tried again
   };
   std::optional<State> state_;
   uint64_t count_ = 0;

@@ -58,7 +58,8 @@ std::vector<StatusOr<Message>> ServerCalls::CallAll(const std::vector<ServerAddr
   return out;
 }
 
-bool ServerCalls::SendFences(const Membership::FenceRound& round, absl::Duration timeout) {
+std::vector<ServerAddress> ServerCalls::SendFences(const Membership::FenceRound& round,
+                                                   absl::Duration timeout) {
   std::vector<StatusOr<Message>> replies = CallAll(
       round.servers,
       [&](size_t) {
@@ -69,13 +70,13 @@ bool ServerCalls::SendFences(const Membership::FenceRound& round, absl::Duration
         return request;
       },
       timeout, /*serving=*/nullptr);
-  bool all = true;
+  std::vector<ServerAddress> refused;
   for (size_t i = 0; i < replies.size(); ++i) {
     if (replies[i].ok()) continue;
-    all = false;
+    refused.push_back(round.servers[i]);
     VLOG(1) << "fencing at " << round.servers[i].second << ": " << replies[i].status();
   }
-  return all;
+  return refused;
 }
 
 std::vector<StatusOr<proto::ServerCheckpoint>> ServerCalls::WriteCheckpoint(

@@ -35,10 +35,11 @@ class ServerCalls {
   // `factory` and `clock` are not owned and must outlive this.
   ServerCalls(SocketFactory* factory, const Clock* clock);
 
-  // Sends the fence list to every server of `round`. True when every one
-  // acknowledged it (with none, at once); the caller tries again later
-  // otherwise.
-  bool SendFences(const Membership::FenceRound& round, absl::Duration timeout);
+  // Sends the fence list to every server of `round`. Returns the servers
+  // that did not acknowledge it (none: every one did, or the round has no
+  // server); the caller tries again later.
+  std::vector<ServerAddress> SendFences(const Membership::FenceRound& round,
+                                        absl::Duration timeout);
   // Has every server write checkpoint `id`, keeping `keep` besides it. One
   // result per server: its part, or the error naming it.
   std::vector<StatusOr<proto::ServerCheckpoint>> WriteCheckpoint(

@@ -114,6 +114,31 @@ std::vector<uint64_t> ShardTracker::Release(uint32_t worker) {
   return released;
 }
 
+StatusOr<uint64_t> ShardTracker::Skip(uint32_t worker, uint64_t shard_id, uint64_t offset,
+                                      const std::string& reason) {
+  if (shard_id >= shards_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown shard ", shard_id));
+  }
+  Shard& shard = shards_[shard_id];
+  if (shard.state != State::kDoing || shard.holder != worker) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, " is not held by worker ", worker));
+  }
+  if (offset != shard.committed_offset) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, " is committed up to byte ", shard.committed_offset,
+                     ", not ", offset));
+  }
+  shard.skipped_lines = shard.spec.lines - shard.committed_lines;
+  shard.skip_reason = reason;
+  shard.state = State::kDone;
+  shard.split_requested = false;
+  --doing_;
+  ++done_;
+  skipped_lines_ += shard.skipped_lines;
+  return shard.skipped_lines;
+}
+
 std::optional<uint64_t> ShardTracker::RequestSplit(uint64_t min_lines) {
   std::optional<uint64_t> best;
   uint64_t best_left = 0;
@@ -194,6 +219,8 @@ proto::ShardRecord ShardTracker::ToRecord(uint64_t id) const {
   record.set_committed_records(shard.committed_lines);
   record.set_assignments(shard.assignments);
   if (shard.split_from.has_value()) record.set_split_from(*shard.split_from);
+  record.set_skipped_lines(shard.skipped_lines);
+  record.set_skip_reason(shard.skip_reason);
   return record;
 }
 
@@ -214,6 +241,8 @@ StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardR
     shard.committed_lines = record.committed_records();
     shard.assignments = record.assignments();
     if (record.has_split_from()) shard.split_from = record.split_from();
+    shard.skipped_lines = record.skipped_lines();
+    shard.skip_reason = record.skip_reason();
     // What Commit and Split maintain: the committed offset inside the
     // range, its line number following from the lines before it, and
     // bytes and lines reaching the end together.
@@ -223,7 +252,15 @@ StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardR
         (shard.committed_offset == shard.spec.end) != (shard.committed_lines == shard.spec.lines)) {
       return absl::DataLossError(absl::StrCat("shard record ", id, " is inconsistent"));
     }
-    if (record.state() == proto::SHARD_DONE && shard.committed_offset != shard.spec.end) {
+    // Skip maintains: skipped lines are exactly those not committed, and
+    // only a DONE shard has them.
+    if (shard.skipped_lines > 0 &&
+        (record.state() != proto::SHARD_DONE ||
+         shard.skipped_lines != shard.spec.lines - shard.committed_lines)) {
+      return absl::DataLossError(absl::StrCat("shard record ", id, " skips lines it should not"));
+    }
+    if (record.state() == proto::SHARD_DONE && shard.committed_offset != shard.spec.end &&
+        shard.skipped_lines == 0) {
       return absl::DataLossError(
           absl::StrCat("shard record ", id, " is done but not committed to its end"));
     }
@@ -240,6 +277,7 @@ StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardR
       default: return absl::DataLossError(absl::StrCat("shard record ", id, " has no state"));
     }
     tracker.committed_lines_ += shard.committed_lines;
+    tracker.skipped_lines_ += shard.skipped_lines;
     tracker.splits_ += shard.split_from.has_value();
     tracker.shards_.push_back(shard);
   }

@@ -16,6 +16,10 @@
 // are counted exactly once; a commit that repeats one already applied (end
 // at or below the committed offset) is acknowledged without effect.
 //
+// A shard whose file cannot be read can be skipped (Skip): it is DONE,
+// its lines from the committed offset on counted as skipped instead of
+// committed, so every line of the pass is committed or skipped, once.
+//
 // Thread-safety: not thread-safe; the master guards it with its mutex.
 
 #ifndef EPS_MASTER_SHARD_TRACKER_H_
@@ -24,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -46,6 +51,10 @@ class ShardTracker {
     uint32_t assignments = 0;       // times handed out
     bool split_requested = false;
     std::optional<uint64_t> split_from;  // parent shard of a split-off shard
+    // Lines from the committed offset to the end, skipped because the file
+    // could not be read (the shard is kDone), and why.
+    uint64_t skipped_lines = 0;
+    std::string skip_reason;
   };
 
   // Sent as ShardAssignment: committed_offset and committed_line as
@@ -91,6 +100,15 @@ class ShardTracker {
   // ahead of untouched shards). Returns their ids.
   std::vector<uint64_t> Release(uint32_t worker);
 
+  // Ends shard `shard_id`, held by `worker` and committed up to `offset`,
+  // unread: the lines left are counted as skipped, for `reason`. Returns
+  // them.
+  //   kInvalidArgument: unknown shard.
+  //   kFailedPrecondition: not held by `worker`, or `offset` is not its
+  //     committed offset.
+  StatusOr<uint64_t> Skip(uint32_t worker, uint64_t shard_id, uint64_t offset,
+                          const std::string& reason);
+
   // Marks the DOING shard with the most lines left (at least
   // `min_lines`, not asked before) for splitting; nullopt when none
   // qualifies.
@@ -109,8 +127,9 @@ class ShardTracker {
   uint64_t doing() const { return doing_; }
   uint64_t done() const { return done_; }
   bool finished() const { return done_ == shards_.size(); }
-  // Lines committed so far in this pass.
+  // Lines committed so far in this pass, and skipped.
   uint64_t committed_lines() const { return committed_lines_; }
+  uint64_t skipped_lines() const { return skipped_lines_; }
   // Shards put back to TODO because their worker died or left.
   uint64_t reassignments() const { return reassignments_; }
   // Shards split off stragglers in this pass.
@@ -123,6 +142,7 @@ class ShardTracker {
   uint64_t doing_ = 0;
   uint64_t done_ = 0;
   uint64_t committed_lines_ = 0;
+  uint64_t skipped_lines_ = 0;
   uint64_t reassignments_ = 0;
   uint64_t splits_ = 0;
 };

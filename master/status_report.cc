@@ -94,6 +94,7 @@ json StatusDocument(const JobControl& control, absl::Time now) {
   doc["workers_fenced"] = membership.fenced().size();
   doc["max_reassign_delay_ms"] = absl::ToDoubleMilliseconds(progress.worst_reassign_delay());
   doc["cluster_map_version"] = membership.cluster_map().version();
+  doc["waiting_for"] = control.Waits(now);
 
   const std::vector<proto::EpochLedger>& ledger = progress.ledger();
   json epochs = json::array();
@@ -106,8 +107,12 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"lines_committed", entry.lines_committed()},
          {"records_committed", entry.records_committed()},
          {"malformed", entry.malformed()},
+         {"lines_skipped", entry.lines_skipped()},
+         {"skipped", std::vector<std::string>(entry.skipped().begin(), entry.skipped().end())},
          {"complete", complete},
-         {"exactly_once", complete && entry.lines_committed() == entry.records_expected()}});
+         // Every line counted once: committed, or skipped with its reason.
+         {"exactly_once", complete && entry.lines_committed() + entry.lines_skipped() ==
+                                          entry.records_expected()}});
   }
   doc["ledger"] = epochs;
 
@@ -157,10 +162,13 @@ json StatusDocument(const JobControl& control, absl::Time now) {
   }
   doc["metrics"] = {{"train_loss", NullableNumber(train_loss)},
                     {"epoch_loss_so_far", NullableNumber(progress.RunningLoss())},
+                    {"recent_loss", NullableNumber(progress.RecentLoss())},
                     {"epoch_train_loss", epoch_losses},
                     {"eval_auc", NullableNumber(progress.eval_auc())},
                     {"eval_logloss", NullableNumber(progress.eval_logloss())},
-                    {"eval_records", progress.eval_records()}};
+                    {"eval_records", progress.eval_records()},
+                    {"eval_lines_skipped", progress.eval_lines_skipped()},
+                    {"eval_skipped", progress.eval_skipped()}};
   return doc;
 }
 

@@ -26,6 +26,16 @@ const char* JobPhaseName(JobPhase phase) {
 TrainingProgress::TrainingProgress(const JobConfig& job, EventSink* events)
     : job_(job), events_(events) {}
 
+namespace {
+
+// Records the recent loss weighs (about 8 batches), and the fewest each
+// side of the divergence check must cover before it judges.
+double LossWindow(const JobConfig& job) {
+  return std::max(64.0, 8.0 * static_cast<double>(job.worker.batch_size));
+}
+
+}  // namespace
+
 void TrainingProgress::SetData(DataSet train, DataSet eval) {
   train_data_ = std::move(train);
   eval_data_ = std::move(eval);
@@ -83,6 +93,8 @@ void TrainingProgress::StartEvaluation() {
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
   tracker_ = std::make_unique<ShardTracker>(eval_data_, order);
   eval_results_.clear();
+  eval_lines_skipped_ = 0;
+  eval_skipped_.clear();
   clear_pass_ = true;
   MarkAllShards();
   LOG(INFO) << "evaluating on " << eval_data_.lines << " lines (" << eval_data_.shards.size()
@@ -204,6 +216,9 @@ StatusOr<TrainingProgress::Committed> TrainingProgress::Commit(
   } else {
     records_trained_ += valid;
     committed.records_trained = valid;
+    const double decay = std::exp(-static_cast<double>(valid) / LossWindow(job_));
+    recent_loss_sum_ = recent_loss_sum_ * decay + commit.loss_sum();
+    recent_records_ = recent_records_ * decay + static_cast<double>(valid);
     proto::EpochLedger& entry = Ledger(epoch_);
     entry.set_lines_committed(entry.lines_committed() + commit.lines());
     entry.set_records_committed(entry.records_committed() + valid);
@@ -249,6 +264,70 @@ StatusOr<TrainingProgress::Split> TrainingProgress::SplitShard(
   return Split{.accepted = true, .new_shard = *child};
 }
 
+StatusOr<std::optional<TrainingProgress::UnreadRange>> TrainingProgress::Unread(
+    uint32_t worker, const proto::ShardUnreadableRequest& report) const {
+  const bool eval = report.phase() == proto::EVAL;
+  const bool current_pass = tracker_ != nullptr && report.epoch() == epoch_ &&
+                            (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
+  if (!current_pass) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", report.shard_id(), " belongs to a pass that is not the current one"));
+  }
+  if (report.shard_id() >= tracker_->num_shards()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown shard ", report.shard_id()));
+  }
+  const ShardTracker::Shard& shard = tracker_->shard(report.shard_id());
+  if (shard.state == ShardTracker::State::kDone && shard.skipped_lines > 0 &&
+      shard.holder == worker && shard.committed_offset == report.offset()) {
+    return std::optional<UnreadRange>();
+  }
+  if (shard.state != ShardTracker::State::kDoing || shard.holder != worker) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", report.shard_id(), " is not held by worker ", worker));
+  }
+  if (report.offset() != shard.committed_offset) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", report.shard_id(), " is committed up to byte ",
+                     shard.committed_offset, ", not ", report.offset()));
+  }
+  const DataSet& data = eval ? eval_data_ : train_data_;
+  return std::optional<UnreadRange>(UnreadRange{.path = data.files[shard.spec.file],
+                                                .begin = shard.committed_offset,
+                                                .end = shard.spec.end,
+                                                .first_line = shard.committed_line,
+                                                .lines = shard.spec.lines - shard.committed_lines});
+}
+
+Status TrainingProgress::SkipUnread(uint32_t worker, const proto::ShardUnreadableRequest& report,
+                                    const std::string& reason) {
+  ASSIGN_OR_RETURN(std::optional<UnreadRange> range, Unread(worker, report));
+  if (!range.has_value()) return absl::OkStatus();  // skipped already
+  ASSIGN_OR_RETURN(uint64_t skipped,
+                   tracker_->Skip(worker, report.shard_id(), report.offset(), reason));
+  dirty_shards_.insert(report.shard_id());
+  const std::string where = absl::StrCat(range->path, " lines ", range->first_line, "-",
+                                         range->first_line + range->lines - 1, ": ", reason);
+  // The reasons are samples; the counts are exact.
+  constexpr size_t kMaxSkipReasons = 20;
+  if (phase_ == JobPhase::kEvaluating) {
+    eval_lines_skipped_ += skipped;
+    if (eval_skipped_.size() < kMaxSkipReasons) eval_skipped_.push_back(where);
+  } else {
+    proto::EpochLedger& entry = Ledger(epoch_);
+    entry.set_lines_skipped(entry.lines_skipped() + skipped);
+    if (static_cast<size_t>(entry.skipped_size()) < kMaxSkipReasons) entry.add_skipped(where);
+  }
+  LOG(WARNING) << "skipping " << skipped << " lines of shard " << report.shard_id() << " ("
+               << where << "): data.on_unreadable = skip";
+  events_->Record("shard_skipped", {{"shard", report.shard_id()},
+                                    {"worker", worker},
+                                    {"file", range->path},
+                                    {"first_line", range->first_line},
+                                    {"lines", skipped},
+                                    {"reason", reason}});
+  return absl::OkStatus();
+}
+
 void TrainingProgress::ReleaseShardsOf(uint32_t worker, const char* why,
                                        std::optional<absl::Duration> since_last_seen) {
   if (!tracker_) return;
@@ -289,10 +368,14 @@ TrainingProgress::PassEnd TrainingProgress::AdvanceIfPassDone() {
                             ? entry.loss_sum() / static_cast<double>(entry.records_committed())
                             : 0.0;
     LOG(INFO) << "epoch " << epoch_ + 1 << " done: " << entry.lines_committed() << " of "
-              << entry.records_expected() << " lines committed once each, train loss "
-              << absl::StrFormat("%.5f", loss);
+              << entry.records_expected() << " lines committed once each"
+              << (entry.lines_skipped() > 0
+                      ? absl::StrCat(", ", entry.lines_skipped(), " skipped (unreadable)")
+                      : std::string())
+              << ", train loss " << absl::StrFormat("%.5f", loss);
     events_->Record("epoch_finished", {{"epoch", epoch_ + 1},
                                        {"lines_committed", entry.lines_committed()},
+                                       {"lines_skipped", entry.lines_skipped()},
                                        {"lines_expected", entry.records_expected()},
                                        {"train_loss", loss}});
     if (epoch_ + 1 < static_cast<uint32_t>(job_.job.epochs)) {
@@ -382,7 +465,11 @@ Status TrainingProgress::ApplyCheckpoint(const proto::CheckpointRecord& checkpoi
   eval_logloss_.reset();
   eval_results_.clear();
   eval_records_ = 0;
+  eval_lines_skipped_ = 0;
+  eval_skipped_.clear();
   pending_eval_ = StateUpdate();
+  recent_loss_sum_ = 0;
+  recent_records_ = 0;
   clear_pass_ = true;
   MarkAllShards();
   // The shards in progress at the checkpoint go back to the queue from
@@ -402,13 +489,14 @@ void TrainingProgress::SaveShards(proto::CheckpointRecord* checkpoint) const {
 std::optional<uint64_t> TrainingProgress::PassLinesLeft() const {
   if (!tracker_) return std::nullopt;
   const DataSet& data = phase_ == JobPhase::kEvaluating ? eval_data_ : train_data_;
-  return data.lines - std::min(data.lines, tracker_->committed_lines());
+  return data.lines -
+         std::min(data.lines, tracker_->committed_lines() + tracker_->skipped_lines());
 }
 
 double TrainingProgress::PassFraction() const {
   if (!tracker_) return phase_ == JobPhase::kFinished ? 1.0 : 0.0;
   const DataSet& data = phase_ == JobPhase::kEvaluating ? eval_data_ : train_data_;
-  return static_cast<double>(tracker_->committed_lines()) /
+  return static_cast<double>(tracker_->committed_lines() + tracker_->skipped_lines()) /
          static_cast<double>(std::max<uint64_t>(1, data.lines));
 }
 
@@ -430,6 +518,51 @@ std::optional<double> TrainingProgress::RunningLoss() const {
     return std::nullopt;
   }
   return ledger_[epoch_].loss_sum() / static_cast<double>(ledger_[epoch_].records_committed());
+}
+
+std::optional<std::string> TrainingProgress::NonFiniteLoss(
+    uint32_t worker, const proto::CommitProgressRequest& commit) const {
+  if (std::isfinite(commit.loss_sum())) return std::nullopt;
+  std::string where = absl::StrCat("shard ", commit.shard_id());
+  if (tracker_ != nullptr && commit.shard_id() < tracker_->num_shards()) {
+    const ShardTracker::Shard& shard = tracker_->shard(commit.shard_id());
+    absl::StrAppend(&where, " (", train_data_.files[shard.spec.file], " from line ",
+                    shard.committed_line, ")");
+  }
+  return absl::StrCat("training diverged in epoch ", epoch_ + 1, ": worker[", worker,
+                      "] computed a non-finite loss (", commit.loss_sum(), ") on ",
+                      commit.lines(), " lines of ", where);
+}
+
+std::optional<double> TrainingProgress::RecentLoss() const {
+  if (recent_records_ <= 0) return std::nullopt;
+  return recent_loss_sum_ / recent_records_;
+}
+
+std::optional<std::string> TrainingProgress::Diverging() const {
+  if (job_.job.divergence_factor <= 0 || ledger_.empty() || phase_ != JobPhase::kTraining) {
+    return std::nullopt;
+  }
+  const double window = LossWindow(job_);
+  const proto::EpochLedger& first = ledger_[0];
+  double base_sum = first.loss_sum();
+  double base_records = static_cast<double>(first.records_committed());
+  if (epoch_ == 0) {
+    // Epoch 1's records before the recent ones: the running mean with the
+    // recent records in it would rise with them.
+    base_sum -= recent_loss_sum_;
+    base_records -= recent_records_;
+  }
+  // recent_records_ approaches the window from below as records arrive.
+  if (base_records < window || recent_records_ < 0.5 * window) return std::nullopt;
+  const double baseline = base_sum / base_records;
+  const double recent = recent_loss_sum_ / recent_records_;
+  if (recent <= job_.job.divergence_factor * baseline) return std::nullopt;
+  return absl::StrFormat(
+      "training diverged in epoch %d: the mean loss of the last %.0f records, %.5f, is over "
+      "job.divergence_factor (%g) times epoch 1's mean loss%s, %.5f",
+      epoch_ + 1, window, recent, job_.job.divergence_factor,
+      epoch_ == 0 ? " before them" : "", baseline);
 }
 
 bool TrainingProgress::EpochComplete(size_t e) const {
@@ -474,6 +607,8 @@ void TrainingProgress::SaveTo(proto::MasterRecord* record) const {
   if (eval_auc_) record->set_eval_auc(*eval_auc_);
   if (eval_logloss_) record->set_eval_logloss(*eval_logloss_);
   record->set_eval_records(eval_records_);
+  record->set_eval_lines_skipped(eval_lines_skipped_);
+  for (const std::string& skipped : eval_skipped_) record->add_eval_skipped(skipped);
   for (const std::string& example : malformed_examples_) record->add_malformed_examples(example);
   if (tracker_) record->set_shards_in_pass(tracker_->num_shards());
 }
@@ -489,6 +624,8 @@ void TrainingProgress::RestoreCounts(const proto::MasterRecord& record) {
   if (record.has_eval_logloss()) eval_logloss_ = record.eval_logloss();
   malformed_examples_.assign(record.malformed_examples().begin(),
                              record.malformed_examples().end());
+  eval_lines_skipped_ = record.eval_lines_skipped();
+  eval_skipped_.assign(record.eval_skipped().begin(), record.eval_skipped().end());
   epoch_ = record.epoch();
 }
 

@@ -91,6 +91,28 @@ class TrainingProgress {
   // gets the first one's answer. kInvalidArgument for a bad offset or line.
   StatusOr<Split> SplitShard(uint32_t worker, const proto::SplitShardRequest& request);
 
+  // What the master reads to judge a worker's SHARD_UNREADABLE report: the
+  // shard's file and its unread part, [committed offset, end).
+  struct UnreadRange {
+    std::string path;
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    uint64_t first_line = 0;  // line number at `begin`
+    uint64_t lines = 0;       // lines the scan saw in [begin, end)
+  };
+  // The unread part of the shard `worker` reports, nullopt when the report
+  // repeats one whose shard was skipped already.
+  //   kFailedPrecondition: a pass that is not the current one, a shard not
+  //     held by `worker`, or an offset that is not its committed offset.
+  //   kInvalidArgument: an unknown shard.
+  StatusOr<std::optional<UnreadRange>> Unread(uint32_t worker,
+                                              const proto::ShardUnreadableRequest& report) const;
+  // Skips the unread part of the shard `worker` reported (after Unread):
+  // its lines count as skipped in the ledger (or the evaluation's count),
+  // with `reason`. Errors as Unread.
+  Status SkipUnread(uint32_t worker, const proto::ShardUnreadableRequest& report,
+                    const std::string& reason);
+
   // Puts the shards `worker` holds back in the queue (at their committed
   // offsets). `since_last_seen` is the time from the worker's last sign of
   // life, when it died (it feeds max_reassign_delay_ms).
@@ -139,6 +161,22 @@ class TrainingProgress {
   // Ledger entry `e` describes a finished epoch.
   bool EpochComplete(size_t e) const;
 
+  // --- Model health ---------------------------------------------------------
+
+  // Why `commit` (a TRAIN commit from `worker`, not applied yet) shows a
+  // model that diverged: a non-finite loss. nullopt when it does not.
+  std::optional<std::string> NonFiniteLoss(uint32_t worker,
+                                           const proto::CommitProgressRequest& commit) const;
+  // Why the training loss says the model diverges: the mean loss of the
+  // last records trained (about 8 batches, weighted by records) is above
+  // job.divergence_factor times epoch 1's mean loss (in epoch 1, that of
+  // its records before the recent ones). Judged once both cover a window
+  // of records; nullopt while healthy or off.
+  std::optional<std::string> Diverging() const;
+  // Mean loss of the last records trained (see Diverging); nullopt before
+  // any.
+  std::optional<double> RecentLoss() const;
+
   JobPhase phase() const { return phase_; }
   uint32_t epoch() const { return epoch_; }
   const std::string& failure() const { return failure_; }
@@ -155,6 +193,9 @@ class TrainingProgress {
   std::optional<double> eval_auc() const { return eval_auc_; }
   std::optional<double> eval_logloss() const { return eval_logloss_; }
   uint64_t eval_records() const { return eval_records_; }
+  // Evaluation lines skipped (unreadable files), and the ranges.
+  uint64_t eval_lines_skipped() const { return eval_lines_skipped_; }
+  const std::vector<std::string>& eval_skipped() const { return eval_skipped_; }
   uint64_t reassignments() const;
   uint64_t splits() const;
   absl::Duration worst_reassign_delay() const { return worst_reassign_delay_; }
@@ -209,6 +250,8 @@ class TrainingProgress {
   std::map<std::pair<uint64_t, uint64_t>, std::pair<std::vector<float>, std::vector<float>>>
       eval_results_;
   uint64_t eval_records_ = 0;
+  uint64_t eval_lines_skipped_ = 0;
+  std::vector<std::string> eval_skipped_;
   std::optional<double> eval_auc_;
   std::optional<double> eval_logloss_;
   // Totals over finished passes (the current tracker holds its own).
@@ -218,6 +261,11 @@ class TrainingProgress {
   // back in the queue (lease + detection + fencing every server).
   absl::Duration worst_reassign_delay_ = absl::ZeroDuration();
   uint64_t records_committed_total_ = 0;
+  // The recent loss: sums of loss and records decayed by record count
+  // (exp(-records / window)), so they weigh about the last `window`
+  // records. In memory only: a restarted master starts it again.
+  double recent_loss_sum_ = 0;
+  double recent_records_ = 0;
 
   // Changes for TakeChanges.
   std::set<uint64_t> dirty_shards_;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/job_options.h"
 #include "cluster/job_progress.h"
 #include "cluster/member_session.h"
 #include "cluster/placement.h"
@@ -43,6 +44,7 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   options.storage.keep_checkpoints = static_cast<int>(config.checkpoint.keep);
   options.storage.checkpoint_dir = config.checkpoint.dir;
   options.storage.restore_checkpoint = config.checkpoint.restore;
+  options.shared_options = config.SharedOptions();
   return options;
 }
 
@@ -112,6 +114,16 @@ class ParamServer::Impl {
   // kInvalidArgument for a dense key outside its tensor.
   Status CheckKeys(const Table& table, std::span<const uint64_t> keys);
 
+  // Registration with the master: a session, the REGISTER_SERVER request
+  // (`rejoin`: this process taking its slot back after its lease ran out),
+  // and starting its heartbeats.
+  std::unique_ptr<MemberSession> NewSession();
+  Message RegisterRequest(bool rejoin) const;
+  void StartHeartbeats();
+  // The master refused a heartbeat (FENCED, `why`): registers again as the
+  // same slot. An error when the master gave the slot to another process
+  // (or is gone): the server stops with it.
+  Status Rejoin(const Status& why);
   // The member session's hooks, on its heartbeat thread.
   MemberSession::Hooks SessionHooks();
   void OnHeartbeatReply(const proto::HeartbeatReply& body);
@@ -120,9 +132,16 @@ class ParamServer::Impl {
 
   const ParamServerOptions options_;
   SocketFactory factory_;
-  // Made by Start; heartbeats from the end of a successful Start until
-  // Wait returns.
+  // Made by Start and replaced by Rejoin (Wait's thread, once the old one
+  // stopped); heartbeats from the end of a successful Start until Wait
+  // returns.
   std::unique_ptr<MemberSession> session_;
+  // Heartbeat thread only: the storage's write error was logged.
+  bool write_error_reported_ = false;
+  // Wait's thread: this process registered again (Rejoin) at least once;
+  // and whether a heartbeat was answered since the last registration.
+  bool rejoined_ = false;
+  std::atomic<bool> answered_{false};
   bool started_ = false;  // Start succeeded
   std::unique_ptr<RpcServer> rpc_;
   std::string endpoint_;
@@ -169,6 +188,9 @@ class ParamServer::Impl {
   bool tables_ready_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Status stop_reason_ ABSL_GUARDED_BY(mu_);  // given by Stop, Wait's result
+  // The master refused a heartbeat: Wait registers again (Rejoin).
+  bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
+  Status rejoin_why_ ABSL_GUARDED_BY(mu_);
   bool summarized_ = false;                  // Wait logged the summary
 };
 
@@ -191,22 +213,8 @@ Status ParamServer::Impl::Start() {
                                           }));
   endpoint_ = rpc_->endpoint();
 
-  Message request;
-  request.header().set_method(proto::REGISTER_SERVER);
-  proto::RegisterServerRequest* body = request.header().mutable_register_server_request();
-  body->set_endpoint(endpoint_);
-  body->set_hostname(Hostname());
-  body->set_pid(static_cast<uint32_t>(getpid()));
-  body->set_stored_job(storage_->stored_job());
-  if (const std::optional<uint32_t> stored = storage_->stored_server_id(); stored.has_value()) {
-    body->set_stored_server_id(*stored);
-  }
-  MemberSessionOptions session_options;
-  session_options.master = options_.master;
-  session_options.role = proto::ROLE_SERVER;
-  session_options.master_wait = options_.master_wait;
-  session_ = std::make_unique<MemberSession>(&factory_, session_options);
-  StatusOr<Message> reply = session_->Register(std::move(request));
+  session_ = NewSession();
+  StatusOr<Message> reply = session_->Register(RegisterRequest(/*rejoin=*/false));
   if (!reply.ok()) {
     return options_.storage.data_dir.empty()
                ? reply.status()
@@ -227,21 +235,89 @@ Status ParamServer::Impl::Start() {
   LOG(INFO) << "serving " << storage_->num_tables() << " table(s) of job '" << job_.name() << "' on "
             << endpoint_ << " with " << options_.threads << " thread(s)";
   last_progress_ = absl::Now();
+  StartHeartbeats();
+  started_ = true;
+  return absl::OkStatus();
+}
+
+std::unique_ptr<MemberSession> ParamServer::Impl::NewSession() {
+  MemberSessionOptions session_options;
+  session_options.master = options_.master;
+  session_options.role = proto::ROLE_SERVER;
+  session_options.master_wait = options_.master_wait;
+  return std::make_unique<MemberSession>(&factory_, session_options);
+}
+
+Message ParamServer::Impl::RegisterRequest(bool rejoin) const {
+  Message request;
+  request.header().set_method(proto::REGISTER_SERVER);
+  proto::RegisterServerRequest* body = request.header().mutable_register_server_request();
+  body->set_endpoint(endpoint_);
+  body->set_hostname(Hostname());
+  body->set_pid(static_cast<uint32_t>(getpid()));
+  body->set_stored_job(storage_->stored_job());
+  if (rejoin) {
+    // The slot this process holds (a memory-only server has no SERVER file).
+    body->set_stored_server_id(id_);
+    body->set_rejoin(true);
+  } else if (const std::optional<uint32_t> stored = storage_->stored_server_id();
+             stored.has_value()) {
+    body->set_stored_server_id(*stored);
+  }
+  AddSharedOptions(options_.shared_options, body->mutable_job_options());
+  return request;
+}
+
+void ParamServer::Impl::StartHeartbeats() {
   proto::NodeId self;
   self.set_role(proto::ROLE_SERVER);
   self.set_id(id_);
   // A server never checks its lease (it pushes nothing); the master wait
   // stands in for it.
   session_->Start(self, options_.heartbeat, options_.master_wait, SessionHooks());
-  started_ = true;
+}
+
+Status ParamServer::Impl::Rejoin(const Status& why) {
+  if (rejoined_ && !answered_.load()) {
+    // It took the slot back and was refused again before any heartbeat
+    // went through: registering once more would only loop.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the master refuses ps[", id_, "]'s heartbeats right after it took its slot back: ",
+        why.message()));
+  }
+  LOG(WARNING) << "the master no longer counts this server (" << why.message()
+               << "); registering again as ps[" << id_ << "]";
+  session_->Stop();
+  rejoined_ = true;
+  answered_.store(false);
+  session_ = NewSession();
+  StatusOr<Message> reply = session_->Register(RegisterRequest(/*rejoin=*/true));
+  if (!reply.ok()) {
+    return Annotate(reply.status(), absl::StrCat("ps[", id_, "] cannot take its slot back"));
+  }
+  const uint32_t slot = reply->header().register_server_reply().server_id();
+  if (slot != id_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ps[", id_, "] registered again but the master answered slot ", slot));
+  }
+  LOG(INFO) << "back in the job as ps[" << id_ << "]: the master restores what it needs";
+  StartHeartbeats();
   return absl::OkStatus();
 }
 
 Status ParamServer::Impl::Wait() {
   if (!started_) return absl::FailedPreconditionError("Wait without a successful Start");
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&stop_));
+  while (true) {
+    Status why;
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || rejoin_; };
+      mu_.Await(absl::Condition(&wake));
+      if (stop_) break;
+      rejoin_ = false;
+      why = rejoin_why_;
+    }
+    if (Status rejoined = Rejoin(why); !rejoined.ok()) Stop(rejoined);
   }
   session_->Stop();
   if (!summarized_) {
@@ -261,15 +337,27 @@ MemberSession::Hooks ParamServer::Impl::SessionHooks() {
   hooks.fill_heartbeat = [this](proto::HeartbeatRequest* request) {
     *request->mutable_server() = Stats();
     request->set_endpoint(endpoint_);
+    const std::string write_error = storage_->write_error();
+    if (!write_error.empty() && !write_error_reported_) {
+      write_error_reported_ = true;
+      LOG(ERROR) << "cannot write: " << write_error << "; telling the master";
+    }
+    request->set_storage_error(write_error);
   };
-  hooks.on_reply = [this](const proto::HeartbeatReply& body) { OnHeartbeatReply(body); };
+  hooks.on_reply = [this](const proto::HeartbeatReply& body) {
+    answered_.store(true);
+    OnHeartbeatReply(body);
+  };
   // The first heartbeat's reply brings the map: PULL and PUSH are served
   // from then on.
   hooks.follow_map = [this](uint64_t) { return RefreshClusterMap(); };
   hooks.on_end = [this](MemberSession::State state, const Status& status) {
     if (state == MemberSession::State::kFenced) {
-      Stop(absl::FailedPreconditionError(
-          absl::StrCat("the master no longer knows this server: ", status.message())));
+      // Cut off past its lease (or replaced): Wait registers again, and the
+      // master says whether the slot is still this process's.
+      absl::MutexLock lock(&mu_);
+      rejoin_ = true;
+      rejoin_why_ = status;
     } else {
       Stop(status);  // OK when the job is over
     }

@@ -28,7 +28,13 @@
 // Identity: a server with a data dir records the id the master gives it in
 // DATA_DIR/SERVER and, restarted on that dir, asks for it again
 // (RegisterServerRequest.stored_server_id); it takes whatever id the master
-// answers and records that.
+// answers and records that. A running server whose heartbeat the master
+// refuses (it was cut off past its lease) registers again with `rejoin`,
+// as the same slot at the same endpoint.
+//
+// Storage failures: once the store or a checkpoint cannot be written
+// (ServerStorage::write_error, e.g. a full disk), every heartbeat says so
+// (HeartbeatRequest.storage_error) and the master stops the job.
 //
 // Checkpoints: CHECKPOINT (master or tool only) writes checkpoint N of this
 // server (ServerStorage::Checkpoint: under checkpoint.dir/ps-<id>/N when the
@@ -60,6 +66,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "core/job_config.h"
@@ -90,6 +98,10 @@ struct ParamServerOptions {
   absl::Duration rpc_timeout = absl::Seconds(5);
   // Interval of progress lines in the log. Default 10 s.
   absl::Duration progress_interval = absl::Seconds(10);
+  // The job options every process must share (JobConfig::SharedOptions),
+  // sent at registration: the master refuses the server when they differ
+  // from its own. Default none.
+  std::vector<std::pair<std::string, std::string>> shared_options;
 
   // The job's [ps], [master] and [worker] settings.
   static ParamServerOptions FromConfig(const JobConfig& config);
@@ -110,10 +122,14 @@ class ParamServer {
   Status Start();
 
   // Blocks until the master says the job is over (OK), RequestStop (OK),
-  // the master is lost for master_wait (kUnavailable), the master no
-  // longer knows this server (FENCED: kFailedPrecondition), or a failed
-  // restore left no database to serve from (that error). Without a
-  // successful Start, kFailedPrecondition at once.
+  // the master is lost for master_wait (kUnavailable), the master gave this
+  // server's slot to another process (kFailedPrecondition), or a failed
+  // restore left no database to serve from (that error). When the master
+  // refuses a heartbeat (this server was cut off past its lease), Wait
+  // registers again as the same slot (RegisterServerRequest.rejoin) and
+  // goes on if the master lets it; the recovery that the lost lease
+  // started then restores it. Without a successful Start,
+  // kFailedPrecondition at once.
   Status Wait();
 
   void RequestStop();

@@ -270,13 +270,19 @@ StatusOr<CheckpointInfo> ServerStorage::Checkpoint(uint64_t id,
   std::error_code error;
   fs::create_directories(root, error);
   if (error) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create checkpoint dir ", root, ": ", error.message()));
+    return NoteWriteError(absl::UnavailableError(
+        absl::StrCat("cannot create checkpoint dir ", root, ": ", error.message())));
   }
   const std::string path = (fs::path(root) / std::to_string(id)).string();
   {
     absl::MutexLock flush_lock(&flush_mu_);
-    RETURN_IF_ERROR(store_->Checkpoint(path));
+    Status written = store_->Checkpoint(path);
+    if (!written.ok()) {
+      // kAlreadyExists and the like are the caller's; the disk's are ours.
+      if (!absl::IsUnavailable(written)) return written;
+      return NoteWriteError(
+          Annotate(written, absl::StrCat("writing checkpoint ", id, " to ", path)));
+    }
   }
   CheckpointInfo info{.path = path, .bytes = DirectoryBytes(path), .duration = absl::Now() - start};
 
@@ -421,6 +427,24 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
 Status ServerStorage::status() const {
   absl::ReaderMutexLock lock(&state_mu_);
   return broken_;
+}
+
+Status ServerStorage::NoteWriteError(Status error) {
+  absl::MutexLock lock(&mu_);
+  if (write_error_.empty()) write_error_ = std::string(error.message());
+  return error;
+}
+
+std::string ServerStorage::write_error() const {
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  absl::MutexLock lock(&mu_);
+  if (write_error_.empty() && queue_ != nullptr) {
+    if (const Status failed = queue_->status(); !failed.ok()) {
+      write_error_ = absl::StrCat("writing rows to ", DatabaseDir(options_.data_dir), ": ",
+                                  failed.message());
+    }
+  }
+  return write_error_;
 }
 
 std::string ServerStorage::stored_job() const {

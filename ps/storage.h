@@ -163,6 +163,13 @@ class ServerStorage {
   // every table() is null and the server must stop).
   Status status() const;
 
+  // Why this storage could not write, once it could not: the store's first
+  // failed write (naming DATA_DIR/db) or a checkpoint that could not be
+  // written for an I/O reason (naming its path), with the error; empty
+  // while every write succeeded. It stays once set, a Restore included (a
+  // full disk stays full): the master stops the job on it.
+  std::string write_error() const;
+
   // The job (DATA_DIR/JOB: "id name") whose parameters the data dir holds;
   // empty for a fresh or memory-only store.
   std::string stored_job() const;
@@ -182,6 +189,8 @@ class ServerStorage {
  private:
   explicit ServerStorage(const StorageOptions& options);
   Status FlushLocked() ABSL_SHARED_LOCKS_REQUIRED(state_mu_);
+  // Keeps the first I/O failure for write_error(); returns `error`.
+  Status NoteWriteError(Status error) ABSL_LOCKS_EXCLUDED(mu_);
   // The directory checkpoints go to (absolute).
   StatusOr<std::string> CheckpointRoot() const;
   void StartFlusher() ABSL_LOCKS_EXCLUDED(mu_);
@@ -211,6 +220,8 @@ class ServerStorage {
   std::optional<uint32_t> server_id_ ABSL_GUARDED_BY(mu_);
   double last_flush_ms_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t flushes_ ABSL_GUARDED_BY(mu_) = 0;
+  // See write_error(); latched by write_error() itself from the queue.
+  mutable std::string write_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace eps

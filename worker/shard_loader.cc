@@ -144,8 +144,14 @@ Status ShardLoader::MaybeSplit(RpcChannel& master, const proto::ShardAssignment&
   split_shard_.store(-1);
   // Give up the second half of what is left unread; too little left keeps it.
   const uint64_t from = reader.offset();
-  ASSIGN_OR_RETURN(std::optional<LinePosition> middle,
-                   FindMiddleLine(shard.path(), from, reader.line_number() + 1, reader.end()));
+  StatusOr<std::optional<LinePosition>> found =
+      FindMiddleLine(shard.path(), from, reader.line_number() + 1, reader.end());
+  if (!found.ok()) {
+    // The reader will meet the same problem and report the shard.
+    LOG(WARNING) << "not splitting shard " << shard.shard_id() << ": " << found.status();
+    return absl::OkStatus();
+  }
+  const std::optional<LinePosition> middle = *found;
   if (!middle.has_value()) return absl::OkStatus();
   const uint64_t old_end = reader.end();
   // The master treats a repeated split as the same split, so a retry after
@@ -178,8 +184,24 @@ Status ShardLoader::LoadShard(RpcChannel& master, const proto::ShardAssignment& 
   VLOG(1) << (shard.phase() == proto::EVAL ? "eval" : "train") << " shard " << shard.shard_id()
           << ": " << shard.path() << " from line " << shard.start_line() << " ("
           << shard.records() << " records)";
-  ASSIGN_OR_RETURN(std::unique_ptr<LineReader> reader,
-                   LineReader::Open(shard.path(), shard.start(), shard.end(), shard.start_line()));
+  // A file that cannot be read from `at` (line `line`) on ends the shard's
+  // batches with a marker, after those already queued.
+  auto unreadable = [&](uint64_t at, uint64_t line, const Status& why) -> Status {
+    LOG(WARNING) << "cannot read shard " << shard.shard_id() << " (" << shard.path()
+                 << " from line " << line << "): " << why.message() << "; telling the master";
+    auto marker = std::make_unique<PreparedBatch>();
+    marker->shard = shard;
+    marker->begin = marker->end = at;
+    marker->unreadable = std::string(why.message());
+    if (marker->unreadable.empty()) marker->unreadable = why.ToString();
+    marker->unreadable_line = line;
+    queue_->Push(std::move(marker));
+    return absl::OkStatus();
+  };
+  StatusOr<std::unique_ptr<LineReader>> opened =
+      LineReader::Open(shard.path(), shard.start(), shard.end(), shard.start_line());
+  if (!opened.ok()) return unreadable(shard.start(), shard.start_line(), opened.status());
+  std::unique_ptr<LineReader> reader = *std::move(opened);
   const Schema& schema = parser_->schema();
   BatchBuilder builder(schema.num_dense, schema.num_cat);
   std::vector<float> dense(schema.num_dense);
@@ -187,6 +209,7 @@ Status ShardLoader::LoadShard(RpcChannel& master, const proto::ShardAssignment& 
   std::vector<uint32_t> field_ends(schema.num_cat);
   const bool multi_value = schema.has_multi_value();
   uint64_t offset = shard.start();
+  uint64_t line_at_offset = shard.start_line();
   while (offset < reader->end()) {
     RETURN_IF_ERROR(MaybeSplit(master, shard, *reader));
     if (offset >= reader->end()) break;
@@ -219,15 +242,21 @@ Status ShardLoader::LoadShard(RpcChannel& master, const proto::ShardAssignment& 
         prepared->malformed_examples.push_back(where);
       }
     }
-    RETURN_IF_ERROR(reader->status());
+    if (!reader->status().ok()) {
+      builder.Finish();  // the lines of a batch cut short are not trained
+      return unreadable(offset, line_at_offset, reader->status());
+    }
     prepared->end = reader->offset();
     if (prepared->lines == 0) {
-      return absl::DataLossError(absl::StrCat(shard.path(), ": no record at byte ", offset,
-                                              " although the shard ends at ", reader->end()));
+      return unreadable(offset, line_at_offset,
+                        absl::DataLossError(absl::StrCat("no line at byte ", offset,
+                                                         " although the shard ends at ",
+                                                         reader->end(), " (the file changed?)")));
     }
     prepared->batch = builder.Finish();
     if (prepared->batch.size() > 0) RETURN_IF_ERROR(hooks_.prepare(ps, *prepared));
     offset = prepared->end;
+    line_at_offset += prepared->lines;
     if (!queue_->Push(std::move(prepared))) return absl::OkStatus();
     if (hooks_.stopping()) return absl::OkStatus();  // the rest goes back
   }

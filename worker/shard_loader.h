@@ -7,7 +7,10 @@
 // The loader keeps at most `prefetch_batches` batches ahead of the trainer
 // (Push blocks while the queue is full). Malformed lines are counted,
 // skipped, sampled into their batch (FILE:LINE: reason) and logged, the
-// first few per worker only. While it reads a shard, the loader answers
+// first few per worker only. A file that cannot be read (gone, truncated,
+// unreadable, changed) does not end the loader: the shard's batches end
+// with a marker (PreparedBatch::unreadable) and the loader asks for the
+// next shard. While it reads a shard, the loader answers
 // the master's request to split it (RequestSplit, from heartbeat and
 // commit replies): it gives up the second half of what it has not read yet
 // (SPLIT_SHARD). The loader ends when the master has no shard left (OK,
@@ -54,6 +57,12 @@ struct PreparedBatch {
   std::vector<std::string> malformed_examples;
   Batch batch;
   ParamBuffers params;
+  // Set on the marker that ends a shard whose file could not be read from
+  // `begin` (line `unreadable_line`) on: why. It carries no batch; the
+  // trainer, having committed every batch before it, reports it to the
+  // master (SHARD_UNREADABLE).
+  std::string unreadable;
+  uint64_t unreadable_line = 0;
 };
 
 struct ShardLoaderOptions {

@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <functional>
+#include <limits>
+#include <span>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -12,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "cluster/job_options.h"
 #include "cluster/job_progress.h"
 #include "cluster/member_session.h"
 #include "cluster/placement.h"
@@ -44,6 +48,20 @@ Status WorkerOptions::Validate() const {
 namespace {
 
 bool IsFenced(const Status& status) { return ReasonOf(status) == proto::FENCED; }
+
+// True when every value is finite. Eight independent lanes, so the loop
+// vectorizes without reassociating: inf * 0 and NaN * 0 are NaN.
+bool AllFinite(std::span<const float> values) {
+  float lanes[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= values.size(); i += 8) {
+    for (int lane = 0; lane < 8; ++lane) lanes[lane] += values[i + lane] * 0.0f;
+  }
+  float rest = 0;
+  for (; i < values.size(); ++i) rest += values[i] * 0.0f;
+  for (float lane : lanes) rest += lane;
+  return rest == 0.0f;
+}
 
 }  // namespace
 
@@ -136,6 +154,11 @@ class Worker::Impl {
                std::vector<float>* predictions);
   Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
                 double loss_sum, const std::vector<float>& predictions);
+  // Tells the master that the marker's shard cannot be read from its
+  // offset on (SHARD_UNREADABLE). OK when the master skipped it; its
+  // refusal otherwise (JOB_OVER when the job stops on it; an error naming
+  // the file when the master can read it and this worker cannot).
+  Status ReportUnreadable(Session& session, RpcChannel& master, const PreparedBatch& marker);
   // Starts a step (session.stepping), first waiting while the master asks
   // to pause for a coordinated checkpoint. False, without starting one,
   // when the session is over or the worker is stopping meanwhile.
@@ -202,6 +225,7 @@ Status Worker::Impl::Register(Session& session) {
   body->set_hostname(Hostname());
   body->set_pid(static_cast<uint32_t>(getpid()));
   body->set_device(device_);
+  AddSharedOptions(options_.job.SharedOptions(), body->mutable_job_options());
   MemberSessionOptions member;
   member.master = options_.master;
   member.role = proto::ROLE_WORKER;
@@ -350,6 +374,20 @@ Status Worker::Impl::Train(Session& session, PreparedBatch& prepared, PsClient& 
   *loss_sum = model_->ForwardBackward(prepared.batch, prepared.params, predictions,
                                       eval ? nullptr : &grads);
   if (eval) return absl::OkStatus();
+  // A diverged model: push nothing of it. The commit carries the
+  // non-finite loss, and the master stops the job (resumably) on it.
+  const bool loss_finite = std::isfinite(*loss_sum);
+  bool grads_finite = true;
+  for (size_t i = 0; grads_finite && i < grads.size(); ++i) grads_finite = AllFinite(grads[i]);
+  if (!loss_finite || !grads_finite) {
+    LOG(ERROR) << "the model diverged: "
+               << (loss_finite ? std::string("a non-finite gradient")
+                               : absl::StrCat("loss ", *loss_sum))
+               << " on the batch of " << prepared.shard.path() << " from byte " << prepared.begin
+               << "; pushing nothing of it, telling the master";
+    *loss_sum = std::numeric_limits<double>::quiet_NaN();
+    return absl::OkStatus();
+  }
   const std::vector<ParamSpec>& params = model_->params();
   std::vector<PsClient::Keys> keys(params.size());
   std::vector<std::span<const float>> values(params.size());
@@ -369,6 +407,33 @@ Status Worker::Impl::Train(Session& session, PreparedBatch& prepared, PsClient& 
   RETURN_IF_ERROR(CheckLease(session));
   RETURN_IF_ERROR(Annotate(ps.Push(keys, values), "push"));
   records_pushed_.fetch_add(static_cast<uint64_t>(prepared.batch.size()));
+  return absl::OkStatus();
+}
+
+Status Worker::Impl::ReportUnreadable(Session& session, RpcChannel& master,
+                                      const PreparedBatch& marker) {
+  // The master decides for the whole job once; a repeat gets the same answer.
+  StatusOr<Message> reply = CallMaster(session, master, [&] {
+    Message request;
+    request.header().set_method(proto::SHARD_UNREADABLE);
+    proto::ShardUnreadableRequest* body = request.header().mutable_shard_unreadable_request();
+    body->set_shard_id(marker.shard.shard_id());
+    body->set_epoch(marker.shard.epoch());
+    body->set_phase(marker.shard.phase());
+    body->set_offset(marker.begin);
+    body->set_line(marker.unreadable_line);
+    body->set_error(marker.unreadable);
+    return request;
+  });
+  if (!reply.ok()) {
+    return Annotate(reply.status(), absl::StrCat("cannot read ", marker.shard.path(), " (",
+                                                 marker.unreadable, ")"));
+  }
+  if (reply->header().shard_unreadable_reply().skipped()) {
+    LOG(WARNING) << "the master skipped the rest of shard " << marker.shard.shard_id() << " ("
+                 << marker.shard.path() << " from line " << marker.unreadable_line
+                 << "): data.on_unreadable = skip";
+  }
   return absl::OkStatus();
 }
 
@@ -578,6 +643,13 @@ Status Worker::Impl::RunSession() {
   std::vector<float> predictions;
   while (std::unique_ptr<PreparedBatch> prepared = session.loader->Pop()) {
     if (session.over.load()) break;  // fenced: nothing queued may land
+    if (!prepared->unreadable.empty()) {
+      // Every batch of the shard before it is committed: the master checks
+      // the file from there and skips the rest, or stops the job.
+      status = ReportUnreadable(session, master, *prepared);
+      if (!status.ok()) break;
+      continue;
+    }
     // The batch before this one is committed and nothing is in flight: the
     // moment to pause for a coordinated checkpoint.
     if (!BeginStep(session)) break;
@@ -675,6 +747,22 @@ Status Worker::Impl::Run() {
   Status status;
   while (true) {
     status = RunSession();
+    if (ReasonOf(status) == proto::JOB_OVER) {
+      // The master stopped the job (a diverged model, a full disk, ...):
+      // its final status says why; this worker did its part.
+      LOG(WARNING) << "the master ended the job: " << status.message();
+      status = absl::OkStatus();
+      break;
+    }
+    if (!status.ok() && !IsFenced(status)) {
+      absl::MutexLock lock(&mu_);
+      if (finished_) {
+        // The job ended first (its servers may be gone already): what
+        // failed after that changes nothing.
+        LOG(INFO) << "after the master ended the job: " << status.message();
+        status = absl::OkStatus();
+      }
+    }
     if (!IsFenced(status) || stopping()) break;
     fenced_sessions_.fetch_add(1);
     LOG(WARNING) << "fenced: " << status.message()

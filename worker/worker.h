@@ -8,7 +8,10 @@
 // batch's progress is committed to the master only after its pushes were
 // acknowledged, so a worker dying at any moment loses no committed record.
 // Malformed lines are counted, skipped and reported as FILE:LINE; they never
-// stop the job. After the last epoch the master hands out evaluation shards:
+// stop the job. A file that cannot be read is reported to the master
+// (SHARD_UNREADABLE), which skips the shard or stops the job. A batch
+// whose loss or gradients are not finite is not pushed: its commit carries
+// the non-finite loss and the master stops the job (a diverged model). After the last epoch the master hands out evaluation shards:
 // the worker sends back a prediction per record.
 //
 // Membership (cluster/member_session.h): the worker registers, heartbeats
@@ -56,11 +59,14 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  // Trains until the master says the job is over (OK) or RequestStop is
-  // called (OK, after committing the batch in hand and handing its shard
-  // back). Errors: kDeadlineExceeded/kUnavailable when the master or a
-  // server cannot be reached, kNotFound/kPermissionDenied when a data file
-  // cannot be read, kFailedPrecondition when the master fenced this worker.
+  // Trains until the master says the job is over (OK, also when it failed
+  // or stopped: its final status says why) or RequestStop is called (OK,
+  // after committing the batch in hand and handing its shard back).
+  // Errors: kDeadlineExceeded/kUnavailable when the master or a server
+  // cannot be reached; kFailedPrecondition when a data file the master can
+  // read cannot be read here (an unreadable file is the master's to judge:
+  // it skips the shard or stops the job); kInvalidArgument when the
+  // master refuses this worker's job options.
   Status Run();
 
   // Asks Run to stop at the next batch boundary. Safe from any thread.

@@ -212,6 +212,47 @@ TEST_F(DataSetTest, ProgressCanStopTheScan) {
   EXPECT_EQ(calls, 1);
 }
 
+TEST_F(DataSetTest, CheckShardRangeAcceptsWhatTheScanCut) {
+  const std::string path = Write("a.txt", Lines(23, /*final_newline=*/false));
+  StatusOr<DataSet> data = CutIntoShards({path}, 5);
+  ASSERT_TRUE(data.ok()) << data.status();
+  for (const ShardSpec& shard : data->shards) {
+    EXPECT_TRUE(CheckShardRange(path, shard.begin, shard.end, shard.lines).ok()) << shard.begin;
+  }
+  // From a committed offset inside a shard: the lines after it.
+  const ShardSpec& first = data->shards[0];
+  const uint64_t second_line = Lines(1).size();
+  EXPECT_TRUE(CheckShardRange(path, second_line, first.end, first.lines - 1).ok());
+}
+
+TEST_F(DataSetTest, CheckShardRangeSaysWhatIsWrongWithTheFile) {
+  const std::string path = Write("a.txt", Lines(20));
+  StatusOr<DataSet> data = CutIntoShards({path}, 5);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const ShardSpec last = data->shards.back();
+
+  // Changed: the same size, a line fewer.
+  std::string text = Lines(20);
+  text[last.begin + 3] = '\n';
+  Write("a.txt", text);
+  Status changed = CheckShardRange(path, last.begin, last.end, last.lines);
+  EXPECT_EQ(changed.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(changed.message(), HasSubstr("changed"));
+  EXPECT_THAT(changed.message(), HasSubstr("hold 6 lines, the scan saw 5"));
+
+  std::filesystem::resize_file(path, last.begin + 4);
+  Status truncated = CheckShardRange(path, last.begin, last.end, last.lines);
+  EXPECT_EQ(truncated.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(truncated.message(), HasSubstr("truncated"));
+  EXPECT_TRUE(CheckShardRange(path, data->shards[0].begin, data->shards[0].end, 5).ok())
+      << "the shards before the cut are whole";
+
+  std::filesystem::remove(path);
+  Status gone = CheckShardRange(path, last.begin, last.end, last.lines);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(gone.message(), "the file is gone");
+}
+
 TEST_F(DataSetTest, MissingFileIsNamed) {
   StatusOr<DataSet> data = CutIntoShards({dir_ + "/gone.txt"}, 4);
   EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound);

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "cluster/job_options.h"
 #include "core/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -123,6 +124,7 @@ class JobControlTest : public ::testing::Test {
   Status RegisterServer(int port, uint32_t pid, std::optional<uint32_t> stored, absl::Time now,
                         proto::RegisterServerReply* reply = nullptr) {
     proto::RegisterServerRequest request = ServerRequest(port, pid, stored);
+    AddSharedOptions(job_.SharedOptions(), request.mutable_job_options());
     if (stored.has_value()) {
       request.set_stored_job(absl::StrCat(control_->job_spec().job_id(), " tiny"));
     }
@@ -132,7 +134,9 @@ class JobControlTest : public ::testing::Test {
 
   uint32_t AddWorker(absl::Time now) {
     proto::RegisterWorkerReply reply;
-    Status status = control_->RegisterWorker(WorkerRequest(/*pid=*/300), now, &reply);
+    proto::RegisterWorkerRequest request = WorkerRequest(/*pid=*/300);
+    AddSharedOptions(job_.SharedOptions(), request.mutable_job_options());
+    Status status = control_->RegisterWorker(request, now, &reply);
     EXPECT_TRUE(status.ok()) << status;
     return reply.worker_id();
   }

@@ -34,6 +34,7 @@ TEST_F(JobControlTest, RunsASmallJobToTheEnd) {
   EXPECT_EQ(control_->RegisterServer(bad, t0_, &registered).code(),
             absl::StatusCode::kInvalidArgument);
   proto::RegisterServerRequest other_job;
+  AddSharedOptions(job_.SharedOptions(), other_job.mutable_job_options());
   other_job.set_endpoint(Endpoint(5002));
   other_job.set_stored_job("job-0 tiny");
   other_job.set_stored_server_id(0);
@@ -53,6 +54,7 @@ TEST_F(JobControlTest, RunsASmallJobToTheEnd) {
 
   proto::RegisterWorkerRequest request;
   request.set_hostname("worker-host");
+  AddSharedOptions(job_.SharedOptions(), request.mutable_job_options());
   proto::RegisterWorkerReply worker_reply;
   ASSERT_TRUE(control_->RegisterWorker(request, At(600), &worker_reply).ok());
   EXPECT_EQ(worker_reply.worker_id(), 0u);

@@ -37,6 +37,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cluster/job_options.h"
+#include "core/job_config.h"
 #include "core/metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -156,11 +158,14 @@ inline std::vector<Piece> ReadPieces(const proto::ShardAssignment& shard, uint64
 }
 
 // A fake server or worker: one RpcChannel to the master, the sender id set
-// from the registration reply like real peers do.
+// from the registration reply like real peers do. It registers with the
+// shared options of `job` (the master's, unless a test wants otherwise).
 class FakePeer {
  public:
-  FakePeer(SocketFactory* factory, std::string master)
-      : channel_(factory, proto::NodeId()), master_(std::move(master)) {}
+  FakePeer(SocketFactory* factory, std::string master, const JobConfig& job)
+      : channel_(factory, proto::NodeId()),
+        master_(std::move(master)),
+        shared_options_(job.SharedOptions()) {}
 
   uint32_t id() const { return self_.id(); }
   const proto::JobSpec& job() const { return job_; }
@@ -178,6 +183,7 @@ class FakePeer {
     body->set_hostname("test-host");
     body->set_pid(pid);
     if (stored_id.has_value()) body->set_stored_server_id(*stored_id);
+    AddSharedOptions(shared_options_, body->mutable_job_options());
     ASSIGN_OR_RETURN(Message reply, Call(proto::REGISTER_SERVER, std::move(request)));
     SetSelf(proto::ROLE_SERVER, reply.header().register_server_reply().server_id());
     job_ = reply.header().register_server_reply().job();
@@ -190,6 +196,7 @@ class FakePeer {
     body->set_hostname("test-host");
     body->set_pid(2000);
     body->set_device("cpu");
+    AddSharedOptions(shared_options_, body->mutable_job_options());
     ASSIGN_OR_RETURN(Message reply, Call(proto::REGISTER_WORKER, std::move(request)));
     const proto::RegisterWorkerReply& registered = reply.header().register_worker_reply();
     SetSelf(proto::ROLE_WORKER, registered.worker_id());
@@ -292,6 +299,7 @@ class FakePeer {
 
   RpcChannel channel_;
   const std::string master_;
+  const std::vector<std::pair<std::string, std::string>> shared_options_;
   proto::NodeId self_;
   proto::JobSpec job_;
   uint32_t heartbeat_ms_ = 0;
@@ -341,12 +349,13 @@ class MasterTest : public ::testing::Test {
   }
 
   void StartMaster(const MasterOptions& options) {
+    job_ = options.job;
     master_ = std::make_unique<Master>(options);
     ASSERT_TRUE(master_->Start().ok());
   }
 
   std::unique_ptr<FakePeer> Peer() {
-    return std::make_unique<FakePeer>(&factory_, master_->rpc_endpoint());
+    return std::make_unique<FakePeer>(&factory_, master_->rpc_endpoint(), job_);
   }
 
   // Two registered fake servers. Each listens for the master's
@@ -516,6 +525,7 @@ class MasterTest : public ::testing::Test {
 
   std::string dir_;
   SocketFactory factory_;
+  JobConfig job_;  // the running master's, for its peers' registrations
   absl::Mutex fenced_mu_;
   std::set<uint32_t> fenced_seen_[3] ABSL_GUARDED_BY(fenced_mu_);
   int fence_calls_[3] ABSL_GUARDED_BY(fenced_mu_) = {0, 0, 0};

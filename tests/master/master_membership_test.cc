@@ -423,7 +423,7 @@ TEST_F(MasterTest, RestartedMasterResumesTheJob) {
   EXPECT_GT(doc["membership_epoch"].get<uint64_t>(), before["membership_epoch"].get<uint64_t>());
   // The previous life's workers must register again.
   for (const auto& worker : workers) {
-    FakePeer old(&factory_, master_->rpc_endpoint());
+    FakePeer old(&factory_, master_->rpc_endpoint(), job_);
     old.ActAs(proto::ROLE_WORKER, worker->id());
     ExpectCode(old.Heartbeat().status(), absl::StatusCode::kFailedPrecondition, proto::FENCED);
   }

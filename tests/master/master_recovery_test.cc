@@ -168,7 +168,8 @@ TEST_F(MasterTest, RestartedServerTakesItsSlotBack) {
       alive));
   EXPECT_EQ(RestoresSeen(2).size(), 1u);
   EXPECT_EQ(RestoresSeen(1).size(), 1u);
-  ASSERT_EQ(Events("server_dead").size(), 1u);
+  // The events log is written at the end of the job loop's tick.
+  ASSERT_TRUE(Eventually([&] { return Events("server_dead").size() == 1; }, alive));
   EXPECT_EQ(Events("server_dead")[0]["reason"], "restarted");
   EXPECT_EQ(Doc()["state"], "running");
 }

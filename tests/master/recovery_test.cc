@@ -42,6 +42,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 const absl::Duration kLogEvery = absl::Seconds(10);
+const absl::Duration kTimeout = absl::Seconds(600);
 
 // Checkpoint `id` with a part for each of `slots`.
 proto::CheckpointRecord Checkpoint(uint64_t id, const std::vector<uint32_t>& slots) {
@@ -158,22 +159,38 @@ TEST_F(RecoveryTest, NextWaitsForMissingSlotsAndSaysSoEveryInterval) {
   recovery_.Start("ps[1] stopped heartbeating", /*rollback=*/true, 1, lost);
   const proto::CheckpointRecord checkpoint = Checkpoint(3, {0, 1});
 
-  Recovery::Step step = recovery_.Next(members_, checkpoint, kLogEvery, lost);
+  Recovery::Step step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost);
   EXPECT_EQ(step.kind, Recovery::Step::Kind::kWait);
   EXPECT_FALSE(step.waiting_line.has_value()) << "no line before an interval passed";
-  step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(9));
+  step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(9));
   EXPECT_EQ(step.kind, Recovery::Step::Kind::kWait);
   EXPECT_FALSE(step.waiting_line.has_value());
-  step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(10));
+  step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(10));
   EXPECT_EQ(step.kind, Recovery::Step::Kind::kWait);
   ASSERT_TRUE(step.waiting_line.has_value());
   EXPECT_THAT(*step.waiting_line, HasSubstr("ps[1] stopped heartbeating 10s ago"));
   EXPECT_THAT(*step.waiting_line, HasSubstr("waiting for ps[1]"));
   EXPECT_TRUE(step.targets.empty());
-  step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(15));
+  step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(15));
   EXPECT_FALSE(step.waiting_line.has_value()) << "one line per interval";
-  step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(20));
+  step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(20));
   EXPECT_TRUE(step.waiting_line.has_value());
+}
+
+TEST_F(RecoveryTest, NextFailsAtTheTimeoutNamingTheMissingSlot) {
+  const absl::Time lost = LoseSlotOne();
+  recovery_.Start("ps[1] stopped heartbeating", /*rollback=*/true, 1, lost);
+  const proto::CheckpointRecord checkpoint = Checkpoint(3, {0, 1});
+  const absl::Duration timeout = absl::Seconds(30);
+  EXPECT_EQ(recovery_.Next(members_, checkpoint, kLogEvery, timeout, lost + timeout).kind,
+            Recovery::Step::Kind::kWait);
+  const Recovery::Step step = recovery_.Next(members_, checkpoint, kLogEvery, timeout,
+                                             lost + timeout + absl::Milliseconds(1));
+  ASSERT_EQ(step.kind, Recovery::Step::Kind::kFail);
+  EXPECT_EQ(step.error,
+            "ps[1] did not come back within master.recovery_timeout_s (30s) of ps[1] stopped "
+            "heartbeating: restart each on its --data-dir (or start an eps-server on a fresh "
+            "--data-dir in its place), then run eps-master --resume");
 }
 
 TEST_F(RecoveryTest, NextWaitsForPendingFences) {
@@ -183,7 +200,7 @@ TEST_F(RecoveryTest, NextWaitsForPendingFences) {
   RefillSlotOne(lost + absl::Seconds(1));
   const proto::CheckpointRecord checkpoint = Checkpoint(3, {0, 1});
 
-  Recovery::Step step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(10));
+  Recovery::Step step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(10));
   EXPECT_EQ(step.kind, Recovery::Step::Kind::kWait);
   ASSERT_TRUE(step.waiting_line.has_value());
   EXPECT_THAT(*step.waiting_line, HasSubstr("fencing the workers at every server"));
@@ -191,14 +208,14 @@ TEST_F(RecoveryTest, NextWaitsForPendingFences) {
 
   ASSERT_TRUE(members_.PendingFences().has_value());
   AcknowledgeFences();
-  step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(11));
+  step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(11));
   EXPECT_EQ(step.kind, Recovery::Step::Kind::kRestore);
 }
 
 TEST_F(RecoveryTest, RollbackRestoresEverySlot) {
   const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   Recovery::Step step =
-      recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, lost + absl::Seconds(2));
+      recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, kTimeout, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
   EXPECT_THAT(Targets(step), ::testing::ElementsAre("0@tcp://127.0.0.1:5000 /ckpt/ps-0/3",
                                                     "1@tcp://127.0.0.1:6001 /ckpt/ps-1/3"));
@@ -207,13 +224,13 @@ TEST_F(RecoveryTest, RollbackRestoresEverySlot) {
 TEST_F(RecoveryTest, ContinueRestoresOnlyTheLostSlots) {
   const absl::Time lost = ReadyToRestore(/*rollback=*/false);
   const proto::CheckpointRecord checkpoint = Checkpoint(3, {0, 1});
-  Recovery::Step step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(2));
+  Recovery::Step step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
   EXPECT_THAT(Targets(step), ::testing::ElementsAre("1@tcp://127.0.0.1:6001 /ckpt/ps-1/3"));
 
   // A replacement took slot 0 meanwhile: it restores too.
   recovery_.AddLost(0);
-  step = recovery_.Next(members_, checkpoint, kLogEvery, lost + absl::Seconds(3));
+  step = recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(3));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
   EXPECT_EQ(step.targets.size(), 2u);
 }
@@ -226,7 +243,7 @@ TEST_F(RecoveryTest, ContinueRestoresOnlyTheLostSlots) {
 TEST_F(RecoveryTest, ContinueIsNotDoneWhileASlotLostMeanwhileHasNotRestored) {
   const absl::Time lost = ReadyToRestore(/*rollback=*/false);
   const Recovery::Step step =
-      recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, lost + absl::Seconds(2));
+      recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, kTimeout, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
   ASSERT_EQ(step.targets.size(), 1u);
 
@@ -246,7 +263,7 @@ TEST_F(RecoveryTest, ContinueIsNotDoneWhileASlotLostMeanwhileHasNotRestored) {
 TEST_F(RecoveryTest, CheckpointZeroEmptiesTheServers) {
   const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   Recovery::Step step =
-      recovery_.Next(members_, Checkpoint(0, {}), kLogEvery, lost + absl::Seconds(2));
+      recovery_.Next(members_, Checkpoint(0, {}), kLogEvery, kTimeout, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
   EXPECT_THAT(Targets(step), ::testing::ElementsAre("0@tcp://127.0.0.1:5000 ",
                                                     "1@tcp://127.0.0.1:6001 "));
@@ -255,7 +272,7 @@ TEST_F(RecoveryTest, CheckpointZeroEmptiesTheServers) {
 TEST_F(RecoveryTest, FailsForASlotTheCheckpointHasNoPartOf) {
   const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   Recovery::Step step =
-      recovery_.Next(members_, Checkpoint(3, {0}), kLogEvery, lost + absl::Seconds(2));
+      recovery_.Next(members_, Checkpoint(3, {0}), kLogEvery, kTimeout, lost + absl::Seconds(2));
   EXPECT_EQ(step.kind, Recovery::Step::Kind::kFail);
   EXPECT_EQ(step.error, "checkpoint 3 has no part of ps[1]");
 }
@@ -265,7 +282,7 @@ class RestoredTest : public RecoveryTest {
   // A rollback to checkpoint 3 ready to restore both slots.
   void SetUp() override {
     lost_ = ReadyToRestore(/*rollback=*/true);
-    step_ = recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, lost_ + absl::Seconds(2));
+    step_ = recovery_.Next(members_, Checkpoint(3, {0, 1}), kLogEvery, kTimeout, lost_ + absl::Seconds(2));
     ASSERT_EQ(step_.kind, Recovery::Step::Kind::kRestore);
     ASSERT_EQ(step_.targets.size(), 2u);
   }
@@ -337,7 +354,7 @@ TEST_F(RestoredTest, FailsOtherwiseNamingThePath) {
 TEST_F(RecoveryTest, FailureRestoringCheckpointZeroNamesNoPath) {
   const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   Recovery::Step step =
-      recovery_.Next(members_, Checkpoint(0, {}), kLogEvery, lost + absl::Seconds(2));
+      recovery_.Next(members_, Checkpoint(0, {}), kLogEvery, kTimeout, lost + absl::Seconds(2));
   ASSERT_EQ(step.kind, Recovery::Step::Kind::kRestore);
   std::string error;
   EXPECT_EQ(recovery_.Restored(members_, step, 0,

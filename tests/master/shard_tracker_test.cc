@@ -514,12 +514,62 @@ void ExpectSameShard(const ShardTracker::Shard& a, const ShardTracker::Shard& b)
   EXPECT_EQ(a.committed_lines, b.committed_lines);
   EXPECT_EQ(a.assignments, b.assignments);
   EXPECT_EQ(a.split_from, b.split_from);
+  EXPECT_EQ(a.skipped_lines, b.skipped_lines);
+  EXPECT_EQ(a.skip_reason, b.skip_reason);
 }
+
 
 std::vector<proto::ShardRecord> Records(const ShardTracker& tracker) {
   std::vector<proto::ShardRecord> records;
   for (uint64_t id = 0; id < tracker.num_shards(); ++id) records.push_back(tracker.ToRecord(id));
   return records;
+}
+
+TEST(ShardTracker, SkipEndsAShardWithItsUncommittedLinesSkipped) {
+  ShardTracker tracker(MakeShards(3), Identity(3));
+  ASSERT_EQ(tracker.Assign(7)->shard_id, 0u);
+  ASSERT_TRUE(CommitLines(tracker, 7, 0, 4).ok());
+  const uint64_t at = tracker.shard(0).committed_offset;
+  EXPECT_EQ(tracker.Skip(8, 0, at, "gone").status().code(), absl::StatusCode::kFailedPrecondition)
+      << "not its shard";
+  EXPECT_EQ(tracker.Skip(7, 0, at + kLineBytes, "gone").status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "not the committed offset";
+  EXPECT_EQ(tracker.Skip(7, 9, at, "gone").status().code(), absl::StatusCode::kInvalidArgument);
+  StatusOr<uint64_t> skipped = tracker.Skip(7, 0, at, "the file is gone");
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(*skipped, kShardLines - 4);
+  EXPECT_EQ(tracker.shard(0).state, ShardTracker::State::kDone);
+  EXPECT_EQ(tracker.shard(0).skip_reason, "the file is gone");
+  EXPECT_EQ(tracker.committed_lines(), 4u);
+  EXPECT_EQ(tracker.skipped_lines(), kShardLines - 4);
+  EXPECT_EQ(tracker.done(), 1u);
+  EXPECT_EQ(tracker.doing(), 0u);
+  EXPECT_EQ(CommitLines(tracker, 7, 0, 1).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "nothing more is committed to a skipped shard";
+  // The rest of the pass completes it.
+  for (uint64_t id : {1u, 2u}) {
+    ASSERT_EQ(tracker.Assign(7)->shard_id, id);
+    ASSERT_TRUE(CommitLines(tracker, 7, id, tracker.shard(id).spec.lines).ok());
+  }
+  EXPECT_TRUE(tracker.finished());
+  EXPECT_EQ(tracker.committed_lines() + tracker.skipped_lines(), 2 * kShardLines + kLastShardLines);
+
+  // A restarted master sees the same.
+  StatusOr<ShardTracker> restored = ShardTracker::FromRecords(Records(tracker), Identity(3));
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ExpectSameShard(restored->shard(0), tracker.shard(0));
+  EXPECT_EQ(restored->skipped_lines(), kShardLines - 4);
+  EXPECT_TRUE(restored->finished());
+  // Skipped lines that are not exactly the uncommitted ones are refused.
+  std::vector<proto::ShardRecord> bad = Records(tracker);
+  bad[0].set_skipped_lines(2);
+  EXPECT_EQ(ShardTracker::FromRecords(bad, Identity(3)).status().code(),
+            absl::StatusCode::kDataLoss);
+  bad = Records(tracker);
+  bad[1].set_skipped_lines(1);  // a shard committed to its end
+  EXPECT_EQ(ShardTracker::FromRecords(bad, Identity(3)).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(ShardTracker, RecordsRoundTripEveryState) {

@@ -135,6 +135,11 @@ class FakeMaster {
     absl::MutexLock lock(&mu_);
     server_id_ = id;
   }
+  // The last HEARTBEAT request.
+  proto::HeartbeatRequest last_heartbeat() const {
+    absl::MutexLock lock(&mu_);
+    return last_heartbeat_;
+  }
   // The last REGISTER_SERVER request.
   proto::RegisterServerRequest last_registration() const {
     absl::MutexLock lock(&mu_);
@@ -143,6 +148,25 @@ class FakeMaster {
   void set_heartbeat_error(Status status) {
     absl::MutexLock lock(&mu_);
     heartbeat_error_ = std::move(status);
+  }
+  // Refuses the next `n` heartbeats with `status`, then answers again.
+  void RefuseHeartbeats(int n, Status status) {
+    absl::MutexLock lock(&mu_);
+    refuse_heartbeats_ = n;
+    heartbeat_error_ = std::move(status);
+  }
+  // REGISTER_SERVER answers `status` (OK: registers).
+  void set_register_error(Status status) {
+    absl::MutexLock lock(&mu_);
+    register_error_ = std::move(status);
+  }
+  int registrations() const {
+    absl::MutexLock lock(&mu_);
+    return registrations_;
+  }
+  int heartbeats() const {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
   }
   // REGISTER_SERVER is held (for at most 5 s) until ReleaseRegister; the
   // registered endpoint is known before that.
@@ -192,6 +216,8 @@ class FakeMaster {
           absl::MutexLock lock(&mu_);
           registered_endpoint_ = request.header().register_server_request().endpoint();
           last_registration_ = request.header().register_server_request();
+          ++registrations_;
+          if (!register_error_.ok()) return register_error_;
           hold = hold_register_;
           proto::RegisterServerReply* body = reply->header().mutable_register_server_reply();
           body->set_server_id(server_id_);
@@ -206,6 +232,12 @@ class FakeMaster {
         EXPECT_EQ(request.header().sender().role(), proto::ROLE_SERVER);
         EXPECT_EQ(request.header().sender().id(), server_id_);
         last_stats_ = request.header().heartbeat_request().server();
+        last_heartbeat_ = request.header().heartbeat_request();
+        if (refuse_heartbeats_ > 0 && --refuse_heartbeats_ == 0) {
+          const Status refused = heartbeat_error_;
+          heartbeat_error_ = absl::OkStatus();
+          return refused;
+        }
         if (!heartbeat_error_.ok()) return heartbeat_error_;
         proto::HeartbeatReply* body = reply->header().mutable_heartbeat_reply();
         body->set_state(shutdown_ ? proto::JOB_FINISHED : proto::JOB_RUNNING);
@@ -241,6 +273,10 @@ class FakeMaster {
   uint64_t map_version_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   Status heartbeat_error_ ABSL_GUARDED_BY(mu_);
+  int refuse_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  Status register_error_ ABSL_GUARDED_BY(mu_);
+  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  proto::HeartbeatRequest last_heartbeat_ ABSL_GUARDED_BY(mu_);
   bool hold_register_ ABSL_GUARDED_BY(mu_) = false;
   std::string registered_endpoint_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;

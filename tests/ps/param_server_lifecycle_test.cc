@@ -141,7 +141,48 @@ TEST_F(ParamServerTest, LosingTheMasterEndsWaitWithUnavailable) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(4));
 }
 
-TEST_F(ParamServerTest, FencedHeartbeatEndsWaitWithFailedPrecondition) {
+TEST_F(ParamServerTest, AServerRefusedAHeartbeatTakesItsSlotBack) {
+  StartServer();
+  AwaitMap();
+  ASSERT_EQ(master_->registrations(), 1);
+  const proto::RegisterServerRequest first = master_->last_registration();
+  EXPECT_FALSE(first.rejoin());
+  // Wait registers again (as the binary runs it: right after Start).
+  Status waited = absl::UnknownError("not returned");
+  std::thread waiter([&] { waited = server_->Wait(); });
+  master_->RefuseHeartbeats(1, ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                                               "ps[3] is not registered", proto::FENCED));
+  const bool beating = master_->AwaitHeartbeats(master_->heartbeats() + 4, absl::Seconds(5));
+  master_->set_shutdown(true);
+  waiter.join();
+  ASSERT_TRUE(beating);
+  EXPECT_EQ(master_->registrations(), 2);
+  const proto::RegisterServerRequest again = master_->last_registration();
+  EXPECT_TRUE(again.rejoin());
+  EXPECT_EQ(again.stored_server_id(), kServerId);
+  EXPECT_EQ(again.endpoint(), server_->endpoint());
+  EXPECT_EQ(again.job_options_size(), first.job_options_size());
+  EXPECT_EQ(again.pid(), first.pid());
+  // It served on, as the same slot, until the job ended.
+  EXPECT_TRUE(waited.ok()) << waited;
+}
+
+TEST_F(ParamServerTest, AServerWhoseSlotWasTakenExits) {
+  StartServer();
+  AwaitMap();
+  master_->set_register_error(absl::FailedPreconditionError(
+      "ps[3] is served by tcp://10.0.0.9:7 now: this server was replaced while it was away"));
+  master_->set_heartbeat_error(ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                                               "ps[3] is not registered", proto::FENCED));
+  const absl::Time start = absl::Now();
+  const Status waited = server_->Wait();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kFailedPrecondition) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("ps[3] cannot take its slot back"));
+  EXPECT_THAT(waited.message(), HasSubstr("replaced while it was away"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST_F(ParamServerTest, AMasterThatKeepsRefusingHeartbeatsEndsWait) {
   StartServer();
   AwaitMap();
   master_->set_heartbeat_error(ErrorWithReason(absl::StatusCode::kFailedPrecondition,
@@ -149,6 +190,8 @@ TEST_F(ParamServerTest, FencedHeartbeatEndsWaitWithFailedPrecondition) {
   const absl::Time start = absl::Now();
   const Status waited = server_->Wait();
   EXPECT_EQ(waited.code(), absl::StatusCode::kFailedPrecondition) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("right after it took its slot back"));
+  EXPECT_EQ(master_->registrations(), 2) << "one attempt to take the slot back";
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 

@@ -315,5 +315,20 @@ TEST_F(ParamServerTest, CheckpointDirHoldsEachSlotsCheckpointsForAReplacementSer
   EXPECT_EQ(*rows, *at_2);
 }
 
+TEST_F(ParamServerTest, AServerThatCannotWriteSaysSoInEveryHeartbeat) {
+  TempDir temp;
+  std::ofstream(temp.Join("file")) << "x";
+  ParamServerOptions options = OptionsWithDataDir(temp.Join("data"));
+  options.storage.checkpoint_dir = temp.Join("file/checkpoints");  // can never be made
+  StartServer(options);
+  AwaitMap();
+  ASSERT_TRUE(master_->AwaitHeartbeats(master_->heartbeats() + 1, absl::Seconds(5)));
+  EXPECT_EQ(master_->last_heartbeat().storage_error(), "");
+  EXPECT_EQ(Checkpoint(1, {}).status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(master_->AwaitHeartbeats(master_->heartbeats() + 2, absl::Seconds(5)));
+  EXPECT_THAT(master_->last_heartbeat().storage_error(),
+              HasSubstr("cannot create checkpoint dir " + temp.Join("file/checkpoints/ps-3")));
+}
+
 }  // namespace
 }  // namespace eps

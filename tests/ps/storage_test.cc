@@ -357,6 +357,36 @@ TEST(ServerStorage, CheckpointDirPutsCheckpointsUnderTheServersIdWithAbsolutePat
   EXPECT_EQ(info->path, temp.path() + "/data3/checkpoints/2");
 }
 
+TEST(ServerStorage, ACheckpointThatCannotBeWrittenIsAWriteError) {
+  TempDir temp;
+  StorageOptions options;
+  options.data_dir = temp.Join("data");
+  // A checkpoint dir under a regular file can never be made (root or not).
+  std::ofstream(temp.Join("not-a-dir")) << "x";
+  options.checkpoint_dir = temp.Join("not-a-dir/checkpoints");
+  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  ASSERT_NE(storage, nullptr);
+  ASSERT_TRUE(storage->SetServerId(1).ok());
+  PushAll(*storage, 0, Keys(1, 10), 2.0f);
+  EXPECT_EQ(storage->write_error(), "") << "every write succeeded so far";
+  StatusOr<CheckpointInfo> info = storage->Checkpoint(5);
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable) << info.status();
+  EXPECT_THAT(storage->write_error(),
+              HasSubstr("cannot create checkpoint dir " + temp.Join("not-a-dir/checkpoints/ps-1")));
+  // It stays: the master stops the job on it.
+  ASSERT_TRUE(storage->Flush().ok());
+  EXPECT_THAT(storage->write_error(), HasSubstr("cannot create checkpoint dir"));
+  // A checkpoint id used twice is the caller's mistake, not the disk's.
+  options.checkpoint_dir.clear();
+  options.data_dir = temp.Join("data2");
+  storage.reset();
+  storage = MustOpen(options);
+  ASSERT_NE(storage, nullptr);
+  ASSERT_TRUE(storage->Checkpoint(1).ok());
+  EXPECT_EQ(storage->Checkpoint(1).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(storage->write_error(), "");
+}
+
 TEST(ServerStorage, KeepIdsDropExactlyTheUnlistedOlderCheckpoints) {
   TempDir temp;
   StorageOptions options;
