@@ -41,8 +41,8 @@ Status ValidateInitializerSpec(const proto::InitializerSpec& spec) {
     case proto::InitializerSpec::UNIFORM:
       // A truncated normal draw reaches 2 * scale.
       if (!(spec.scale() >= 0 && spec.scale() <= FLT_MAX / 2)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "initializer.scale = ", spec.scale(), ": must be in [0, ", FLT_MAX / 2, "]"));
+        return absl::InvalidArgumentError(absl::StrCat("initializer.scale = ", spec.scale(),
+                                                       ": must be in [0, ", FLT_MAX / 2, "]"));
       }
       return absl::OkStatus();
     default:
@@ -95,9 +95,9 @@ Status ValidateTableSpec(const proto::TableSpec& spec) {
       const uint64_t chunks =
           spec.dense_size() / spec.dim() + (spec.dense_size() % spec.dim() != 0 ? 1 : 0);
       if (spec.dense_size() == 0 || chunks > kMaxChunks) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": dense_size = ", spec.dense_size(), ": must be in [1, dim * 2^",
-                         kDenseChunkBits, "]"));
+        return absl::InvalidArgumentError(absl::StrCat(name, ": dense_size = ", spec.dense_size(),
+                                                       ": must be in [1, dim * 2^", kDenseChunkBits,
+                                                       "]"));
       }
       break;
     }
@@ -112,16 +112,17 @@ Status ValidateTableSpec(const proto::TableSpec& spec) {
 
 Status ValidateJobSpec(const proto::JobSpec& spec) {
   if (spec.num_partitions() == 0 || spec.num_partitions() > kMaxJobPartitions) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job spec: num_partitions = ", spec.num_partitions(), ": must be in [1, ",
-        kMaxJobPartitions, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: num_partitions = ", spec.num_partitions(), ": must be in [1, ",
+                     kMaxJobPartitions, "]"));
   }
   if (spec.tables_size() == 0) return absl::InvalidArgumentError("job spec: no tables");
   for (int i = 0; i < spec.tables_size(); ++i) {
     const proto::TableSpec& table = spec.tables(i);
     if (table.id() != static_cast<uint32_t>(i)) {
-      return absl::InvalidArgumentError(absl::StrCat("job spec: the table ids must be 0..n-1; table '",
-                                                     table.name(), "' has id ", table.id()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: the table ids must be 0..n-1; table '", table.name(), "' has id ",
+                       table.id()));
     }
     RETURN_IF_ERROR(ValidateTableSpec(table));
   }

@@ -92,8 +92,7 @@ class AdagradOptimizer final : public Optimizer {
 // State: m (dim floats), then v (dim), then the row's step count t (1).
 class AdamOptimizer final : public Optimizer {
  public:
-  AdamOptimizer(float clip, float learning_rate, float l2, float beta1, float beta2,
-                float epsilon)
+  AdamOptimizer(float clip, float learning_rate, float l2, float beta1, float beta2, float epsilon)
       : Optimizer(clip),
         learning_rate_(learning_rate),
         l2_(l2),
@@ -190,8 +189,8 @@ class FtrlOptimizer final : public Optimizer {
       const float sigma = (sqrt_n_new - std::sqrt(n_old)) / alpha;
       const float z_new = z[i] + g - sigma * weights[i];
       const float w = std::fabs(z_new) <= l1 ? 0.0f
-                                              : -(z_new - std::copysign(l1, z_new)) /
-                                                    ((beta + sqrt_n_new) / alpha + l2);
+                                             : -(z_new - std::copysign(l1, z_new)) /
+                                                   ((beta + sqrt_n_new) / alpha + l2);
       new_z[i] = z_new;
       new_n[i] = n_new;
       new_weights[i] = w;

@@ -1,13 +1,13 @@
 #include "ps/table.h"
 
 #include <algorithm>
-#include <optional>
 #include <array>
 #include <atomic>
 #include <bit>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -480,11 +480,13 @@ TableStats StripedTable::stats() const {
 
 void StripedTable::CountRefused(uint64_t rows) {
   const uint64_t before = updates_refused_.fetch_add(rows, std::memory_order_relaxed);
-  if (std::bit_width(before) == std::bit_width(before + rows)) return;
-  LOG(WARNING) << "table '" << spec_.name() << "': " << before + rows
+  const uint64_t now = before + rows;
+  if (std::bit_width(before) == std::bit_width(now)) return;
+  LOG(WARNING) << "table '" << spec_.name() << "': " << now
                << " row update(s) refused so far: each would have made a weight or an optimizer "
                   "state non-finite, and its row kept its values (gradients too large for the "
-                  "learning rate? optimizer.clip bounds them); next warning at twice this count";
+                  "learning rate? optimizer.clip bounds them); next warning at "
+               << std::bit_ceil(now + 1);
 }
 
 uint32_t StripedTable::FindLocked(const Stripe& stripe, uint64_t key, uint64_t hash) const {
