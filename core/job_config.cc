@@ -1,8 +1,10 @@
 #include "core/job_config.h"
 
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -25,9 +27,21 @@ Status OptionError(absl::string_view option, absl::string_view message) {
   return status;
 }
 
-Status CheckAtLeast(absl::string_view option, int64_t value, int64_t min) {
-  if (value >= min) return absl::OkStatus();
-  return OptionError(option, absl::StrCat("must be >= ", min, " (got ", value, ")"));
+// Upper bounds of times, chosen so that every one (and rpc_timeout_ms times
+// rpc_attempts) fits the uint32 milliseconds and the int counts it travels
+// as.
+constexpr int64_t kDayMs = 86'400'000;
+constexpr int64_t kDayS = 86'400;
+constexpr int64_t kWeekS = 7 * kDayS;
+
+// `value` in [min, max]; `what` names the bound when there is one worth
+// naming ("a day").
+Status CheckRange(absl::string_view option, int64_t value, int64_t min, int64_t max,
+                  absl::string_view what = "") {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return OptionError(option, absl::StrCat("must be in [", min, ", ", max, "]",
+                                          what.empty() ? "" : absl::StrCat(" (", what, ")"),
+                                          " (got ", value, ")"));
 }
 
 Status CheckOneOf(absl::string_view option, const std::string& value,
@@ -43,6 +57,9 @@ constexpr char kPerTableOption[] = "optimizer.per_table";
 
 // The numeric settings of JobConfig::Optimizer, by key (the option name
 // without "optimizer."), with the values each accepts.
+// The values travel to the servers as floats (OptimizerSpec), so each must
+// be one: at most FLT_MAX, a positive one at least the smallest positive
+// float (1e-50 would become 0), one below 1 below 1 as a float.
 struct OptimizerField {
   enum class Range { kPositive, kNonNegative, kUnitInterval };
   const char* key;
@@ -60,6 +77,7 @@ constexpr OptimizerField kOptimizerFields[] = {
     {"beta2", &JobConfig::Optimizer::beta2, OptimizerField::Range::kUnitInterval},
     {"ftrl_beta", &JobConfig::Optimizer::ftrl_beta, OptimizerField::Range::kNonNegative},
     {"l1", &JobConfig::Optimizer::l1, OptimizerField::Range::kNonNegative},
+    {"clip", &JobConfig::Optimizer::clip, OptimizerField::Range::kNonNegative},
 };
 
 constexpr absl::string_view kOptimizerTypes[] = {"sgd", "adagrad", "adam", "ftrl"};
@@ -77,16 +95,25 @@ Status CheckOptimizer(const JobConfig::Optimizer& optimizer,
   // Comparisons are written so that NaN fails them.
   for (const OptimizerField& field : kOptimizerFields) {
     const double value = optimizer.*field.member;
-    absl::string_view requirement;
+    std::string requirement;
     switch (field.range) {
       case OptimizerField::Range::kPositive:
-        if (!(value > 0) || !std::isfinite(value)) requirement = "must be finite and > 0";
+        if (!(value >= FLT_TRUE_MIN && value <= FLT_MAX)) {
+          requirement = absl::StrCat("must be finite and > 0, in [", FLT_TRUE_MIN, ", ", FLT_MAX,
+                                     "] (a float's range)");
+        }
         break;
       case OptimizerField::Range::kNonNegative:
-        if (!(value >= 0) || !std::isfinite(value)) requirement = "must be finite and >= 0";
+        if (!(value >= 0 && value <= FLT_MAX)) {
+          requirement =
+              absl::StrCat("must be finite and >= 0, at most ", FLT_MAX, " (a float's largest)");
+        }
         break;
       case OptimizerField::Range::kUnitInterval:
-        if (!(value >= 0 && value < 1)) requirement = "must be in [0, 1)";
+        if (!(value >= 0 && value < 1 && static_cast<float>(value) < 1.0f)) {
+          requirement = absl::StrCat("must be in [0, 1), and below 1 as a float (at most ",
+                                     std::nextafter(1.0f, 0.0f), ")");
+        }
         break;
     }
     if (!requirement.empty()) {
@@ -219,6 +246,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("optimizer.beta2", &optimizer.beta2, "adam second-moment decay, in [0, 1)");
   v.Visit("optimizer.ftrl_beta", &optimizer.ftrl_beta, "ftrl beta, >= 0");
   v.Visit("optimizer.l1", &optimizer.l1, "ftrl L1 penalty");
+  v.Visit("optimizer.clip", &optimizer.clip,
+          "clip each gradient value to [-clip, clip] on the servers; 0 off");
   v.Visit("optimizer.per_table", &optimizer.per_table,
           "per-table settings, TABLE:key=value[,key=value...][;TABLE:...]");
 
@@ -264,14 +293,17 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
 }
 
 Status JobConfig::Validate() const {
-  RETURN_IF_ERROR(CheckAtLeast("job.epochs", job.epochs, 1));
-  RETURN_IF_ERROR(CheckAtLeast("job.seed", job.seed, 0));
-  RETURN_IF_ERROR(CheckAtLeast("job.progress_interval_s", job.progress_interval_s, 1));
-  if (!(job.divergence_factor == 0 || (job.divergence_factor > 1 &&
-                                       std::isfinite(job.divergence_factor)))) {
-    return OptionError("job.divergence_factor",
-                       absl::StrCat("must be 0 (off) or a finite number > 1 (got ",
-                                    job.divergence_factor, ")"));
+  // Every numeric option has both bounds, so that no value that passes can
+  // wrap or overflow where it travels (uint32 epochs and milliseconds on
+  // the wire, int counts, MiB << 20, floats in the job spec).
+  RETURN_IF_ERROR(CheckRange("job.epochs", job.epochs, 1, 1'000'000));
+  RETURN_IF_ERROR(CheckRange("job.seed", job.seed, 0, std::numeric_limits<int64_t>::max()));
+  RETURN_IF_ERROR(
+      CheckRange("job.progress_interval_s", job.progress_interval_s, 1, kDayS, "a day"));
+  if (!(job.divergence_factor == 0 ||
+        (job.divergence_factor > 1 && job.divergence_factor <= 1e6))) {
+    return OptionError("job.divergence_factor", absl::StrCat("must be 0 (off) or in (1, 1e6] (got ",
+                                                             job.divergence_factor, ")"));
   }
 
   if (data.train.empty()) return OptionError("data.train", "is required (training data path)");
@@ -289,17 +321,18 @@ Status JobConfig::Validate() const {
   if (data.multi_value_separator.size() != 1 || data.multi_value_separator == "\t") {
     return OptionError("data.multi_value_separator", "must be one character other than a tab");
   }
-  RETURN_IF_ERROR(CheckAtLeast("data.shard_records", data.shard_records, 1));
+  RETURN_IF_ERROR(CheckRange("data.shard_records", data.shard_records, 1, 1'000'000'000));
   RETURN_IF_ERROR(CheckOneOf("data.on_unreadable", data.on_unreadable, {"fail", "skip"}));
 
   RETURN_IF_ERROR(CheckOneOf("model.type", model.type, {"lr", "wdl", "deepfm", "dlrm"}));
-  RETURN_IF_ERROR(CheckAtLeast("model.embedding_dim", model.embedding_dim, 1));
-  if (model.embedding_dim > 4096) {
-    return OptionError("model.embedding_dim", "must be <= 4096");
-  }
+  RETURN_IF_ERROR(CheckRange("model.embedding_dim", model.embedding_dim, 1, 4096));
   RETURN_IF_ERROR(
       CheckOneOf("model.initializer", model.initializer, {"auto", "zeros", "normal", "uniform"}));
-  if (!(model.init_scale >= 0)) return OptionError("model.init_scale", "must be >= 0");
+  // Also keeps every draw (up to 2 * init_scale) a finite float.
+  if (!(model.init_scale >= 0 && model.init_scale <= 1e6)) {
+    return OptionError("model.init_scale",
+                       absl::StrCat("must be in [0, 1e6] (got ", model.init_scale, ")"));
+  }
   RETURN_IF_ERROR(CheckOneOf("model.activation", model.activation, {"relu", "sigmoid", "tanh"}));
   RETURN_IF_ERROR(CheckOneOf("model.pooling", model.pooling, {"sum", "mean"}));
   ASSIGN_OR_RETURN(std::vector<int> mlp, ParseLayerSizes("model.mlp", model.mlp));
@@ -325,42 +358,49 @@ Status JobConfig::Validate() const {
   }));
   RETURN_IF_ERROR(OptimizerOverrides().status());
 
-  RETURN_IF_ERROR(CheckAtLeast("ps.num_servers", ps.num_servers, 1));
-  RETURN_IF_ERROR(CheckAtLeast("ps.partitions", ps.partitions, ps.num_servers));
-  if (ps.partitions > (1 << 20)) return OptionError("ps.partitions", "must be <= 1048576");
-  RETURN_IF_ERROR(CheckAtLeast("ps.threads", ps.threads, 1));
-  RETURN_IF_ERROR(CheckAtLeast("ps.memory_budget_mb", ps.memory_budget_mb, 0));
-  RETURN_IF_ERROR(CheckAtLeast("ps.flush_interval_ms", ps.flush_interval_ms, 1));
-  RETURN_IF_ERROR(CheckAtLeast("ps.dense_chunk_floats", ps.dense_chunk_floats, 1));
-  if (ps.dense_chunk_floats > (1 << 20)) {
-    return OptionError("ps.dense_chunk_floats", "must be <= 1048576 (4 MiB chunks)");
-  }
+  RETURN_IF_ERROR(CheckRange("ps.num_servers", ps.num_servers, 1, 1 << 20));
+  RETURN_IF_ERROR(CheckRange("ps.partitions", ps.partitions, ps.num_servers, 1 << 20,
+                             "at least ps.num_servers"));
+  RETURN_IF_ERROR(CheckRange("ps.threads", ps.threads, 1, 1024));
+  RETURN_IF_ERROR(
+      CheckRange("ps.memory_budget_mb", ps.memory_budget_mb, 0, int64_t{1} << 24, "16 TiB"));
+  RETURN_IF_ERROR(CheckRange("ps.flush_interval_ms", ps.flush_interval_ms, 1, kDayMs, "a day"));
+  RETURN_IF_ERROR(
+      CheckRange("ps.dense_chunk_floats", ps.dense_chunk_floats, 1, 1 << 20, "4 MiB chunks"));
 
-  RETURN_IF_ERROR(CheckAtLeast("worker.batch_size", worker.batch_size, 1));
-  if (worker.batch_size > (1 << 20)) {
-    return OptionError("worker.batch_size", "must be <= 1048576");
+  RETURN_IF_ERROR(CheckRange("worker.batch_size", worker.batch_size, 1, 1 << 20));
+  RETURN_IF_ERROR(CheckRange("worker.prefetch_batches", worker.prefetch_batches, 1, 1024));
+  RETURN_IF_ERROR(CheckRange("worker.rpc_timeout_ms", worker.rpc_timeout_ms, 1, kDayMs, "a day"));
+  RETURN_IF_ERROR(CheckRange("worker.rpc_attempts", worker.rpc_attempts, 1, 1000));
+  // A worker's whole call gives up within a day too.
+  if (worker.rpc_timeout_ms * worker.rpc_attempts > kDayMs) {
+    return OptionError(
+        "worker.rpc_attempts",
+        absl::StrCat("times worker.rpc_timeout_ms must be at most ", kDayMs, " ms, a day (got ",
+                     worker.rpc_attempts, " x ", worker.rpc_timeout_ms, " ms)"));
   }
-  RETURN_IF_ERROR(CheckAtLeast("worker.prefetch_batches", worker.prefetch_batches, 1));
-  RETURN_IF_ERROR(CheckAtLeast("worker.rpc_timeout_ms", worker.rpc_timeout_ms, 1));
-  RETURN_IF_ERROR(CheckAtLeast("worker.rpc_attempts", worker.rpc_attempts, 1));
-  RETURN_IF_ERROR(CheckAtLeast("worker.master_wait_s", worker.master_wait_s, 0));
-  RETURN_IF_ERROR(CheckAtLeast("worker.max_records_per_s", worker.max_records_per_s, 0));
-  RETURN_IF_ERROR(CheckAtLeast("worker.compute_threads", worker.compute_threads, 0));
+  RETURN_IF_ERROR(CheckRange("worker.master_wait_s", worker.master_wait_s, 0, kWeekS, "a week"));
+  RETURN_IF_ERROR(
+      CheckRange("worker.max_records_per_s", worker.max_records_per_s, 0, 1'000'000'000));
+  RETURN_IF_ERROR(CheckRange("worker.compute_threads", worker.compute_threads, 0, 1024));
 
-  RETURN_IF_ERROR(CheckAtLeast("master.heartbeat_ms", master.heartbeat_ms, 1));
+  RETURN_IF_ERROR(CheckRange("master.heartbeat_ms", master.heartbeat_ms, 1, kDayMs, "a day"));
   if (master.lease_ms <= master.heartbeat_ms) {
     return OptionError("master.lease_ms",
                        absl::StrCat("must be greater than master.heartbeat_ms (", master.lease_ms,
                                     " <= ", master.heartbeat_ms, ")"));
   }
+  RETURN_IF_ERROR(CheckRange("master.lease_ms", master.lease_ms, 2, kDayMs, "a day"));
   if (master.bind_host.empty()) return OptionError("master.bind_host", "must not be empty");
-  RETURN_IF_ERROR(CheckAtLeast("master.recovery_timeout_s", master.recovery_timeout_s, 1));
-  RETURN_IF_ERROR(CheckAtLeast("master.progress_timeout_s", master.progress_timeout_s, 1));
-  RETURN_IF_ERROR(CheckAtLeast("master.worker_wait_s", master.worker_wait_s, 0));
+  RETURN_IF_ERROR(
+      CheckRange("master.recovery_timeout_s", master.recovery_timeout_s, 1, kWeekS, "a week"));
+  RETURN_IF_ERROR(
+      CheckRange("master.progress_timeout_s", master.progress_timeout_s, 1, kWeekS, "a week"));
+  RETURN_IF_ERROR(CheckRange("master.worker_wait_s", master.worker_wait_s, 0, kWeekS, "a week"));
 
-  RETURN_IF_ERROR(CheckAtLeast("checkpoint.interval_s", checkpoint.interval_s, 1));
-  RETURN_IF_ERROR(CheckAtLeast("checkpoint.keep", checkpoint.keep, 1));
-  RETURN_IF_ERROR(CheckAtLeast("checkpoint.max_failures", checkpoint.max_failures, 0));
+  RETURN_IF_ERROR(CheckRange("checkpoint.interval_s", checkpoint.interval_s, 1, kWeekS, "a week"));
+  RETURN_IF_ERROR(CheckRange("checkpoint.keep", checkpoint.keep, 1, 1000));
+  RETURN_IF_ERROR(CheckRange("checkpoint.max_failures", checkpoint.max_failures, 0, 1000));
   RETURN_IF_ERROR(CheckOneOf("checkpoint.on_server_failure", checkpoint.on_server_failure,
                              {"rollback", "continue"}));
   RETURN_IF_ERROR(CheckOneOf("ps.durability", ps.durability, {"flush", "every_push"}));

@@ -36,16 +36,17 @@ struct JobConfig {
   struct Job {
     // Name shown in logs and /status. Default "eps".
     std::string name = "eps";
-    // Passes over data.train. Default 1.
+    // Passes over data.train, in [1, 1e6]. Default 1.
     int64_t epochs = 1;
-    // Seeds shard shuffling and parameter initialisation. Default 1.
+    // Seeds shard shuffling and parameter initialisation, >= 0. Default 1.
     int64_t seed = 1;
-    // Seconds between progress lines in every process's log. Default 10.
+    // Seconds between progress lines in every process's log, in [1, 86400]
+    // (a day). Default 10.
     int64_t progress_interval_s = 10;
     // The job stops (resumably) when the mean loss of the last records
     // trained rises past this factor times the first epoch's mean loss;
-    // 0 = never (a non-finite loss stops it all the same). 0 or > 1.
-    // Default 2.
+    // 0 = never (a non-finite loss stops it all the same). 0 or in
+    // (1, 1e6]. Default 2.
     double divergence_factor = 2.0;
   } job;
 
@@ -63,7 +64,7 @@ struct JobConfig {
     // The character between the values of a multicat column (data.schema).
     // Default ",".
     std::string multi_value_separator = ",";
-    // Records (lines) per data shard. Default 100000.
+    // Records (lines) per data shard, in [1, 1e9]. Default 100000.
     int64_t shard_records = 100000;
     // What a shard whose file cannot be read at run time (gone, truncated,
     // unreadable) does, once the master has checked the file itself:
@@ -77,11 +78,13 @@ struct JobConfig {
     // lr (logistic regression), wdl (Wide & Deep), deepfm or dlrm
     // (docs/models.md). Default lr.
     std::string type = "lr";
-    // Floats per embedding row, for models with embeddings. Default 16.
+    // Floats per embedding row, for models with embeddings, in [1, 4096].
+    // Default 16.
     int64_t embedding_dim = 16;
     // Embedding initialiser: auto (the model's choice), zeros, normal, uniform.
     std::string initializer = "auto";
-    // Standard deviation (normal) or half-width (uniform). Default 0.01.
+    // Standard deviation (normal) or half-width (uniform), in [0, 1e6].
+    // Default 0.01.
     double init_scale = 0.01;
     // Layer sizes (comma-separated, the input excluded) of wdl's and
     // deepfm's deep MLP; the last must be 1. Default 400,400,400,1.
@@ -100,7 +103,10 @@ struct JobConfig {
 
   // The update rule the servers apply to every table (formulas in
   // ps/optimizer.h); per_table overrides it for named tables. Settings a
-  // type does not use are ignored.
+  // type does not use are ignored. The numbers travel to the servers as
+  // floats, so each must be one: at most FLT_MAX (3.4e38), a value that
+  // must be > 0 at least the smallest positive float (1.4e-45), beta1 and
+  // beta2 below 1 as floats.
   struct Optimizer {
     // sgd, adagrad, adam or ftrl, applied on the servers. Default adagrad.
     std::string type = "adagrad";
@@ -122,63 +128,71 @@ struct JobConfig {
     double ftrl_beta = 1.0;
     // FTRL: L1 penalty l1 * |w|_1; > 0 zeroes small weights. Default 0.
     double l1 = 0.0;
+    // Every type: when > 0, the servers clip each gradient value to
+    // [-clip, clip] before the update rule; 0 = off. >= 0. Default 0.
+    double clip = 0.0;
     // Per-table settings over the ones above:
     // "TABLE:key=value[,key=value...][;TABLE:...]", keys as above without
     // the section (type, learning_rate, initial_accumulator, epsilon, l2,
-    // beta1, beta2, ftrl_beta, l1), e.g.
+    // beta1, beta2, ftrl_beta, l1, clip), e.g.
     // "lr.dense:type=sgd,learning_rate=0.1;lr.w:type=ftrl,l1=1".
     // Default empty (every table uses the settings above).
     std::string per_table;
   } optimizer;
 
   struct Ps {
-    // Parameter servers the master waits for before training starts. Default 1.
+    // Parameter servers the master waits for before training starts, in
+    // [1, ps.partitions]. Default 1.
     int64_t num_servers = 1;
-    // Virtual partitions keys are hashed into (fixed for the job). Default 256.
+    // Virtual partitions keys are hashed into (fixed for the job), in
+    // [ps.num_servers, 2^20]. Default 256.
     int64_t partitions = 256;
-    // Request-handling threads per server. Default 2.
+    // Request-handling threads per server, in [1, 1024]. Default 2.
     int64_t threads = 2;
-    // Memory budget of a server's hot tier in MiB; 0 = unlimited. Over it,
-    // rows already written to the server's store leave memory. Needs
-    // --data-dir. Default 0.
+    // Memory budget of a server's hot tier in MiB, in [0, 2^24] (16 TiB);
+    // 0 = unlimited. Over it, rows already written to the server's store
+    // leave memory. Needs --data-dir. Default 0.
     int64_t memory_budget_mb = 0;
-    // Longest time a changed row stays unwritten to the store, in ms.
-    // Default 1000.
+    // Longest time a changed row stays unwritten to the store, in ms, in
+    // [1, 86400000] (a day). Default 1000.
     int64_t flush_interval_ms = 1000;
     // "flush": a push is acknowledged once applied in memory (a crash loses
     // at most the last flush interval); "every_push": only once its rows
     // are in the store's write-ahead log (a crash loses no acknowledged
     // push). Default flush.
     std::string durability = "flush";
-    // Floats per chunk of a dense tensor. Default 16384.
+    // Floats per chunk of a dense tensor, in [1, 2^20]. Default 16384.
     int64_t dense_chunk_floats = 16384;
   } ps;
 
   struct Worker {
-    // Records per training batch. Default 1024.
+    // Records per training batch, in [1, 2^20]. Default 1024.
     int64_t batch_size = 1024;
-    // Batches parsed and pulled ahead of the one training. Default 2.
+    // Batches parsed and pulled ahead of the one training, in [1, 1024].
+    // Default 2.
     int64_t prefetch_batches = 2;
-    // Time one attempt of a remote call may take, in ms. Default 10000.
+    // Time one attempt of a remote call may take, in ms, in [1, 86400000];
+    // times rpc_attempts at most a day. Default 10000.
     int64_t rpc_timeout_ms = 10000;
-    // Attempts per remote call before it fails. Default 3.
+    // Attempts per remote call before it fails, in [1, 1000]. Default 3.
     int64_t rpc_attempts = 3;
     // How long a worker or server keeps trying to reach the master at
-    // startup, in seconds. Default 30.
+    // startup, in seconds, in [0, 604800] (a week). Default 30.
     int64_t master_wait_s = 30;
-    // Caps a worker's training rate, in records/s; 0 = no cap. For demos
-    // and tests of elasticity on small data. Default 0.
+    // Caps a worker's training rate, in records/s, in [0, 1e9]; 0 = no cap.
+    // For demos and tests of elasticity on small data. Default 0.
     int64_t max_records_per_s = 0;
-    // CPU threads a worker's model math uses; 0 = every core the process
-    // may run on. Default 0.
+    // CPU threads a worker's model math uses, in [0, 1024]; 0 = every core
+    // the process may run on. Default 0.
     int64_t compute_threads = 0;
   } worker;
 
   struct Master {
-    // Interval of worker and server heartbeats, in ms. Default 1000.
+    // Interval of worker and server heartbeats, in ms, in [1, 86400000]
+    // (a day). Default 1000.
     int64_t heartbeat_ms = 1000;
-    // A worker or server without a heartbeat for this long is dead, in ms.
-    // Default 10000.
+    // A worker or server without a heartbeat for this long is dead, in ms:
+    // more than heartbeat_ms, at most 86400000 (a day). Default 10000.
     int64_t lease_ms = 10000;
     // Address the master's RPC and HTTP ports bind to. Default 127.0.0.1;
     // use 0.0.0.0 to serve other machines.
@@ -186,21 +200,24 @@ struct JobConfig {
     // Longest wait for a missing parameter server, in seconds: for
     // ps.num_servers to register at the start (the job then fails), and for
     // a lost server's slot to be filled in a recovery or on --resume (the
-    // job then stops resumably, naming the slot). Default 600.
+    // job then stops resumably, naming the slot). In [1, 604800] (a week).
+    // Default 600.
     int64_t recovery_timeout_s = 600;
     // A worker that holds a shard and commits nothing for this long, in
     // seconds (a hung trainer, a dead GPU), is fenced and its shards go
-    // back to the queue from their committed offsets. Default 600.
+    // back to the queue from their committed offsets. In [1, 604800].
+    // Default 600.
     int64_t progress_timeout_s = 600;
     // With work left and no live worker for this long, in seconds, the job
-    // stops resumably; 0 = wait for workers forever. Default 3600.
+    // stops resumably; 0 = wait for workers forever. In [0, 604800].
+    // Default 3600.
     int64_t worker_wait_s = 3600;
   } master;
 
   struct Checkpoint {
-    // Seconds between coordinated checkpoints. Default 600.
+    // Seconds between coordinated checkpoints, in [1, 604800]. Default 600.
     int64_t interval_s = 600;
-    // Checkpoints each server keeps (newest first). Default 3.
+    // Checkpoints each server keeps (newest first), in [1, 1000]. Default 3.
     int64_t keep = 3;
     // Checkpoint id a server restores into its --data-dir before opening it;
     // empty restores nothing. Default empty.
@@ -218,15 +235,18 @@ struct JobConfig {
     std::string on_server_failure = "rollback";
     // After this many checkpoint rounds in a row fail, the job stops
     // resumably (it would otherwise train on with nothing to recover to);
-    // 0 = never. Default 3.
+    // 0 = never. In [0, 1000]. Default 3.
     int64_t max_failures = 3;
   } checkpoint;
 
   // Calls `visitor` once for every option, in file order.
   void VisitOptions(OptionVisitor& visitor);
 
-  // Rejects nonsense values. kInvalidArgument, its message naming the option;
-  // the option's name is also attached as the payload kOptionPayload.
+  // Rejects nonsense values: every numeric option outside its range (the
+  // comments above), chosen so that no value that passes wraps or overflows
+  // where it travels. kInvalidArgument, its message naming the option and
+  // the bound; the option's name is also attached as the payload
+  // kOptionPayload.
   Status Validate() const;
 
   // The effective optimizer of every table optimizer.per_table names: the

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cluster/job_spec_check.h"
 #include "models/model.h"
 
 namespace eps {
@@ -45,6 +46,7 @@ proto::OptimizerSpec MakeOptimizer(const JobConfig::Optimizer& config) {
   spec.set_beta2(static_cast<float>(config.beta2));
   spec.set_ftrl_beta(static_cast<float>(config.ftrl_beta));
   spec.set_l1(static_cast<float>(config.l1));
+  spec.set_clip(static_cast<float>(config.clip));
   return spec;
 }
 
@@ -94,6 +96,8 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
     *table->mutable_optimizer() =
         override_it == overrides.end() ? optimizer : MakeOptimizer(override_it->second);
   }
+  // What a server would refuse, the master refuses before it starts.
+  RETURN_IF_ERROR_CTX(ValidateJobSpec(spec), "the job spec made from the config is invalid");
   return spec;
 }
 

@@ -18,8 +18,11 @@ namespace eps {
 // ps.dense_chunk_floats with the model's initializer; every table uses the
 // [optimizer] section, with its optimizer.per_table entry applied where it
 // has one. kInvalidArgument when the model config or optimizer.per_table is
-// invalid, or when optimizer.per_table names a table the model lacks (the
-// message lists the model's tables).
+// invalid, when optimizer.per_table names a table the model lacks (the
+// message lists the model's tables), or when the spec is one a server would
+// refuse (ValidateJobSpec, cluster/job_spec_check.h: e.g. a hyperparameter
+// that is 0 or inf as a float, for a config that skipped
+// JobConfig::Validate).
 StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config);
 
 }  // namespace eps

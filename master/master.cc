@@ -139,6 +139,7 @@ class Master::Impl {
 Status Master::Impl::Start() {
   RETURN_IF_ERROR(options_.Validate());
   const JobConfig& job = options_.job;
+  // Refuses (kInvalidArgument) a spec any server would refuse.
   ASSIGN_OR_RETURN(proto::JobSpec spec, BuildJobSpec(job));
   // Fail fast on missing data; the (slow) scan runs in the background.
   ASSIGN_OR_RETURN(train_files_, ExpandDataPaths(job.data.train, "data.train"));

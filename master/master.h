@@ -52,8 +52,10 @@ class Master {
 
   // Checks the data paths, binds the ports, writes DATA_DIR/master.json
   // ({"rpc": ..., "http": ...}) and starts serving; the data files are
-  // scanned in the background. kNotFound for missing data (naming the
-  // option and path), kUnavailable when a port cannot be bound,
+  // scanned in the background. kInvalidArgument for bad options or a job
+  // spec a server or worker would refuse (BuildJobSpec runs
+  // ValidateJobSpec), kNotFound for missing data (naming the option and
+  // path), kUnavailable when a port cannot be bound,
   // kPermissionDenied/kUnavailable when the data dir cannot be written.
   Status Start();
 

@@ -148,7 +148,8 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"evictions", server.stats.evictions()},
          {"last_flush_ms", server.stats.last_flush_ms()},
          {"pushes_fenced", server.stats.pushes_fenced()},
-         {"pushes_deduplicated", server.stats.pushes_deduplicated()}});
+         {"pushes_deduplicated", server.stats.pushes_deduplicated()},
+         {"updates_refused", server.stats.updates_refused()}});
   }
   doc["servers"] = servers;
 
@@ -374,6 +375,10 @@ std::string MetricsText(const JobControl& control) {
       "eps_server_pushes_deduplicated_total", MetricType::kCounter,
       "Retried pushes a server acknowledged without applying them again.",
       [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes_deduplicated()); });
+  per_server("eps_server_updates_refused_total", MetricType::kCounter,
+             "Row updates a server refused because they would have made a weight or an optimizer "
+             "state non-finite (the row kept its values).",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.updates_refused()); });
   out.Family("eps_server_pull_seconds", MetricType::kHistogram,
              "Time a server takes to answer a PULL, from its arrival to the reply.");
   for (const auto& [id, server] : servers) histogram("server", id, server->stats.pull_latency());

@@ -4,6 +4,16 @@
 // (state_floats(dim) floats). Workers send the gradient of the batch's mean
 // loss, already summed over every occurrence of the key in the batch.
 //
+// In every rule below, g is the gradient value after clipping
+// (optimizer.clip, OptimizerSpec.clip): with clip > 0,
+// g = min(max(g, -clip), clip) before anything else (before l2 * w is
+// added); clip = 0 (the default) leaves g as it is.
+//
+// Refused updates: an update that would make any weight or state value of
+// the row non-finite (inf or NaN) is not applied; the row keeps all its
+// values and Apply says so. A finite but huge result is applied (clipping
+// and the master's divergence check are for that).
+//
 //   SGD:      w -= lr * (g + l2 * w)
 //   Adagrad:  g' = g + l2 * w;  acc += g'^2;  w -= lr * g' / (sqrt(acc) + eps)
 //             (acc starts at initial_accumulator; PyTorch's torch.optim.Adagrad
@@ -58,10 +68,7 @@ namespace eps {
 class Optimizer {
  public:
   // kInvalidArgument for an unknown kind or nonsense hyperparameters, naming
-  // the field: learning_rate <= 0, l2 < 0 or any of them not finite; for
-  // Adagrad initial_accumulator < 0 or epsilon <= 0; for Adam beta1 or beta2
-  // outside [0, 1) or epsilon <= 0; for FTRL ftrl_beta < 0 or l1 < 0.
-  // Fields a kind does not use are not checked.
+  // the field: the errors of ValidateOptimizerSpec (cluster/job_spec_check.h).
   static StatusOr<std::unique_ptr<Optimizer>> Create(const proto::OptimizerSpec& spec);
   virtual ~Optimizer() = default;
 
@@ -69,9 +76,27 @@ class Optimizer {
   virtual int state_floats(int dim) const = 0;
   // Writes the initial state of a new row.
   virtual void InitState(float* state, int dim) const = 0;
-  // Applies one gradient to one row. `weights` has dim floats, `state`
-  // state_floats(dim), `grad` dim.
-  virtual void Apply(float* weights, float* state, const float* grad, int dim) const = 0;
+  // Applies one gradient (clipped, see above) to one row. `weights` has dim
+  // floats, `state` state_floats(dim), `grad` dim. Returns false, leaving
+  // every weight and state value as it was, when the update would make one
+  // of them non-finite; the caller counts the refusal.
+  bool Apply(float* weights, float* state, const float* grad, int dim) const;
+
+ protected:
+  // `clip` is OptimizerSpec.clip; 0 = off.
+  explicit Optimizer(float clip);
+  // The bound gradient values are clipped to; +inf when clipping is off,
+  // so that clipping needs no branch.
+  float clip() const { return clip_; }
+
+ private:
+  // The update rule: writes the row's new weights (dim floats) and state
+  // (state_floats(dim)) to `new_weights` and `new_state`, which do not
+  // overlap the inputs, and returns whether every value written is finite.
+  virtual bool Update(const float* weights, const float* state, const float* grad, int dim,
+                      float* new_weights, float* new_state) const = 0;
+
+  const float clip_;
 };
 
 }  // namespace eps

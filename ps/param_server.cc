@@ -402,6 +402,7 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_pushes(pushes_.load());
   stats.set_pushes_fenced(pushes_fenced_.load());
   stats.set_pushes_deduplicated(pushes_deduplicated_.load());
+  stats.set_updates_refused(storage.updates_refused);
   HistogramToProto(pull_latency_.Snapshot(), stats.mutable_pull_latency());
   HistogramToProto(push_latency_.Snapshot(), stats.mutable_push_latency());
   return stats;

@@ -56,6 +56,12 @@
 // checkpoint again gives the same state. Should the store not reopen after
 // a failed restore, the server stops: Wait returns that error.
 //
+// Model health: a pushed row whose update would make a weight or an
+// optimizer state non-finite keeps its values (ps/optimizer.h); the push
+// is still acknowledged, and the row is counted in
+// ServerStats.updates_refused (a warning is logged on the first and then
+// rarely).
+//
 // Thread-safety: safe for concurrent use; request handlers run on
 // `threads` threads. Start/Wait/RequestStop from the owning thread
 // (RequestStop also from a signal-watching thread).

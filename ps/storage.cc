@@ -361,6 +361,10 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
   {
     absl::WriterMutexLock lock(&state_mu_);
     old_tables = std::exchange(tables_, {});
+    // Their refused updates stay counted (in the same step, so that stats()
+    // never sees the count fall).
+    absl::MutexLock counts_lock(&mu_);
+    for (const auto& table : old_tables) dropped_updates_refused_ += table->stats().updates_refused;
     old_queue = std::move(queue_);
     old_store = std::move(store_);
     old_budget = std::exchange(budget_, std::make_unique<MemoryBudget>(0));
@@ -490,12 +494,14 @@ StorageStats ServerStorage::stats() const {
     stats.hits += t.hits;
     stats.misses += t.misses;
     stats.evictions += t.evictions;
+    stats.updates_refused += t.updates_refused;
     if (store_ != nullptr) stats.rows_on_disk += store_->ApproximateRows(table->spec().id());
   }
   if (store_ != nullptr) stats.disk_bytes = store_->ApproximateDiskBytes();
   absl::MutexLock lock(&mu_);
   stats.last_flush_ms = last_flush_ms_;
   stats.flushes = flushes_;
+  stats.updates_refused += dropped_updates_refused_;
   return stats;
 }
 

@@ -92,6 +92,9 @@ struct StorageStats {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t evictions = 0;
+  // Row updates refused (TableStats.updates_refused) by every table since
+  // the storage opened, tables a Restore replaced included.
+  uint64_t updates_refused = 0;
   double last_flush_ms = 0;   // queueing + writing of the last flush
   uint64_t flushes = 0;
 };
@@ -222,6 +225,8 @@ class ServerStorage {
   uint64_t flushes_ ABSL_GUARDED_BY(mu_) = 0;
   // See write_error(); latched by write_error() itself from the queue.
   mutable std::string write_error_ ABSL_GUARDED_BY(mu_);
+  // The updates_refused of the tables Restore dropped.
+  uint64_t dropped_updates_refused_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace eps

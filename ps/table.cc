@@ -1,14 +1,13 @@
 #include "ps/table.h"
 
 #include <algorithm>
-#include <optional>
 #include <array>
 #include <atomic>
 #include <bit>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/job_spec_check.h"
 #include "core/hashing.h"
 #include "core/logging.h"
 #include "ps/initializer.h"
@@ -59,9 +59,6 @@ constexpr uint32_t kMaxIndexCapacity = 1u << 31;
 constexpr uint32_t kMinBlockRows = 16;
 constexpr uint32_t kMaxBlockRows = 4096;
 constexpr uint64_t kMaxBlockFloats = uint64_t{1} << 18;
-
-// Rows wider than this are a misconfiguration (64 MiB of weights per row).
-constexpr uint32_t kMaxDim = 1u << 24;
 
 // How many keys ahead lookups prefetch index buckets and rows.
 constexpr uint32_t kIndexPrefetchDistance = 8;
@@ -116,23 +113,6 @@ struct IndexEntry {
 };
 static_assert(sizeof(IndexEntry) == 8);
 
-Status ValidateInitializer(const proto::InitializerSpec& spec) {
-  switch (spec.kind()) {
-    case proto::InitializerSpec::ZEROS:
-      return Status();
-    case proto::InitializerSpec::NORMAL:
-    case proto::InitializerSpec::UNIFORM:
-      if (!(spec.scale() >= 0) || !std::isfinite(spec.scale())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("initializer.scale = ", spec.scale(), ": must be finite and >= 0"));
-      }
-      return Status();
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("initializer.kind: unknown initializer kind ",
-                                                     static_cast<int>(spec.kind())));
-  }
-}
-
 class StripedTable final : public Table {
  public:
   StripedTable(const proto::TableSpec& spec, uint64_t seed, std::unique_ptr<Optimizer> optimizer,
@@ -147,6 +127,10 @@ class StripedTable final : public Table {
   uint64_t bytes_per_row() const override { return bytes_per_row_; }
 
  private:
+  // Counts `rows` refused updates; warns on the first and then whenever the
+  // count reaches the next power of two (not per row: pushes are hot).
+  void CountRefused(uint64_t rows);
+
   // One lock, one open-addressing index (linear probing, power-of-two
   // capacity, load <= 0.7, backward-shift deletion) and one arena of rows
   // with their metadata. Freed slots are reused.
@@ -234,6 +218,7 @@ class StripedTable final : public Table {
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> misses_{0};
   std::atomic<uint64_t> evictions_{0};
+  std::atomic<uint64_t> updates_refused_{0};
 };
 
 StripedTable::StripedTable(const proto::TableSpec& spec, uint64_t seed,
@@ -450,9 +435,13 @@ Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float>
   const Optimizer& optimizer = *optimizer_;
   const int dim = dim_;
   uint64_t max_seq = 0;
-  RETURN_IF_ERROR(ForEachRow(keys, /*modify=*/true, &max_seq, [&](uint32_t i, float* row) {
-    optimizer.Apply(row, row + dim, src + size_t{i} * dim, dim);
-  }));
+  uint64_t refused = 0;
+  const Status applied = ForEachRow(keys, /*modify=*/true, &max_seq, [&](uint32_t i, float* row) {
+    refused += !optimizer.Apply(row, row + dim, src + size_t{i} * dim, dim);
+  });
+  // Rows updated before a store error count too.
+  if (refused > 0) CountRefused(refused);
+  RETURN_IF_ERROR(applied);
   if (max_seq == 0) return absl::OkStatus();
   return Annotate(storage_.queue->WaitDurable(max_seq, storage_.durability_timeout),
                   absl::StrCat("writing rows of table '", spec_.name(), "'"));
@@ -485,7 +474,19 @@ TableStats StripedTable::stats() const {
   stats.hits = hits_.load(std::memory_order_relaxed);
   stats.misses = misses_.load(std::memory_order_relaxed);
   stats.evictions = evictions_.load(std::memory_order_relaxed);
+  stats.updates_refused = updates_refused_.load(std::memory_order_relaxed);
   return stats;
+}
+
+void StripedTable::CountRefused(uint64_t rows) {
+  const uint64_t before = updates_refused_.fetch_add(rows, std::memory_order_relaxed);
+  const uint64_t now = before + rows;
+  if (std::bit_width(before) == std::bit_width(now)) return;
+  LOG(WARNING) << "table '" << spec_.name() << "': " << now
+               << " row update(s) refused so far: each would have made a weight or an optimizer "
+                  "state non-finite, and its row kept its values (gradients too large for the "
+                  "learning rate? optimizer.clip bounds them); next warning at "
+               << std::bit_ceil(now + 1);
 }
 
 uint32_t StripedTable::FindLocked(const Stripe& stripe, uint64_t key, uint64_t hash) const {
@@ -688,12 +689,8 @@ SlotMeta& StripedTable::MetaLocked(const Stripe& stripe, uint32_t slot) const {
 
 StatusOr<std::unique_ptr<Table>> Table::Create(const proto::TableSpec& spec, uint64_t seed,
                                                const TableStorage& storage) {
+  RETURN_IF_ERROR(ValidateTableSpec(spec));
   const std::string name = absl::StrCat("table '", spec.name(), "' (id ", spec.id(), ")");
-  if (spec.dim() == 0 || spec.dim() > kMaxDim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": dim = ", spec.dim(), ": must be in [1, ", kMaxDim, "]"));
-  }
-  RETURN_IF_ERROR_CTX(ValidateInitializer(spec.initializer()), name);
   StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(spec.optimizer());
   if (!optimizer.ok()) return Annotate(optimizer.status(), name);
   if (storage.store != nullptr) {

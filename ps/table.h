@@ -72,12 +72,15 @@ struct TableStats {
   uint64_t hits = 0;          // row lookups served from memory
   uint64_t misses = 0;        // lookups that went to the store
   uint64_t evictions = 0;
+  // Row updates refused because they would have made a weight or an
+  // optimizer state non-finite (the row kept its values; ps/optimizer.h).
+  uint64_t updates_refused = 0;
 };
 
 class Table {
  public:
-  // kInvalidArgument when the spec is unusable (dim 0, unknown optimizer or
-  // initializer), naming the table; kUnavailable when the store cannot make
+  // kInvalidArgument when the spec is unusable (ValidateTableSpec in
+  // cluster/job_spec_check.h), naming the table; kUnavailable when the store cannot make
   // the table's column family.
   static StatusOr<std::unique_ptr<Table>> Create(const proto::TableSpec& spec, uint64_t seed,
                                                  const TableStorage& storage = {});
@@ -94,7 +97,9 @@ class Table {
 
   // Applies grads[i*dim, (i+1)*dim) to key i with the optimizer, fetching or
   // creating missing rows first. Duplicate keys are applied one after the
-  // other. With write_every_push, returns once the rows are durable
+  // other. A row whose update the optimizer refuses (it would make a value
+  // non-finite) keeps its values and is counted in stats().updates_refused;
+  // the push still succeeds. With write_every_push, returns once the rows are durable
   // (kDeadlineExceeded after durability_timeout). Errors as Pull.
   // REQUIRES: grads.size() == keys.size() * dim().
   virtual Status Push(std::span<const uint64_t> keys, std::span<const float> grads) = 0;

@@ -263,6 +263,28 @@ TEST_F(CommandLineTest, ValidationFailureInFileNamesOptionAndLine) {
   EXPECT_THAT(std::string(config.status().message()), Not(HasSubstr("command line")));
 }
 
+TEST_F(CommandLineTest, TooLargeValueInFileNamesOptionLineAndBound) {
+  // 2^32 ms would be a 0 ms heartbeat as a uint32.
+  const std::string path = dir_.Write(
+      "job.ini", "[data]\ntrain = x\n[master]\nlease_ms = 8589934592\nheartbeat_ms = 4294967296\n");
+  StatusOr<JobConfig> config = Parse(cl_, {"--config", path});
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(config.status().message());
+  EXPECT_THAT(message, HasSubstr("master.heartbeat_ms"));
+  EXPECT_THAT(message, HasSubstr(path + ":5"));
+  EXPECT_THAT(message, HasSubstr("86400000"));
+  // A double that is 0 as a float, in the [optimizer] section.
+  CommandLine cl("eps-test", "--config JOB.ini");
+  const std::string tiny =
+      dir_.Write("tiny.ini", "[data]\ntrain = x\n[optimizer]\ntype = adam\nepsilon = 1e-50\n");
+  config = Parse(cl, {"--config", tiny});
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("optimizer.epsilon"));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(tiny + ":5"));
+}
+
 TEST_F(CommandLineTest, OptimizerPerTableFromFileAndCommandLine) {
   // ';' and ',' are plain characters in values; '#' still starts a comment.
   const std::string path = dir_.Write(

@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/job_config_boundaries.h"
 
 namespace eps {
 namespace {
@@ -183,6 +184,64 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
       {"master.recovery_timeout_s", [](JobConfig& c) { c.master.recovery_timeout_s = 0; }},
       {"master.progress_timeout_s", [](JobConfig& c) { c.master.progress_timeout_s = 0; }},
       {"master.worker_wait_s", [](JobConfig& c) { c.master.worker_wait_s = -1; }},
+      // Upper bounds: values that would wrap or overflow where they travel.
+      {"job.epochs", [](JobConfig& c) { c.job.epochs = 1'000'001; }},
+      {"job.epochs", [](JobConfig& c) { c.job.epochs = 4'294'967'297; }},  // 1 as a uint32
+      {"job.progress_interval_s", [](JobConfig& c) { c.job.progress_interval_s = 86'401; }},
+      {"job.divergence_factor", [](JobConfig& c) { c.job.divergence_factor = 1e6 * 1.000001; }},
+      {"data.shard_records", [](JobConfig& c) { c.data.shard_records = 1'000'000'001; }},
+      {"model.init_scale", [](JobConfig& c) { c.model.init_scale = 1.000001e6; }},
+      {"model.init_scale",
+       [](JobConfig& c) { c.model.init_scale = std::numeric_limits<double>::infinity(); }},
+      {"model.init_scale",
+       [](JobConfig& c) { c.model.init_scale = std::numeric_limits<double>::quiet_NaN(); }},
+      {"ps.num_servers", [](JobConfig& c) { c.ps.num_servers = (1 << 20) + 1; }},
+      {"ps.threads", [](JobConfig& c) { c.ps.threads = 1025; }},
+      {"ps.memory_budget_mb", [](JobConfig& c) { c.ps.memory_budget_mb = (int64_t{1} << 24) + 1; }},
+      {"ps.memory_budget_mb", [](JobConfig& c) { c.ps.memory_budget_mb = 9'000'000'000'000; }},
+      {"ps.flush_interval_ms", [](JobConfig& c) { c.ps.flush_interval_ms = 86'400'001; }},
+      {"worker.prefetch_batches", [](JobConfig& c) { c.worker.prefetch_batches = 1025; }},
+      {"worker.rpc_timeout_ms", [](JobConfig& c) { c.worker.rpc_timeout_ms = 86'400'001; }},
+      {"worker.rpc_attempts", [](JobConfig& c) { c.worker.rpc_attempts = 1001; }},
+      {"worker.rpc_attempts",
+       [](JobConfig& c) {
+         c.worker.rpc_timeout_ms = 86'401;
+         c.worker.rpc_attempts = 1000;  // 1000 x 86401 ms: over a day
+       }},
+      {"worker.master_wait_s", [](JobConfig& c) { c.worker.master_wait_s = 604'801; }},
+      {"worker.max_records_per_s",
+       [](JobConfig& c) { c.worker.max_records_per_s = 1'000'000'001; }},
+      {"worker.max_records_per_s", [](JobConfig& c) { c.worker.max_records_per_s = -1; }},
+      {"worker.compute_threads", [](JobConfig& c) { c.worker.compute_threads = 1025; }},
+      {"master.heartbeat_ms", [](JobConfig& c) { c.master.heartbeat_ms = 4'294'967'296; }},
+      {"master.lease_ms", [](JobConfig& c) { c.master.lease_ms = 86'400'001; }},
+      {"master.lease_ms", [](JobConfig& c) { c.master.lease_ms = 4'294'967'297; }},
+      {"master.recovery_timeout_s", [](JobConfig& c) { c.master.recovery_timeout_s = 604'801; }},
+      {"master.progress_timeout_s", [](JobConfig& c) { c.master.progress_timeout_s = 604'801; }},
+      {"master.worker_wait_s", [](JobConfig& c) { c.master.worker_wait_s = 604'801; }},
+      {"checkpoint.interval_s", [](JobConfig& c) { c.checkpoint.interval_s = 604'801; }},
+      {"checkpoint.keep", [](JobConfig& c) { c.checkpoint.keep = 1001; }},
+      {"checkpoint.max_failures", [](JobConfig& c) { c.checkpoint.max_failures = 1001; }},
+      // Optimizer settings travel as floats.
+      {"optimizer.learning_rate", [](JobConfig& c) { c.optimizer.learning_rate = 1e-50; }},
+      {"optimizer.learning_rate", [](JobConfig& c) { c.optimizer.learning_rate = 1e39; }},
+      {"optimizer.epsilon", [](JobConfig& c) { c.optimizer.epsilon = 1e-46; }},
+      {"optimizer.initial_accumulator",
+       [](JobConfig& c) { c.optimizer.initial_accumulator = 3.5e38; }},
+      {"optimizer.l2", [](JobConfig& c) { c.optimizer.l2 = 1e300; }},
+      {"optimizer.beta1", [](JobConfig& c) { c.optimizer.beta1 = 0.99999999; }},  // 1 as a float
+      {"optimizer.beta2", [](JobConfig& c) { c.optimizer.beta2 = 1 - 1e-9; }},
+      {"optimizer.ftrl_beta", [](JobConfig& c) { c.optimizer.ftrl_beta = 1e39; }},
+      {"optimizer.l1", [](JobConfig& c) { c.optimizer.l1 = 1e39; }},
+      {"optimizer.clip", [](JobConfig& c) { c.optimizer.clip = -1; }},
+      {"optimizer.clip", [](JobConfig& c) { c.optimizer.clip = 1e39; }},
+      {"optimizer.clip",
+       [](JobConfig& c) { c.optimizer.clip = std::numeric_limits<double>::quiet_NaN(); }},
+      {"optimizer.per_table", [](JobConfig& c) { c.optimizer.per_table = "lr.w:clip=-1"; }},
+      {"optimizer.per_table",
+       [](JobConfig& c) { c.optimizer.per_table = "lr.w:learning_rate=1e-50"; }},
+      {"optimizer.per_table",
+       [](JobConfig& c) { c.optimizer.per_table = "lr.w:beta1=0.99999999"; }},
   };
   for (const BadCase& bad : cases) {
     SCOPED_TRACE(bad.option);
@@ -196,6 +255,30 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
     ASSERT_TRUE(payload.has_value());
     EXPECT_EQ(std::string(payload->Flatten()), bad.option);
   }
+}
+
+TEST(JobConfig, BoundaryValuesAreValid) {
+  const std::vector<testing::BoundaryCase> cases = testing::JobConfigBoundaries();
+  ASSERT_GT(cases.size(), 80u);
+  for (const testing::BoundaryCase& boundary : cases) {
+    SCOPED_TRACE(boundary.name);
+    JobConfig config = ValidConfig();
+    boundary.set(config);
+    EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  }
+}
+
+TEST(JobConfig, BoundMessagesNameTheBound) {
+  JobConfig config = ValidConfig();
+  config.master.heartbeat_ms = 4'294'967'296;
+  EXPECT_THAT(std::string(config.Validate().message()),
+              HasSubstr("must be in [1, 86400000] (a day) (got 4294967296)"));
+  config = ValidConfig();
+  config.optimizer.epsilon = 1e-50;
+  EXPECT_THAT(std::string(config.Validate().message()), HasSubstr("a float's range"));
+  config = ValidConfig();
+  config.optimizer.per_table = "lr.w:clip=1e39";
+  EXPECT_THAT(std::string(config.Validate().message()), HasSubstr("clip must be finite and >= 0"));
 }
 
 TEST(JobConfig, EveryModelTypeIsValid) {
@@ -247,6 +330,7 @@ TEST(JobConfig, OptimizerDefaults) {
   EXPECT_DOUBLE_EQ(config.optimizer.beta2, 0.999);
   EXPECT_DOUBLE_EQ(config.optimizer.ftrl_beta, 1.0);
   EXPECT_DOUBLE_EQ(config.optimizer.l1, 0.0);
+  EXPECT_DOUBLE_EQ(config.optimizer.clip, 0.0);
   EXPECT_EQ(config.optimizer.per_table, "");
   StatusOr<std::map<std::string, JobConfig::Optimizer>> overrides = config.OptimizerOverrides();
   ASSERT_TRUE(overrides.ok()) << overrides.status();
@@ -260,7 +344,8 @@ TEST(JobConfig, PerTableOverridesApplyOverTheSection) {
   config.optimizer.l2 = 0.5;
   config.optimizer.per_table =
       " lr.dense : type=sgd, learning_rate=0.1 ;lr.w:type=ftrl,l1=1,ftrl_beta=0.5,"
-      "learning_rate=2e-2,l2=0;emb:beta1=0.5,beta2=0.75,epsilon=1e-6,initial_accumulator=0.1;";
+      "learning_rate=2e-2,l2=0,clip=5;"
+      "emb:beta1=0.5,beta2=0.75,epsilon=1e-6,initial_accumulator=0.1;";
   ASSERT_TRUE(config.Validate().ok()) << config.Validate();
   StatusOr<std::map<std::string, JobConfig::Optimizer>> overrides = config.OptimizerOverrides();
   ASSERT_TRUE(overrides.ok()) << overrides.status();
@@ -278,6 +363,7 @@ TEST(JobConfig, PerTableOverridesApplyOverTheSection) {
   EXPECT_DOUBLE_EQ(w.ftrl_beta, 0.5);
   EXPECT_DOUBLE_EQ(w.learning_rate, 0.02);
   EXPECT_DOUBLE_EQ(w.l2, 0.0);
+  EXPECT_DOUBLE_EQ(w.clip, 5.0);
 
   const JobConfig::Optimizer& emb = overrides->at("emb");
   EXPECT_EQ(emb.type, "adam");

@@ -231,6 +231,9 @@ TEST(Metrics, ScrapesDuringAJobPassPromtoolAndMove) {
       const std::string label = absl::StrCat("{server=\"", server, "\"}");
       EXPECT_GT(scrape->Value("eps_server_rows" + label), 0) << label;
       EXPECT_GT(scrape->Value("eps_server_push_seconds_count" + label), 0) << label;
+      // A healthy job has no update a server refused.
+      EXPECT_TRUE(scrape->Has("eps_server_updates_refused_total" + label)) << label;
+      EXPECT_EQ(scrape->Value("eps_server_updates_refused_total" + label), 0) << label;
     }
     EXPECT_EQ(scrape->Value("eps_workers{state=\"alive\"}"), 2);
     EXPECT_EQ(scrape->Value("eps_servers{state=\"alive\"}"), 2);

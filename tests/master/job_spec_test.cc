@@ -5,10 +5,16 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "cluster/job_spec_check.h"
 #include "core/flags.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/job_config_boundaries.h"
 
 namespace eps {
 namespace {
@@ -138,6 +144,7 @@ TEST(BuildJobSpec, EveryOptimizerFieldReachesTheSpec) {
   config.optimizer.beta2 = 0.75;
   config.optimizer.ftrl_beta = 2.0;
   config.optimizer.l1 = 0.125;
+  config.optimizer.clip = 4.5;
   StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
   ASSERT_TRUE(spec.ok()) << spec.status();
   for (const proto::TableSpec& table : spec->tables()) {
@@ -151,6 +158,7 @@ TEST(BuildJobSpec, EveryOptimizerFieldReachesTheSpec) {
     EXPECT_FLOAT_EQ(optimizer.beta2(), 0.75f);
     EXPECT_FLOAT_EQ(optimizer.ftrl_beta(), 2.0f);
     EXPECT_FLOAT_EQ(optimizer.l1(), 0.125f);
+    EXPECT_FLOAT_EQ(optimizer.clip(), 4.5f);
   }
 
   config.optimizer.type = "ftrl";
@@ -279,6 +287,46 @@ TEST(BuildJobSpec, BadModelConfigIsInvalid) {
   config.data.format = "tsv";
   config.data.schema = "dense*3";  // no label
   EXPECT_EQ(BuildJobSpec(config).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// What the master accepts, no server refuses: every boundary value
+// JobConfig::Validate accepts, with every optimizer type, builds a spec
+// ValidateJobSpec (the servers' checks) accepts.
+TEST(BuildJobSpec, EveryBoundaryValueValidateAcceptsBuildsASpecServersAccept) {
+  const std::vector<testing::BoundaryCase> cases = testing::JobConfigBoundaries();
+  for (const char* type : {"sgd", "adagrad", "adam", "ftrl"}) {
+    for (const testing::BoundaryCase& boundary : cases) {
+      SCOPED_TRACE(absl::StrCat("optimizer.type = ", type, ", ", boundary.name));
+      JobConfig config;
+      config.data.train = "unused";
+      config.optimizer.type = type;
+      boundary.set(config);
+      ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+      StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+    }
+  }
+}
+
+TEST(BuildJobSpec, RefusesASpecServersWouldRefuse) {
+  // Configs that skipped Validate: values a float cannot carry.
+  JobConfig config;
+  config.data.train = "unused";
+  config.optimizer.epsilon = 1e-50;  // 0 as a float
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), ::testing::HasSubstr("optimizer.epsilon"));
+
+  config = JobConfig();
+  config.data.train = "unused";
+  config.model.initializer = "normal";
+  config.model.init_scale = std::numeric_limits<double>::infinity();
+  spec = BuildJobSpec(config);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), ::testing::HasSubstr("initializer.scale"));
+  // Validate names the option first.
+  EXPECT_THAT(std::string(config.Validate().message()), ::testing::HasSubstr("model.init_scale"));
 }
 
 }  // namespace

@@ -171,6 +171,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
     stats->set_evictions(7);
     stats->set_pushes_fenced(2);
     stats->set_pushes_deduplicated(1);
+    stats->set_updates_refused(5);
     HistogramToProto(pulls.Snapshot(), stats->mutable_pull_latency());
     HistogramToProto(pushes.Snapshot(), stats->mutable_push_latency());
     ASSERT_TRUE(servers_[0]->Call(proto::HEARTBEAT, std::move(beat)).ok());
@@ -218,6 +219,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            {"eps_server_evictions_total", "counter"},
            {"eps_server_pushes_fenced_total", "counter"},
            {"eps_server_pushes_deduplicated_total", "counter"},
+           {"eps_server_updates_refused_total", "counter"},
            {"eps_server_pull_seconds", "histogram"},
            {"eps_server_push_seconds", "histogram"},
            {"eps_checkpoints_written_total", "counter"},
@@ -267,6 +269,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            std::string("\neps_server_evictions_total{server=\"0\"} 7\n"),
            std::string("\neps_server_pushes_fenced_total{server=\"0\"} 2\n"),
            std::string("\neps_server_pushes_deduplicated_total{server=\"0\"} 1\n"),
+           std::string("\neps_server_updates_refused_total{server=\"0\"} 5\n"),
+           std::string("\neps_server_updates_refused_total{server=\"1\"} 0\n"),
            std::string("\neps_server_pull_seconds_bucket{server=\"0\",le=\"0.0032\"} 2\n"),
            std::string("\neps_server_pull_seconds_count{server=\"0\"} 3\n"),
            std::string("\neps_server_push_seconds_bucket{server=\"0\",le=\"0.0001\"} 1\n"),
@@ -276,6 +280,15 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
   }
   // ps[1] reported no histogram: it has no series.
   EXPECT_THAT(text, Not(HasSubstr("eps_server_pull_seconds_count{server=\"1\"}")));
+
+  // /status shows the same server counters.
+  httplib::Result status = client.Get("/status");
+  ASSERT_TRUE(status) << httplib::to_string(status.error());
+  const json doc = json::parse(status->body);
+  ASSERT_EQ(doc["servers"].size(), 2u);
+  EXPECT_EQ(doc["servers"][0]["updates_refused"], 5);
+  EXPECT_EQ(doc["servers"][0]["pushes_fenced"], 2);
+  EXPECT_EQ(doc["servers"][1]["updates_refused"], 0);
 
   // The worker goes silent and its lease runs out: it counts as dead, its
   // rate drops to 0, its counters and histograms stay.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -444,6 +445,145 @@ TEST(Optimizer, CreateRejectsBadSpecs) {
   ExpectInvalid(Ftrl(0.1f, 1.0f, -0.5f), "l1");
   ExpectInvalid(Ftrl(0.1f, 1.0f, std::numeric_limits<float>::infinity()), "l1");
   ExpectInvalid(Ftrl(0.1f, 1.0f, 0.0f, /*l2=*/-0.5f), "l2");
+}
+
+// One spec of each kind, with l2 so that clipping must come before it.
+std::vector<proto::OptimizerSpec> EveryKind() {
+  return {Sgd(0.1f, /*l2=*/0.1f), Adagrad(0.1f, 0.1f, 1e-8f, /*l2=*/0.1f),
+          Adam(0.1f, 0.9f, 0.999f, 1e-8f, /*l2=*/0.1f), Ftrl(0.1f, 1.0f, 0.01f, /*l2=*/0.1f)};
+}
+
+struct Row {
+  std::vector<float> weights;
+  std::vector<float> state;
+  bool operator==(const Row& other) const = default;
+};
+
+Row NewRow(const Optimizer& optimizer, std::vector<float> weights) {
+  Row row{std::move(weights), {}};
+  row.state.resize(optimizer.state_floats(static_cast<int>(row.weights.size())));
+  optimizer.InitState(row.state.data(), static_cast<int>(row.weights.size()));
+  return row;
+}
+
+bool ApplyTo(const Optimizer& optimizer, Row& row, const std::vector<float>& grad) {
+  return optimizer.Apply(row.weights.data(), row.state.data(), grad.data(),
+                         static_cast<int>(row.weights.size()));
+}
+
+TEST(Optimizer, ClipBoundsEachGradientValueBeforeTheRule) {
+  for (proto::OptimizerSpec spec : EveryKind()) {
+    SCOPED_TRACE(spec.ShortDebugString());
+    auto plain = MustCreate(spec);
+    spec.set_clip(1.0f);
+    auto clipped = MustCreate(spec);
+    ASSERT_NE(plain, nullptr);
+    ASSERT_NE(clipped, nullptr);
+    Row a = NewRow(*clipped, {0.5f, -0.5f, 2.0f, 0.0f});
+    Row b = a;
+    // Twice, so that the state the first step made is used too.
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_TRUE(ApplyTo(*clipped, a, {10.0f, -10.0f, 0.25f, -1.0f}));
+      EXPECT_TRUE(ApplyTo(*plain, b, {1.0f, -1.0f, 0.25f, -1.0f}));
+      EXPECT_EQ(a, b) << "step " << step;
+    }
+  }
+}
+
+TEST(Optimizer, ClipMatchesHandComputation) {
+  proto::OptimizerSpec spec = Sgd(0.1f);
+  spec.set_clip(2.0f);
+  auto sgd = MustCreate(spec);
+  ASSERT_NE(sgd, nullptr);
+  float w[3] = {1.0f, 1.0f, 1.0f};
+  const float g[3] = {5.0f, -3.0f, 1.5f};
+  EXPECT_TRUE(sgd->Apply(w, nullptr, g, 3));
+  EXPECT_FLOAT_EQ(w[0], 0.8f);   // 1 - 0.1 * 2
+  EXPECT_FLOAT_EQ(w[1], 1.2f);   // 1 + 0.1 * 2
+  EXPECT_FLOAT_EQ(w[2], 0.85f);  // within the bound: 1 - 0.1 * 1.5
+}
+
+TEST(Optimizer, ClipZeroIsOff) {
+  proto::OptimizerSpec spec = Sgd(0.1f);
+  spec.set_clip(0.0f);
+  auto sgd = MustCreate(spec);
+  ASSERT_NE(sgd, nullptr);
+  float w = 1.0f;
+  const float g = 1000.0f;
+  EXPECT_TRUE(sgd->Apply(&w, nullptr, &g, 1));
+  EXPECT_FLOAT_EQ(w, -99.0f);
+}
+
+// A gradient of 3e38 is finite, so the push handler takes it; every rule
+// would make a value non-finite with it (SGD through lr = 10; Adagrad, Adam
+// and FTRL through g^2), so the whole row keeps its values, the finite
+// coordinates' too.
+TEST(Optimizer, RefusesAnUpdateThatWouldMakeAValueNonFinite) {
+  std::vector<proto::OptimizerSpec> specs = EveryKind();
+  specs[0] = Sgd(10.0f);
+  for (const proto::OptimizerSpec& spec : specs) {
+    SCOPED_TRACE(spec.ShortDebugString());
+    auto optimizer = MustCreate(spec);
+    ASSERT_NE(optimizer, nullptr);
+    Row row = NewRow(*optimizer, {0.5f, -0.5f, 0.25f});
+    ASSERT_TRUE(ApplyTo(*optimizer, row, {0.1f, 0.2f, -0.3f}));
+    const Row before = row;
+    EXPECT_FALSE(ApplyTo(*optimizer, row, {0.1f, 3e38f, -0.3f}));
+    EXPECT_EQ(row, before);
+    // The row still takes sane updates, as if the refused one never came.
+    Row reference = before;
+    EXPECT_TRUE(ApplyTo(*optimizer, row, {0.1f, 0.2f, -0.3f}));
+    EXPECT_TRUE(ApplyTo(*optimizer, reference, {0.1f, 0.2f, -0.3f}));
+    EXPECT_EQ(row, reference);
+    for (float value : row.weights) EXPECT_TRUE(std::isfinite(value));
+    for (float value : row.state) EXPECT_TRUE(std::isfinite(value));
+  }
+}
+
+TEST(Optimizer, ClippingKeepsAHugeGradientUsable) {
+  for (proto::OptimizerSpec spec : EveryKind()) {
+    SCOPED_TRACE(spec.ShortDebugString());
+    spec.set_clip(1.0f);
+    auto optimizer = MustCreate(spec);
+    ASSERT_NE(optimizer, nullptr);
+    Row row = NewRow(*optimizer, {0.5f, -0.5f});
+    EXPECT_TRUE(ApplyTo(*optimizer, row, {3e38f, -3e38f}));
+    for (float value : row.weights) EXPECT_TRUE(std::isfinite(value));
+    for (float value : row.state) EXPECT_TRUE(std::isfinite(value));
+  }
+}
+
+TEST(Optimizer, AppliesAFiniteButHugeResult) {
+  // w -= 0.3 * 3e38 stays finite: not refused (clipping is for that).
+  auto sgd = MustCreate(Sgd(0.3f));
+  ASSERT_NE(sgd, nullptr);
+  float w = 1.0f;
+  const float g = 3e38f;
+  EXPECT_TRUE(sgd->Apply(&w, nullptr, &g, 1));
+  EXPECT_FLOAT_EQ(w, 1.0f - 0.3f * 3e38f);
+}
+
+TEST(Optimizer, RefusalOfAWideRowKeepsEveryValue) {
+  // Rows wider than the stack scratch (dense chunks) take the same path.
+  auto adam = MustCreate(Adam(0.01f, 0.9f, 0.999f, 1e-8f));
+  ASSERT_NE(adam, nullptr);
+  Row row = NewRow(*adam, std::vector<float>(4096, 0.5f));
+  std::vector<float> grad(4096, 0.01f);
+  ASSERT_TRUE(ApplyTo(*adam, row, grad));
+  const Row before = row;
+  grad[4000] = 3e38f;
+  EXPECT_FALSE(ApplyTo(*adam, row, grad));
+  EXPECT_EQ(row, before);
+}
+
+TEST(Optimizer, CreateRejectsBadClip) {
+  for (proto::OptimizerSpec spec : EveryKind()) {
+    for (float clip :
+         {-1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      spec.set_clip(clip);
+      ExpectInvalid(spec, "optimizer.clip");
+    }
+  }
 }
 
 TEST(Optimizer, CreateAcceptsGoodSpecs) {

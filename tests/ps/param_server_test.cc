@@ -2,6 +2,8 @@
 // requests and fences.
 // The fixture is in tests/ps/param_server_fixture.h.
 
+#include <cmath>
+
 #include "tests/ps/param_server_fixture.h"
 
 namespace eps {
@@ -73,6 +75,45 @@ TEST_F(ParamServerTest, HeartbeatsCarryStats) {
   EXPECT_EQ(stats.pushes(), 1u);
   EXPECT_GE(stats.pulls(), 1u);
   EXPECT_GE(stats.rows(), keys.size());
+}
+
+// 3e38 is finite, so the push is valid; squared it would make the Adagrad
+// accumulator, and so the weight, non-finite.
+TEST_F(ParamServerTest, PushOfAHugeGradientKeepsAnAdagradRowFiniteAndIsCounted) {
+  proto::JobSpec job = MakeJob();
+  proto::OptimizerSpec& optimizer = *job.mutable_tables(kEmb)->mutable_optimizer();
+  optimizer.set_kind(proto::OptimizerSpec::ADAGRAD);
+  optimizer.set_initial_accumulator(0.1f);
+  optimizer.set_epsilon(1e-8f);
+  master_->set_job(job);
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> keys = EmbKeys(3, /*here=*/true);
+  ASSERT_TRUE(Push(kEmb, keys, Grads(keys.size())).ok());
+  StatusOr<std::vector<float>> before = Pull(kEmb, keys);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  std::vector<float> huge = Grads(keys.size());
+  huge[1 * kDim + 2] = 3e38f;
+  EXPECT_TRUE(Push(kEmb, keys, huge).ok()) << "acknowledged, like any valid push";
+  StatusOr<std::vector<float>> after = Pull(kEmb, keys);
+  ASSERT_TRUE(after.ok()) << after.status();
+  for (float value : *after) EXPECT_TRUE(std::isfinite(value));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::vector<float> row_before(before->begin() + i * kDim,
+                                        before->begin() + (i + 1) * kDim);
+    const std::vector<float> row_after(after->begin() + i * kDim, after->begin() + (i + 1) * kDim);
+    if (i == 1) {
+      EXPECT_EQ(row_after, row_before) << "the refused row keeps its weights";
+    } else {
+      EXPECT_NE(row_after, row_before) << "key " << i << " was updated";
+    }
+  }
+  const proto::ServerStats stats = master_->AwaitStats(
+      [](const proto::ServerStats& s) { return s.updates_refused() >= 1 && s.pushes() >= 2; },
+      absl::Seconds(3));
+  EXPECT_EQ(stats.updates_refused(), 1u);
+  EXPECT_EQ(stats.pushes(), 2u);
 }
 
 TEST_F(ParamServerTest, KeysOfOtherPartitionsAreWrongOwner) {

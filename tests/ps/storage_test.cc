@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 
+#include <cfloat>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -510,6 +511,25 @@ TEST(ServerStorage, FlusherRunsAgainAfterRestore) {
     absl::SleepFor(absl::Milliseconds(5));  // polling a counter, bounded
   }
   EXPECT_GE(storage->stats().flushes, flushes + 2);
+}
+
+TEST(ServerStorage, RefusedUpdatesStayCountedAcrossRestore) {
+  TempDir temp;
+  StorageOptions options;
+  options.data_dir = temp.path();
+  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  ASSERT_NE(storage, nullptr);
+  StatusOr<CheckpointInfo> checkpoint = storage->Checkpoint(1);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  // SGD, lr 0.5, from 0: two steps of FLT_MAX reach -FLT_MAX, a third
+  // would make the weights -inf.
+  const std::vector<uint64_t> key = {1};
+  const std::vector<float> huge(4, FLT_MAX);
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(storage->table(0)->Push(key, huge).ok());
+  EXPECT_EQ(storage->stats().updates_refused, 1u);
+  // Restore replaces the tables; the count stays.
+  ASSERT_TRUE(storage->Restore(checkpoint->path).ok());
+  EXPECT_EQ(storage->stats().updates_refused, 1u);
 }
 
 TEST(ServerStorage, RestoreOfAMissingOrBrokenCheckpointChangesNothing) {

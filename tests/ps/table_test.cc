@@ -1,6 +1,7 @@
 #include "ps/table.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -168,6 +169,29 @@ TEST(Table, PushAppliesOptimizer) {
           << "optimizer " << kind << " key " << keys[i];
     }
   }
+}
+
+TEST(Table, RefusedRowKeepsItsWeightsAndStateAndIsCounted) {
+  const auto spec = MakeSpec(2, proto::OptimizerSpec::ADAGRAD, proto::InitializerSpec::NORMAL);
+  auto table = MustCreate(spec);
+  ASSERT_NE(table, nullptr);
+  const std::vector<uint64_t> keys = {5, 6};
+  EXPECT_TRUE(table->Push(keys, std::vector<float>{0.5f, -0.5f, 1.0f, 1.0f}).ok());
+  const std::vector<float> before = PullAll(*table, {5});
+  // 3e38^2 would make key 5's accumulator inf; key 6's update is sane.
+  EXPECT_TRUE(table->Push(keys, std::vector<float>{3e38f, 0.25f, 0.5f, 0.5f}).ok());
+  EXPECT_EQ(table->stats().updates_refused, 1u);
+  EXPECT_EQ(PullAll(*table, {5}), before);
+  EXPECT_EQ(PullAll(*table, {6}), ReferenceRow(spec, 42, 6, {{1.0f, 1.0f}, {0.5f, 0.5f}}));
+  // Its accumulator kept its value too: the next step is the one it would
+  // have been without the refused gradient.
+  EXPECT_TRUE(table->Push(std::vector<uint64_t>{5}, std::vector<float>{0.25f, 0.25f}).ok());
+  EXPECT_EQ(PullAll(*table, {5}), ReferenceRow(spec, 42, 5, {{0.5f, -0.5f}, {0.25f, 0.25f}}));
+  // A key pushed twice in one request counts each refused update.
+  EXPECT_TRUE(
+      table->Push(std::vector<uint64_t>{5, 5}, std::vector<float>{3e38f, 0, 0, -3e38f}).ok());
+  EXPECT_EQ(table->stats().updates_refused, 3u);
+  for (float value : PullAll(*table, keys)) EXPECT_TRUE(std::isfinite(value));
 }
 
 TEST(Table, PushCreatesMissingRows) {
