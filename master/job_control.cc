@@ -166,7 +166,7 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
         "the server's --data-dir holds the parameters of job ", request.stored_job(),
         ", not of this job (", this_job, "); give it a fresh --data-dir"));
   }
-  if (over()) return absl::FailedPreconditionError("the job is over");
+  if (over()) return JobOver();
   ASSIGN_OR_RETURN(Membership::Claim claim, membership_.ClaimSlot(request));
   if (!claim.retried) {
     if (claim.restarted) {
@@ -194,7 +194,7 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
 
 Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, absl::Time now,
                                   proto::RegisterWorkerReply* reply) {
-  if (over()) return absl::FailedPreconditionError("the job is over");
+  if (over()) return JobOver();
   if (Status options = CheckSharedOptions(job_, request.job_options(), "worker"); !options.ok()) {
     LOG(WARNING) << "refused a worker (" << request.hostname() << " pid " << request.pid()
                  << "): " << options.message();
@@ -209,6 +209,28 @@ Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, a
 
 Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
                              absl::Time now, proto::HeartbeatReply* reply) {
+  if (over()) {
+    // Whoever asks hears that the job ended, alive or not: a peer whose
+    // lease ran out meanwhile (a master slow to answer) must still learn
+    // it, not be told to register again.
+    if (sender.role() == proto::ROLE_WORKER) {
+      if (WorkerEntry* worker = membership_.worker(sender.id()); worker != nullptr) {
+        worker->told_to_exit = true;
+      }
+    } else if (sender.role() == proto::ROLE_SERVER) {
+      if (ServerEntry* server = membership_.server(sender.id()); server != nullptr) {
+        server->told_to_exit = true;
+      }
+    } else {
+      return absl::InvalidArgumentError("heartbeat from an unknown role");
+    }
+    reply->set_state(progress_.phase() == JobPhase::kFinished ? proto::JOB_FINISHED
+                                                              : proto::JOB_FAILED);
+    reply->set_shutdown(true);
+    reply->set_cluster_map_version(membership_.cluster_map().version());
+    reply->set_membership_epoch(membership_.generation());
+    return absl::OkStatus();
+  }
   bool* told = nullptr;
   if (sender.role() == proto::ROLE_WORKER) {
     ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));

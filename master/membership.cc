@@ -178,6 +178,11 @@ Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
   return absl::OkStatus();
 }
 
+WorkerEntry* Membership::worker(uint32_t id) {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
 ServerEntry* Membership::server(uint32_t slot) {
   auto it = servers_.find(slot);
   return it == servers_.end() ? nullptr : &it->second;

@@ -123,6 +123,8 @@ class Membership {
   Status ServerHeartbeat(uint32_t slot, const std::string& endpoint,
                          const proto::ServerStats& stats, absl::Time now, bool* first_contact);
   ServerEntry* server(uint32_t slot);
+  // The worker registered as `id` in any state, or null.
+  WorkerEntry* worker(uint32_t id);
 
   // --- Leases -------------------------------------------------------------
 

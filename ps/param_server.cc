@@ -292,6 +292,11 @@ Status ParamServer::Impl::Rejoin(const Status& why) {
   answered_.store(false);
   session_ = NewSession();
   StatusOr<Message> reply = session_->Register(RegisterRequest(/*rejoin=*/true));
+  if (ReasonOf(reply.status()) == proto::JOB_OVER) {
+    LOG(INFO) << "the job is over; exiting";
+    Stop(absl::OkStatus());
+    return absl::OkStatus();
+  }
   if (!reply.ok()) {
     return Annotate(reply.status(), absl::StrCat("ps[", id_, "] cannot take its slot back"));
   }

@@ -475,6 +475,30 @@ TEST_F(UnreadableShardTest, AFileTheMasterCanReadIsTheWorkersProblem) {
   EXPECT_EQ(ShardState(a_.shard_id()).state, ShardTracker::State::kTodo);
 }
 
+// --- The end, heard by everyone ---------------------------------------------------------------------
+
+TEST_F(JobControlLivenessTest, PeersHearTheEndEvenAfterTheirLeaseRanOut) {
+  StartTraining();
+  control_->Stop("stopped by the test", At(100));
+  // Nobody heard it in time (a master slow to answer): every lease runs out.
+  control_->Tick(At(5000));
+  ASSERT_EQ(control_->membership().workers().at(0).state, PeerState::kDead);
+  ASSERT_EQ(control_->membership().servers().at(1).state, PeerState::kDead);
+  proto::HeartbeatReply reply;
+  ASSERT_TRUE(WorkerBeat(0, At(5100), 0, &reply).ok()) << "not FENCED: the job is over";
+  EXPECT_TRUE(reply.shutdown());
+  EXPECT_EQ(reply.state(), proto::JOB_FAILED);
+  reply.Clear();
+  ASSERT_TRUE(ServerBeat(1, At(5100), &reply).ok());
+  EXPECT_TRUE(reply.shutdown());
+  // Nor may anyone join, and they are told why.
+  proto::RegisterWorkerReply registered;
+  proto::RegisterWorkerRequest late = WorkerRequest(301);
+  AddSharedOptions(job_.SharedOptions(), late.mutable_job_options());
+  EXPECT_EQ(ReasonOf(control_->RegisterWorker(late, At(5200), &registered)), proto::JOB_OVER);
+  EXPECT_EQ(ReasonOf(RegisterServer(6001, 201, /*stored=*/1, At(5200))), proto::JOB_OVER);
+}
+
 // --- A diverged model ---------------------------------------------------------------------------
 
 TEST_F(JobControlLivenessTest, ANonFiniteLossStopsTheJobNamingTheEpochAndTheWorker) {
