@@ -99,7 +99,6 @@ std::string WriteJobConfig(const TempDir& dir, int64_t epochs) {
 struct MemoryTrack {
   std::string name;
   Process* process;  // not owned; the LocalJob's
-  bool from_the_start;
   std::vector<std::pair<absl::Time, uint64_t>> samples;
   uint64_t peak = 0;
 };
@@ -113,8 +112,8 @@ double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 class SoakTest : public ::testing::Test {
  protected:
-  void Track(const std::string& name, Process* process, bool from_the_start) {
-    tracks_.push_back({name, process, from_the_start, {}, 0});
+  void Track(const std::string& name, Process* process) {
+    tracks_.push_back({name, process, {}, 0});
   }
 
   void Sample() {
@@ -149,7 +148,7 @@ class SoakTest : public ::testing::Test {
     const size_t samples_a_minute = absl::Minutes(1) / kSampleEvery;
     std::string trends;
     for (const MemoryTrack& track : tracks_) {
-      if (!track.from_the_start || !track.process->Running()) continue;
+      if (!track.process->Running()) continue;
       std::vector<uint64_t> after_warm_up;
       std::vector<uint64_t> at_end;
       for (const auto& [time, rss] : track.samples) {
@@ -200,14 +199,18 @@ TEST_F(SoakTest, ChurnKeepsMemoryFlatAndEveryEpochExactlyOnce) {
   const absl::Time warm_up_end = start_ + duration / 4;
   std::cout << "soak: " << absl::FormatDuration(duration) << ", " << lines << " lines an epoch, "
             << epochs << " epochs configured, seed " << kSeed << "\n";
-  Track("master", &job.master(), /*from_the_start=*/true);
-  Track("server-0", job.servers()[0].get(), /*from_the_start=*/true);
-  Track("server-1", job.servers()[1].get(), /*from_the_start=*/true);
-  Track("worker-0", job.workers()[0].get(), /*from_the_start=*/true);
-  Track("worker-1", job.workers()[1].get(), /*from_the_start=*/true);
+  // The processes started with the job; those alive at the end are
+  // measured.
+  Track("master", &job.master());
+  Track("server-0", job.servers()[0].get());
+  Track("server-1", job.servers()[1].get());
+  Track("worker-0", job.workers()[0].get());
+  Track("worker-1", job.workers()[1].get());
 
   std::mt19937 rng(kSeed);
-  auto between = [&rng](int low, int high) { return low + static_cast<int>(rng() % (high - low + 1)); };
+  auto between = [&rng](int low, int high) {
+    return low + static_cast<int>(rng() % (high - low + 1));
+  };
   size_t chaos_server = 1;  // the index in job.servers() of server slot 1's process
   int worker_kills = 0;
   int workers_added = 0;
@@ -234,8 +237,6 @@ TEST_F(SoakTest, ChurnKeepsMemoryFlatAndEveryEpochExactlyOnce) {
       if (add) {
         StatusOr<size_t> added = job.StartWorker();
         ASSERT_TRUE(added.ok()) << added.status();
-        Track(absl::StrCat("worker-", *added), job.workers()[*added].get(),
-              /*from_the_start=*/false);
         ++workers_added;
         Log(absl::StrCat("start worker-", *added, " (", others.size() + 2, " alive)"));
       } else {
@@ -256,8 +257,6 @@ TEST_F(SoakTest, ChurnKeepsMemoryFlatAndEveryEpochExactlyOnce) {
       StatusOr<size_t> restarted = job.StartServer(job.server_dir(1));
       ASSERT_TRUE(restarted.ok()) << restarted.status();
       chaos_server = *restarted;
-      Track(absl::StrCat("server-1 (start ", *restarted, ")"), job.servers()[*restarted].get(),
-            /*from_the_start=*/false);
       ++server_kills;
       Log(absl::StrCat("kill -9 server slot 1, restarted on its data dir as server-", *restarted));
       next_server_kill = now + absl::Seconds(between(kServerKillMinS, kServerKillMaxS));

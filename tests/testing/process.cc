@@ -6,10 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -236,11 +236,7 @@ StatusOr<int> LocalJob::WaitForMaster(absl::Duration timeout) {
   const absl::Time until = std::min(absl::Now() + timeout, deadline_);
   std::optional<int> code = master_->Wait(std::max(absl::ZeroDuration(), until - absl::Now()));
   if (code.has_value()) return *code;
-  const std::string what =
-      until == deadline_
-          ? absl::StrCat("the master did not exit by the job's deadline (",
-                         absl::FormatDuration(job_deadline_), " after its first start)")
-          : absl::StrCat("the master did not exit within ", absl::FormatDuration(timeout));
+  const std::string what = absl::StrCat("the master did not exit ", RanOut(until, timeout));
   RecordFailure(what);
   return absl::DeadlineExceededError(what);
 }
@@ -296,26 +292,27 @@ bool LocalJob::WaitForStatus(const std::function<bool(const nlohmann::json&)>& c
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   const std::string what =
-      until == deadline_
-          ? absl::StrCat("/status did not reach the condition by the job's deadline (",
-                         absl::FormatDuration(job_deadline_), " after its first start)")
-          : absl::StrCat("/status did not reach the condition within ",
-                         absl::FormatDuration(timeout));
-  ADD_FAILURE() << what << "\nthe last /status seen: "
-                << (last.has_value() ? last->dump() : std::string("none answered")) << "\n"
-                << Logs();
+      absl::StrCat("/status did not reach the condition ", RanOut(until, timeout));
+  RecordFailure(what, last.has_value() ? absl::StrCat("the last seen: ", last->dump())
+                                       : std::string("none answered"));
   return false;
 }
 
+std::string LocalJob::RanOut(absl::Time until, absl::Duration timeout) const {
+  if (until < deadline_) return absl::StrCat("within ", absl::FormatDuration(timeout));
+  return absl::StrCat("by the job's deadline (", absl::FormatDuration(job_deadline_),
+                      " after its first start)");
+}
+
 void LocalJob::RecordFailure(const std::string& what) const {
-  std::string status;
-  if (http_.empty()) {
-    status = "the master never wrote its endpoints";
-  } else if (StatusOr<nlohmann::json> live = LiveStatus(); live.ok()) {
-    status = live->dump();
-  } else {
-    status = absl::StrCat("no answer from ", http_, ": ", live.status().ToString());
-  }
+  if (http_.empty()) return RecordFailure(what, "the master never wrote its endpoints");
+  StatusOr<nlohmann::json> live = LiveStatus();
+  RecordFailure(what, live.ok()
+                          ? live->dump()
+                          : absl::StrCat("no answer from ", http_, ": ", live.status().ToString()));
+}
+
+void LocalJob::RecordFailure(const std::string& what, const std::string& status) const {
   ADD_FAILURE() << what << "\nthe master's /status: " << status << "\n" << Logs();
 }
 

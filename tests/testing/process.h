@@ -77,11 +77,12 @@ std::vector<nlohmann::json> ReadEvents(const std::string& master_dir);
 
 // A job on loopback: one master, servers and workers, all in `dir`.
 //
-// The job's deadline is `deadline` after the first StartMaster. The waits
-// below end at the earlier of their timeout and the deadline; one that
-// ends with its condition unmet records a GoogleTest failure (ADD_FAILURE,
-// not fatal) whose message has the master's live /status and Logs(), and
-// still returns its result, which callers assert as before.
+// The job's deadline is `deadline` after the first StartMaster.
+// WaitForMaster and WaitForStatus end at the earlier of their timeout and
+// the deadline. A wait (those and WaitForOthers) that ends with its
+// condition unmet records a GoogleTest failure (ADD_FAILURE, not fatal)
+// whose message has the master's /status and Logs(), and still returns its
+// result, which callers assert as before.
 class LocalJob {
  public:
   // `config` is the job file; `overrides` are extra --section.key=value
@@ -126,9 +127,6 @@ class LocalJob {
   // /status seen).
   bool WaitForStatus(const std::function<bool(const nlohmann::json&)>& condition,
                      absl::Duration timeout = absl::Seconds(60)) const;
-  // When the job's deadline passes; InfiniteFuture before the first
-  // StartMaster.
-  absl::Time deadline() const { return deadline_; }
 
   Process& master() { return *master_; }
   std::vector<std::unique_ptr<Process>>& servers() { return servers_; }
@@ -141,14 +139,19 @@ class LocalJob {
 
  private:
   std::vector<std::string> CommonArgs() const;
+  // How a wait of `timeout` that ended at `until` ran out: "within
+  // TIMEOUT" or "by the job's deadline (...)".
+  std::string RanOut(absl::Time until, absl::Duration timeout) const;
   // Records a failure: `what`, the master's live /status (or that it did
   // not answer) and Logs().
   void RecordFailure(const std::string& what) const;
+  // The same with `status` standing for the master's /status.
+  void RecordFailure(const std::string& what, const std::string& status) const;
   Status LaunchMaster(const std::string& port, const std::string& http_port,
                       absl::Duration timeout, const std::vector<std::string>& extra = {});
   int master_starts_ = 0;
   const absl::Duration job_deadline_;
-  absl::Time deadline_ = absl::InfiniteFuture();
+  absl::Time deadline_ = absl::InfiniteFuture();  // set by the first start
   std::string dir_;
   std::string config_;
   std::vector<std::string> overrides_;
