@@ -6,16 +6,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 #include "httplib.h"
 
 namespace eps::testing {
@@ -78,14 +80,18 @@ std::optional<int> Process::Wait(absl::Duration timeout) {
 
 bool Process::Running() { return !Wait(absl::ZeroDuration()).has_value(); }
 
-std::optional<uint64_t> Process::PeakResidentBytes() const {
+std::optional<uint64_t> Process::PeakResidentBytes() const { return StatusBytes("VmHWM:"); }
+
+std::optional<uint64_t> Process::ResidentBytes() const { return StatusBytes("VmRSS:"); }
+
+std::optional<uint64_t> Process::StatusBytes(const std::string& field) const {
   if (exit_code_.has_value()) return std::nullopt;
   std::istringstream status(ReadFile(absl::StrCat("/proc/", pid_, "/status")));
   std::string line;
   while (std::getline(status, line)) {
     // "VmHWM:\t   12345 kB"; a zombie has no such line.
-    if (line.rfind("VmHWM:", 0) != 0) continue;
-    std::istringstream fields(line.substr(6));
+    if (line.rfind(field, 0) != 0) continue;
+    std::istringstream fields(line.substr(field.size()));
     uint64_t kib = 0;
     if (fields >> kib) return kib * 1024;
   }
@@ -139,8 +145,10 @@ std::vector<nlohmann::json> ReadEvents(const std::string& master_dir) {
   return events;
 }
 
-LocalJob::LocalJob(std::string dir, std::string config, std::vector<std::string> overrides)
-    : dir_(std::move(dir)),
+LocalJob::LocalJob(std::string dir, std::string config, std::vector<std::string> overrides,
+                   absl::Duration deadline)
+    : job_deadline_(deadline),
+      dir_(std::move(dir)),
       config_(std::move(config)),
       overrides_(std::move(overrides)),
       master_dir_(dir_ + "/master") {}
@@ -169,6 +177,7 @@ Status LocalJob::LaunchMaster(const std::string& port, const std::string& http_p
                                    http_port, "--data-dir", master_dir_};
   argv.insert(argv.end(), extra.begin(), extra.end());
   for (const std::string& arg : CommonArgs()) argv.push_back(arg);
+  if (master_starts_ == 0) deadline_ = absl::Now() + job_deadline_;
   const std::string log = master_starts_++ == 0
                               ? dir_ + "/master.log"
                               : absl::StrCat(dir_, "/master-", master_starts_, ".log");
@@ -224,21 +233,29 @@ StatusOr<size_t> LocalJob::StartWorker() {
 }
 
 StatusOr<int> LocalJob::WaitForMaster(absl::Duration timeout) {
-  std::optional<int> code = master_->Wait(timeout);
-  if (!code.has_value()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the master did not exit within ", absl::FormatDuration(timeout)));
-  }
-  return *code;
+  const absl::Time until = std::min(absl::Now() + timeout, deadline_);
+  std::optional<int> code = master_->Wait(std::max(absl::ZeroDuration(), until - absl::Now()));
+  if (code.has_value()) return *code;
+  const std::string what = absl::StrCat("the master did not exit ", RanOut(until, timeout));
+  RecordFailure(what);
+  return absl::DeadlineExceededError(what);
 }
 
 std::vector<std::optional<int>> LocalJob::WaitForOthers(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<std::optional<int>> codes;
+  std::vector<std::string> running;
   for (auto* group : {&servers_, &workers_}) {
-    for (auto& process : *group) {
-      codes.push_back(process->Wait(std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    for (size_t i = 0; i < group->size(); ++i) {
+      codes.push_back((*group)[i]->Wait(std::max(absl::ZeroDuration(), deadline - absl::Now())));
+      if (!codes.back().has_value()) {
+        running.push_back(absl::StrCat(group == &servers_ ? "server-" : "worker-", i));
+      }
     }
+  }
+  if (!running.empty()) {
+    RecordFailure(absl::StrCat(absl::StrJoin(running, ", "), " still running ",
+                               absl::FormatDuration(timeout), " after the wait began"));
   }
   return codes;
 }
@@ -264,13 +281,39 @@ StatusOr<nlohmann::json> LocalJob::LiveStatus() const {
 
 bool LocalJob::WaitForStatus(const std::function<bool(const nlohmann::json&)>& condition,
                              absl::Duration timeout) const {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
+  const absl::Time until = std::min(absl::Now() + timeout, deadline_);
+  std::optional<nlohmann::json> last;
+  while (absl::Now() < until) {
     StatusOr<nlohmann::json> status = LiveStatus();
-    if (status.ok() && condition(*status)) return true;
+    if (status.ok()) {
+      if (condition(*status)) return true;
+      last = *std::move(status);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  const std::string what =
+      absl::StrCat("/status did not reach the condition ", RanOut(until, timeout));
+  RecordFailure(what, last.has_value() ? absl::StrCat("the last seen: ", last->dump())
+                                       : std::string("none answered"));
   return false;
+}
+
+std::string LocalJob::RanOut(absl::Time until, absl::Duration timeout) const {
+  if (until < deadline_) return absl::StrCat("within ", absl::FormatDuration(timeout));
+  return absl::StrCat("by the job's deadline (", absl::FormatDuration(job_deadline_),
+                      " after its first start)");
+}
+
+void LocalJob::RecordFailure(const std::string& what) const {
+  if (http_.empty()) return RecordFailure(what, "the master never wrote its endpoints");
+  StatusOr<nlohmann::json> live = LiveStatus();
+  RecordFailure(what, live.ok()
+                          ? live->dump()
+                          : absl::StrCat("no answer from ", http_, ": ", live.status().ToString()));
+}
+
+void LocalJob::RecordFailure(const std::string& what, const std::string& status) const {
+  ADD_FAILURE() << what << "\nthe master's /status: " << status << "\n" << Logs();
 }
 
 std::string LocalJob::Logs() const {

@@ -2,7 +2,10 @@
 // directories, and a whole eps job on loopback.
 //
 // Every process a test starts is killed and reaped when its Process object
-// goes away, so a failing test leaves nothing running.
+// goes away, so a failing test leaves nothing running. Every LocalJob has a
+// deadline: a wait that runs out records a GoogleTest failure carrying the
+// master's /status and the last lines of every log, so a hang never passes
+// as slow.
 //
 // Thread-safety: one thread only.
 
@@ -43,12 +46,16 @@ class Process {
   // The process's peak resident set size so far (VmHWM in /proc/PID/status),
   // in bytes; nullopt once it has exited (or where /proc does not say).
   std::optional<uint64_t> PeakResidentBytes() const;
+  // Its resident set size now (VmRSS), in bytes; nullopt as above.
+  std::optional<uint64_t> ResidentBytes() const;
   // What the process has written so far.
   std::string Log() const;
   const std::string& log_path() const { return log_path_; }
 
  private:
   Process(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+  // The kibibytes of `field` ("VmRSS:") in /proc/PID/status.
+  std::optional<uint64_t> StatusBytes(const std::string& field) const;
   pid_t pid_;
   std::string log_path_;
   std::optional<int> exit_code_;
@@ -69,14 +76,24 @@ uint64_t CountLines(const std::string& dir);
 std::vector<nlohmann::json> ReadEvents(const std::string& master_dir);
 
 // A job on loopback: one master, servers and workers, all in `dir`.
+//
+// The job's deadline is `deadline` after the first StartMaster.
+// WaitForMaster and WaitForStatus end at the earlier of their timeout and
+// the deadline. A wait (those and WaitForOthers) that ends with its
+// condition unmet records a GoogleTest failure (ADD_FAILURE, not fatal)
+// whose message has the master's /status and Logs(), and still returns its
+// result, which callers assert as before.
 class LocalJob {
  public:
   // `config` is the job file; `overrides` are extra --section.key=value
-  // flags given to every process.
-  LocalJob(std::string dir, std::string config, std::vector<std::string> overrides);
+  // flags given to every process. A test whose job needs longer than the
+  // default deadline passes more.
+  LocalJob(std::string dir, std::string config, std::vector<std::string> overrides,
+           absl::Duration deadline = absl::Minutes(4));
   ~LocalJob();
 
-  // Starts the master on ephemeral ports and waits for its endpoints.
+  // Starts the master on ephemeral ports and waits for its endpoints. The
+  // first start sets the job's deadline.
   Status StartMaster(absl::Duration timeout = absl::Seconds(20));
   // Starts the master again on the ports and data dir of the first one
   // (which must have exited), with `extra` flags (--resume), and waits for
@@ -92,17 +109,22 @@ class LocalJob {
   std::string server_dir(size_t index) const;
   StatusOr<size_t> StartWorker();
 
-  // Waits for the master to exit, then for every other process (each up to
-  // `timeout` in all). The master's exit code.
+  // Waits up to `timeout`, and at most until the deadline, for the master
+  // to exit. Its exit code; kDeadlineExceeded, with a failure recorded,
+  // when it still runs.
   StatusOr<int> WaitForMaster(absl::Duration timeout);
-  // Waits for every server and worker to exit; their exit codes.
+  // Waits up to `timeout` in all for every server and worker to exit;
+  // their exit codes, servers first, nullopt for one still running (a
+  // failure is recorded naming it). Not bounded by the deadline: it runs
+  // after the master's exit, when the others only have to follow.
   std::vector<std::optional<int>> WaitForOthers(absl::Duration timeout);
   // DATA_DIR/final_status.json of the master.
   StatusOr<nlohmann::json> FinalStatus() const;
   // GET /status from the master's HTTP port.
   StatusOr<nlohmann::json> LiveStatus() const;
-  // Polls /status until `condition` holds on it (true) or `timeout` passes
-  // (false).
+  // Polls /status until `condition` holds on it (true) or `timeout` or the
+  // deadline passes (false, with a failure recorded that carries the last
+  // /status seen).
   bool WaitForStatus(const std::function<bool(const nlohmann::json&)>& condition,
                      absl::Duration timeout = absl::Seconds(60)) const;
 
@@ -117,9 +139,19 @@ class LocalJob {
 
  private:
   std::vector<std::string> CommonArgs() const;
+  // How a wait of `timeout` that ended at `until` ran out: "within
+  // TIMEOUT" or "by the job's deadline (...)".
+  std::string RanOut(absl::Time until, absl::Duration timeout) const;
+  // Records a failure: `what`, the master's live /status (or that it did
+  // not answer) and Logs().
+  void RecordFailure(const std::string& what) const;
+  // The same with `status` standing for the master's /status.
+  void RecordFailure(const std::string& what, const std::string& status) const;
   Status LaunchMaster(const std::string& port, const std::string& http_port,
                       absl::Duration timeout, const std::vector<std::string>& extra = {});
   int master_starts_ = 0;
+  const absl::Duration job_deadline_;
+  absl::Time deadline_ = absl::InfiniteFuture();  // set by the first start
   std::string dir_;
   std::string config_;
   std::vector<std::string> overrides_;
