@@ -209,30 +209,23 @@ Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, a
 
 Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
                              absl::Time now, proto::HeartbeatReply* reply) {
+  bool* told = nullptr;
   if (over()) {
     // Whoever asks hears that the job ended, alive or not: a peer whose
     // lease ran out meanwhile (a master slow to answer) must still learn
     // it, not be told to register again.
     if (sender.role() == proto::ROLE_WORKER) {
       if (WorkerEntry* worker = membership_.worker(sender.id()); worker != nullptr) {
-        worker->told_to_exit = true;
+        told = &worker->told_to_exit;
       }
     } else if (sender.role() == proto::ROLE_SERVER) {
       if (ServerEntry* server = membership_.server(sender.id()); server != nullptr) {
-        server->told_to_exit = true;
+        told = &server->told_to_exit;
       }
     } else {
       return absl::InvalidArgumentError("heartbeat from an unknown role");
     }
-    reply->set_state(progress_.phase() == JobPhase::kFinished ? proto::JOB_FINISHED
-                                                              : proto::JOB_FAILED);
-    reply->set_shutdown(true);
-    reply->set_cluster_map_version(membership_.cluster_map().version());
-    reply->set_membership_epoch(membership_.generation());
-    return absl::OkStatus();
-  }
-  bool* told = nullptr;
-  if (sender.role() == proto::ROLE_WORKER) {
+  } else if (sender.role() == proto::ROLE_WORKER) {
     ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
     const proto::WorkerStats& stats = request.worker();
     worker->last_seen = now;
@@ -252,7 +245,7 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     RETURN_IF_ERROR(membership_.ServerHeartbeat(sender.id(), request.endpoint(), request.server(),
                                                 now, &first_contact));
     const ServerEntry& server = *membership_.server(sender.id());
-    if (!request.storage_error().empty() && !over()) {
+    if (!request.storage_error().empty()) {
       // What it acknowledges from now on may never reach its store: stop
       // before more work is lost.
       Stop(absl::StrCat("ps[", sender.id(), "] (", server.host, " pid ", server.pid,
@@ -273,7 +266,7 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
   FillJobProgress(reply);
   if (over()) {
     reply->set_shutdown(true);
-    *told = true;
+    if (told != nullptr) *told = true;
   }
   return absl::OkStatus();
 }

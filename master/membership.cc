@@ -204,6 +204,7 @@ Membership::Expired Membership::ExpireLeases(absl::Time now) {
     expired.workers.emplace_back(
         id, worker.records_pushed > worker.records ? worker.records_pushed - worker.records : 0);
   }
+  ForgetOldWorkers();
   std::vector<uint32_t> silent;
   for (const auto& [id, server] : servers_) {
     if (server.state == PeerState::kAlive && now - server.last_seen > lease) silent.push_back(id);
@@ -218,6 +219,21 @@ Membership::Expired Membership::ExpireLeases(absl::Time now) {
     }
   }
   return expired;
+}
+
+void Membership::ForgetOldWorkers() {
+  size_t gone = 0;
+  for (const auto& [id, worker] : workers_) gone += worker.state != PeerState::kAlive;
+  // Ids only grow: the oldest go first. One whose fence is still on its way
+  // stays (its shards wait for it).
+  for (auto it = workers_.begin(); gone > kGoneWorkersKept && it != workers_.end();) {
+    if (it->second.state == PeerState::kAlive || awaiting_fence_.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    it = workers_.erase(it);
+    --gone;
+  }
 }
 
 bool Membership::LoseServer(uint32_t slot, const std::string& why, absl::Time now) {

@@ -136,7 +136,12 @@ class Membership {
     // slot is simply freed for another server and not listed.
     std::vector<uint32_t> servers;
   };
+  // Also forgets the oldest gone workers beyond kGoneWorkersKept (they stay
+  // fenced; /status and /metrics show the newest).
   Expired ExpireLeases(absl::Time now);
+  // Gone (dead, left, fenced) workers kept for /status and /metrics: a job
+  // with workers coming and going for days must not grow with them.
+  static constexpr size_t kGoneWorkersKept = 64;
   // Marks the live server in `slot` dead for `why` (logged, event
   // server_dead). Before placement the slot is freed instead (another
   // server may take it) and false is returned; true once placed: the
@@ -223,6 +228,7 @@ class Membership {
 
  private:
   void AddToFenceList(uint32_t worker);
+  void ForgetOldWorkers();
 
   const JobConfig& job_;
   EventSink* const events_;

@@ -81,7 +81,7 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {
   options.create_if_missing = true;
   // The master's state is small: keep RocksDB's footprint small too.
   options.max_background_jobs = 1;
-  options.write_buffer_size = 8 << 20;
+  options.write_buffer_size = 1 << 20;
   options.keep_log_file_num = 2;
   rocksdb::DB* db = nullptr;
   rocksdb::Status status = rocksdb::DB::Open(options, dir, &db);

@@ -118,6 +118,10 @@ class Worker::Impl {
     absl::Time rate_sampled;
     uint64_t rate_records = 0;
     double rate = 0;
+    // The worker's counts when the session began: heartbeats report the
+    // session's own (what the master counts against this id).
+    uint64_t records_before = 0;
+    uint64_t pushed_before = 0;
   };
 
   CallOptions MasterCallOptions() const {
@@ -544,11 +548,14 @@ void Worker::Impl::FillHeartbeat(Session& session, proto::HeartbeatRequest* requ
     session.rate_sampled = now;
   }
   proto::WorkerStats* stats = request->mutable_worker();
-  stats->set_records(records);
+  // Since this registration, as the master counts them per worker id: a
+  // lifetime count would make the master take the pushes of earlier
+  // sessions for this one's uncommitted work.
+  stats->set_records(records - session.records_before);
   stats->set_records_per_s(session.rate);
   stats->set_batches(batches_.load());
   stats->set_malformed(malformed_.load());
-  stats->set_records_pushed(records_pushed_.load());
+  stats->set_records_pushed(records_pushed_.load() - session.pushed_before);
   HistogramToProto(session.pull_latency.Snapshot(), stats->mutable_pull_latency());
   HistogramToProto(session.push_latency.Snapshot(), stats->mutable_push_latency());
   absl::MutexLock lock(&session.mu);
@@ -620,6 +627,8 @@ Status Worker::Impl::RunSession() {
                                                  LoaderHooks(session));
   session.rate_sampled = absl::Now();
   session.rate_records = records_committed_.load();
+  session.records_before = session.rate_records;
+  session.pushed_before = records_pushed_.load();
   session.member->Start(session.self, session.heartbeat, session.lease, MemberHooks(session));
   RpcChannel master(&factory_, session.self);
   StatusOr<proto::ClusterMap> map = AwaitClusterMap(master);

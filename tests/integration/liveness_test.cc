@@ -24,6 +24,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "cluster/placement.h"
+#include "proto/eps.pb.h"
+#include "rpc/message.h"
+#include "rpc/rpc_channel.h"
+#include "rpc/socket_factory.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -368,6 +373,80 @@ TEST_F(LivenessTest, MembersWithOtherJobOptionsAreRefusedAndTheJobDoesNotWaitFor
 }
 
 // --- A model that diverges -------------------------------------------------------------------
+
+// One PUSH of a finite but enormous gradient (3e38) to the bias of LR's
+// dense tensor (table 1, lr.dense, 14 floats in one chunk), sent to every
+// server as a stray worker (the servers do not authenticate peers yet);
+// the chunk's owner applies it, the others answer WRONG_OWNER. True when
+// one acknowledged it.
+bool PoisonTheBias(const json& status) {
+  SocketFactory factory;
+  proto::NodeId stray;
+  stray.set_role(proto::ROLE_WORKER);
+  stray.set_id(999'999);
+  RpcChannel channel(&factory, stray);
+  CallOptions call;
+  call.attempt_timeout = absl::Seconds(5);
+  call.max_attempts = 1;
+  bool acknowledged = false;
+  for (const json& server : status["servers"]) {
+    Message request;
+    request.header().set_method(proto::PUSH);
+    request.header().mutable_push_request()->add_table_ids(1);
+    request.AddArray(std::vector<uint64_t>{DenseChunkKey(/*table_id=*/1, /*chunk=*/0)});
+    std::vector<float> gradient(14, 0.0f);
+    gradient[13] = 3e38f;
+    request.AddArray(gradient);
+    StatusOr<Message> reply =
+        channel.Call(server["endpoint"].get<std::string>(), std::move(request), call);
+    acknowledged |= reply.ok();
+  }
+  return acknowledged;
+}
+
+TEST_F(LivenessTest, APoisonedPushAServerRefusesLeavesTheModelFinished) {
+  // Adagrad (the default): the accumulator would become inf.
+  const std::string config = WriteJobConfig(dir_);
+  LocalJob job(dir_.path(), config, overrides_);
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(WaitForTrained(job, 0.2, lines_)) << job.Logs();
+  ASSERT_TRUE(PoisonTheBias(*job.LiveStatus()));
+  const json status = ExpectFinished(job);
+  uint64_t refused = 0;
+  for (const json& server : status["servers"]) refused += server["updates_refused"].get<uint64_t>();
+  EXPECT_EQ(refused, 1u) << status["servers"].dump();
+  EXPECT_GT(status["metrics"]["eval_auc"].get<double>(), 0.7);
+}
+
+TEST_F(LivenessTest, APoisonedPushThatRuinsTheModelStopsTheJob) {
+  // SGD (at a step it trains well with): the bias becomes -1.5e36, finite,
+  // so the server applies it; the loss it causes stops the job before
+  // anything is called finished.
+  const std::string config =
+      WriteJobConfig(dir_, "[optimizer]\ntype = sgd\nlearning_rate = 0.005\n");
+  LocalJob job(dir_.path(), config, overrides_);
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(WaitForTrained(job, 0.2, lines_)) << job.Logs();
+  const StatusOr<json> healthy = job.LiveStatus();
+  ASSERT_TRUE(healthy.ok() && (*healthy)["state"] == "running") << job.Logs();
+  ASSERT_TRUE(PoisonTheBias(*healthy));
+  const json stopped =
+      ExpectResumableStop(job, absl::Now(), absl::Seconds(30), "training diverged in epoch 1");
+  EXPECT_TRUE(stopped["metrics"]["eval_auc"].is_null());
+  EXPECT_GT(stopped["metrics"]["recent_loss"].get<double>(), 1e6)
+      << "it was the poisoned bias: " << stopped["metrics"].dump();
+}
+
+TEST_F(LivenessTest, ClippedGradientsTakeAPoisonedPush) {
+  // With optimizer.clip the gradient counts as 1: nothing to refuse.
+  const std::string config = WriteJobConfig(dir_, "[optimizer]\nclip = 1\n");
+  LocalJob job(dir_.path(), config, overrides_);
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(WaitForTrained(job, 0.2, lines_)) << job.Logs();
+  ASSERT_TRUE(PoisonTheBias(*job.LiveStatus()));
+  const json status = ExpectFinished(job);
+  for (const json& server : status["servers"]) EXPECT_EQ(server["updates_refused"], 0);
+}
 
 TEST_F(LivenessTest, DivergingLearningRateStopsTheJobAndResumesWithAnotherStep) {
   // Big enough that the loss explodes, finite enough that it stays a number.

@@ -39,13 +39,14 @@ constexpr int kRows = 30000;
 constexpr int kRecordsPerWorkerPerS = 3000;
 constexpr int kMaxWorkers = 4;
 constexpr uint32_t kSeed = 13;
-// Memory: one sample per process this often. The figures after the
-// warm-up (the first quarter of the run) and at the end are the medians of
-// the samples in a stretch of up to kMedianOver, at most a quarter of the
-// time measured: a RocksDB memtable filling and flushing makes a server's
-// RSS a sawtooth of a few MiB.
+// Memory: one sample per process this often. After the warm-up (the first
+// quarter of the run: caches fill, the allocator finds its arenas, the
+// first rollbacks happen), the figures compared are the medians of the
+// first and of the second half of the samples: a RocksDB memtable filling
+// and flushing, and a rollback reopening a server's store, make RSS a
+// sawtooth of a few MiB, which medians over long halves see past, while a
+// leak moves the second half's away from the first's.
 constexpr absl::Duration kSampleEvery = absl::Seconds(5);
-constexpr absl::Duration kMedianOver = absl::Minutes(3);
 constexpr double kMaxDriftPercent = 5;
 // Chaos: a worker killed or added every 2-5 s, the chaos server killed
 // every 90-150 s.
@@ -135,12 +136,14 @@ class SoakTest : public ::testing::Test {
   }
 
   // Every process that ran from the start to the end: the median RSS of
-  // its samples just past `warm_up_end` against the median of those just
-  // before `end`, printed as a table. Expects each within kMaxDriftPercent.
+  // its samples in the first half after `warm_up_end` against the median of
+  // the second half, up to `end`, printed as a table. Expects each within
+  // kMaxDriftPercent.
   void CheckMemoryDrift(absl::Time warm_up_end, absl::Time end) {
-    const absl::Duration stretch = std::min(kMedianOver, (end - warm_up_end) / 4);
-    std::cout << "memory: medians of " << absl::FormatDuration(stretch) << " of samples from "
-              << absl::FormatDuration(warm_up_end - start_) << " (after warm-up) and before "
+    const absl::Time middle = warm_up_end + (end - warm_up_end) / 2;
+    std::cout << "memory: medians of the samples from "
+              << absl::FormatDuration(warm_up_end - start_) << " to "
+              << absl::FormatDuration(middle - start_) << " (after warm-up) and from there to "
               << absl::FormatDuration(end - start_) << " (at the end)\n"
               << "| process | RSS after warm-up (MiB) | RSS at the end (MiB) | drift | peak RSS "
                  "(MiB) |\n| --- | --- | --- | --- | --- |\n";
@@ -152,8 +155,8 @@ class SoakTest : public ::testing::Test {
       std::vector<uint64_t> after_warm_up;
       std::vector<uint64_t> at_end;
       for (const auto& [time, rss] : track.samples) {
-        if (time >= warm_up_end && time < warm_up_end + stretch) after_warm_up.push_back(rss);
-        if (time >= end - stretch) at_end.push_back(rss);
+        if (time >= warm_up_end && time < middle) after_warm_up.push_back(rss);
+        if (time >= middle) at_end.push_back(rss);
       }
       ASSERT_FALSE(after_warm_up.empty() || at_end.empty()) << track.name << ": no samples";
       const uint64_t before = Median(after_warm_up);
@@ -284,16 +287,12 @@ TEST_F(SoakTest, ChurnKeepsMemoryFlatAndEveryEpochExactlyOnce) {
   ASSERT_TRUE(exit.ok()) << exit.status();
   // A stopped job: failed, resumable.
   EXPECT_EQ(*exit, 1) << job.Logs();
-  // Every server and worker is told to exit. A server exits 0; a worker
-  // whose commit the stopped job refused exits 1, the others 0.
+  // Every server and worker is told to exit, and exits 0 (a worker whose
+  // commit the stopped job refused hears JOB_OVER).
   const std::vector<std::optional<int>> codes = job.WaitForOthers(absl::Seconds(60));
   for (size_t i = 0; i < codes.size(); ++i) {
     if (!alive_at_stop[i]) continue;  // killed by the chaos
-    if (i < job.servers().size()) {
-      EXPECT_EQ(codes[i], 0) << "server process " << i << "\n" << job.Logs();
-    } else {
-      EXPECT_TRUE(codes[i] == 0 || codes[i] == 1) << "worker process " << i << "\n" << job.Logs();
-    }
+    EXPECT_EQ(codes[i], 0) << "process " << i << "\n" << job.Logs();
   }
 
   StatusOr<json> final_status = job.FinalStatus();
@@ -321,6 +320,10 @@ TEST_F(SoakTest, ChurnKeepsMemoryFlatAndEveryEpochExactlyOnce) {
     EXPECT_EQ(entry["records_committed"].get<uint64_t>(), lines) << entry.dump();
   }
   EXPECT_EQ(status["records_trained"].get<uint64_t>(), committed);
+  // What is trained again is what the deaths left uncommitted (a few
+  // batches each) and what the rollbacks undid (a few seconds each): a
+  // small part of all, not a count that grows with every fence.
+  EXPECT_LT(status["records_retrained"].get<uint64_t>(), committed / 4) << status.dump();
   EXPECT_EQ(status["recovery"]["recoveries"].get<int>(), server_kills) << status["recovery"].dump();
   std::cout << "soak: " << complete << " complete epochs, each exactly once; records_trained "
             << status["records_trained"] << ", records_retrained " << status["records_retrained"]

@@ -449,5 +449,27 @@ TEST_F(MembershipTest, SaveToRestoreFromRoundTrip) {
   EXPECT_EQ(restored.ClaimSlot(ServerRequest(7000, 500)).value().slot, 1u);
 }
 
+TEST_F(MembershipTest, GoneWorkersAreForgottenButStayFenced) {
+  const absl::Time t0 = absl::FromUnixSeconds(1'000'000);
+  const size_t total = Membership::kGoneWorkersKept + 36;
+  for (size_t i = 0; i < total; ++i) members_.AdmitWorker(WorkerRequest(400 + i), t0);
+  const uint32_t alive = members_.AdmitWorker(WorkerRequest(999), t0 + absl::Seconds(2));
+  // All but the last die; their fences reach every server.
+  const Membership::Expired expired =
+      members_.ExpireLeases(t0 + absl::Milliseconds(kLeaseMs) + absl::Milliseconds(1));
+  ASSERT_EQ(expired.workers.size(), total);
+  for (const auto& [id, retrained] : expired.workers) members_.Fence(id, t0, "dead");
+  members_.FencesAcknowledged(*members_.PendingFences());
+  members_.ExpireLeases(t0 + absl::Milliseconds(kLeaseMs) + absl::Milliseconds(2));
+  EXPECT_EQ(members_.workers().size(), Membership::kGoneWorkersKept + 1)
+      << "the newest gone workers and the live one";
+  EXPECT_FALSE(members_.workers().contains(0)) << "the oldest go first";
+  EXPECT_TRUE(members_.workers().contains(static_cast<uint32_t>(total - 1)));
+  EXPECT_TRUE(members_.workers().contains(alive));
+  // A forgotten worker is still refused, everywhere.
+  EXPECT_TRUE(members_.IsFenced(0));
+  EXPECT_EQ(ReasonOf(members_.LiveWorker(WorkerNode(0), "").status()), proto::FENCED);
+}
+
 }  // namespace
 }  // namespace eps
