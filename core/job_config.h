@@ -44,7 +44,9 @@ struct JobConfig {
     // (a day). Default 10.
     int64_t progress_interval_s = 10;
     // The job stops (resumably) when the mean loss of the last records
-    // trained rises past this factor times the first epoch's mean loss;
+    // trained rises past this factor times the lower of the first epoch's
+    // mean loss and ln 2 (the loss of predicting 0.5 for every record), or
+    // when its evaluation's log loss ends past this factor times ln 2;
     // 0 = never (a non-finite loss stops it all the same). 0 or in
     // (1, 1e6]. Default 2.
     double divergence_factor = 2.0;

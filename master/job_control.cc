@@ -688,6 +688,16 @@ void JobControl::Finish(absl::Time now) {
                  now);
     return;
   }
+  const double factor = job_.job.divergence_factor;
+  if (evaluated_logloss && factor > 0 && *evaluated_logloss > factor * kKnowNothingLogLoss) {
+    // Nor with one that does worse than knowing nothing.
+    StopDiverged(absl::StrFormat("the model diverged: its evaluation log loss, %.5f, is over "
+                                 "job.divergence_factor (%g) times that of a model that knows "
+                                 "nothing (ln 2: predicting 0.5 for every record)",
+                                 *evaluated_logloss, factor),
+                 now);
+    return;
+  }
   progress_.Finish();
   done_at_ = ShutdownDeadline(job_, now);
   ended_ = true;

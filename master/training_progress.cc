@@ -554,15 +554,23 @@ std::optional<std::string> TrainingProgress::Diverging() const {
     base_records -= recent_records_;
   }
   // recent_records_ approaches the window from below as records arrive.
-  if (base_records < window || recent_records_ < 0.5 * window) return std::nullopt;
-  const double baseline = base_sum / base_records;
+  if (recent_records_ < 0.5 * window) return std::nullopt;
   const double recent = recent_loss_sum_ / recent_records_;
-  if (recent <= job_.job.divergence_factor * baseline) return std::nullopt;
+  // A loss that exploded from the first batches on would make its own
+  // baseline: the loss of a model that knows nothing (ln 2, predicting 0.5
+  // for every record) caps it.
+  const bool have_baseline = base_records >= window;
+  const double baseline = have_baseline ? base_sum / base_records : kKnowNothingLogLoss;
+  const double reference = std::min(baseline, kKnowNothingLogLoss);
+  if (recent <= job_.job.divergence_factor * reference) return std::nullopt;
   return absl::StrFormat(
       "training diverged in epoch %d: the mean loss of the last %.0f records, %.5f, is over "
-      "job.divergence_factor (%g) times epoch 1's mean loss%s, %.5f",
+      "job.divergence_factor (%g) times %s, %.5f",
       epoch_ + 1, window, recent, job_.job.divergence_factor,
-      epoch_ == 0 ? " before them" : "", baseline);
+      reference < kKnowNothingLogLoss
+          ? (epoch_ == 0 ? "epoch 1's mean loss before them" : "epoch 1's mean loss")
+          : "the loss of a model that knows nothing (ln 2: predicting 0.5 for every record)",
+      reference);
 }
 
 bool TrainingProgress::EpochComplete(size_t e) const {

@@ -40,6 +40,10 @@
 
 namespace eps {
 
+// The log loss of a model that knows nothing (predicting 0.5 for every
+// record): ln 2. A mean loss far above it is a model that diverged.
+inline constexpr double kKnowNothingLogLoss = 0.6931471805599453;
+
 // Persisted as MasterRecord.phase: never renumber.
 enum class JobPhase { kScanning = 0, kTraining = 1, kEvaluating = 2, kFinished = 3, kFailed = 4 };
 const char* JobPhaseName(JobPhase phase);
@@ -169,9 +173,11 @@ class TrainingProgress {
                                            const proto::CommitProgressRequest& commit) const;
   // Why the training loss says the model diverges: the mean loss of the
   // last records trained (about 8 batches, weighted by records) is above
-  // job.divergence_factor times epoch 1's mean loss (in epoch 1, that of
-  // its records before the recent ones). Judged once both cover a window
-  // of records; nullopt while healthy or off.
+  // job.divergence_factor times the lower of epoch 1's mean loss (in epoch
+  // 1, that of its records before the recent ones, once they cover a
+  // window) and ln 2, the loss of a model that knows nothing: so a loss
+  // that explodes from the first batches on is caught too. Judged once the
+  // recent loss covers half a window; nullopt while healthy or off.
   std::optional<std::string> Diverging() const;
   // Mean loss of the last records trained (see Diverging); nullopt before
   // any.

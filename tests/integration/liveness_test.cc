@@ -41,35 +41,11 @@ using ::testing::HasSubstr;
 constexpr absl::Duration kJobTimeout = absl::Seconds(180);
 constexpr int kRows = 200000;
 
-// A job of 2 servers and 2 throttled workers (about 5 s of training), short
-// leases and a checkpoint every second; `extra` is appended to the file
-// (inside [checkpoint], the last section, unless it opens its own).
+// The fault tests' job (WriteFaultJobConfig: 2 servers, 2 throttled
+// workers, about 5 s of training, short leases, a checkpoint every second);
+// `extra` is appended.
 std::string WriteJobConfig(const TempDir& dir, const std::string& extra = "") {
-  const std::string path = dir.Join("job.ini");
-  WriteFile(path,
-            "[job]\n"
-            "name = liveness\n"
-            "epochs = 1\n"
-            "progress_interval_s = 1\n"
-            "[data]\n"
-            "shard_records = 10000\n"
-            "[ps]\n"
-            "num_servers = 2\n"
-            "partitions = 16\n"
-            "[worker]\n"
-            "batch_size = 1024\n"
-            "master_wait_s = 60\n"
-            "rpc_timeout_ms = 2000\n"
-            "rpc_attempts = 2\n"
-            "max_records_per_s = 20000\n"
-            "[master]\n"
-            "heartbeat_ms = 200\n"
-            "lease_ms = 2000\n"
-            "[checkpoint]\n"
-            "interval_s = 1\n"
-            "keep = 2\n" +
-                extra);
-  return path;
+  return WriteFaultJobConfig(dir.path(), "liveness", extra);
 }
 
 class LivenessTest : public ::testing::Test {

@@ -30,32 +30,7 @@ constexpr absl::Duration kJobTimeout = absl::Seconds(240);
 constexpr int kRows = 300000;
 
 std::string WriteJobConfig(const TempDir& dir, const std::string& checkpoint_extra = "") {
-  const std::string path = dir.Join("job.ini");
-  WriteFile(path,
-            "[job]\n"
-            "name = recovery\n"
-            "epochs = 1\n"
-            "progress_interval_s = 1\n"
-            "[data]\n"
-            "shard_records = 10000\n"
-            "[ps]\n"
-            "num_servers = 2\n"
-            "partitions = 16\n"
-            "[worker]\n"
-            "batch_size = 1024\n"
-            "master_wait_s = 60\n"
-            "rpc_timeout_ms = 2000\n"
-            "rpc_attempts = 2\n"
-            // About 8 s of training: time to fail in the middle.
-            "max_records_per_s = 20000\n"
-            "[master]\n"
-            "heartbeat_ms = 200\n"
-            "lease_ms = 2000\n"
-            "[checkpoint]\n"
-            "interval_s = 1\n"
-            "keep = 2\n" +
-                checkpoint_extra);
-  return path;
+  return WriteFaultJobConfig(dir.path(), "recovery", checkpoint_extra);
 }
 
 class RecoveryTest : public ::testing::Test {

@@ -25,6 +25,21 @@ class JobControlLivenessTest : public JobControlTest {
     ASSERT_EQ(AddWorker(t0_), 1u);
   }
 
+  // A job of 2 training lines and 2 eval lines: worker 0 trains them and
+  // holds the evaluation's shard, returned.
+  proto::ShardAssignment StartEvaluating() {
+    control_->StartNew("job-1");
+    EXPECT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+    EXPECT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+    control_->DataScanned(
+        std::make_pair(MakeData("/data/train-0", {2}), MakeData("/data/eval", {2})), t0_);
+    EXPECT_EQ(AddWorker(t0_), 0u);
+    const proto::ShardAssignment train = Assigned(0, t0_);
+    EXPECT_TRUE(Commit(0, CommitOf(train, train.start(), 2), At(100)).ok());
+    EXPECT_EQ(control_->progress().phase(), JobPhase::kEvaluating);
+    return Assigned(0, At(200));
+  }
+
   void ExpectStoppedWith(const std::string& words) {
     EXPECT_TRUE(control_->over());
     EXPECT_EQ(control_->progress().phase(), JobPhase::kFailed);
@@ -499,6 +514,16 @@ TEST_F(JobControlLivenessTest, PeersHearTheEndEvenAfterTheirLeaseRanOut) {
   EXPECT_EQ(ReasonOf(RegisterServer(6001, 201, /*stored=*/1, At(5200))), proto::JOB_OVER);
 }
 
+TEST_F(JobControlLivenessTest, TheMasterWaitsForPeersToHearTheEndAtMostThreeLeasesAndTenSeconds) {
+  StartTraining();
+  control_->Stop("stopped by the test", At(100));
+  // A peer that heartbeats without ever being told (it should not happen)
+  // keeps the master only until the deadline.
+  const int64_t deadline_ms = 100 + 3 * kLeaseMs + 10'000;
+  EXPECT_FALSE(control_->Done(At(deadline_ms - 1)));
+  EXPECT_TRUE(control_->Done(At(deadline_ms)));
+}
+
 // --- A diverged model ---------------------------------------------------------------------------
 
 TEST_F(JobControlLivenessTest, ANonFiniteLossStopsTheJobNamingTheEpochAndTheWorker) {
@@ -552,6 +577,35 @@ TEST_F(JobControlLivenessTest, ALossPastTheDivergenceFactorStopsTheJob) {
   EXPECT_LE(commits, 3) << "a window of 64 records reacts within a few batches";
 }
 
+TEST_F(JobControlLivenessTest, ALossThatExplodesFromTheFirstBatchIsCaughtToo) {
+  // A loss huge from the start would be its own baseline: ln 2 caps it.
+  job_.worker.batch_size = 8;
+  StartTrainingOn(MakeData("/data/train-0", {400, 400}));
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  int commits = 0;
+  while (!control_->over() && commits < 20) {
+    proto::CommitProgressRequest request = CommitOf(a, a.start() + commits * 8 * kLineBytes, 8);
+    request.set_loss_sum(8 * 1000.0);
+    ASSERT_TRUE(Commit(0, request, At(100 + commits)).ok());
+    ++commits;
+  }
+  ExpectStoppedWith("times the loss of a model that knows nothing (ln 2: predicting 0.5 for every "
+                    "record), 0.69315");
+  EXPECT_LE(commits, 6) << "the recent loss weighs half a window after 45 records";
+}
+
+TEST_F(JobControlLivenessTest, AStartAboveLnTwoWithinTheFactorTrainsOn) {
+  job_.worker.batch_size = 8;
+  StartTrainingOn(MakeData("/data/train-0", {400, 400}));
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  for (int i = 0; i < 40; ++i) {
+    proto::CommitProgressRequest request = CommitOf(a, a.start() + i * 8 * kLineBytes, 8);
+    request.set_loss_sum(8 * (i < 10 ? 1.2 : 0.5));  // a slow start, then learning
+    ASSERT_TRUE(Commit(0, request, At(100 + i)).ok());
+  }
+  EXPECT_FALSE(control_->over()) << control_->progress().failure();
+}
+
 TEST_F(JobControlLivenessTest, DivergenceFactorZeroOnlyStopsOnANonFiniteLoss) {
   job_.job.divergence_factor = 0;
   job_.worker.batch_size = 8;
@@ -566,16 +620,7 @@ TEST_F(JobControlLivenessTest, DivergenceFactorZeroOnlyStopsOnANonFiniteLoss) {
 }
 
 TEST_F(JobControlLivenessTest, ANaNPredictionInTheEvaluationStopsTheJob) {
-  control_->StartNew("job-1");
-  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
-  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
-  control_->DataScanned(std::make_pair(MakeData("/data/train-0", {2}), MakeData("/data/eval", {2})),
-                        t0_);
-  ASSERT_EQ(AddWorker(t0_), 0u);
-  const proto::ShardAssignment train = Assigned(0, t0_);
-  ASSERT_TRUE(Commit(0, CommitOf(train, train.start(), 2), At(100)).ok());
-  ASSERT_EQ(control_->progress().phase(), JobPhase::kEvaluating);
-  const proto::ShardAssignment eval = Assigned(0, At(200));
+  const proto::ShardAssignment eval = StartEvaluating();
   const std::vector<float> labels = {1, 0};
   const std::vector<float> predictions = {0.7f, std::numeric_limits<float>::quiet_NaN()};
   proto::CommitProgressReply reply;
@@ -584,19 +629,24 @@ TEST_F(JobControlLivenessTest, ANaNPredictionInTheEvaluationStopsTheJob) {
   EXPECT_EQ(ReasonOf(refused), proto::JOB_OVER);
   ExpectStoppedWith("the model diverged: worker[0] predicted NaN for the evaluation");
   EXPECT_FALSE(control_->progress().eval_auc().has_value()) << "never evaluated";
-  // An out-of-range finite prediction is a broken request, not a model.
 }
 
+TEST_F(JobControlLivenessTest, AnEvaluationWorseThanKnowingNothingIsNeverFinished) {
+  const proto::ShardAssignment eval = StartEvaluating();
+  proto::CommitProgressReply reply;
+  // Certain and wrong on every record: a clamped log loss of 16.1.
+  ASSERT_TRUE(control_
+                  ->Commit(WorkerNode(0), CommitOf(eval, eval.start(), 2), std::vector<float>{1, 0},
+                           std::vector<float>{0.0f, 1.0f}, At(300), &reply)
+                  .ok());
+  ExpectStoppedWith("the model diverged: its evaluation log loss, 16.11810, is over "
+                    "job.divergence_factor (2) times that of a model that knows nothing");
+  EXPECT_NE(control_->progress().phase(), JobPhase::kFinished);
+}
+
+// An out-of-range finite prediction is a broken request, not a model.
 TEST_F(JobControlLivenessTest, AnOutOfRangePredictionIsABadRequest) {
-  control_->StartNew("job-1");
-  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
-  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
-  control_->DataScanned(std::make_pair(MakeData("/data/train-0", {2}), MakeData("/data/eval", {2})),
-                        t0_);
-  ASSERT_EQ(AddWorker(t0_), 0u);
-  const proto::ShardAssignment train = Assigned(0, t0_);
-  ASSERT_TRUE(Commit(0, CommitOf(train, train.start(), 2), At(100)).ok());
-  const proto::ShardAssignment eval = Assigned(0, At(200));
+  const proto::ShardAssignment eval = StartEvaluating();
   proto::CommitProgressReply reply;
   EXPECT_EQ(control_
                 ->Commit(WorkerNode(0), CommitOf(eval, eval.start(), 2), std::vector<float>{1, 0},

@@ -134,6 +134,34 @@ uint64_t CountLines(const std::string& dir) {
   return lines;
 }
 
+std::string WriteFaultJobConfig(const std::string& dir, const std::string& name,
+                                const std::string& extra) {
+  const std::string path = dir + "/job.ini";
+  WriteFile(path, absl::StrCat("[job]\n"
+                               "name = ", name, "\n"
+                               "epochs = 1\n"
+                               "progress_interval_s = 1\n"
+                               "[data]\n"
+                               "shard_records = 10000\n"
+                               "[ps]\n"
+                               "num_servers = 2\n"
+                               "partitions = 16\n"
+                               "[worker]\n"
+                               "batch_size = 1024\n"
+                               "master_wait_s = 60\n"
+                               "rpc_timeout_ms = 2000\n"
+                               "rpc_attempts = 2\n"
+                               "max_records_per_s = 20000\n"
+                               "[master]\n"
+                               "heartbeat_ms = 200\n"
+                               "lease_ms = 2000\n"
+                               "[checkpoint]\n"
+                               "interval_s = 1\n"
+                               "keep = 2\n",
+                               extra));
+  return path;
+}
+
 std::vector<nlohmann::json> ReadEvents(const std::string& master_dir) {
   std::vector<nlohmann::json> events;
   std::istringstream in(ReadFile(master_dir + "/events.jsonl"));

@@ -67,6 +67,16 @@ std::string BinaryPath(const std::string& name);
 std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& text);
 
+// The job file of the fault tests, as DIR/job.ini (its path returned): job
+// `name`, one epoch in shards of 10,000 lines, 2 servers over 16
+// partitions, workers in batches of 1,024 throttled to 20,000 records/s
+// each (a few seconds of training: time to fail in the middle), short
+// calls (2 attempts of 2 s), heartbeats every 200 ms, leases of 2 s, a
+// checkpoint every second (2 kept). `extra` is appended: more [checkpoint]
+// keys, or sections of its own.
+std::string WriteFaultJobConfig(const std::string& dir, const std::string& name,
+                                const std::string& extra = "");
+
 // Runs eps-datagen: `rows` training rows in `files` files (and the default
 // eval split) into `out`. Its output goes to `out` + ".log".
 Status GenerateData(const std::string& out, int rows, int seed, int files);
