@@ -212,7 +212,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("job.progress_interval_s", &job.progress_interval_s,
           "seconds between progress lines in the logs");
   v.Visit("job.divergence_factor", &job.divergence_factor,
-          "stop when the recent loss exceeds this times epoch 1's; 0 never");
+          "stop when the recent loss stays past this times epoch 1's (at most ln 2) for 64 "
+          "batches; 0 never");
 
   v.Visit("data.train", &data.train, "training files, globs or directories, comma-separated");
   v.Visit("data.eval", &data.eval, "evaluation files, globs or directories; empty: no eval");

@@ -391,6 +391,9 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
                  now);
     return absl::OkStatus();
   }
+  if (progress_.LossPastFactor()) {
+    checkpoints_.AbandonPausing("the recent loss is past job.divergence_factor", now);
+  }
   if (progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) Finish(now);
   return absl::OkStatus();
 }
@@ -480,9 +483,11 @@ void JobControl::Tick(absl::Time now) {
   ExpireLeases(now);
   EnforceBounds(now);
   SampleProgress(now);
+  // A model whose loss is past the divergence factor is not saved: the
+  // checkpoint to resume a diverged job from is one taken before.
   checkpoints_.MaybeStart(now, !recovery_.active() && !over() &&
                                    progress_.phase() == JobPhase::kTraining &&
-                                   membership_.placed());
+                                   membership_.placed() && !progress_.LossPastFactor());
 }
 
 void JobControl::StartRecovery(uint32_t server, const std::string& why, absl::Time now) {

@@ -114,8 +114,7 @@ std::vector<uint64_t> ShardTracker::Release(uint32_t worker) {
   return released;
 }
 
-StatusOr<uint64_t> ShardTracker::Skip(uint32_t worker, uint64_t shard_id, uint64_t offset,
-                                      const std::string& reason) {
+StatusOr<ShardTracker::Shard*> ShardTracker::HeldShard(uint32_t worker, uint64_t shard_id) {
   if (shard_id >= shards_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown shard ", shard_id));
   }
@@ -124,10 +123,16 @@ StatusOr<uint64_t> ShardTracker::Skip(uint32_t worker, uint64_t shard_id, uint64
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", shard_id, " is not held by worker ", worker));
   }
+  return &shard;
+}
+
+StatusOr<uint64_t> ShardTracker::Skip(uint32_t worker, uint64_t shard_id, uint64_t offset,
+                                      const std::string& reason) {
+  ASSIGN_OR_RETURN(Shard * held, HeldShard(worker, shard_id));
+  Shard& shard = *held;
   if (offset != shard.committed_offset) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", shard_id, " is committed up to byte ", shard.committed_offset,
-                     ", not ", offset));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard_id, " is committed up to byte ", shard.committed_offset, ", not ", offset));
   }
   shard.skipped_lines = shard.spec.lines - shard.committed_lines;
   shard.skip_reason = reason;
@@ -165,16 +170,11 @@ std::optional<uint64_t> ShardTracker::SplitRequestedOf(uint32_t worker) const {
 
 StatusOr<uint64_t> ShardTracker::Split(uint32_t worker, uint64_t shard_id, uint64_t offset,
                                        uint64_t line) {
-  if (shard_id >= shards_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown shard ", shard_id));
-  }
-  Shard& shard = shards_[shard_id];
-  if (shard.state != State::kDoing || shard.holder != worker) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", shard_id, " is not held by worker ", worker));
-  }
+  ASSIGN_OR_RETURN(Shard * held, HeldShard(worker, shard_id));
+  Shard& shard = *held;
   if (!shard.split_requested) {
-    return absl::FailedPreconditionError(absl::StrCat("no split of shard ", shard_id, " was asked"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no split of shard ", shard_id, " was asked"));
   }
   const uint64_t end_line = shard.spec.first_line + shard.spec.lines;
   if (offset <= shard.committed_offset || offset >= shard.spec.end ||
@@ -265,7 +265,9 @@ StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardR
           absl::StrCat("shard record ", id, " is done but not committed to its end"));
     }
     switch (record.state()) {
-      case proto::SHARD_TODO: shard.state = State::kTodo; break;
+      case proto::SHARD_TODO:
+        shard.state = State::kTodo;
+        break;
       case proto::SHARD_DOING:
         shard.state = State::kDoing;
         ++tracker.doing_;
@@ -274,7 +276,8 @@ StatusOr<ShardTracker> ShardTracker::FromRecords(const std::vector<proto::ShardR
         shard.state = State::kDone;
         ++tracker.done_;
         break;
-      default: return absl::DataLossError(absl::StrCat("shard record ", id, " has no state"));
+      default:
+        return absl::DataLossError(absl::StrCat("shard record ", id, " has no state"));
     }
     tracker.committed_lines_ += shard.committed_lines;
     tracker.skipped_lines_ += shard.skipped_lines;

@@ -137,6 +137,10 @@ class ShardTracker {
   const Shard& shard(uint64_t id) const { return shards_[id]; }
 
  private:
+  // Shard `shard_id` if `worker` holds it: kInvalidArgument for an unknown
+  // shard, kFailedPrecondition for one it does not hold.
+  StatusOr<Shard*> HeldShard(uint32_t worker, uint64_t shard_id);
+
   std::vector<Shard> shards_;
   std::deque<uint32_t> todo_;
   uint64_t doing_ = 0;

@@ -14,11 +14,16 @@ namespace eps {
 
 const char* JobPhaseName(JobPhase phase) {
   switch (phase) {
-    case JobPhase::kScanning: return "scanning";
-    case JobPhase::kTraining: return "training";
-    case JobPhase::kEvaluating: return "evaluating";
-    case JobPhase::kFinished: return "finished";
-    case JobPhase::kFailed: return "failed";
+    case JobPhase::kScanning:
+      return "scanning";
+    case JobPhase::kTraining:
+      return "training";
+    case JobPhase::kEvaluating:
+      return "evaluating";
+    case JobPhase::kFinished:
+      return "finished";
+    case JobPhase::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -165,8 +170,9 @@ StatusOr<TrainingProgress::Committed> TrainingProgress::Commit(
     uint32_t worker, const proto::CommitProgressRequest& commit, std::span<const float> labels,
     std::span<const float> predictions) {
   const bool eval = commit.phase() == proto::EVAL;
-  const bool current_pass = tracker_ != nullptr && commit.epoch() == epoch_ &&
-                            (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
+  const bool current_pass =
+      tracker_ != nullptr && commit.epoch() == epoch_ &&
+      (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
   if (!current_pass && PassIsOver(eval, commit.epoch())) {
     // Every shard of a finished pass is committed to its end, so a commit
     // for one can only repeat an applied one: typically the pass's last
@@ -219,6 +225,7 @@ StatusOr<TrainingProgress::Committed> TrainingProgress::Commit(
     const double decay = std::exp(-static_cast<double>(valid) / LossWindow(job_));
     recent_loss_sum_ = recent_loss_sum_ * decay + commit.loss_sum();
     recent_records_ = recent_records_ * decay + static_cast<double>(valid);
+    JudgeRecentLoss(valid);
     proto::EpochLedger& entry = Ledger(epoch_);
     entry.set_lines_committed(entry.lines_committed() + commit.lines());
     entry.set_records_committed(entry.records_committed() + valid);
@@ -231,8 +238,9 @@ StatusOr<TrainingProgress::Committed> TrainingProgress::Commit(
 StatusOr<TrainingProgress::Split> TrainingProgress::SplitShard(
     uint32_t worker, const proto::SplitShardRequest& request) {
   const bool eval = request.phase() == proto::EVAL;
-  const bool current_pass = tracker_ != nullptr && request.epoch() == epoch_ &&
-                            (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
+  const bool current_pass =
+      tracker_ != nullptr && request.epoch() == epoch_ &&
+      (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
   if (!current_pass) return Split{};
   // A retried split (its reply was lost) gets the first one's answer.
   for (uint64_t id = 0; id < tracker_->num_shards(); ++id) {
@@ -267,11 +275,12 @@ StatusOr<TrainingProgress::Split> TrainingProgress::SplitShard(
 StatusOr<std::optional<TrainingProgress::UnreadRange>> TrainingProgress::Unread(
     uint32_t worker, const proto::ShardUnreadableRequest& report) const {
   const bool eval = report.phase() == proto::EVAL;
-  const bool current_pass = tracker_ != nullptr && report.epoch() == epoch_ &&
-                            (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
+  const bool current_pass =
+      tracker_ != nullptr && report.epoch() == epoch_ &&
+      (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
   if (!current_pass) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", report.shard_id(), " belongs to a pass that is not the current one"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", report.shard_id(), " belongs to a pass that is not the current one"));
   }
   if (report.shard_id() >= tracker_->num_shards()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown shard ", report.shard_id()));
@@ -317,8 +326,8 @@ Status TrainingProgress::SkipUnread(uint32_t worker, const proto::ShardUnreadabl
     entry.set_lines_skipped(entry.lines_skipped() + skipped);
     if (static_cast<size_t>(entry.skipped_size()) < kMaxSkipReasons) entry.add_skipped(where);
   }
-  LOG(WARNING) << "skipping " << skipped << " lines of shard " << report.shard_id() << " ("
-               << where << "): data.on_unreadable = skip";
+  LOG(WARNING) << "skipping " << skipped << " lines of shard " << report.shard_id() << " (" << where
+               << "): data.on_unreadable = skip";
   events_->Record("shard_skipped", {{"shard", report.shard_id()},
                                     {"worker", worker},
                                     {"file", range->path},
@@ -402,9 +411,9 @@ TrainingProgress::PassEnd TrainingProgress::AdvanceIfPassDone() {
   LOG(INFO) << "evaluation over " << labels.size() << " records: AUC "
             << absl::StrFormat("%.5f", *eval_auc_) << ", log loss "
             << absl::StrFormat("%.5f", *eval_logloss_);
-  events_->Record("evaluation_finished", {{"records", labels.size()},
-                                          {"eval_auc", *eval_auc_},
-                                          {"eval_logloss", *eval_logloss_}});
+  events_->Record(
+      "evaluation_finished",
+      {{"records", labels.size()}, {"eval_auc", *eval_auc_}, {"eval_logloss", *eval_logloss_}});
   return PassEnd::kFinished;
 }
 
@@ -470,6 +479,7 @@ Status TrainingProgress::ApplyCheckpoint(const proto::CheckpointRecord& checkpoi
   pending_eval_ = StateUpdate();
   recent_loss_sum_ = 0;
   recent_records_ = 0;
+  records_over_ = 0;
   clear_pass_ = true;
   MarkAllShards();
   // The shards in progress at the checkpoint go back to the queue from
@@ -489,8 +499,7 @@ void TrainingProgress::SaveShards(proto::CheckpointRecord* checkpoint) const {
 std::optional<uint64_t> TrainingProgress::PassLinesLeft() const {
   if (!tracker_) return std::nullopt;
   const DataSet& data = phase_ == JobPhase::kEvaluating ? eval_data_ : train_data_;
-  return data.lines -
-         std::min(data.lines, tracker_->committed_lines() + tracker_->skipped_lines());
+  return data.lines - std::min(data.lines, tracker_->committed_lines() + tracker_->skipped_lines());
 }
 
 double TrainingProgress::PassFraction() const {
@@ -530,8 +539,8 @@ std::optional<std::string> TrainingProgress::NonFiniteLoss(
                     shard.committed_line, ")");
   }
   return absl::StrCat("training diverged in epoch ", epoch_ + 1, ": worker[", worker,
-                      "] computed a non-finite loss (", commit.loss_sum(), ") on ",
-                      commit.lines(), " lines of ", where);
+                      "] computed a non-finite loss (", commit.loss_sum(), ") on ", commit.lines(),
+                      " lines of ", where);
 }
 
 std::optional<double> TrainingProgress::RecentLoss() const {
@@ -539,11 +548,13 @@ std::optional<double> TrainingProgress::RecentLoss() const {
   return recent_loss_sum_ / recent_records_;
 }
 
-std::optional<std::string> TrainingProgress::Diverging() const {
+std::optional<TrainingProgress::LossReference> TrainingProgress::DivergenceReference() const {
   if (job_.job.divergence_factor <= 0 || ledger_.empty() || phase_ != JobPhase::kTraining) {
     return std::nullopt;
   }
   const double window = LossWindow(job_);
+  // recent_records_ approaches the window from below as records arrive.
+  if (recent_records_ < 0.5 * window) return std::nullopt;
   const proto::EpochLedger& first = ledger_[0];
   double base_sum = first.loss_sum();
   double base_records = static_cast<double>(first.records_committed());
@@ -553,24 +564,45 @@ std::optional<std::string> TrainingProgress::Diverging() const {
     base_sum -= recent_loss_sum_;
     base_records -= recent_records_;
   }
-  // recent_records_ approaches the window from below as records arrive.
-  if (recent_records_ < 0.5 * window) return std::nullopt;
-  const double recent = recent_loss_sum_ / recent_records_;
   // A loss that exploded from the first batches on would make its own
   // baseline: the loss of a model that knows nothing (ln 2, predicting 0.5
   // for every record) caps it.
   const bool have_baseline = base_records >= window;
   const double baseline = have_baseline ? base_sum / base_records : kKnowNothingLogLoss;
-  const double reference = std::min(baseline, kKnowNothingLogLoss);
-  if (recent <= job_.job.divergence_factor * reference) return std::nullopt;
+  if (baseline >= kKnowNothingLogLoss) {
+    return LossReference{kKnowNothingLogLoss,
+                         "the loss of a model that knows nothing (ln 2: predicting 0.5 for every "
+                         "record)"};
+  }
+  return LossReference{baseline,
+                       epoch_ == 0 ? "epoch 1's mean loss before them" : "epoch 1's mean loss"};
+}
+
+void TrainingProgress::JudgeRecentLoss(uint64_t records) {
+  const std::optional<LossReference> reference = DivergenceReference();
+  // While the loss stays past the factor, the records it is past on would
+  // raise the baseline: it is judged against the reference it first went
+  // past.
+  const bool over =
+      reference.has_value() &&
+      recent_loss_sum_ / recent_records_ >
+          job_.job.divergence_factor * (records_over_ > 0 ? over_reference_ : *reference).loss;
+  if (!over) {
+    records_over_ = 0;
+    return;
+  }
+  if (records_over_ == 0) over_reference_ = *reference;
+  records_over_ += static_cast<double>(records);
+}
+
+std::optional<std::string> TrainingProgress::Diverging() const {
+  const double window = LossWindow(job_);
+  if (records_over_ < kDivergedWindows * window) return std::nullopt;
   return absl::StrFormat(
-      "training diverged in epoch %d: the mean loss of the last %.0f records, %.5f, is over "
-      "job.divergence_factor (%g) times %s, %.5f",
-      epoch_ + 1, window, recent, job_.job.divergence_factor,
-      reference < kKnowNothingLogLoss
-          ? (epoch_ == 0 ? "epoch 1's mean loss before them" : "epoch 1's mean loss")
-          : "the loss of a model that knows nothing (ln 2: predicting 0.5 for every record)",
-      reference);
+      "training diverged in epoch %d: the mean loss of the last %.0f records, %.5f, has stayed "
+      "over job.divergence_factor (%g) times %s, %.5f, for %.0f records",
+      epoch_ + 1, window, recent_loss_sum_ / recent_records_, job_.job.divergence_factor,
+      over_reference_.what, over_reference_.loss, records_over_);
 }
 
 bool TrainingProgress::EpochComplete(size_t e) const {
@@ -581,9 +613,7 @@ uint64_t TrainingProgress::reassignments() const {
   return reassignments_ + (tracker_ ? tracker_->reassignments() : 0);
 }
 
-uint64_t TrainingProgress::splits() const {
-  return splits_ + (tracker_ ? tracker_->splits() : 0);
-}
+uint64_t TrainingProgress::splits() const { return splits_ + (tracker_ ? tracker_->splits() : 0); }
 
 void TrainingProgress::TakeChanges(StateUpdate* update) {
   if (clear_pass_) update->ClearPass();

@@ -43,6 +43,10 @@ namespace eps {
 // The log loss of a model that knows nothing (predicting 0.5 for every
 // record): ln 2. A mean loss far above it is a model that diverged.
 inline constexpr double kKnowNothingLogLoss = 0.6931471805599453;
+// Windows of records (8 batches each) the recent loss must stay past the
+// divergence factor before the job stops: a healthy start's overshoot
+// lasts a few.
+inline constexpr double kDivergedWindows = 8;
 
 // Persisted as MasterRecord.phase: never renumber.
 enum class JobPhase { kScanning = 0, kTraining = 1, kEvaluating = 2, kFinished = 3, kFailed = 4 };
@@ -172,13 +176,20 @@ class TrainingProgress {
   std::optional<std::string> NonFiniteLoss(uint32_t worker,
                                            const proto::CommitProgressRequest& commit) const;
   // Why the training loss says the model diverges: the mean loss of the
-  // last records trained (about 8 batches, weighted by records) is above
-  // job.divergence_factor times the lower of epoch 1's mean loss (in epoch
-  // 1, that of its records before the recent ones, once they cover a
-  // window) and ln 2, the loss of a model that knows nothing: so a loss
-  // that explodes from the first batches on is caught too. Judged once the
+  // last records trained (about 8 batches, weighted by records) has stayed
+  // above job.divergence_factor times the reference for kDivergedWindows
+  // windows in a row. The reference is epoch 1's mean loss (in epoch 1,
+  // that of its records before the recent ones, once they cover a window)
+  // while it is under ln 2, the loss of a model that knows nothing, and
+  // ln 2 otherwise: so a loss that explodes from the first batches on is
+  // caught too, and the overshoot of a healthy start (twice ln 2 for a few
+  // batches under Adagrad with stale workers) is not. Judged once the
   // recent loss covers half a window; nullopt while healthy or off.
   std::optional<std::string> Diverging() const;
+  // The recent loss is past job.divergence_factor times its reference
+  // (diverging, or a healthy start's overshoot): the model is suspect, so
+  // no checkpoint should be taken of it.
+  bool LossPastFactor() const { return records_over_ > 0; }
   // Mean loss of the last records trained (see Diverging); nullopt before
   // any.
   std::optional<double> RecentLoss() const;
@@ -267,11 +278,24 @@ class TrainingProgress {
   // back in the queue (lease + detection + fencing every server).
   absl::Duration worst_reassign_delay_ = absl::ZeroDuration();
   uint64_t records_committed_total_ = 0;
+  // What the recent loss is judged against (see Diverging).
+  struct LossReference {
+    double loss;
+    const char* what;
+  };
+  std::optional<LossReference> DivergenceReference() const;
+  // Counts `records` just trained into records_over_, or resets it.
+  void JudgeRecentLoss(uint64_t records);
+
   // The recent loss: sums of loss and records decayed by record count
   // (exp(-records / window)), so they weigh about the last `window`
   // records. In memory only: a restarted master starts it again.
   double recent_loss_sum_ = 0;
   double recent_records_ = 0;
+  // Records trained since the recent loss last was within the factor, and
+  // the reference it went past then.
+  double records_over_ = 0;
+  LossReference over_reference_{kKnowNothingLogLoss, ""};
 
   // Changes for TakeChanges.
   std::set<uint64_t> dirty_shards_;
