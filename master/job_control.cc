@@ -26,10 +26,6 @@ Status JobOver() {
                          "the job is over; the master's final status says why", proto::JOB_OVER);
 }
 
-std::string Seconds(absl::Duration duration) {
-  return absl::FormatDuration(absl::Trunc(duration, absl::Seconds(1)));
-}
-
 }  // namespace
 
 JobControl::JobControl(const JobConfig& job, proto::JobSpec spec, std::string fingerprint,
@@ -737,110 +733,6 @@ void JobControl::StopDiverged(const std::string& reason, absl::Time now) {
        now);
 }
 
-void JobControl::EnforceBounds(absl::Time now) {
-  if (over()) return;
-  const JobPhase phase = progress_.phase();
-  // Servers to register: before training, a missing server fails the job
-  // (nothing was trained, there is nothing to resume); once training, a
-  // lost one starts a recovery, which has its own bound.
-  const bool servers_missing =
-      phase == JobPhase::kScanning && !recovery_.active() &&
-      (membership_.servers().size() < static_cast<size_t>(job_.ps.num_servers) ||
-       !membership_.all_servers_alive());
-  if (!servers_missing) {
-    servers_missing_since_ = absl::InfiniteFuture();
-  } else if (servers_missing_since_ == absl::InfiniteFuture()) {
-    servers_missing_since_ = now;
-  } else if (now - servers_missing_since_ > absl::Seconds(job_.master.recovery_timeout_s)) {
-    size_t alive = 0;
-    for (const auto& [id, server] : membership_.servers()) alive += server.state == PeerState::kAlive;
-    Fail(absl::StrCat("only ", alive, " of ", job_.ps.num_servers,
-                      " parameter server(s) registered within master.recovery_timeout_s (",
-                      job_.master.recovery_timeout_s,
-                      " s): start the missing eps-server processes, then start the job again"),
-         /*stopped=*/false, now);
-    return;
-  }
-  const bool training = phase == JobPhase::kTraining || phase == JobPhase::kEvaluating;
-  if (!training) return;
-
-  // A shard's holder that makes no progress (a hung trainer, a dead GPU)
-  // is fenced; its shards move once every server refuses it. Time the
-  // job held workers back (a checkpoint round, a recovery) does not count.
-  if (recovery_.active() || checkpoints_.round_id().has_value()) held_until_ = now;
-  const absl::Duration patience = absl::Seconds(job_.master.progress_timeout_s);
-  for (uint32_t holder : progress_.HoldersOfShardsInProgress()) {
-    auto it = membership_.workers().find(holder);
-    if (it == membership_.workers().end() || it->second.state != PeerState::kAlive) continue;
-    const absl::Time since = std::max(it->second.last_progress, held_until_);
-    if (now - since <= patience) continue;
-    progress_.AddRetrained(membership_.FenceAlive(
-        holder, now,
-        absl::StrCat("it holds a shard and made no progress for ", Seconds(now - since),
-                     " (master.progress_timeout_s = ", job_.master.progress_timeout_s,
-                     " s): a hung trainer?")));
-  }
-
-  // Workers to train: the job stops (resumably) when none came for long.
-  bool worker_alive = false;
-  for (const auto& [id, worker] : membership_.workers()) {
-    worker_alive |= worker.state == PeerState::kAlive;
-  }
-  if (worker_alive || recovery_.active() || job_.master.worker_wait_s == 0) {
-    no_workers_since_ = absl::InfiniteFuture();
-  } else if (no_workers_since_ == absl::InfiniteFuture()) {
-    no_workers_since_ = now;
-  } else if (now - no_workers_since_ > absl::Seconds(job_.master.worker_wait_s)) {
-    Stop(absl::StrCat("no worker was alive for ", Seconds(now - no_workers_since_),
-                      " (master.worker_wait_s = ", job_.master.worker_wait_s,
-                      " s): start eps-worker processes, then run eps-master --resume"),
-         now);
-    return;
-  }
-
-  // Checkpoints that keep failing leave nothing newer to return to.
-  if (job_.checkpoint.max_failures > 0 &&
-      checkpoints_.consecutive_failures() >= static_cast<uint64_t>(job_.checkpoint.max_failures)) {
-    Stop(absl::StrCat("the last ", checkpoints_.consecutive_failures(),
-                      " checkpoints failed (checkpoint.max_failures = ",
-                      job_.checkpoint.max_failures, "), the last one: ",
-                      checkpoints_.last_failure(),
-                      "; fix the cause, then run eps-master --resume"),
-         now);
-  }
-}
-
-std::vector<std::string> JobControl::Waits(absl::Time now) const {
-  std::vector<std::string> waits;
-  if (over()) return waits;
-  if (servers_missing_since_ != absl::InfiniteFuture()) {
-    waits.push_back(absl::StrCat("parameter servers to register: ", membership_.servers().size(),
-                                 " of ", job_.ps.num_servers, " for ",
-                                 Seconds(now - servers_missing_since_),
-                                 " (master.recovery_timeout_s = ", job_.master.recovery_timeout_s,
-                                 " s)"));
-  }
-  if (recovery_.active()) {
-    const std::vector<uint32_t> missing = membership_.MissingServers();
-    waits.push_back(absl::StrCat(
-        "recovery (", recovery_.why(), ") for ", Seconds(now - recovery_.started()), ": ",
-        !missing.empty() ? absl::StrCat("ps[", absl::StrJoin(missing, "], ps["), "] to come back")
-        : membership_.fencing() ? std::string("the servers to acknowledge the fence list")
-                                : std::string("the servers to restore"),
-        " (master.recovery_timeout_s = ", job_.master.recovery_timeout_s, " s)"));
-  }
-  if (const std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {
-    waits.push_back(absl::StrCat("checkpoint ", *round, ": ",
-                                 checkpoints_.writing() ? "the servers to write it"
-                                                        : "the workers to pause"));
-  }
-  if (no_workers_since_ != absl::InfiniteFuture()) {
-    waits.push_back(absl::StrCat("workers: none alive for ", Seconds(now - no_workers_since_),
-                                 " (master.worker_wait_s = ", job_.master.worker_wait_s, " s)"));
-  }
-  return waits;
-}
-
 StatusOr<uint64_t> JobControl::RequestCheckpoint() {
   if (progress_.phase() != JobPhase::kTraining || over() || recovery_.active()) {
     return absl::FailedPreconditionError(
@@ -864,10 +756,7 @@ std::optional<double> JobControl::EtaSeconds() const {
 void JobControl::SampleProgress(absl::Time now) {
   // Every commit applied (training and evaluation; a rollback undoes none).
   if (!meter_.Due(now, progress_.records_committed_total()) || over()) return;
-  int alive_workers = 0;
-  for (const auto& [id, worker] : membership_.workers()) {
-    alive_workers += worker.state == PeerState::kAlive;
-  }
+  const size_t alive_workers = membership_.alive_workers();
   const double fraction = progress_.tracker() ? progress_.PassFraction() : 0.0;
   const std::optional<double> eta = EtaSeconds();
   const std::optional<double> loss = progress_.RunningLoss();

@@ -381,6 +381,18 @@ bool Membership::all_servers_alive() const {
   return true;
 }
 
+size_t Membership::alive_servers() const {
+  size_t alive = 0;
+  for (const auto& [id, server] : servers_) alive += server.state == PeerState::kAlive;
+  return alive;
+}
+
+size_t Membership::alive_workers() const {
+  size_t alive = 0;
+  for (const auto& [id, worker] : workers_) alive += worker.state == PeerState::kAlive;
+  return alive;
+}
+
 std::vector<uint32_t> Membership::MissingServers() const {
   std::vector<uint32_t> missing;
   for (const auto& [id, server] : servers_) {

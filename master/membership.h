@@ -200,6 +200,9 @@ class Membership {
   bool MaybePlace(uint32_t num_partitions);
   bool placed() const { return cluster_map_.version() != 0; }
   bool all_servers_alive() const;
+  // Members alive now.
+  size_t alive_servers() const;
+  size_t alive_workers() const;
   // Slots without a live server this master has heard from.
   std::vector<uint32_t> MissingServers() const;
   std::vector<ServerAddress> LiveServers() const;
