@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/logging.h"
+#include "core/memory.h"
 #include "rpc/net.h"
 
 namespace eps {
@@ -192,6 +193,9 @@ void MemberSession::HeartbeatLoop() {
       heartbeat_now_ = false;
     }
     if (!Heartbeat()) return;
+    // The heartbeat thread of every server and worker keeps their RSS to
+    // what they use.
+    TrimFreeMemory(absl::Now());
   }
 }
 

@@ -1,12 +1,12 @@
 #include "core/job_config.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <set>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -140,53 +140,125 @@ bool IsSharedOption(absl::string_view name) {
   return false;
 }
 
-// Collects the shared options with exactly formatted values.
-class SharedOptionsVisitor : public OptionVisitor {
+// The shortest text that reads back as the same double: exact, and "0.05"
+// rather than "0.050000000000000003".
+std::string ExactText(double value) {
+  char text[64];
+  const std::to_chars_result end = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, end.ptr);
+}
+
+// Sees every option's value as text (doubles exact); subclasses Take each.
+class TextVisitor : public OptionVisitor {
  public:
   void Visit(absl::string_view name, std::string* value, absl::string_view) override {
-    Add(name, *value);
+    Take(name, *value);
   }
   void Visit(absl::string_view name, int64_t* value, absl::string_view) override {
-    Add(name, absl::StrCat(*value));
+    Take(name, absl::StrCat(*value));
   }
   void Visit(absl::string_view name, double* value, absl::string_view) override {
-    // The shortest text that reads back as the same double: exact, and
-    // "0.05" rather than "0.050000000000000003".
-    char text[64];
-    const std::to_chars_result end = std::to_chars(text, text + sizeof(text), *value);
-    Add(name, std::string(text, end.ptr));
+    Take(name, ExactText(*value));
   }
   void Visit(absl::string_view name, bool* value, absl::string_view) override {
-    Add(name, *value ? "true" : "false");
+    Take(name, *value ? "true" : "false");
   }
+
+ protected:
+  virtual void Take(absl::string_view name, std::string value) = 0;
+};
+
+// Collects the shared options.
+class SharedOptionsVisitor : public TextVisitor {
+ public:
   std::vector<std::pair<std::string, std::string>> options() const { return options_; }
 
  private:
-  void Add(absl::string_view name, std::string value) {
+  void Take(absl::string_view name, std::string value) override {
     if (IsSharedOption(name)) options_.emplace_back(std::string(name), std::move(value));
   }
   std::vector<std::pair<std::string, std::string>> options_;
 };
 
-class PrintVisitor : public OptionVisitor {
+// "section.key = value" lines.
+class PrintVisitor : public TextVisitor {
  public:
-  void Visit(absl::string_view name, std::string* value, absl::string_view) override {
-    out_ << name << " = " << *value << "\n";
-  }
-  void Visit(absl::string_view name, int64_t* value, absl::string_view) override {
-    out_ << name << " = " << *value << "\n";
-  }
-  void Visit(absl::string_view name, double* value, absl::string_view) override {
-    out_ << name << " = " << *value << "\n";
-  }
-  void Visit(absl::string_view name, bool* value, absl::string_view) override {
-    out_ << name << " = " << (*value ? "true" : "false") << "\n";
-  }
-  std::string str() const { return out_.str(); }
+  const std::string& str() const { return out_; }
 
  private:
-  std::ostringstream out_;
+  void Take(absl::string_view name, std::string value) override {
+    absl::StrAppend(&out_, name, " = ", value, "\n");
+  }
+  std::string out_;
 };
+
+// An INI file, a [section] before its first key.
+class IniVisitor : public TextVisitor {
+ public:
+  const std::string& text() const { return out_; }
+
+ private:
+  void Take(absl::string_view name, std::string value) override {
+    const size_t dot = name.find('.');
+    const absl::string_view section = name.substr(0, dot);
+    if (section != section_) {
+      absl::StrAppend(&out_, out_.empty() ? "" : "\n", "[", section, "]\n");
+      section_ = std::string(section);
+    }
+    absl::StrAppend(&out_, name.substr(dot + 1), " = ", value, "\n");
+  }
+  std::string out_;
+  std::string section_;
+};
+
+// [autoscale]: off (source none) needs nothing more; each source and
+// launcher needs its own settings.
+Status ValidateAutoscale(const JobConfig::Autoscale& a) {
+  RETURN_IF_ERROR(CheckOneOf("autoscale.source", a.source, {"none", "command", "prometheus"}));
+  RETURN_IF_ERROR(CheckOneOf("autoscale.launcher", a.launcher, {"local", "command"}));
+  RETURN_IF_ERROR(CheckRange("autoscale.source_timeout_s", a.source_timeout_s, 1, 3600));
+  RETURN_IF_ERROR(CheckRange("autoscale.min_workers", a.min_workers, 0, 10000));
+  RETURN_IF_ERROR(CheckRange("autoscale.max_workers", a.max_workers,
+                             std::max<int64_t>(1, a.min_workers), 10000,
+                             "at least autoscale.min_workers"));
+  RETURN_IF_ERROR(CheckRange("autoscale.gpus_per_worker", a.gpus_per_worker, 1, 1024));
+  RETURN_IF_ERROR(CheckRange("autoscale.scale_up_free_gpus", a.scale_up_free_gpus, 1, 1'000'000));
+  RETURN_IF_ERROR(CheckRange("autoscale.scale_down_free_gpus", a.scale_down_free_gpus, 0,
+                             a.scale_up_free_gpus, "autoscale.scale_up_free_gpus"));
+  RETURN_IF_ERROR(CheckRange("autoscale.interval_s", a.interval_s, 1, kDayS, "a day"));
+  RETURN_IF_ERROR(CheckRange("autoscale.cooldown_s", a.cooldown_s, 0, kDayS, "a day"));
+  RETURN_IF_ERROR(CheckRange("autoscale.scale_up_stabilization_s", a.scale_up_stabilization_s, 0,
+                             kDayS, "a day"));
+  RETURN_IF_ERROR(CheckRange("autoscale.scale_down_stabilization_s",
+                             a.scale_down_stabilization_s, 0, kDayS, "a day"));
+  RETURN_IF_ERROR(CheckRange("autoscale.max_restarts", a.max_restarts, 0, 1'000'000));
+  RETURN_IF_ERROR(CheckRange("autoscale.restart_backoff_s", a.restart_backoff_s, 0, 3600));
+  if (a.source == "none") return absl::OkStatus();
+  if (a.source == "command" && a.command.empty()) {
+    return OptionError("autoscale.command", "is required when autoscale.source = command");
+  }
+  if (a.source == "prometheus") {
+    if (!absl::StartsWith(a.prometheus_url, "http://")) {
+      return OptionError("autoscale.prometheus_url",
+                         absl::StrCat("must be http://HOST:PORT when autoscale.source = "
+                                      "prometheus (got '",
+                                      a.prometheus_url, "')"));
+    }
+    if (a.query.empty()) {
+      return OptionError("autoscale.query", "is required when autoscale.source = prometheus");
+    }
+  }
+  if (a.launcher == "command") {
+    if (a.start_command.empty()) {
+      return OptionError("autoscale.start_command",
+                         "is required when autoscale.launcher = command");
+    }
+    if (a.stop_command.empty()) {
+      return OptionError("autoscale.stop_command", "is required when autoscale.launcher = command");
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -291,6 +363,42 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "rollback or continue");
   v.Visit("checkpoint.max_failures", &checkpoint.max_failures,
           "stop after this many failed checkpoints in a row; 0 never");
+
+  v.Visit("autoscale.source", &autoscale.source,
+          "none (off), command or prometheus: where the free GPUs are read");
+  v.Visit("autoscale.command", &autoscale.command,
+          "source=command: shell command printing FREE_GPUS [PENDING_GPUS]");
+  v.Visit("autoscale.prometheus_url", &autoscale.prometheus_url,
+          "source=prometheus: the server, http://HOST:PORT");
+  v.Visit("autoscale.query", &autoscale.query, "source=prometheus: PromQL giving the free GPUs");
+  v.Visit("autoscale.pending_query", &autoscale.pending_query,
+          "source=prometheus: PromQL giving the GPUs other jobs wait for (optional)");
+  v.Visit("autoscale.source_timeout_s", &autoscale.source_timeout_s,
+          "longest reading of the signal or launcher command, seconds");
+  v.Visit("autoscale.launcher", &autoscale.launcher, "local or command");
+  v.Visit("autoscale.start_command", &autoscale.start_command,
+          "launcher=command: starts worker {id} ({master}, {config}); may print a handle");
+  v.Visit("autoscale.stop_command", &autoscale.stop_command,
+          "launcher=command: stops worker {id} ({handle}) gracefully");
+  v.Visit("autoscale.worker_binary", &autoscale.worker_binary,
+          "launcher=local: eps-worker to run; empty: the one next to eps-master");
+  v.Visit("autoscale.min_workers", &autoscale.min_workers, "workers kept at least");
+  v.Visit("autoscale.max_workers", &autoscale.max_workers, "workers kept at most");
+  v.Visit("autoscale.gpus_per_worker", &autoscale.gpus_per_worker, "GPUs one worker takes");
+  v.Visit("autoscale.scale_up_free_gpus", &autoscale.scale_up_free_gpus,
+          "grow while at least this many GPUs are free");
+  v.Visit("autoscale.scale_down_free_gpus", &autoscale.scale_down_free_gpus,
+          "shrink when fewer GPUs than this are free; 0 never for that reason");
+  v.Visit("autoscale.interval_s", &autoscale.interval_s, "seconds between readings of the signal");
+  v.Visit("autoscale.cooldown_s", &autoscale.cooldown_s, "seconds after a change before the next");
+  v.Visit("autoscale.scale_up_stabilization_s", &autoscale.scale_up_stabilization_s,
+          "grow only to the lowest size recommended in this many seconds");
+  v.Visit("autoscale.scale_down_stabilization_s", &autoscale.scale_down_stabilization_s,
+          "shrink only to the highest size recommended in this many seconds");
+  v.Visit("autoscale.max_restarts", &autoscale.max_restarts,
+          "dead or stuck workers replaced at most");
+  v.Visit("autoscale.restart_backoff_s", &autoscale.restart_backoff_s,
+          "wait before replacing a worker that died within a minute, doubling in a row");
 }
 
 Status JobConfig::Validate() const {
@@ -405,8 +513,9 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckOneOf("checkpoint.on_server_failure", checkpoint.on_server_failure,
                              {"rollback", "continue"}));
   RETURN_IF_ERROR(CheckOneOf("ps.durability", ps.durability, {"flush", "every_push"}));
-  return absl::OkStatus();
+  return ValidateAutoscale(autoscale);
 }
+
 
 StatusOr<std::map<std::string, JobConfig::Optimizer>> JobConfig::OptimizerOverrides() const {
   std::map<std::string, Optimizer> overrides;
@@ -474,6 +583,12 @@ std::string JobConfig::DebugString() const {
   PrintVisitor printer;
   const_cast<JobConfig*>(this)->VisitOptions(printer);
   return printer.str();
+}
+
+std::string JobConfig::ToIni() const {
+  IniVisitor writer;
+  const_cast<JobConfig*>(this)->VisitOptions(writer);
+  return writer.text();
 }
 
 std::vector<std::pair<std::string, std::string>> JobConfig::SharedOptions() const {

@@ -241,6 +241,72 @@ struct JobConfig {
     int64_t max_failures = 3;
   } checkpoint;
 
+  // The master's autoscaler (docs/design.md, "Autoscaling"): the number of
+  // workers follows the free GPUs of the job's queue. Off unless `source`
+  // is set. Thresholds and counts are in GPUs and workers.
+  struct Autoscale {
+    // Where the signal comes from: "none" (off), "command" or "prometheus"
+    // ("slurm" is reserved). Default none.
+    std::string source = "none";
+    // source = command: a shell command printing "FREE_GPUS [PENDING_GPUS]"
+    // (the GPUs free in the queue, and those other jobs wait for).
+    std::string command;
+    // source = prometheus: the server's URL (http://HOST:PORT) and an
+    // instant PromQL query whose value is the free GPUs; pending_query, when
+    // set, gives the GPUs other jobs wait for.
+    std::string prometheus_url;
+    std::string query;
+    std::string pending_query;
+    // Longest time one reading of the signal (or one launcher command) may
+    // take, in seconds, in [1, 3600]. Default 10.
+    int64_t source_timeout_s = 10;
+    // How workers are started and stopped: "local" (eps-worker processes on
+    // the master's machine) or "command" (start_command and stop_command;
+    // "slurm" is reserved). Default local.
+    std::string launcher = "local";
+    // launcher = command: shell templates; {id} is the worker's launch id,
+    // {master} the master's RPC endpoint, {config} a job file for the
+    // worker (DATA_DIR/worker.ini). start_command runs once per worker and
+    // may print a handle (a pod or job name) that stop_command gets as
+    // {handle}.
+    std::string start_command;
+    std::string stop_command;
+    // launcher = local: the eps-worker to run; empty: the one next to
+    // eps-master.
+    std::string worker_binary;
+    // Workers the job keeps at least and at most, in [0, 10000] and
+    // [max(1, min_workers), 10000]. Defaults 1 and 4.
+    int64_t min_workers = 1;
+    int64_t max_workers = 4;
+    // GPUs one worker takes, in [1, 1024]. Default 1.
+    int64_t gpus_per_worker = 1;
+    // Grow while at least this many GPUs are free, in [1, 1e6]; shrink when
+    // fewer than scale_down_free_gpus are free (0: never for that reason),
+    // in [0, scale_up_free_gpus], or when other jobs wait for GPUs.
+    // Defaults 1 and 0.
+    int64_t scale_up_free_gpus = 1;
+    int64_t scale_down_free_gpus = 0;
+    // Seconds between readings of the signal, in [1, 86400]. Default 15.
+    int64_t interval_s = 15;
+    // Seconds after a change before the next one, in [0, 86400]. Default 30.
+    int64_t cooldown_s = 30;
+    // Stabilization windows (Kubernetes HPA semantics), in seconds, in
+    // [0, 86400]: the job grows only to the lowest size recommended during
+    // the last scale_up_stabilization_s, and shrinks only to the highest
+    // recommended during the last scale_down_stabilization_s. Defaults 0
+    // and 60.
+    int64_t scale_up_stabilization_s = 0;
+    int64_t scale_down_stabilization_s = 60;
+    // Workers that died (or were stuck) and were replaced, at most, in
+    // [0, 1e6]; past it the autoscaler replaces no more and says so.
+    // Default 20.
+    int64_t max_restarts = 20;
+    // Wait before replacing a worker that exited within a minute of its
+    // start, in seconds, in [0, 3600], doubling with each such exit in a
+    // row up to 64 times. Default 5.
+    int64_t restart_backoff_s = 5;
+  } autoscale;
+
   // Calls `visitor` once for every option, in file order.
   void VisitOptions(OptionVisitor& visitor);
 
@@ -261,6 +327,11 @@ struct JobConfig {
 
   // "section.key = value" lines for every option, for startup logs.
   std::string DebugString() const;
+
+  // Every option as a job file that reads back as this config (doubles
+  // exact): what the autoscaler's workers are started with. Values must
+  // not hold a newline.
+  std::string ToIni() const;
 
   // The options every process of a job must share with the master (the
   // data format, the model, the optimizer, the placement, durability, the

@@ -11,6 +11,10 @@
 //                 split_requested, shard_split, evaluation_started,
 //                 evaluation_finished
 //   checkpoints   checkpoint, checkpoint_failed, recovery_started, recovered
+//   autoscaling   scale_up, scale_down, autoscale_signal_failed,
+//                 autoscale_signal_restored, worker_launched,
+//                 worker_launch_failed, worker_exited, worker_stopped,
+//                 worker_stuck, worker_replaced, restart_limit_reached
 // scripts/plot_run.py draws a run from them.
 //
 // Record() only queues (no I/O, so it may be called under other locks);

@@ -8,10 +8,13 @@
 
 #include "core/flags.h"
 #include "core/logging.h"
+#include "core/memory.h"
 #include "core/signal_watcher.h"
 #include "master/master.h"
 
 int main(int argc, char** argv) {
+  // Before any thread starts: a master allocates little, from few threads at once.
+  eps::LimitMallocArenas(2);
   eps::SignalWatcher signal_watcher;
 
   eps::CommandLine command_line(

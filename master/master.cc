@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -25,6 +26,8 @@
 #include "core/clock.h"
 #include "core/file_util.h"
 #include "core/logging.h"
+#include "core/memory.h"
+#include "master/autoscaler.h"
 #include "master/data_set.h"
 #include "master/event_log.h"
 #include "master/http_service.h"
@@ -72,7 +75,7 @@ class Master::Impl {
   void RequestStop(const std::string& reason);
   std::string StatusJson() const {
     absl::MutexLock lock(&mu_);
-    return DumpJson(StatusDocument(*control_, clock_->Now()));
+    return DumpJson(Document());
   }
   const std::string& rpc_endpoint() const { return rpc_endpoint_; }
   const std::string& http_url() const { return http_url_; }
@@ -83,6 +86,13 @@ class Master::Impl {
 
  private:
   Status StartServing();
+  // The /status document: JobControl's, and the autoscaler's section.
+  json Document() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With [autoscale] on: DATA_DIR/worker.ini for the workers it starts,
+  // its source and launcher, and its thread.
+  Status StartAutoscaler();
+  // The autoscaler's view of the workers it launched.
+  std::map<uint64_t, WorkerFleet::Seen> LaunchedWorkers() const ABSL_LOCKS_EXCLUDED(mu_);
   Status Handle(Message& request, Message* reply);
   // SHARD_UNREADABLE: JobControl judges the report around the master's own
   // read of the file, done without mu_ (one shard: a few MiB; the RPC
@@ -126,6 +136,8 @@ class Master::Impl {
   std::atomic<bool> stop_scan_{false};
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<EventLog> events_;
+  // Set by Start when [autoscale] is on; stopped before the RPC server.
+  std::unique_ptr<Autoscaler> autoscaler_;
   // Orders whole Persist() calls, so writes land in the order of changes.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
@@ -175,8 +187,57 @@ Status Master::Impl::Start() {
     }
   }
   RETURN_IF_ERROR(StartServing());
+  RETURN_IF_ERROR(StartAutoscaler());
   job_thread_ = std::thread([this] { JobLoop(); });
   return absl::OkStatus();
+}
+
+json Master::Impl::Document() const {
+  json doc = StatusDocument(*control_, clock_->Now());
+  doc["autoscale"] =
+      autoscaler_ != nullptr ? autoscaler_->StatusJson() : json{{"source", "none"}};
+  return doc;
+}
+
+Status Master::Impl::StartAutoscaler() {
+  const JobConfig& job = options_.job;
+  if (job.autoscale.source == "none") return absl::OkStatus();
+  const std::filesystem::path dir(options_.data_dir);
+  LauncherContext context{.worker_config = (dir / "worker.ini").string(),
+                          .master_endpoint = rpc_endpoint_,
+                          .log_dir = (dir / "workers").string()};
+  RETURN_IF_ERROR(WriteFileAtomically(context.worker_config, job.ToIni()));
+  ASSIGN_OR_RETURN(std::unique_ptr<SignalSource> source, MakeSignalSource(job.autoscale));
+  ASSIGN_OR_RETURN(std::unique_ptr<WorkerLauncher> launcher, MakeLauncher(job, context));
+  auto autoscaler = std::make_unique<Autoscaler>(
+      job, std::move(source), std::move(launcher), [this] { return LaunchedWorkers(); },
+      [this] {
+        absl::MutexLock lock(&mu_);
+        return !control_->over();
+      },
+      events_.get(), clock_);
+  autoscaler->Start();
+  // Under mu_: /status and /metrics may be asked for already.
+  absl::MutexLock lock(&mu_);
+  autoscaler_ = std::move(autoscaler);
+  return absl::OkStatus();
+}
+
+std::map<uint64_t, WorkerFleet::Seen> Master::Impl::LaunchedWorkers() const {
+  absl::MutexLock lock(&mu_);
+  const std::set<uint32_t> holders = control_->progress().HoldersOfShardsInProgress();
+  std::map<uint64_t, WorkerFleet::Seen> seen;
+  // By id: a launch's newest registration comes last and wins.
+  for (const auto& [id, worker] : control_->membership().workers()) {
+    if (worker.launch_id == 0) continue;
+    WorkerFleet::Seen& view = seen[worker.launch_id];
+    view.alive = worker.state == PeerState::kAlive;
+    view.stalled = worker.fenced_alive;
+    view.gone_since = worker.last_seen;
+    view.holds_shard = holders.count(id) > 0;
+    view.last_progress = worker.last_progress;
+  }
+  return seen;
 }
 
 Status Master::Impl::StartServing() {
@@ -202,8 +263,19 @@ Status Master::Impl::StartServing() {
       .status_json = [this] { return StatusJson(); },
       .metrics_text =
           [this] {
-            absl::MutexLock lock(&mu_);
-            return MetricsText(*control_);
+            std::string text;
+            const Autoscaler* autoscaler;
+            {
+              absl::MutexLock lock(&mu_);
+              text = MetricsText(*control_);
+              autoscaler = autoscaler_.get();  // set once, lives as long as the server
+            }
+            if (autoscaler != nullptr) {
+              PrometheusWriter autoscale;
+              autoscaler->WriteMetrics(autoscale);
+              text += autoscale.text();
+            }
+            return text;
           },
       .page = StatusPage(job.job.name),
       .checkpoint = [this] { return PostCheckpoint(); },
@@ -262,7 +334,7 @@ Status Master::Impl::Persist() {
     // Built under mu_: a peer told to exit must find the file in place, and
     // every reply that tells one waits for this Persist.
     if (control_->TakeChanges(&update)) {
-      final_status = DumpJson(StatusDocument(*control_, clock_->Now()));
+      final_status = DumpJson(Document());
     }
   }
   if (!update.empty()) {
@@ -275,7 +347,7 @@ Status Master::Impl::Persist() {
                                   "be lost: ",
                                   written.message()),
                      /*stopped=*/false, clock_->Now());
-      final_status = DumpJson(StatusDocument(*control_, clock_->Now()));
+      final_status = DumpJson(Document());
     }
   }
   if (final_status.has_value()) {
@@ -353,6 +425,7 @@ void Master::Impl::JobLoop() {
     (void)Persist();
     Status flushed = events_->Flush();
     if (!flushed.ok()) LOG(WARNING) << flushed;
+    TrimFreeMemory(clock_->Now());
     absl::MutexLock lock(&mu_);
     changed_.WaitWithTimeout(&mu_, tick);
   }
@@ -622,6 +695,9 @@ void Master::Impl::RequestStop(const std::string& reason) {
 
 void Master::Impl::StopThreads() {
   if (job_thread_.joinable()) job_thread_.join();
+  // The workers it launched heard the job is over: it waits for them (a
+  // bounded grace) while the RPC server still answers their last calls.
+  if (autoscaler_ != nullptr) autoscaler_->Stop();
   http_.Stop();
   if (rpc_) rpc_->Stop();
 }

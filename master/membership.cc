@@ -118,6 +118,7 @@ uint32_t Membership::AdmitWorker(const proto::RegisterWorkerRequest& request, ab
   worker.host = request.hostname();
   worker.pid = request.pid();
   worker.device = request.device();
+  worker.launch_id = request.launch_id();
   worker.last_seen = worker.joined = now;
   ++generation_;
   LOG(INFO) << "worker[" << id << "] joined (" << request.hostname() << " pid " << request.pid()
@@ -282,6 +283,7 @@ uint64_t Membership::FenceAlive(uint32_t worker, absl::Time now, const std::stri
   if (it == workers_.end() || it->second.state != PeerState::kAlive) return 0;
   WorkerEntry& entry = it->second;
   entry.state = PeerState::kFenced;
+  entry.fenced_alive = true;
   LOG(WARNING) << "worker[" << worker << "] (" << entry.host << " pid " << entry.pid
                << ") fenced: " << why;
   events_->Record("worker_fenced_alive", {{"worker", worker}, {"reason", why}});

@@ -54,6 +54,11 @@ struct WorkerEntry {
   uint64_t paused_for = 0;  // the checkpoint it reports having paused for
   // When it last made progress: took a shard, or had a commit applied.
   absl::Time last_progress;
+  // The autoscaler's launch id (0: started by hand).
+  uint64_t launch_id = 0;
+  // Fenced by the master while alive (it held a shard and made no
+  // progress): the autoscaler replaces the process.
+  bool fenced_alive = false;
   // As last reported; kept once the worker is gone (/metrics).
   proto::WorkerStats stats;
 };

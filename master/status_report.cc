@@ -123,6 +123,7 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"state", PeerStateName(worker.state)},
          {"host", worker.host},
          {"pid", worker.pid},
+         {"launch_id", worker.launch_id},
          {"device", worker.device},
          {"records", worker.records},
          {"records_per_s", worker.state == PeerState::kAlive ? worker.records_per_s : 0.0}});
@@ -141,6 +142,7 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"memory_bytes", server.stats.bytes()},
          {"rows_on_disk", server.stats.rows_on_disk()},
          {"disk_bytes", server.stats.disk_bytes()},
+         {"store_memory_bytes", server.stats.store_memory_bytes()},
          {"hit_rate", server.stats.hits() + server.stats.misses() > 0
                           ? static_cast<double>(server.stats.hits()) /
                                 static_cast<double>(server.stats.hits() + server.stats.misses())
@@ -343,6 +345,11 @@ std::string MetricsText(const JobControl& control) {
   per_server("eps_server_disk_bytes", MetricType::kGauge,
              "Bytes of a server's on-disk store (approximate).",
              [](const ServerEntry& s) { return static_cast<double>(s.stats.disk_bytes()); });
+  per_server(
+      "eps_server_store_memory_bytes", MetricType::kGauge,
+      "Bytes of memory a server's on-disk store holds: RocksDB's block cache, memtables and table "
+      "readers (approximate).",
+      [](const ServerEntry& s) { return static_cast<double>(s.stats.store_memory_bytes()); });
   per_server("eps_server_hit_ratio", MetricType::kGauge,
              "Fraction of a server's row lookups served from memory since it started (1 before "
              "any).",

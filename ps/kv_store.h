@@ -73,6 +73,11 @@ class KvStore {
   // no disk I/O.
   virtual uint64_t ApproximateRows(uint32_t table) = 0;
   virtual uint64_t ApproximateDiskBytes() = 0;
+  // Approximate bytes of memory the store itself holds: for RocksDB its
+  // block cache (bounded by block_cache_mb), its memtables (bounded by
+  // write_buffer_mb per table, twice) and the table readers outside the
+  // cache. 0 for the fake. Cheap: no disk I/O.
+  virtual uint64_t ApproximateMemoryBytes() = 0;
 };
 
 struct RocksKvStoreOptions {

@@ -7,10 +7,13 @@
 
 #include "core/flags.h"
 #include "core/logging.h"
+#include "core/memory.h"
 #include "core/signal_watcher.h"
 #include "ps/param_server.h"
 
 int main(int argc, char** argv) {
+  // Before any thread starts: request handlers and RocksDB's two background jobs.
+  eps::LimitMallocArenas(4);
   eps::SignalWatcher signal_watcher;
   eps::CommandLine command_line(
       "eps-server", "--config JOB.ini --master tcp://HOST:PORT [--port N] [--data-dir DIR]");

@@ -73,6 +73,7 @@ class MemoryKvStore final : public KvStore {
   }
 
   uint64_t ApproximateDiskBytes() override { return 0; }
+  uint64_t ApproximateMemoryBytes() override { return 0; }
 
  private:
   using Rows = absl::flat_hash_map<uint64_t, std::string>;

@@ -398,6 +398,7 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_bytes(storage.memory_bytes);
   stats.set_rows_on_disk(storage.rows_on_disk);
   stats.set_disk_bytes(storage.disk_bytes);
+  stats.set_store_memory_bytes(storage.store_memory_bytes);
   stats.set_hits(storage.hits);
   stats.set_misses(storage.misses);
   stats.set_evictions(storage.evictions);

@@ -290,6 +290,14 @@ class RocksKvStore final : public KvStore {
     return sst + memtables;
   }
 
+  uint64_t ApproximateMemoryBytes() override {
+    uint64_t memtables = 0;
+    uint64_t readers = 0;
+    db_->GetAggregatedIntProperty("rocksdb.cur-size-all-mem-tables", &memtables);
+    db_->GetAggregatedIntProperty("rocksdb.estimate-table-readers-mem", &readers);
+    return cache_->GetUsage() + memtables + readers;
+  }
+
  private:
   // The handle of `table`, or nullptr. Handles live as long as the store,
   // so the pointer stays valid after mu_ is released.

@@ -497,7 +497,10 @@ StorageStats ServerStorage::stats() const {
     stats.updates_refused += t.updates_refused;
     if (store_ != nullptr) stats.rows_on_disk += store_->ApproximateRows(table->spec().id());
   }
-  if (store_ != nullptr) stats.disk_bytes = store_->ApproximateDiskBytes();
+  if (store_ != nullptr) {
+    stats.disk_bytes = store_->ApproximateDiskBytes();
+    stats.store_memory_bytes = store_->ApproximateMemoryBytes();
+  }
   absl::MutexLock lock(&mu_);
   stats.last_flush_ms = last_flush_ms_;
   stats.flushes = flushes_;

@@ -89,6 +89,7 @@ struct StorageStats {
   uint64_t rows_on_disk = 0;  // approximate
   uint64_t memory_bytes = 0;
   uint64_t disk_bytes = 0;    // approximate
+  uint64_t store_memory_bytes = 0;  // approximate: KvStore::ApproximateMemoryBytes
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t evictions = 0;

@@ -29,6 +29,9 @@ MARKS = {
     "master_resumed": ("master restarted", "#7048e8", "-.", 1.5),
     "job_resuming": ("job resumed", "#7048e8", "-.", 1.5),
     "checkpoint_failed": ("checkpoint failed", "#f08c00", ":", 1.5),
+    "scale_up": ("autoscaler grew", "#1c7ed6", "-", 1.5),
+    "scale_down": ("autoscaler shrank", "#862e9c", "-", 1.5),
+    "worker_replaced": ("worker replaced", "#c2255c", "--", 1.2),
 }
 
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -11,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -48,6 +50,15 @@ Status WorkerOptions::Validate() const {
 namespace {
 
 bool IsFenced(const Status& status) { return ReasonOf(status) == proto::FENCED; }
+
+// The autoscaler's launch id of this process (EPS_LAUNCH_ID, set by its
+// launcher); 0 for a worker started by hand or a malformed value.
+uint64_t LaunchId() {
+  const char* value = std::getenv("EPS_LAUNCH_ID");
+  uint64_t id = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &id)) return 0;
+  return id;
+}
 
 // True when every value is finite. Eight independent lanes, so the loop
 // vectorizes without reassociating: inf * 0 and NaN * 0 are NaN.
@@ -228,6 +239,7 @@ Status Worker::Impl::Register(Session& session) {
   proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
   body->set_hostname(Hostname());
   body->set_pid(static_cast<uint32_t>(getpid()));
+  body->set_launch_id(LaunchId());
   body->set_device(device_);
   AddSharedOptions(options_.job.SharedOptions(), body->mutable_job_options());
   MemberSessionOptions member;

@@ -512,5 +512,23 @@ TEST(FindOptionLine, DottedKeysBeforeAnySection) {
   EXPECT_EQ(FindOptionLine(path, "data.train"), 3);
 }
 
+TEST_F(CommandLineTest, ToIniReadsBackAsTheSameConfig) {
+  const std::string path = dir_.Write("job.ini", kValidConfig);
+  StatusOr<JobConfig> config =
+      Parse(cl_, {"--config", path, "--optimizer.learning_rate=0.1", "--model.type=dlrm",
+                  "--optimizer.per_table=lr.w:type=ftrl,l1=1", "--autoscale.source=command",
+                  "--autoscale.command=echo 3 1"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  const std::string written = dir_.Write("worker.ini", config->ToIni());
+  CommandLine again{"eps-test", "--config JOB.ini"};
+  StatusOr<JobConfig> read = Parse(again, {"--config", written});
+  ASSERT_TRUE(read.ok()) << read.status() << "\n" << config->ToIni();
+  EXPECT_EQ(read->DebugString(), config->DebugString());
+  EXPECT_EQ(read->SharedOptions(), config->SharedOptions());
+  EXPECT_EQ(read->optimizer.learning_rate, 0.1);  // exactly
+  EXPECT_EQ(read->autoscale.command, "echo 3 1");
+  EXPECT_EQ(read->data.eval, "/data/eval");
+}
+
 }  // namespace
 }  // namespace eps

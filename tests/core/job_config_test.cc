@@ -242,6 +242,55 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
        [](JobConfig& c) { c.optimizer.per_table = "lr.w:learning_rate=1e-50"; }},
       {"optimizer.per_table",
        [](JobConfig& c) { c.optimizer.per_table = "lr.w:beta1=0.99999999"; }},
+      {"autoscale.source", [](JobConfig& c) { c.autoscale.source = "kubernetes"; }},
+      {"autoscale.launcher", [](JobConfig& c) { c.autoscale.launcher = "ssh"; }},
+      {"autoscale.command", [](JobConfig& c) { c.autoscale.source = "command"; }},
+      {"autoscale.prometheus_url",
+       [](JobConfig& c) {
+         c.autoscale.source = "prometheus";
+         c.autoscale.prometheus_url = "localhost:9090";
+         c.autoscale.query = "up";
+       }},
+      {"autoscale.query",
+       [](JobConfig& c) {
+         c.autoscale.source = "prometheus";
+         c.autoscale.prometheus_url = "http://localhost:9090";
+       }},
+      {"autoscale.source", [](JobConfig& c) { c.autoscale.source = "slurm"; }},  // not yet
+      {"autoscale.start_command",
+       [](JobConfig& c) {
+         c.autoscale.source = "command";
+         c.autoscale.command = "echo 1";
+         c.autoscale.launcher = "command";
+         c.autoscale.stop_command = "true";
+       }},
+      {"autoscale.stop_command",
+       [](JobConfig& c) {
+         c.autoscale.source = "command";
+         c.autoscale.command = "echo 1";
+         c.autoscale.launcher = "command";
+         c.autoscale.start_command = "true";
+       }},
+      {"autoscale.min_workers", [](JobConfig& c) { c.autoscale.min_workers = -1; }},
+      {"autoscale.max_workers", [](JobConfig& c) { c.autoscale.max_workers = 0; }},
+      {"autoscale.max_workers",
+       [](JobConfig& c) {
+         c.autoscale.min_workers = 5;
+         c.autoscale.max_workers = 4;
+       }},
+      {"autoscale.gpus_per_worker", [](JobConfig& c) { c.autoscale.gpus_per_worker = 0; }},
+      {"autoscale.scale_up_free_gpus", [](JobConfig& c) { c.autoscale.scale_up_free_gpus = 0; }},
+      {"autoscale.scale_down_free_gpus",
+       [](JobConfig& c) { c.autoscale.scale_down_free_gpus = 2; }},  // above scale_up's 1
+      {"autoscale.interval_s", [](JobConfig& c) { c.autoscale.interval_s = 0; }},
+      {"autoscale.cooldown_s", [](JobConfig& c) { c.autoscale.cooldown_s = 86'401; }},
+      {"autoscale.source_timeout_s", [](JobConfig& c) { c.autoscale.source_timeout_s = 0; }},
+      {"autoscale.scale_up_stabilization_s",
+       [](JobConfig& c) { c.autoscale.scale_up_stabilization_s = -1; }},
+      {"autoscale.scale_down_stabilization_s",
+       [](JobConfig& c) { c.autoscale.scale_down_stabilization_s = 86'401; }},
+      {"autoscale.max_restarts", [](JobConfig& c) { c.autoscale.max_restarts = -1; }},
+      {"autoscale.restart_backoff_s", [](JobConfig& c) { c.autoscale.restart_backoff_s = 3601; }},
   };
   for (const BadCase& bad : cases) {
     SCOPED_TRACE(bad.option);

@@ -130,6 +130,21 @@ class SoakTest : public ::testing::Test {
     }
   }
 
+  // What the servers say their memory holds: rows (the memory tier) and
+  // the store's own (RocksDB's cache and memtables), both bounded by
+  // options, so that RSS growth can be told from them.
+  void LogServerMemory(const LocalJob& job) {
+    StatusOr<json> status = job.LiveStatus();
+    if (!status.ok()) return;
+    std::string line = "servers' memory (MiB):";
+    for (const json& server : (*status)["servers"]) {
+      absl::StrAppendFormat(&line, " server %d rows %.1f store %.1f;", server["id"].get<int>(),
+                            Mib(server["memory_bytes"].get<uint64_t>()),
+                            Mib(server["store_memory_bytes"].get<uint64_t>()));
+    }
+    Log(line);
+  }
+
   void Log(const std::string& line) {
     std::cout << absl::StrFormat("[%7.1fs] ", absl::ToDoubleSeconds(absl::Now() - start_)) << line
               << std::endl;
@@ -219,6 +234,7 @@ TEST_F(SoakTest, ChurnKeepsMemoryFlatAndEveryEpochExactlyOnce) {
   int workers_added = 0;
   int server_kills = 0;
   absl::Time next_sample = start_;
+  absl::Time next_store_report = start_;
   absl::Time next_worker_event =
       start_ + absl::Milliseconds(between(kWorkerEventMinMs, kWorkerEventMaxMs));
   absl::Time next_server_kill = start_ + absl::Seconds(between(kServerKillMinS, kServerKillMaxS));
@@ -228,6 +244,10 @@ TEST_F(SoakTest, ChurnKeepsMemoryFlatAndEveryEpochExactlyOnce) {
     if (now >= next_sample) {
       Sample();
       next_sample += kSampleEvery;
+    }
+    if (now >= next_store_report) {
+      LogServerMemory(job);
+      next_store_report += absl::Minutes(1);
     }
     if (now >= next_worker_event) {
       // Worker 0 is never killed; the others come and go, 1 to kMaxWorkers

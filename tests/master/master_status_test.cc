@@ -166,6 +166,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
     stats->set_rows(123);
     stats->set_rows_on_disk(45);
     stats->set_bytes(6789);
+    stats->set_store_memory_bytes(4321);
     stats->set_hits(3);
     stats->set_misses(1);
     stats->set_evictions(7);
@@ -215,6 +216,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            {"eps_server_rows", "gauge"},
            {"eps_server_rows_on_disk", "gauge"},
            {"eps_server_memory_bytes", "gauge"},
+           {"eps_server_store_memory_bytes", "gauge"},
            {"eps_server_hit_ratio", "gauge"},
            {"eps_server_evictions_total", "counter"},
            {"eps_server_pushes_fenced_total", "counter"},
@@ -263,6 +265,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            std::string("\neps_server_rows{server=\"0\"} 123\n"),
            std::string("\neps_server_rows_on_disk{server=\"0\"} 45\n"),
            std::string("\neps_server_memory_bytes{server=\"0\"} 6789\n"),
+           std::string("\neps_server_store_memory_bytes{server=\"0\"} 4321\n"),
            std::string("\neps_server_hit_ratio{server=\"0\"} 0.75\n"),
            std::string("\neps_server_hit_ratio{server=\"1\"} 1\n"),
            std::string("\neps_server_row_hits_total{server=\"0\"} 3\n"),

@@ -362,6 +362,7 @@ TEST(MemoryKvStore, CannotCheckpoint) {
   EXPECT_EQ(store->Checkpoint(::testing::TempDir() + "/never").code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_EQ(store->ApproximateDiskBytes(), 0u);
+  EXPECT_EQ(store->ApproximateMemoryBytes(), 0u);
 }
 
 // ---------------------------------------------------------------------------
@@ -530,6 +531,39 @@ TEST_F(RocksKvStoreTest, SizesGrowWithWrites) {
   EXPECT_GT(bytes, empty_bytes);
   EXPECT_GE(bytes, raw / 2) << "raw " << raw;
   EXPECT_LE(bytes, raw * 3) << "raw " << raw;
+}
+
+// The store's own memory: memtables while rows are unflushed, then the
+// block cache as reads fill it, never more than the two bounds allow.
+TEST_F(RocksKvStoreTest, MemoryIsTheCacheAndMemtablesWithinTheirBounds) {
+  constexpr uint64_t kRows = 40000;
+  constexpr size_t kBytes = 64;
+  RocksKvStoreOptions options;
+  options.dir = Path("db");
+  options.block_cache_mb = 1;
+  options.write_buffer_mb = 1;
+  StatusOr<std::unique_ptr<KvStore>> opened = OpenRocksKvStore(options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  KvStore& store = **opened;
+  ASSERT_TRUE(store.CreateTable(1).ok());
+  const uint64_t empty = store.ApproximateMemoryBytes();
+  // Two tables' memtables (two each) and the cache, with 1 MiB of slack for
+  // table readers and the cache's own bookkeeping.
+  const uint64_t bound = (1 + 2 * 2 + 1) << 20;
+
+  Fill(store, 1, kRows / 100, 1, kBytes);
+  const uint64_t unflushed = store.ApproximateMemoryBytes();
+  EXPECT_GT(unflushed, empty + kRows / 100 * kBytes);
+
+  Fill(store, 1, kRows, 1, kBytes);  // 2.8 MB: memtables fill and flush
+  ASSERT_TRUE(store.Checkpoint(Path("checkpoint")).ok());
+  const uint64_t flushed = store.ApproximateMemoryBytes();
+  EXPECT_LE(flushed, bound);
+  // Reading every row back fills the block cache up to its capacity.
+  ExpectFilled(store, 1, kRows, 1, kBytes);
+  const uint64_t read = store.ApproximateMemoryBytes();
+  EXPECT_GT(read, flushed + (512 << 10)) << "flushed " << flushed;
+  EXPECT_LE(read, bound);
 }
 
 }  // namespace

@@ -112,6 +112,7 @@ TEST(ServerStorage, MemoryOnlyWorksAndCannotCheckpoint) {
   EXPECT_EQ(stats.rows_in_memory, 2 * keys.size());
   EXPECT_EQ(stats.rows_on_disk, 0u);
   EXPECT_EQ(stats.disk_bytes, 0u);
+  EXPECT_EQ(stats.store_memory_bytes, 0u);
   EXPECT_EQ(stats.evictions, 0u);
 }
 
@@ -183,6 +184,7 @@ void ExpectRowsSurviveReopen(StorageOptions options) {
   EXPECT_EQ(stats.misses, keys.size() + 200);  // every row came from the store (or is new)
   EXPECT_GT(stats.rows_on_disk, 0u);
   EXPECT_GT(stats.disk_bytes, 0u);
+  EXPECT_GT(stats.store_memory_bytes, 0u);  // the reads went through the block cache
   if (options.memory_budget_mb > 0) {
     EXPECT_GT(stats.evictions, 0u);
     EXPECT_LE(stats.rows_in_memory * storage->table(0)->bytes_per_row(),

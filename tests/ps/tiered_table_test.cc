@@ -99,6 +99,7 @@ class FailingKvStore final : public KvStore {
   Status Checkpoint(const std::string& dir) override { return base_->Checkpoint(dir); }
   uint64_t ApproximateRows(uint32_t table) override { return base_->ApproximateRows(table); }
   uint64_t ApproximateDiskBytes() override { return base_->ApproximateDiskBytes(); }
+  uint64_t ApproximateMemoryBytes() override { return base_->ApproximateMemoryBytes(); }
 
  private:
   std::unique_ptr<KvStore> base_;

@@ -89,6 +89,22 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
       {"checkpoint.keep", [](JobConfig& c) -> int64_t& { return c.checkpoint.keep; }, 1, 1000},
       {"checkpoint.max_failures",
        [](JobConfig& c) -> int64_t& { return c.checkpoint.max_failures; }, 0, 1000},
+      {"autoscale.source_timeout_s",
+       [](JobConfig& c) -> int64_t& { return c.autoscale.source_timeout_s; }, 1, 3600},
+      {"autoscale.gpus_per_worker",
+       [](JobConfig& c) -> int64_t& { return c.autoscale.gpus_per_worker; }, 1, 1024},
+      {"autoscale.interval_s", [](JobConfig& c) -> int64_t& { return c.autoscale.interval_s; }, 1,
+       86'400},
+      {"autoscale.cooldown_s", [](JobConfig& c) -> int64_t& { return c.autoscale.cooldown_s; }, 0,
+       86'400},
+      {"autoscale.scale_up_stabilization_s",
+       [](JobConfig& c) -> int64_t& { return c.autoscale.scale_up_stabilization_s; }, 0, 86'400},
+      {"autoscale.scale_down_stabilization_s",
+       [](JobConfig& c) -> int64_t& { return c.autoscale.scale_down_stabilization_s; }, 0, 86'400},
+      {"autoscale.max_restarts", [](JobConfig& c) -> int64_t& { return c.autoscale.max_restarts; },
+       0, 1'000'000},
+      {"autoscale.restart_backoff_s",
+       [](JobConfig& c) -> int64_t& { return c.autoscale.restart_backoff_s; }, 0, 3600},
   };
   for (const IntBound& bound : int_bounds) {
     for (int64_t v : {bound.min, bound.max}) {
@@ -116,6 +132,22 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
         [heartbeat, lease](JobConfig& c) {
           c.master.heartbeat_ms = heartbeat;
           c.master.lease_ms = lease;
+        });
+  }
+
+  for (const auto& [low, high] : {std::pair<int64_t, int64_t>{0, 1}, {10000, 10000}}) {
+    add(absl::StrCat("autoscale.min_workers = ", low, ", autoscale.max_workers = ", high),
+        [low, high](JobConfig& c) {
+          c.autoscale.min_workers = low;
+          c.autoscale.max_workers = high;
+        });
+  }
+  for (const auto& [down, up] : {std::pair<int64_t, int64_t>{0, 1}, {1'000'000, 1'000'000}}) {
+    add(absl::StrCat("autoscale.scale_down_free_gpus = ", down,
+                     ", autoscale.scale_up_free_gpus = ", up),
+        [down, up](JobConfig& c) {
+          c.autoscale.scale_down_free_gpus = down;
+          c.autoscale.scale_up_free_gpus = up;
         });
   }
 

@@ -1,0 +1,141 @@
+#include "master/autoscale_policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace eps {
+
+const char* ActionName(AutoscaleDecision::Action action) {
+  switch (action) {
+    case AutoscaleDecision::Action::kHold:
+      return "hold";
+    case AutoscaleDecision::Action::kUp:
+      return "scale_up";
+    case AutoscaleDecision::Action::kDown:
+      return "scale_down";
+  }
+  return "hold";
+}
+
+nlohmann::json AutoscaleDecision::ToJson() const {
+  nlohmann::json out = {{"action", ActionName(action)},
+                        {"previous", previous},
+                        {"target", target},
+                        {"rule", rule}};
+  if (signal.has_value()) {
+    out["free_gpus"] = signal->free_gpus;
+    out["pending_gpus"] = signal->pending_gpus;
+  }
+  return out;
+}
+
+AutoscalePolicy::AutoscalePolicy(const JobConfig::Autoscale& options)
+    : options_(options), target_(options.min_workers) {
+  last_.previous = target_;
+  last_.target = target_;
+  last_.rule = absl::StrCat("start at autoscale.min_workers = ", options_.min_workers);
+}
+
+std::pair<int64_t, std::string> AutoscalePolicy::Recommend(const AutoscaleSignal& signal,
+                                                           int64_t starting_gpus) const {
+  const int64_t per_worker = options_.gpus_per_worker;
+  const int64_t free = std::max<int64_t>(0, signal.free_gpus - starting_gpus);
+  const std::string free_text =
+      starting_gpus > 0
+          ? absl::StrCat("free GPUs ", free, " (", signal.free_gpus, " less ", starting_gpus,
+                         " our starting workers take)")
+          : absl::StrCat("free GPUs ", free);
+  int64_t size = target_;
+  std::string why;
+  if (signal.pending_gpus > 0) {
+    const int64_t give_back = (signal.pending_gpus + per_worker - 1) / per_worker;
+    size = target_ - give_back;
+    why = absl::StrCat("other jobs wait for ", signal.pending_gpus, " GPUs: give back ", give_back,
+                       " worker(s)");
+  } else if (free < options_.scale_down_free_gpus) {
+    const int64_t give_back = (options_.scale_down_free_gpus - free + per_worker - 1) / per_worker;
+    size = target_ - give_back;
+    why = absl::StrCat(free_text, " < autoscale.scale_down_free_gpus = ",
+                       options_.scale_down_free_gpus, ": give back ", give_back, " worker(s)");
+  } else if (free >= options_.scale_up_free_gpus) {
+    const int64_t take = free / per_worker;
+    size = target_ + take;
+    why = absl::StrCat(free_text, " >= autoscale.scale_up_free_gpus = ",
+                       options_.scale_up_free_gpus, ": take ", take, " worker(s)");
+  } else {
+    why = absl::StrCat(free_text, " within [", options_.scale_down_free_gpus, ", ",
+                       options_.scale_up_free_gpus, "): keep the size");
+  }
+  if (size > options_.max_workers) {
+    size = options_.max_workers;
+    absl::StrAppend(&why, " (at autoscale.max_workers = ", options_.max_workers, ")");
+  } else if (size < options_.min_workers) {
+    size = options_.min_workers;
+    absl::StrAppend(&why, " (at autoscale.min_workers = ", options_.min_workers, ")");
+  }
+  return {size, why};
+}
+
+AutoscaleDecision AutoscalePolicy::Decide(const StatusOr<AutoscaleSignal>& signal,
+                                          int64_t starting_gpus, absl::Time now) {
+  AutoscaleDecision decision;
+  decision.time = now;
+  decision.previous = target_;
+  decision.target = target_;
+  if (!signal.ok()) {
+    decision.rule = absl::StrCat("no signal (", signal.status().message(), "): keeping ", target_,
+                                 " worker(s)");
+    last_ = decision;
+    return decision;
+  }
+  decision.signal = *signal;
+  auto [recommended, why] = Recommend(*signal, starting_gpus);
+  const absl::Duration up_window = absl::Seconds(options_.scale_up_stabilization_s);
+  const absl::Duration down_window = absl::Seconds(options_.scale_down_stabilization_s);
+  recommendations_.emplace_back(now, recommended);
+  const absl::Duration longest = std::max(up_window, down_window);
+  while (recommendations_.size() > 1 && now - recommendations_.front().first >= longest) {
+    recommendations_.pop_front();
+  }
+  // The newest recommendation always counts; older ones while within
+  // their window.
+  int64_t up_to = recommended;
+  int64_t down_to = recommended;
+  for (const auto& [time, size] : recommendations_) {
+    if (now - time < up_window) up_to = std::min(up_to, size);
+    if (now - time < down_window) down_to = std::max(down_to, size);
+  }
+  int64_t wanted = target_;
+  if (up_to > target_) {
+    wanted = up_to;
+  } else if (down_to < target_) {
+    wanted = down_to;
+  }
+  decision.rule = why;
+  if (wanted == target_) {
+    if (recommended != target_) {
+      absl::StrAppend(&decision.rule, "; held at ", target_, " by the stabilization window (",
+                      recommended > target_ ? "lowest" : "highest",
+                      " recommendation in it: ", recommended > target_ ? up_to : down_to, ")");
+    }
+  } else if (last_change_.has_value() &&
+             now - *last_change_ < absl::Seconds(options_.cooldown_s)) {
+    absl::StrAppend(&decision.rule, "; held at ", target_, " by autoscale.cooldown_s = ",
+                    options_.cooldown_s, " (", absl::ToInt64Seconds(now - *last_change_),
+                    " s since the last change)");
+  } else {
+    if (wanted != recommended) {
+      absl::StrAppend(&decision.rule, "; ", wanted, " by the stabilization window");
+    }
+    decision.action =
+        wanted > target_ ? AutoscaleDecision::Action::kUp : AutoscaleDecision::Action::kDown;
+    decision.target = wanted;
+    target_ = wanted;
+    last_change_ = now;
+  }
+  last_ = decision;
+  return decision;
+}
+
+}  // namespace eps

@@ -1,0 +1,99 @@
+// AutoscalePolicy: how many workers the job should have, from one signal
+// (the GPUs free in its queue and those other jobs wait for), read every
+// autoscale.interval_s.
+//
+// Each reading recommends a size, from the current target:
+//   - others wait for P > 0 GPUs: give back ceil(P / gpus_per_worker)
+//     workers ("others' demand");
+//   - fewer than scale_down_free_gpus free: give back enough workers to
+//     free that many ("free below");
+//   - at least scale_up_free_gpus free: take floor(F / gpus_per_worker)
+//     more ("free at least");
+//   - otherwise keep the size ("free within").
+// GPUs our own workers are being started on (launched, not yet training)
+// are not free: they are subtracted from F first. The recommendation is
+// clamped to [min_workers, max_workers]. Then, as Kubernetes' HPA does
+// with its stabilization windows, the target grows only to the lowest
+// size recommended during the last scale_up_stabilization_s and shrinks
+// only to the highest recommended during the last
+// scale_down_stabilization_s, and no change follows another within
+// cooldown_s. A signal that flaps between two values every interval so
+// changes the size at most once per window. Below min_workers (at the
+// start) the target rises to it at once, whatever the signal.
+//
+// A reading that failed holds the current target and says why; it does
+// not enter the windows.
+//
+// Time is passed in; the unit holds no lock, reads no clock, does no I/O.
+//
+// Thread-safety: not thread-safe; its owner guards it.
+
+#ifndef EPS_MASTER_AUTOSCALE_POLICY_H_
+#define EPS_MASTER_AUTOSCALE_POLICY_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/time/time.h"
+#include "core/job_config.h"
+#include "core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace eps {
+
+struct AutoscaleSignal {
+  int64_t free_gpus = 0;
+  // GPUs other jobs of the queue wait for.
+  int64_t pending_gpus = 0;
+};
+
+struct AutoscaleDecision {
+  enum class Action { kHold, kUp, kDown };
+  Action action = Action::kHold;
+  int64_t previous = 0;  // the target before
+  int64_t target = 0;    // the target after
+  // The rule that fired, with the values it compared: one line.
+  std::string rule;
+  // The reading it was made from; nullopt when reading failed.
+  std::optional<AutoscaleSignal> signal;
+  absl::Time time;
+
+  // {"action", "previous", "target", "rule", "free_gpus", "pending_gpus"}.
+  nlohmann::json ToJson() const;
+};
+
+const char* ActionName(AutoscaleDecision::Action action);
+
+class AutoscalePolicy {
+ public:
+  explicit AutoscalePolicy(const JobConfig::Autoscale& options);
+
+  // One reading of the signal (or why it failed). `starting_gpus`: GPUs of
+  // workers launched but not yet training.
+  AutoscaleDecision Decide(const StatusOr<AutoscaleSignal>& signal, int64_t starting_gpus,
+                           absl::Time now);
+
+  // The workers the job should have now.
+  int64_t target() const { return target_; }
+  // The newest decision (a hold when nothing was decided yet).
+  const AutoscaleDecision& last() const { return last_; }
+
+ private:
+  // The size one reading recommends, and why.
+  std::pair<int64_t, std::string> Recommend(const AutoscaleSignal& signal,
+                                            int64_t starting_gpus) const;
+
+  const JobConfig::Autoscale options_;
+  int64_t target_;
+  std::optional<absl::Time> last_change_;
+  // Recommendations of the longer of the two windows, oldest first.
+  std::deque<std::pair<absl::Time, int64_t>> recommendations_;
+  AutoscaleDecision last_;
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_AUTOSCALE_POLICY_H_

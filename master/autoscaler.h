@@ -1,0 +1,150 @@
+// Autoscaler: the driver of the master's [autoscale] section. Every
+// autoscale.interval_s it reads the signal (SignalSource: the GPUs free in
+// the job's queue and those other jobs wait for), lets AutoscalePolicy
+// decide the number of workers, and every second brings the launched
+// workers (WorkerFleet) to it through a WorkerLauncher: starting them,
+// stopping them gracefully, replacing the dead and the stuck.
+//
+// It runs on a thread of its own, so that a slow source or launcher never
+// holds up the job loop or an RPC; every command and query it runs is
+// bounded by autoscale.source_timeout_s. It reads the master's view of the
+// workers through a callback (which takes the master's lock; the
+// autoscaler never holds its own lock while calling it).
+//
+// Decisions other than "hold" are events (scale_up, scale_down, with the
+// signal's values and the rule that fired) and log lines; a source that
+// starts or stops failing is one too (autoscale_signal_failed,
+// autoscale_signal_restored). /status "autoscale" and the eps_autoscale_*
+// metrics show the rest.
+//
+// Thread-safety: safe for concurrent use.
+
+#ifndef EPS_MASTER_AUTOSCALER_H_
+#define EPS_MASTER_AUTOSCALER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "core/clock.h"
+#include "core/job_config.h"
+#include "core/metrics.h"
+#include "core/status.h"
+#include "master/autoscale_policy.h"
+#include "master/event_log.h"
+#include "master/worker_fleet.h"
+#include "nlohmann/json.hpp"
+
+namespace eps {
+
+// Where the signal comes from. Read() may block up to the source's timeout.
+class SignalSource {
+ public:
+  virtual ~SignalSource() = default;
+  virtual StatusOr<AutoscaleSignal> Read() = 0;
+};
+
+// autoscale.source = command: "FREE [PENDING]" (non-negative integers; the
+// first line counts). kInvalidArgument quoting what it got otherwise.
+StatusOr<AutoscaleSignal> ParseSignalLine(absl::string_view output);
+// A Prometheus /api/v1/query answer: the sum of a vector's samples, or a
+// scalar. kInvalidArgument for an error answer, an empty vector (naming
+// `query`), a value that is not a finite number >= 0.
+StatusOr<double> ParsePrometheusAnswer(absl::string_view body, absl::string_view query);
+
+StatusOr<std::unique_ptr<SignalSource>> MakeSignalSource(const JobConfig::Autoscale& options);
+
+// Starts and stops workers. Calls may block up to the launcher's timeout.
+class WorkerLauncher {
+ public:
+  virtual ~WorkerLauncher() = default;
+  // Starts worker `launch_id`; its handle (for Stop).
+  virtual StatusOr<std::string> Start(uint64_t launch_id) = 0;
+  // Asks it to stop: SIGTERM (it commits its batch in hand and leaves), or
+  // at once when `force`.
+  virtual Status Stop(uint64_t launch_id, const std::string& handle, bool force) = 0;
+  // The launches that ended since the last call, with exit codes. A
+  // launcher that cannot see its workers end reports a forced Stop's as
+  // ended (-1) and nothing else.
+  virtual std::vector<std::pair<uint64_t, int>> Exits() = 0;
+};
+
+struct LauncherContext {
+  // The job file the workers read (DATA_DIR/worker.ini) and the master's
+  // RPC endpoint.
+  std::string worker_config;
+  std::string master_endpoint;
+  // Where launch logs go (DATA_DIR/workers/worker-<launch id>.log).
+  std::string log_dir;
+};
+
+StatusOr<std::unique_ptr<WorkerLauncher>> MakeLauncher(const JobConfig& job,
+                                                       const LauncherContext& context);
+
+class Autoscaler {
+ public:
+  // What the master sees of each launch id's newest registration.
+  using SeenFn = std::function<std::map<uint64_t, WorkerFleet::Seen>()>;
+  // Whether the job still wants workers (false once it is over).
+  using RunningFn = std::function<bool()>;
+
+  // Not started: Start() starts the thread. `events` and `clock` are not
+  // owned and must outlive it.
+  Autoscaler(const JobConfig& job, std::unique_ptr<SignalSource> source,
+             std::unique_ptr<WorkerLauncher> launcher, SeenFn seen, RunningFn running,
+             EventSink* events, const Clock* clock);
+  ~Autoscaler();
+  Autoscaler(const Autoscaler&) = delete;
+  Autoscaler& operator=(const Autoscaler&) = delete;
+
+  void Start();
+  // Ends the thread, then waits up to the fleet's stop grace for the
+  // launched workers to exit (the master has told them the job is over)
+  // and kills those still running. Idempotent; the destructor kills them
+  // at once.
+  void Stop();
+
+  // /status "autoscale".
+  nlohmann::json StatusJson() const;
+  // The eps_autoscale_* families.
+  void WriteMetrics(PrometheusWriter& out) const;
+
+ private:
+  void Stop(absl::Duration stop_grace);
+  void Loop();
+  // One reading of the signal and its decision.
+  void ReadSignal(absl::Time now);
+  // The fleet's steps toward the target, carried out.
+  void Reconcile(absl::Time now);
+
+  const JobConfig job_;
+  const std::unique_ptr<SignalSource> source_;
+  const std::unique_ptr<WorkerLauncher> launcher_;
+  const SeenFn seen_;
+  const RunningFn running_;
+  EventSink* const events_;
+  const Clock* const clock_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  AutoscalePolicy policy_ ABSL_GUARDED_BY(mu_);
+  WorkerFleet fleet_ ABSL_GUARDED_BY(mu_);
+  std::optional<AutoscaleSignal> signal_ ABSL_GUARDED_BY(mu_);
+  std::string signal_error_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> decisions_ ABSL_GUARDED_BY(mu_);  // by action
+};
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_AUTOSCALER_H_
