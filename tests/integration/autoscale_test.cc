@@ -30,7 +30,7 @@ std::string WriteJobConfig(const TempDir& dir, const std::string& signal_file) {
   const std::string path = dir.Join("job.ini");
   WriteFile(path, absl::StrCat("[job]\n"
                                "name = autoscale\n"
-                               "epochs = 3\n"
+                               "epochs = 6\n"
                                "[data]\n"
                                "shard_records = 2000\n"
                                "[worker]\n"
