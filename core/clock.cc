@@ -37,4 +37,8 @@ void ScriptedClock::Set(absl::Time now) {
   now_ = now;
 }
 
+std::string FormatSeconds(absl::Duration duration) {
+  return absl::FormatDuration(absl::Trunc(duration, absl::Seconds(1)));
+}
+
 }  // namespace eps

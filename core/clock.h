@@ -6,6 +6,8 @@
 #ifndef EPS_CORE_CLOCK_H_
 #define EPS_CORE_CLOCK_H_
 
+#include <string>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -34,6 +36,10 @@ class ScriptedClock : public Clock {
   mutable absl::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
+
+// `duration` to the whole second, as absl::FormatDuration writes it
+// ("1m30s"): how log lines and reasons say how long something took.
+std::string FormatSeconds(absl::Duration duration);
 
 }  // namespace eps
 

@@ -192,13 +192,20 @@ class PrintVisitor : public TextVisitor {
   std::string out_;
 };
 
-// An INI file, a [section] before its first key.
+// An INI file, a [section] before its first key; the first option whose
+// value a job file cannot hold is kept in status().
 class IniVisitor : public TextVisitor {
  public:
   const std::string& text() const { return out_; }
+  const Status& status() const { return status_; }
 
  private:
   void Take(absl::string_view name, std::string value) override {
+    if (status_.ok() && value.find_first_of("#\n") != std::string::npos) {
+      status_ = OptionError(name, absl::StrCat("'", value,
+                                               "' cannot be written to a job file (a '#' starts "
+                                               "a comment there): give it without '#'"));
+    }
     const size_t dot = name.find('.');
     const absl::string_view section = name.substr(0, dot);
     if (section != section_) {
@@ -209,6 +216,7 @@ class IniVisitor : public TextVisitor {
   }
   std::string out_;
   std::string section_;
+  Status status_;
 };
 
 // [autoscale]: off (source none) needs nothing more; each source and
@@ -585,9 +593,10 @@ std::string JobConfig::DebugString() const {
   return printer.str();
 }
 
-std::string JobConfig::ToIni() const {
+StatusOr<std::string> JobConfig::ToIni() const {
   IniVisitor writer;
   const_cast<JobConfig*>(this)->VisitOptions(writer);
+  RETURN_IF_ERROR(writer.status());
   return writer.text();
 }
 

@@ -329,9 +329,11 @@ struct JobConfig {
   std::string DebugString() const;
 
   // Every option as a job file that reads back as this config (doubles
-  // exact): what the autoscaler's workers are started with. Values must
-  // not hold a newline.
-  std::string ToIni() const;
+  // exact): what the autoscaler's workers are started with.
+  // kInvalidArgument naming the option (with the kOptionPayload payload)
+  // for a value a job file cannot hold: one with a newline or a '#' (which
+  // starts a comment), possible only from the command line.
+  StatusOr<std::string> ToIni() const;
 
   // The options every process of a job must share with the master (the
   // data format, the model, the optimizer, the placement, durability, the

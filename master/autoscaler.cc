@@ -110,11 +110,15 @@ class LocalLauncher final : public WorkerLauncher {
                      Subprocess::Start({binary_, "--config", context_.worker_config, "--master",
                                         context_.master_endpoint},
                                        {absl::StrCat("EPS_LAUNCH_ID=", launch_id)},
-                                       absl::StrCat(context_.log_dir, "/worker-", launch_id,
-                                                    ".log")));
+                                       LogPath(launch_id)));
     const std::string handle = absl::StrCat("pid ", child->pid());
     children_[launch_id] = std::move(child);
     return handle;
+  }
+
+  // Where worker `launch_id` writes its stdout and stderr.
+  std::string LogPath(uint64_t launch_id) const {
+    return absl::StrCat(context_.log_dir, "/worker-", launch_id, ".log");
   }
 
   Status Stop(uint64_t launch_id, const std::string&, bool force) override {
@@ -128,6 +132,10 @@ class LocalLauncher final : public WorkerLauncher {
     std::vector<std::pair<uint64_t, int>> exits;
     for (auto it = children_.begin(); it != children_.end();) {
       if (std::optional<int> code = it->second->Poll()) {
+        if (*code != 0) {
+          LOG(WARNING) << "autoscale: worker launch " << it->first << " exited with " << *code
+                       << "; its log: " << LogPath(it->first);
+        }
         exits.emplace_back(it->first, *code);
         it = children_.erase(it);
       } else {
@@ -162,8 +170,9 @@ class CommandLauncher final : public WorkerLauncher {
       return absl::UnavailableError(
           absl::StrCat("autoscale.start_command failed: ", DescribeFailure(result)));
     }
+    // Its first line, e.g. the pod or job it made.
     const std::string handle(
-        absl::StripAsciiWhitespace(std::vector<std::string>(absl::StrSplit(result.out, '\n'))[0]));
+        absl::StripAsciiWhitespace(absl::string_view(result.out).substr(0, result.out.find('\n'))));
     return handle.empty() ? absl::StrCat(launch_id) : handle;
   }
 
@@ -182,6 +191,7 @@ class CommandLauncher final : public WorkerLauncher {
   }
 
   std::vector<std::pair<uint64_t, int>> Exits() override { return std::exchange(forced_, {}); }
+  bool ObservesExits() const override { return false; }
 
  private:
   const std::string start_;
@@ -337,6 +347,7 @@ void Autoscaler::Stop(absl::Duration stop_grace) {
     wake_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
+  if (!launcher_->ObservesExits()) return;
   // The master told the workers to exit; those that do not are ended.
   const absl::Time deadline = clock_->Now() + stop_grace;
   std::vector<uint64_t> left;

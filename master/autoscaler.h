@@ -73,9 +73,10 @@ class WorkerLauncher {
   // at once when `force`.
   virtual Status Stop(uint64_t launch_id, const std::string& handle, bool force) = 0;
   // The launches that ended since the last call, with exit codes. A
-  // launcher that cannot see its workers end reports a forced Stop's as
-  // ended (-1) and nothing else.
+  // launcher that cannot see its workers end (ObservesExits false) reports
+  // a forced Stop's as ended (-1) and nothing else.
   virtual std::vector<std::pair<uint64_t, int>> Exits() = 0;
+  virtual bool ObservesExits() const { return true; }
 };
 
 struct LauncherContext {
@@ -109,7 +110,8 @@ class Autoscaler {
   void Start();
   // Ends the thread, then waits up to the fleet's stop grace for the
   // launched workers to exit (the master has told them the job is over)
-  // and kills those still running. Idempotent; the destructor kills them
+  // and kills those still running; a launcher that cannot see its workers
+  // end leaves them to exit as told. Idempotent; the destructor kills them
   // at once.
   void Stop();
 

@@ -10,17 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/clock.h"
 #include "master/job_control.h"
 
 namespace eps {
-namespace {
-
-std::string Seconds(absl::Duration duration) {
-  return absl::FormatDuration(absl::Trunc(duration, absl::Seconds(1)));
-}
-
-}  // namespace
-
 void JobControl::EnforceBounds(absl::Time now) {
   if (over()) return;
   const JobPhase phase = progress_.phase();
@@ -58,7 +51,7 @@ void JobControl::EnforceBounds(absl::Time now) {
     if (now - since <= patience) continue;
     progress_.AddRetrained(membership_.FenceAlive(
         holder, now,
-        absl::StrCat("it holds a shard and made no progress for ", Seconds(now - since),
+        absl::StrCat("it holds a shard and made no progress for ", FormatSeconds(now - since),
                      " (master.progress_timeout_s = ", job_.master.progress_timeout_s,
                      " s): a hung trainer?")));
   }
@@ -69,7 +62,7 @@ void JobControl::EnforceBounds(absl::Time now) {
   } else if (no_workers_since_ == absl::InfiniteFuture()) {
     no_workers_since_ = now;
   } else if (now - no_workers_since_ > absl::Seconds(job_.master.worker_wait_s)) {
-    Stop(absl::StrCat("no worker was alive for ", Seconds(now - no_workers_since_),
+    Stop(absl::StrCat("no worker was alive for ", FormatSeconds(now - no_workers_since_),
                       " (master.worker_wait_s = ", job_.master.worker_wait_s,
                       " s): start eps-worker processes, then run eps-master --resume"),
          now);
@@ -94,13 +87,13 @@ std::vector<std::string> JobControl::Waits(absl::Time now) const {
   if (servers_missing_since_ != absl::InfiniteFuture()) {
     waits.push_back(
         absl::StrCat("parameter servers to register: ", membership_.servers().size(), " of ",
-                     job_.ps.num_servers, " for ", Seconds(now - servers_missing_since_),
+                     job_.ps.num_servers, " for ", FormatSeconds(now - servers_missing_since_),
                      " (master.recovery_timeout_s = ", job_.master.recovery_timeout_s, " s)"));
   }
   if (recovery_.active()) {
     const std::vector<uint32_t> missing = membership_.MissingServers();
     waits.push_back(absl::StrCat(
-        "recovery (", recovery_.why(), ") for ", Seconds(now - recovery_.started()), ": ",
+        "recovery (", recovery_.why(), ") for ", FormatSeconds(now - recovery_.started()), ": ",
         !missing.empty() ? absl::StrCat("ps[", absl::StrJoin(missing, "], ps["), "] to come back")
         : membership_.fencing() ? std::string("the servers to acknowledge the fence list")
                                 : std::string("the servers to restore"),
@@ -112,7 +105,7 @@ std::vector<std::string> JobControl::Waits(absl::Time now) const {
                      checkpoints_.writing() ? "the servers to write it" : "the workers to pause"));
   }
   if (no_workers_since_ != absl::InfiniteFuture()) {
-    waits.push_back(absl::StrCat("workers: none alive for ", Seconds(now - no_workers_since_),
+    waits.push_back(absl::StrCat("workers: none alive for ", FormatSeconds(now - no_workers_since_),
                                  " (master.worker_wait_s = ", job_.master.worker_wait_s, " s)"));
   }
   return waits;

@@ -13,7 +13,8 @@
 #include "master/master.h"
 
 int main(int argc, char** argv) {
-  // Before any thread starts: a master allocates little, from few threads at once.
+  // Before any thread starts: a master allocates little, from few threads at once
+  // (its RPC thread, the job loop, HTTP).
   eps::LimitMallocArenas(2);
   eps::SignalWatcher signal_watcher;
 

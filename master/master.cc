@@ -206,7 +206,8 @@ Status Master::Impl::StartAutoscaler() {
   LauncherContext context{.worker_config = (dir / "worker.ini").string(),
                           .master_endpoint = rpc_endpoint_,
                           .log_dir = (dir / "workers").string()};
-  RETURN_IF_ERROR(WriteFileAtomically(context.worker_config, job.ToIni()));
+  ASSIGN_OR_RETURN(const std::string worker_ini, job.ToIni());
+  RETURN_IF_ERROR(WriteFileAtomically(context.worker_config, worker_ini));
   ASSIGN_OR_RETURN(std::unique_ptr<SignalSource> source, MakeSignalSource(job.autoscale));
   ASSIGN_OR_RETURN(std::unique_ptr<WorkerLauncher> launcher, MakeLauncher(job, context));
   auto autoscaler = std::make_unique<Autoscaler>(

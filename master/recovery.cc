@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/clock.h"
 #include "rpc/message.h"
 
 namespace eps {
@@ -61,7 +62,7 @@ Recovery::Step Recovery::Next(const Membership& membership,
     if (now - state_->last_log >= log_every) {
       state_->last_log = now;
       step.waiting_line = absl::StrCat(
-          state_->why, " ", absl::FormatDuration(absl::Trunc(now - state_->started, absl::Seconds(1))),
+          state_->why, " ", FormatSeconds(now - state_->started),
           " ago; ",
           missing.empty()
               ? std::string("fencing the workers at every server")

@@ -150,6 +150,11 @@ std::optional<uint64_t> TrainingProgress::SplitRequestedOf(uint32_t worker) cons
   return tracker_->SplitRequestedOf(worker);
 }
 
+bool TrainingProgress::IsCurrentPass(bool eval, uint32_t epoch) const {
+  return tracker_ != nullptr && epoch == epoch_ &&
+         (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
+}
+
 bool TrainingProgress::PassIsOver(bool eval, uint32_t epoch) const {
   switch (phase_) {
     case JobPhase::kTraining:
@@ -170,9 +175,7 @@ StatusOr<TrainingProgress::Committed> TrainingProgress::Commit(
     uint32_t worker, const proto::CommitProgressRequest& commit, std::span<const float> labels,
     std::span<const float> predictions) {
   const bool eval = commit.phase() == proto::EVAL;
-  const bool current_pass =
-      tracker_ != nullptr && commit.epoch() == epoch_ &&
-      (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
+  const bool current_pass = IsCurrentPass(eval, commit.epoch());
   if (!current_pass && PassIsOver(eval, commit.epoch())) {
     // Every shard of a finished pass is committed to its end, so a commit
     // for one can only repeat an applied one: typically the pass's last
@@ -238,9 +241,7 @@ StatusOr<TrainingProgress::Committed> TrainingProgress::Commit(
 StatusOr<TrainingProgress::Split> TrainingProgress::SplitShard(
     uint32_t worker, const proto::SplitShardRequest& request) {
   const bool eval = request.phase() == proto::EVAL;
-  const bool current_pass =
-      tracker_ != nullptr && request.epoch() == epoch_ &&
-      (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
+  const bool current_pass = IsCurrentPass(eval, request.epoch());
   if (!current_pass) return Split{};
   // A retried split (its reply was lost) gets the first one's answer.
   for (uint64_t id = 0; id < tracker_->num_shards(); ++id) {
@@ -275,9 +276,7 @@ StatusOr<TrainingProgress::Split> TrainingProgress::SplitShard(
 StatusOr<std::optional<TrainingProgress::UnreadRange>> TrainingProgress::Unread(
     uint32_t worker, const proto::ShardUnreadableRequest& report) const {
   const bool eval = report.phase() == proto::EVAL;
-  const bool current_pass =
-      tracker_ != nullptr && report.epoch() == epoch_ &&
-      (eval ? phase_ == JobPhase::kEvaluating : phase_ == JobPhase::kTraining);
+  const bool current_pass = IsCurrentPass(eval, report.epoch());
   if (!current_pass) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", report.shard_id(), " belongs to a pass that is not the current one"));

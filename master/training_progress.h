@@ -242,6 +242,9 @@ class TrainingProgress {
   // Makes `shards` the pass in progress (see AdoptPass in the .cc).
   Status AdoptPass(const std::vector<proto::ShardRecord>& shards, bool eval, uint32_t epoch,
                    uint64_t saved_splits);
+  // A commit, split or report of (`eval`, `epoch`) is for the pass running
+  // now.
+  bool IsCurrentPass(bool eval, uint32_t epoch) const;
   bool PassIsOver(bool eval, uint32_t epoch) const;
   void MarkAllShards();
   void RestoreCounts(const proto::MasterRecord& record);

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/logging.h"
 
 namespace eps {
@@ -12,8 +13,6 @@ namespace {
 // A worker that dies sooner than this after its launch is in a crash loop.
 constexpr absl::Duration kEarlyDeath = absl::Minutes(1);
 constexpr int kMaxBackoffDoublings = 6;  // 64 times restart_backoff_s
-
-std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToInt64Seconds(d), " s"); }
 
 }  // namespace
 
@@ -62,7 +61,6 @@ void WorkerFleet::Kill(uint64_t launch_id, Member& member, bool replace, const s
     Lost(member.state == State::kStarting ? absl::ZeroDuration() : now - member.launched, now);
   }
   member.state = State::kKilled;
-  member.replace = replace;
   member.stop_sent = now;
   plan->kill.push_back(launch_id);
 }
@@ -82,7 +80,7 @@ WorkerFleet::Plan WorkerFleet::Next(int64_t target, const std::map<uint64_t, See
         } else if (now - member.launched > start_timeout_) {
           // A start that never got to training is an early death.
           Kill(id, member, /*replace=*/true,
-               absl::StrCat("not registered ", Seconds(now - member.launched),
+               absl::StrCat("not registered ", FormatSeconds(now - member.launched),
                             " after its launch"),
                now, &plan);
         }
@@ -96,14 +94,14 @@ WorkerFleet::Plan WorkerFleet::Next(int64_t target, const std::map<uint64_t, See
         } else if (now - view->gone_since > lease_) {
           Kill(id, member, /*replace=*/true,
                absl::StrCat("no heartbeat and no new registration for ",
-                            Seconds(now - view->gone_since), " (a frozen process?)"),
+                            FormatSeconds(now - view->gone_since), " (a frozen process?)"),
                now, &plan);
         }
         break;
       case State::kStopping:
         if (now - member.stop_sent > stop_grace_) {
           Kill(id, member, /*replace=*/false,
-               absl::StrCat("still running ", Seconds(now - member.stop_sent),
+               absl::StrCat("still running ", FormatSeconds(now - member.stop_sent),
                             " after it was asked to stop"),
                now, &plan);
         }
@@ -111,7 +109,7 @@ WorkerFleet::Plan WorkerFleet::Next(int64_t target, const std::map<uint64_t, See
       case State::kKilled:
         if (now - member.stop_sent > stop_grace_) {
           LOG(WARNING) << "autoscale: worker launch " << id << " (" << member.handle
-                       << ") was killed " << Seconds(now - member.stop_sent)
+                       << ") was killed " << FormatSeconds(now - member.stop_sent)
                        << " ago and its end was never seen; forgetting it";
           it = members_.erase(it);
           continue;
@@ -194,7 +192,7 @@ void WorkerFleet::Exited(uint64_t launch_id, int exit_code, absl::Time now) {
     events_->Record("worker_stopped", {{"launch_id", launch_id}, {"exit_code", exit_code}});
   } else if (member.state != State::kKilled) {
     LOG(WARNING) << "autoscale: worker launch " << launch_id << " (" << member.handle
-                 << ") exited with " << exit_code << " after " << Seconds(now - member.launched);
+                 << ") exited with " << exit_code << " after " << FormatSeconds(now - member.launched);
     events_->Record("worker_exited", {{"launch_id", launch_id}, {"exit_code", exit_code}});
     Lost(now - member.launched, now);
   }

@@ -111,8 +111,7 @@ class WorkerFleet {
     std::string handle;
     State state = State::kStarting;
     absl::Time launched;
-    absl::Time stop_sent;
-    bool replace = false;  // killed as stuck: a replacement is owed
+    absl::Time stop_sent;  // asked to stop, or killed
   };
   static const char* StateName(State state);
   void Kill(uint64_t launch_id, Member& member, bool replace, const std::string& why,

@@ -74,9 +74,10 @@ class KvStore {
   virtual uint64_t ApproximateRows(uint32_t table) = 0;
   virtual uint64_t ApproximateDiskBytes() = 0;
   // Approximate bytes of memory the store itself holds: for RocksDB its
-  // block cache (bounded by block_cache_mb), its memtables (bounded by
-  // write_buffer_mb per table, twice) and the table readers outside the
-  // cache. 0 for the fake. Cheap: no disk I/O.
+  // block cache (bounded by block_cache_mb; index and filter blocks are
+  // charged to it) and its memtables (bounded by write_buffer_mb per table,
+  // twice). 0 for the fake. Cheap, and takes no DB lock: servers call it
+  // on their heartbeat thread, which must not wait on a stalled store.
   virtual uint64_t ApproximateMemoryBytes() = 0;
 };
 

@@ -12,8 +12,6 @@
 #include "ps/param_server.h"
 
 int main(int argc, char** argv) {
-  // Before any thread starts: request handlers and RocksDB's two background jobs.
-  eps::LimitMallocArenas(4);
   eps::SignalWatcher signal_watcher;
   eps::CommandLine command_line(
       "eps-server", "--config JOB.ini --master tcp://HOST:PORT [--port N] [--data-dir DIR]");
@@ -35,6 +33,10 @@ int main(int argc, char** argv) {
     std::cerr << "eps-server: " << config.status().message() << "\n";
     return 2;
   }
+  // Before the server's threads start: one arena per request handler (the
+  // pull and push path never waits for another's), and two for RocksDB's
+  // background jobs and the rest.
+  eps::LimitMallocArenas(static_cast<int>(config->ps.threads) + 2);
   eps::ParamServerOptions options = eps::ParamServerOptions::FromConfig(*config);
   options.master = master;
   options.port = port;

@@ -291,11 +291,12 @@ class RocksKvStore final : public KvStore {
   }
 
   uint64_t ApproximateMemoryBytes() override {
+    // Index and filter blocks live in the cache (cache_index_and_filter_blocks),
+    // so the cache and the memtables are the store's memory; both are read
+    // without the DB mutex, which a store stalled on a full disk may hold.
     uint64_t memtables = 0;
-    uint64_t readers = 0;
     db_->GetAggregatedIntProperty("rocksdb.cur-size-all-mem-tables", &memtables);
-    db_->GetAggregatedIntProperty("rocksdb.estimate-table-readers-mem", &readers);
-    return cache_->GetUsage() + memtables + readers;
+    return cache_->GetUsage() + memtables;
   }
 
  private:

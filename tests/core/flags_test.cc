@@ -519,15 +519,31 @@ TEST_F(CommandLineTest, ToIniReadsBackAsTheSameConfig) {
                   "--optimizer.per_table=lr.w:type=ftrl,l1=1", "--autoscale.source=command",
                   "--autoscale.command=echo 3 1"});
   ASSERT_TRUE(config.ok()) << config.status();
-  const std::string written = dir_.Write("worker.ini", config->ToIni());
+  StatusOr<std::string> ini = config->ToIni();
+  ASSERT_TRUE(ini.ok()) << ini.status();
+  const std::string written = dir_.Write("worker.ini", *ini);
   CommandLine again{"eps-test", "--config JOB.ini"};
   StatusOr<JobConfig> read = Parse(again, {"--config", written});
-  ASSERT_TRUE(read.ok()) << read.status() << "\n" << config->ToIni();
+  ASSERT_TRUE(read.ok()) << read.status() << "\n" << *ini;
   EXPECT_EQ(read->DebugString(), config->DebugString());
   EXPECT_EQ(read->SharedOptions(), config->SharedOptions());
   EXPECT_EQ(read->optimizer.learning_rate, 0.1);  // exactly
   EXPECT_EQ(read->autoscale.command, "echo 3 1");
   EXPECT_EQ(read->data.eval, "/data/eval");
+}
+
+TEST_F(CommandLineTest, ToIniRefusesAValueAJobFileCannotHold) {
+  const std::string path = dir_.Write("job.ini", kValidConfig);
+  // From the command line a value may hold a '#'; in a file it would start
+  // a comment and the worker would read less.
+  StatusOr<JobConfig> config =
+      Parse(cl_, {"--config", path, "--autoscale.source=command",
+                  "--autoscale.command=cat free # and pending"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  StatusOr<std::string> ini = config->ToIni();
+  EXPECT_EQ(ini.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ini.status().message()), HasSubstr("autoscale.command"));
+  EXPECT_THAT(std::string(ini.status().message()), HasSubstr("cannot be written to a job file"));
 }
 
 }  // namespace
