@@ -15,6 +15,10 @@
 //   ps.crash_in_checkpoint=N  a parameter server kills itself (SIGKILL) once
 //                             checkpoint N is written, before it replies
 //                             (ps/storage.cc).
+//   worker.hang_trainer=ID    worker ID's trainer hangs after its first
+//                             committed batch, in its step and holding its
+//                             shard, while its heartbeats go on, until the
+//                             process is asked to stop (worker/worker.cc).
 //
 // Thread-safety: safe for concurrent use.
 

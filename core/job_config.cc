@@ -222,8 +222,8 @@ class IniVisitor : public TextVisitor {
 // [autoscale]: off (source none) needs nothing more; each source and
 // launcher needs its own settings.
 Status ValidateAutoscale(const JobConfig::Autoscale& a) {
-  RETURN_IF_ERROR(CheckOneOf("autoscale.source", a.source, {"none", "command", "prometheus"}));
-  RETURN_IF_ERROR(CheckOneOf("autoscale.launcher", a.launcher, {"local", "command"}));
+  RETURN_IF_ERROR(CheckOneOf("autoscale.source", a.source, {"none", "slurm", "prometheus", "command"}));
+  RETURN_IF_ERROR(CheckOneOf("autoscale.launcher", a.launcher, {"local", "slurm", "command"}));
   RETURN_IF_ERROR(CheckRange("autoscale.source_timeout_s", a.source_timeout_s, 1, 3600));
   RETURN_IF_ERROR(CheckRange("autoscale.min_workers", a.min_workers, 0, 10000));
   RETURN_IF_ERROR(CheckRange("autoscale.max_workers", a.max_workers,
@@ -242,6 +242,12 @@ Status ValidateAutoscale(const JobConfig::Autoscale& a) {
   RETURN_IF_ERROR(CheckRange("autoscale.max_restarts", a.max_restarts, 0, 1'000'000));
   RETURN_IF_ERROR(CheckRange("autoscale.restart_backoff_s", a.restart_backoff_s, 0, 3600));
   if (a.source == "none") return absl::OkStatus();
+  if ((a.source == "slurm" || a.launcher == "slurm") && a.partition.empty()) {
+    return OptionError("autoscale.partition",
+                       absl::StrCat("is required when autoscale.",
+                                    a.source == "slurm" ? "source" : "launcher",
+                                    " = slurm: the Slurm partition the workers run in"));
+  }
   if (a.source == "command" && a.command.empty()) {
     return OptionError("autoscale.command", "is required when autoscale.source = command");
   }
@@ -373,7 +379,11 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "stop after this many failed checkpoints in a row; 0 never");
 
   v.Visit("autoscale.source", &autoscale.source,
-          "none (off), command or prometheus: where the free GPUs are read");
+          "none (off), slurm, prometheus or command: where the free GPUs are read");
+  v.Visit("autoscale.partition", &autoscale.partition,
+          "source or launcher slurm: the Slurm partition of the workers");
+  v.Visit("autoscale.sbatch_args", &autoscale.sbatch_args,
+          "launcher=slurm: more sbatch options for each worker job (--account=A --time=T)");
   v.Visit("autoscale.command", &autoscale.command,
           "source=command: shell command printing FREE_GPUS [PENDING_GPUS]");
   v.Visit("autoscale.prometheus_url", &autoscale.prometheus_url,
@@ -383,13 +393,13 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "source=prometheus: PromQL giving the GPUs other jobs wait for (optional)");
   v.Visit("autoscale.source_timeout_s", &autoscale.source_timeout_s,
           "longest reading of the signal or launcher command, seconds");
-  v.Visit("autoscale.launcher", &autoscale.launcher, "local or command");
+  v.Visit("autoscale.launcher", &autoscale.launcher, "local, slurm or command");
   v.Visit("autoscale.start_command", &autoscale.start_command,
           "launcher=command: starts worker {id} ({master}, {config}); may print a handle");
   v.Visit("autoscale.stop_command", &autoscale.stop_command,
           "launcher=command: stops worker {id} ({handle}) gracefully");
   v.Visit("autoscale.worker_binary", &autoscale.worker_binary,
-          "launcher=local: eps-worker to run; empty: the one next to eps-master");
+          "launcher local or slurm: eps-worker to run; empty: the one next to eps-master");
   v.Visit("autoscale.min_workers", &autoscale.min_workers, "workers kept at least");
   v.Visit("autoscale.max_workers", &autoscale.max_workers, "workers kept at most");
   v.Visit("autoscale.gpus_per_worker", &autoscale.gpus_per_worker, "GPUs one worker takes");

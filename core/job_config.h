@@ -245,9 +245,15 @@ struct JobConfig {
   // workers follows the free GPUs of the job's queue. Off unless `source`
   // is set. Thresholds and counts are in GPUs and workers.
   struct Autoscale {
-    // Where the signal comes from: "none" (off), "command" or "prometheus"
-    // ("slurm" is reserved). Default none.
+    // Where the signal comes from: "none" (off), "slurm", "prometheus" or
+    // "command". Default none.
     std::string source = "none";
+    // source or launcher = slurm: the partition whose free GPUs are read
+    // and which the workers are submitted to.
+    std::string partition;
+    // launcher = slurm: more sbatch options for every worker job, split on
+    // whitespace ("--account=ml --time=1-00:00:00").
+    std::string sbatch_args;
     // source = command: a shell command printing "FREE_GPUS [PENDING_GPUS]"
     // (the GPUs free in the queue, and those other jobs wait for).
     std::string command;
@@ -261,8 +267,8 @@ struct JobConfig {
     // take, in seconds, in [1, 3600]. Default 10.
     int64_t source_timeout_s = 10;
     // How workers are started and stopped: "local" (eps-worker processes on
-    // the master's machine) or "command" (start_command and stop_command;
-    // "slurm" is reserved). Default local.
+    // the master's machine), "slurm" (one sbatch job per worker, scancel to
+    // stop) or "command" (start_command and stop_command). Default local.
     std::string launcher = "local";
     // launcher = command: shell templates; {id} is the worker's launch id,
     // {master} the master's RPC endpoint, {config} a job file for the
@@ -271,8 +277,8 @@ struct JobConfig {
     // {handle}.
     std::string start_command;
     std::string stop_command;
-    // launcher = local: the eps-worker to run; empty: the one next to
-    // eps-master.
+    // launcher = local or slurm: the eps-worker to run; empty: the one next
+    // to eps-master.
     std::string worker_binary;
     // Workers the job keeps at least and at most, in [0, 10000] and
     // [max(1, min_workers), 10000]. Defaults 1 and 4.

@@ -164,6 +164,11 @@ StatusOr<CommandResult> RunShell(const std::string& command, absl::Duration time
   return RunCommand({"/bin/sh", "-c", command}, timeout, max_output);
 }
 
+std::string QuoteOutput(absl::string_view output) {
+  constexpr size_t kShown = 200;
+  return absl::StrCat("'", output.substr(0, kShown), output.size() > kShown ? "...'" : "'");
+}
+
 std::string DescribeFailure(const CommandResult& result) {
   std::string err(absl::StripAsciiWhitespace(result.err));
   const size_t last_line = err.rfind('\n');

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/status.h"
 
@@ -52,6 +53,9 @@ StatusOr<CommandResult> RunShell(const std::string& command, absl::Duration time
 
 // "the command's stderr tail (exit N)": one line for an error message.
 std::string DescribeFailure(const CommandResult& result);
+// What a command printed, in single quotes and cut to 200 characters
+// ("...'" then), for an error message that shows it.
+std::string QuoteOutput(absl::string_view output);
 
 // A child that runs on its own, its stdout and stderr appended to a log
 // file. Destroying a Subprocess leaves the child running (Kill first to end

@@ -38,25 +38,37 @@ AutoscalePolicy::AutoscalePolicy(const JobConfig::Autoscale& options)
 }
 
 std::pair<int64_t, std::string> AutoscalePolicy::Recommend(const AutoscaleSignal& signal,
-                                                           int64_t starting_gpus) const {
+                                                           const OwnGpus& own) const {
   const int64_t per_worker = options_.gpus_per_worker;
-  const int64_t free = std::max<int64_t>(0, signal.free_gpus - starting_gpus);
-  const std::string free_text =
-      starting_gpus > 0
-          ? absl::StrCat("free GPUs ", free, " (", signal.free_gpus, " less ", starting_gpus,
+  const int64_t free = std::max<int64_t>(0, signal.free_gpus - own.starting);
+  // What shrinking counts as free: our leaving workers' GPUs too.
+  const int64_t releasing = free + own.stopping;
+  std::string free_text =
+      own.starting > 0
+          ? absl::StrCat("free GPUs ", free, " (", signal.free_gpus, " less ", own.starting,
                          " our starting workers take)")
           : absl::StrCat("free GPUs ", free);
+  const std::string releasing_text =
+      own.stopping > 0
+          ? absl::StrCat(free_text, " and ", own.stopping, " our stopping workers release")
+          : free_text;
   int64_t size = target_;
   std::string why;
-  if (signal.pending_gpus > 0) {
-    const int64_t give_back = (signal.pending_gpus + per_worker - 1) / per_worker;
+  if (signal.pending_gpus > releasing) {
+    const int64_t give_back = (signal.pending_gpus - releasing + per_worker - 1) / per_worker;
     size = target_ - give_back;
-    why = absl::StrCat("other jobs wait for ", signal.pending_gpus, " GPUs: give back ", give_back,
-                       " worker(s)");
-  } else if (free < options_.scale_down_free_gpus) {
-    const int64_t give_back = (options_.scale_down_free_gpus - free + per_worker - 1) / per_worker;
+    why = absl::StrCat("other jobs wait for ", signal.pending_gpus, " GPUs, ", releasing_text,
+                       ": give back ", give_back, " worker(s)");
+  } else if (signal.pending_gpus > 0) {
+    // The free GPUs cover them: the scheduler starts them without our
+    // help, and growing now would take what they wait for.
+    why = absl::StrCat("other jobs wait for ", signal.pending_gpus, " GPUs, ", releasing_text,
+                       " cover them: keep the size");
+  } else if (releasing < options_.scale_down_free_gpus) {
+    const int64_t give_back =
+        (options_.scale_down_free_gpus - releasing + per_worker - 1) / per_worker;
     size = target_ - give_back;
-    why = absl::StrCat(free_text, " < autoscale.scale_down_free_gpus = ",
+    why = absl::StrCat(releasing_text, " < autoscale.scale_down_free_gpus = ",
                        options_.scale_down_free_gpus, ": give back ", give_back, " worker(s)");
   } else if (free >= options_.scale_up_free_gpus) {
     const int64_t take = free / per_worker;
@@ -78,7 +90,7 @@ std::pair<int64_t, std::string> AutoscalePolicy::Recommend(const AutoscaleSignal
 }
 
 AutoscaleDecision AutoscalePolicy::Decide(const StatusOr<AutoscaleSignal>& signal,
-                                          int64_t starting_gpus, absl::Time now) {
+                                          const OwnGpus& own, absl::Time now) {
   AutoscaleDecision decision;
   decision.time = now;
   decision.previous = target_;
@@ -90,7 +102,7 @@ AutoscaleDecision AutoscalePolicy::Decide(const StatusOr<AutoscaleSignal>& signa
     return decision;
   }
   decision.signal = *signal;
-  auto [recommended, why] = Recommend(*signal, starting_gpus);
+  auto [recommended, why] = Recommend(*signal, own);
   const absl::Duration up_window = absl::Seconds(options_.scale_up_stabilization_s);
   const absl::Duration down_window = absl::Seconds(options_.scale_down_stabilization_s);
   recommendations_.emplace_back(now, recommended);

@@ -3,15 +3,20 @@
 // autoscale.interval_s.
 //
 // Each reading recommends a size, from the current target:
-//   - others wait for P > 0 GPUs: give back ceil(P / gpus_per_worker)
-//     workers ("others' demand");
+//   - others wait for P GPUs, more than the F free: give back
+//     ceil((P - F) / gpus_per_worker) workers ("others' demand"); P <= F
+//     keeps the size (the scheduler starts them from the free GPUs, which
+//     growing would take);
 //   - fewer than scale_down_free_gpus free: give back enough workers to
 //     free that many ("free below");
 //   - at least scale_up_free_gpus free: take floor(F / gpus_per_worker)
 //     more ("free at least");
 //   - otherwise keep the size ("free within").
 // GPUs our own workers are being started on (launched, not yet training)
-// are not free: they are subtracted from F first. The recommendation is
+// are not free: they are subtracted from F first. GPUs of our workers
+// being stopped count as free for the two rules that shrink (so that a
+// shrink in progress is not repeated while the workers leave), never for
+// growing (the queue may already show them free: they would count twice). The recommendation is
 // clamped to [min_workers, max_workers]. Then, as Kubernetes' HPA does
 // with its stabilization windows, the target grows only to the lowest
 // size recommended during the last scale_up_stabilization_s and shrinks
@@ -50,6 +55,15 @@ struct AutoscaleSignal {
   int64_t pending_gpus = 0;
 };
 
+// GPUs of our own workers in transition, which a reading of the queue
+// cannot tell from others'.
+struct OwnGpus {
+  // Launched, not yet training: taken, or about to be.
+  int64_t starting = 0;
+  // Asked to stop, not yet gone: about to be free.
+  int64_t stopping = 0;
+};
+
 struct AutoscaleDecision {
   enum class Action { kHold, kUp, kDown };
   Action action = Action::kHold;
@@ -71,9 +85,9 @@ class AutoscalePolicy {
  public:
   explicit AutoscalePolicy(const JobConfig::Autoscale& options);
 
-  // One reading of the signal (or why it failed). `starting_gpus`: GPUs of
-  // workers launched but not yet training.
-  AutoscaleDecision Decide(const StatusOr<AutoscaleSignal>& signal, int64_t starting_gpus,
+  // One reading of the signal (or why it failed), with the GPUs of our
+  // own workers that it cannot tell apart.
+  AutoscaleDecision Decide(const StatusOr<AutoscaleSignal>& signal, const OwnGpus& own,
                            absl::Time now);
 
   // The workers the job should have now.
@@ -84,7 +98,7 @@ class AutoscalePolicy {
  private:
   // The size one reading recommends, and why.
   std::pair<int64_t, std::string> Recommend(const AutoscaleSignal& signal,
-                                            int64_t starting_gpus) const;
+                                            const OwnGpus& own) const;
 
   const JobConfig::Autoscale options_;
   int64_t target_;

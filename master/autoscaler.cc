@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "core/logging.h"
 #include "core/subprocess.h"
+#include "master/slurm.h"
 #include "httplib.h"
 
 namespace eps {
@@ -25,11 +26,6 @@ using nlohmann::json;
 // How often the fleet is brought to the target between readings: a dead
 // worker is replaced within this (plus its back-off).
 constexpr absl::Duration kReconcileEvery = absl::Seconds(1);
-
-std::string Quoted(absl::string_view text) {
-  constexpr size_t kShown = 200;
-  return absl::StrCat("'", text.substr(0, kShown), text.size() > kShown ? "...'" : "'");
-}
 
 class CommandSource final : public SignalSource {
  public:
@@ -222,7 +218,7 @@ StatusOr<AutoscaleSignal> ParseSignalLine(absl::string_view output) {
                         signal.pending_gpus >= 0));
   if (!parsed) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "expected \"FREE_GPUS [PENDING_GPUS]\" (integers >= 0), got ", Quoted(line)));
+        "expected \"FREE_GPUS [PENDING_GPUS]\" (integers >= 0), got ", QuoteOutput(line)));
   }
   return signal;
 }
@@ -230,10 +226,10 @@ StatusOr<AutoscaleSignal> ParseSignalLine(absl::string_view output) {
 StatusOr<double> ParsePrometheusAnswer(absl::string_view body, absl::string_view query) {
   const json answer = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (answer.is_discarded() || !answer.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("not a Prometheus answer: ", Quoted(body)));
+    return absl::InvalidArgumentError(absl::StrCat("not a Prometheus answer: ", QuoteOutput(body)));
   }
   if (answer.value("status", "") != "success") {
-    return absl::InvalidArgumentError(absl::StrCat("query ", Quoted(query), " failed: ",
+    return absl::InvalidArgumentError(absl::StrCat("query ", QuoteOutput(query), " failed: ",
                                                    answer.value("error", std::string("?"))));
   }
   const json& data = answer.value("data", json::object());
@@ -255,7 +251,7 @@ StatusOr<double> ParsePrometheusAnswer(absl::string_view body, absl::string_view
   } else if (type == "vector") {
     if (!result.is_array() || result.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("query ", Quoted(query), " returned no series"));
+          absl::StrCat("query ", QuoteOutput(query), " returned no series"));
     }
     total = 0;
     for (const json& series : result) {
@@ -270,14 +266,16 @@ StatusOr<double> ParsePrometheusAnswer(absl::string_view body, absl::string_view
   }
   if (!total.has_value()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("query ", Quoted(query),
+        absl::StrCat("query ", QuoteOutput(query),
                      " did not give a number >= 0 (a scalar, or a vector of them): ",
-                     Quoted(body)));
+                     QuoteOutput(body)));
   }
   return *total;
 }
 
-StatusOr<std::unique_ptr<SignalSource>> MakeSignalSource(const JobConfig::Autoscale& options) {
+StatusOr<std::unique_ptr<SignalSource>> MakeSignalSource(const JobConfig& job) {
+  const JobConfig::Autoscale& options = job.autoscale;
+  if (options.source == "slurm") return MakeSlurmSource(job);
   if (options.source == "command") return std::make_unique<CommandSource>(options);
   if (options.source == "prometheus") return std::make_unique<PrometheusSource>(options);
   return absl::InvalidArgumentError(
@@ -294,14 +292,17 @@ StatusOr<std::unique_ptr<WorkerLauncher>> MakeLauncher(const JobConfig& job,
   }
   const JobConfig::Autoscale& options = job.autoscale;
   if (options.launcher == "command") return std::make_unique<CommandLauncher>(options, context);
-  if (options.launcher == "local") {
+  if (options.launcher == "local" || options.launcher == "slurm") {
     const std::string binary =
         options.worker_binary.empty() ? WorkerNextToMaster() : options.worker_binary;
+    // (A Slurm node runs the same path: a shared install, as the config
+    // and log paths are shared.)
     if (::access(binary.c_str(), X_OK) != 0) {
       return absl::NotFoundError(absl::StrCat(
           "autoscale.worker_binary: ", binary,
           " is not an executable eps-worker; set autoscale.worker_binary to one"));
     }
+    if (options.launcher == "slurm") return MakeSlurmLauncher(job, context, binary);
     return std::make_unique<LocalLauncher>(binary, context);
   }
   return absl::InvalidArgumentError(
@@ -405,7 +406,10 @@ void Autoscaler::ReadSignal(absl::Time now) {
   const StatusOr<AutoscaleSignal> signal = source_->Read();  // bounded by its timeout
   absl::MutexLock lock(&mu_);
   const AutoscaleDecision decision =
-      policy_.Decide(signal, fleet_.starting() * job_.autoscale.gpus_per_worker, now);
+      policy_.Decide(signal,
+                     {.starting = fleet_.starting() * job_.autoscale.gpus_per_worker,
+                      .stopping = fleet_.stopping() * job_.autoscale.gpus_per_worker},
+                     now);
   ++decisions_[ActionName(decision.action)];
   if (!signal.ok()) {
     const std::string error(signal.status().message());

@@ -61,7 +61,7 @@ StatusOr<AutoscaleSignal> ParseSignalLine(absl::string_view output);
 // `query`), a value that is not a finite number >= 0.
 StatusOr<double> ParsePrometheusAnswer(absl::string_view body, absl::string_view query);
 
-StatusOr<std::unique_ptr<SignalSource>> MakeSignalSource(const JobConfig::Autoscale& options);
+StatusOr<std::unique_ptr<SignalSource>> MakeSignalSource(const JobConfig& job);
 
 // Starts and stops workers. Calls may block up to the launcher's timeout.
 class WorkerLauncher {

@@ -208,7 +208,7 @@ Status Master::Impl::StartAutoscaler() {
                           .log_dir = (dir / "workers").string()};
   ASSIGN_OR_RETURN(const std::string worker_ini, job.ToIni());
   RETURN_IF_ERROR(WriteFileAtomically(context.worker_config, worker_ini));
-  ASSIGN_OR_RETURN(std::unique_ptr<SignalSource> source, MakeSignalSource(job.autoscale));
+  ASSIGN_OR_RETURN(std::unique_ptr<SignalSource> source, MakeSignalSource(job));
   ASSIGN_OR_RETURN(std::unique_ptr<WorkerLauncher> launcher, MakeLauncher(job, context));
   auto autoscaler = std::make_unique<Autoscaler>(
       job, std::move(source), std::move(launcher), [this] { return LaunchedWorkers(); },

@@ -205,6 +205,12 @@ int64_t WorkerFleet::starting() const {
   return count;
 }
 
+int64_t WorkerFleet::stopping() const {
+  int64_t count = 0;
+  for (const auto& [id, member] : members_) count += member.state == State::kStopping;
+  return count;
+}
+
 int64_t WorkerFleet::live() const {
   int64_t count = 0;
   for (const auto& [id, member] : members_) {
@@ -226,15 +232,13 @@ std::vector<uint64_t> WorkerFleet::launched() const {
 
 nlohmann::json WorkerFleet::ToJson(absl::Time now) const {
   nlohmann::json workers = nlohmann::json::array();
-  int64_t stopping = 0;
   for (const auto& [id, member] : members_) {
-    stopping += member.state == State::kStopping;
     workers.push_back({{"launch_id", id}, {"state", StateName(member.state)},
                        {"handle", member.handle}});
   }
   nlohmann::json out = {{"live", live()},
                         {"starting", starting()},
-                        {"stopping", stopping},
+                        {"stopping", stopping()},
                         {"restarts", restarts_},
                         {"restarts_left", std::max<int64_t>(0, options_.max_restarts - restarts_)},
                         {"workers", workers}};

@@ -90,6 +90,8 @@ class WorkerFleet {
 
   // Launched and not yet registered: their GPUs are taken, not free.
   int64_t starting() const;
+  // Asked to stop, not yet gone.
+  int64_t stopping() const;
   // Launched and not being stopped.
   int64_t live() const;
   // The launcher's handle of `launch_id`; empty when unknown.

@@ -9,8 +9,10 @@
 # status page's test (label `browser`) skips without Debian's chromium, which
 # is installed when the arguments name that label (`-L browser`).
 set -euo pipefail
-# promtool validates /metrics; matplotlib runs scripts/plot_run.py.
-EXTRA_PACKAGES=(prometheus python3-matplotlib)
+# promtool validates /metrics; matplotlib runs scripts/plot_run.py; Slurm's
+# daemons and munge run the autoscaler's Slurm test; PyYAML reads the
+# Kubernetes manifests.
+EXTRA_PACKAGES=(prometheus python3-matplotlib python3-yaml slurm-wlm munge)
 for arg in "$@"; do
   if [[ "$arg" == *browser* ]]; then EXTRA_PACKAGES+=(chromium); fi
 done

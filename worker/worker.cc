@@ -22,6 +22,7 @@
 #include "cluster/member_session.h"
 #include "cluster/placement.h"
 #include "core/data_schema.h"
+#include "core/failpoint.h"
 #include "core/logging.h"
 #include "core/metrics.h"
 #include "models/batch.h"
@@ -688,6 +689,15 @@ Status Worker::Impl::RunSession() {
     if (!status.ok()) break;
     status = Commit(session, master, *prepared, loss_sum, predictions);
     if (!status.ok()) break;
+    if (FailpointArmed("worker.hang_trainer", session.self.id())) {
+      // As a trainer stuck in a device call: in its step, holding its
+      // shard, heartbeating, until the process is asked to stop.
+      LOG(WARNING) << "failpoint worker.hang_trainer=" << session.self.id()
+                   << ": the trainer hangs";
+      while (!SleepUnlessStopping(absl::Hours(1))) {
+      }
+      break;
+    }
     batches_.fetch_add(1);
     malformed_.fetch_add(prepared->malformed);
     if (prepared->shard.phase() == proto::TRAIN) {

@@ -256,7 +256,13 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
          c.autoscale.source = "prometheus";
          c.autoscale.prometheus_url = "http://localhost:9090";
        }},
-      {"autoscale.source", [](JobConfig& c) { c.autoscale.source = "slurm"; }},  // not yet
+      {"autoscale.partition", [](JobConfig& c) { c.autoscale.source = "slurm"; }},
+      {"autoscale.partition",
+       [](JobConfig& c) {
+         c.autoscale.source = "command";
+         c.autoscale.command = "echo 1";
+         c.autoscale.launcher = "slurm";
+       }},
       {"autoscale.start_command",
        [](JobConfig& c) {
          c.autoscale.source = "command";

@@ -7,14 +7,18 @@
 // events log with the signal's values.
 
 #include <signal.h>
+#include <stdlib.h>
 
 #include <cstdint>
+#include <regex>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
@@ -60,20 +64,6 @@ std::string WriteJobConfig(const TempDir& dir, const std::string& signal_file) {
   return path;
 }
 
-int AliveWorkers(const json& status) {
-  int alive = 0;
-  for (const json& worker : status["workers"]) alive += worker["state"] == "alive";
-  return alive;
-}
-
-std::vector<json> Named(const std::vector<json>& events, const std::string& name) {
-  std::vector<json> named;
-  for (const json& event : events) {
-    if (event["event"] == name) named.push_back(event);
-  }
-  return named;
-}
-
 TEST(AutoscaleTest, GrowsShrinksAndReplacesWithEveryRecordOnce) {
   TempDir dir;
   Status generated = GenerateData(dir.Join("data"), kRows, /*seed=*/5, /*files=*/2);
@@ -96,6 +86,23 @@ TEST(AutoscaleTest, GrowsShrinksAndReplacesWithEveryRecordOnce) {
   ASSERT_TRUE(job.WaitForStatus([](const json& status) {
     return AliveWorkers(status) == 3 && status["autoscale"]["target_workers"] == 3;
   })) << job.Logs();
+
+  // Every autoscale family the Grafana dashboard queries is exposed.
+  {
+    httplib::Client http(job.http());
+    httplib::Result metrics = http.Get("/metrics");
+    ASSERT_TRUE(metrics && metrics->status == 200);
+    const std::string dashboard =
+        ReadFile(std::string(EPS_SOURCE_DIR) + "/deploy/grafana/eps-dashboard.json");
+    const std::regex family("eps_autoscale_[a-z_]+");
+    int queried = 0;
+    for (std::sregex_iterator it(dashboard.begin(), dashboard.end(), family), end; it != end;
+         ++it, ++queried) {
+      EXPECT_NE(metrics->body.find("# TYPE " + it->str() + " "), std::string::npos)
+          << "the dashboard queries " << it->str() << ", which /metrics does not expose";
+    }
+    EXPECT_GE(queried, 5);
+  }
 
   // One launched worker killed outright (a preemption): replaced.
   StatusOr<json> status = job.LiveStatus();
@@ -134,22 +141,81 @@ TEST(AutoscaleTest, GrowsShrinksAndReplacesWithEveryRecordOnce) {
 
   // Every decision with the signal it was made from.
   const std::vector<json> events = ReadEvents(job.master_dir());
-  const std::vector<json> ups = Named(events, "scale_up");
+  const std::vector<json> ups = EventsNamed(events, "scale_up");
   ASSERT_EQ(ups.size(), 1u) << json(ups).dump();
   EXPECT_EQ(ups[0]["previous"], 1);
   EXPECT_EQ(ups[0]["target"], 3);
   EXPECT_EQ(ups[0]["free_gpus"], 2);
   EXPECT_NE(ups[0]["rule"].get<std::string>().find("autoscale.scale_up_free_gpus"),
             std::string::npos);
-  const std::vector<json> downs = Named(events, "scale_down");
+  const std::vector<json> downs = EventsNamed(events, "scale_down");
   ASSERT_EQ(downs.size(), 1u) << json(downs).dump();
   EXPECT_EQ(downs[0]["target"], 1);
   EXPECT_EQ(downs[0]["pending_gpus"], 2);
-  EXPECT_EQ(Named(events, "worker_exited").size(), 1u);  // the one killed
-  EXPECT_EQ(Named(events, "worker_replaced").size(), 1u);
-  EXPECT_GE(Named(events, "worker_stopped").size(), 2u);  // the two given back
+  EXPECT_EQ(EventsNamed(events, "worker_exited").size(), 1u);  // the one killed
+  EXPECT_EQ(EventsNamed(events, "worker_replaced").size(), 1u);
+  EXPECT_GE(EventsNamed(events, "worker_stopped").size(), 2u);  // the two given back
   // The stopped workers left gracefully; no worker was killed by the fleet.
-  EXPECT_EQ(Named(events, "worker_stuck").size(), 0u);
+  EXPECT_EQ(EventsNamed(events, "worker_stuck").size(), 0u);
+}
+
+TEST(AutoscaleTest, AStuckWorkerIsDetectedWithinTheProgressTimeoutAndReplaced) {
+  constexpr int kProgressTimeoutS = 3;
+  constexpr int kHeartbeatMs = 200;
+  TempDir dir;
+  Status generated = GenerateData(dir.Join("data"), 8000, /*seed=*/5, /*files=*/1);
+  ASSERT_TRUE(generated.ok()) << generated;
+  const std::string signal = dir.Join("signal");
+  WriteFile(signal, "0 0\n");
+  // Worker 0 (the first to register: the autoscaler's first launch) hangs
+  // after its first batch; the processes inherit the failpoint, and only
+  // the one the master numbers 0 takes it.
+  ::setenv("EPS_FAILPOINTS", "worker.hang_trainer=0", 1);
+  LocalJob job(dir.path(), WriteJobConfig(dir, signal),
+               {"--data.train=" + dir.Join("data/train"), "--job.epochs=1",
+                "--worker.max_records_per_s=4000",
+                absl::StrCat("--master.progress_timeout_s=", kProgressTimeoutS)},
+               /*deadline=*/absl::Minutes(2));
+  const Status started = job.Start(/*servers=*/1, /*workers=*/0);
+  ::unsetenv("EPS_FAILPOINTS");
+  ASSERT_TRUE(started.ok()) << job.Logs();
+
+  StatusOr<int> exit = job.WaitForMaster(absl::Minutes(1));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0) << job.Logs();
+  StatusOr<json> final_status = job.FinalStatus();
+  ASSERT_TRUE(final_status.ok()) << final_status.status();
+  EXPECT_EQ((*final_status)["state"], "finished");
+  for (const json& entry : (*final_status)["ledger"]) {
+    EXPECT_TRUE(entry["exactly_once"].get<bool>()) << entry.dump();
+  }
+
+  const std::vector<json> events = ReadEvents(job.master_dir());
+  const std::vector<json> fenced = EventsNamed(events, "worker_fenced_alive");
+  ASSERT_EQ(fenced.size(), 1u) << json(events).dump();
+  EXPECT_EQ(fenced[0]["worker"], 0);
+  // "... made no progress for 3.1s (master.progress_timeout_s = 3 s) ...":
+  // detected within the timeout plus one heartbeat.
+  const std::string reason = fenced[0]["reason"];
+  const size_t at = reason.find("no progress for ");
+  ASSERT_NE(at, std::string::npos) << reason;
+  double seconds = 0;
+  ASSERT_TRUE(absl::SimpleAtod(
+      reason.substr(at + 16, reason.find('s', at + 16) - (at + 16)), &seconds))
+      << reason;
+  EXPECT_GE(seconds, kProgressTimeoutS) << reason;
+  EXPECT_LE(seconds, kProgressTimeoutS + kHeartbeatMs / 1000.0) << reason;
+  std::cout << "stuck worker fenced after " << seconds << " s without progress (timeout "
+            << kProgressTimeoutS << " s, heartbeat " << kHeartbeatMs << " ms)\n";
+  // The fleet killed it and launched another, which finished the job.
+  const std::vector<json> stuck = EventsNamed(events, "worker_stuck");
+  ASSERT_EQ(stuck.size(), 1u) << json(events).dump();
+  EXPECT_EQ(EventsNamed(events, "worker_replaced").size(), 1u);
+  const std::vector<json> launched = EventsNamed(events, "worker_launched");
+  EXPECT_EQ(launched.size(), 2u) << json(launched).dump();
+  std::cout << "replacement launched "
+            << launched.back()["time"].get<double>() - fenced[0]["time"].get<double>()
+            << " s after the fence\n";
 }
 
 TEST(AutoscaleTest, AFailingSourceHoldsTheSizeAndSaysSo) {
@@ -175,7 +241,7 @@ TEST(AutoscaleTest, AFailingSourceHoldsTheSizeAndSaysSo) {
   StatusOr<int> exit = job.WaitForMaster(absl::Minutes(1));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 0) << job.Logs();
-  EXPECT_EQ(Named(ReadEvents(job.master_dir()), "autoscale_signal_failed").size(), 1u);
+  EXPECT_EQ(EventsNamed(ReadEvents(job.master_dir()), "autoscale_signal_failed").size(), 1u);
 }
 
 }  // namespace

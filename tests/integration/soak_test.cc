@@ -143,6 +143,19 @@ class SoakTest : public ::testing::Test {
                             Mib(server["store_memory_bytes"].get<uint64_t>()));
     }
     Log(line);
+    // What each tracked process's resident memory is made of: anonymous
+    // pages (heap, stacks) against file pages (code, mapped files), and its
+    // threads, whose stacks and arenas are anonymous memory too.
+    line = "resident (MiB anon/file, threads):";
+    for (const MemoryTrack& track : tracks_) {
+      std::optional<uint64_t> anon = track.process->StatusField("RssAnon:");
+      std::optional<uint64_t> file = track.process->StatusField("RssFile:");
+      std::optional<uint64_t> threads = track.process->StatusField("Threads:");
+      if (!anon || !file || !threads) continue;
+      absl::StrAppendFormat(&line, " %s %.1f/%.1f %d;", track.name, Mib(*anon << 10),
+                            Mib(*file << 10), *threads);
+    }
+    Log(line);
   }
 
   void Log(const std::string& line) {

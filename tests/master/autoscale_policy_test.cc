@@ -36,9 +36,9 @@ class AutoscalePolicyTest : public ::testing::Test {
  protected:
   // Reads `signal` one interval after the last reading.
   AutoscaleDecision Read(AutoscalePolicy& policy, const StatusOr<AutoscaleSignal>& signal,
-                         int64_t starting_gpus = 0) {
+                         int64_t starting_gpus = 0, int64_t stopping_gpus = 0) {
     now_ += absl::Seconds(10);
-    return policy.Decide(signal, starting_gpus, now_);
+    return policy.Decide(signal, {.starting = starting_gpus, .stopping = stopping_gpus}, now_);
   }
   absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
 };
@@ -91,9 +91,26 @@ TEST_F(AutoscalePolicyTest, GivesBackWhatOthersWaitForDownToMinWorkers) {
   AutoscaleDecision down = Read(policy, Free(0, 3));
   EXPECT_EQ(down.action, Action::kDown);
   EXPECT_EQ(down.target, 2);
-  EXPECT_THAT(down.rule, HasSubstr("other jobs wait for 3 GPUs: give back 2 worker(s)"));
-  // Pending demand wins over free GPUs.
-  EXPECT_EQ(Read(policy, Free(8, 10)).target, 1);
+  EXPECT_THAT(down.rule,
+              HasSubstr("other jobs wait for 3 GPUs, free GPUs 0: give back 2 worker(s)"));
+  // Free GPUs that cover what others wait for: no growing into them, and
+  // no shrinking either (the scheduler starts those jobs by itself).
+  AutoscaleDecision covered = Read(policy, Free(6, 4));
+  EXPECT_EQ(covered.action, Action::kHold);
+  EXPECT_EQ(covered.target, 2);
+  EXPECT_THAT(covered.rule,
+              HasSubstr("other jobs wait for 4 GPUs, free GPUs 6 cover them: keep the size"));
+  // Workers already leaving count for the demand: a shrink in progress is
+  // not repeated while they go...
+  AutoscaleDecision leaving = Read(policy, Free(2, 4), /*starting_gpus=*/0, /*stopping_gpus=*/2);
+  EXPECT_EQ(leaving.action, Action::kHold);
+  EXPECT_THAT(leaving.rule, HasSubstr("free GPUs 2 and 2 our stopping workers release cover them"));
+  // ...but never as free GPUs to grow into.
+  EXPECT_EQ(Read(policy, Free(0), /*starting_gpus=*/0, /*stopping_gpus=*/4).action, Action::kHold);
+  // Demand beyond the free GPUs: only the difference is given back.
+  AutoscaleDecision rest = Read(policy, Free(8, 10));
+  EXPECT_EQ(rest.target, 1);
+  EXPECT_THAT(rest.rule, HasSubstr("give back 1 worker(s)"));
   AutoscaleDecision floor = Read(policy, Free(0, 10));
   EXPECT_EQ(floor.action, Action::kHold);
   EXPECT_THAT(floor.rule, HasSubstr("at autoscale.min_workers = 1"));

@@ -5,8 +5,6 @@
 
 #include "master/autoscaler.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -78,10 +76,11 @@ TEST(ParsePrometheusAnswer, RefusesWhatIsNotACount) {
 }
 
 TEST(CommandSource, ReadsTheCommandsLineAndReportsItsFailure) {
-  JobConfig::Autoscale options;
+  JobConfig job;
+  JobConfig::Autoscale& options = job.autoscale;
   options.source = "command";
   options.command = "echo 4 1";
-  StatusOr<std::unique_ptr<SignalSource>> source = MakeSignalSource(options);
+  StatusOr<std::unique_ptr<SignalSource>> source = MakeSignalSource(job);
   ASSERT_TRUE(source.ok()) << source.status();
   StatusOr<AutoscaleSignal> signal = (*source)->Read();
   ASSERT_TRUE(signal.ok()) << signal.status();
@@ -89,7 +88,7 @@ TEST(CommandSource, ReadsTheCommandsLineAndReportsItsFailure) {
   EXPECT_EQ(signal->pending_gpus, 1);
 
   options.command = "echo no scheduler >&2; exit 3";
-  source = MakeSignalSource(options);
+  source = MakeSignalSource(job);
   ASSERT_TRUE(source.ok());
   signal = (*source)->Read();
   EXPECT_EQ(signal.status().code(), absl::StatusCode::kUnavailable);
@@ -98,30 +97,12 @@ TEST(CommandSource, ReadsTheCommandsLineAndReportsItsFailure) {
 
   options.command = "sleep 30";
   options.source_timeout_s = 1;
-  source = MakeSignalSource(options);
+  source = MakeSignalSource(job);
   ASSERT_TRUE(source.ok());
   const absl::Time start = absl::Now();
   signal = (*source)->Read();
   EXPECT_EQ(signal.status().code(), absl::StatusCode::kDeadlineExceeded) << signal.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-}
-
-// A port free on loopback now (the kernel's pick, released).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    ::close(fd);
-    return 0;
-  }
-  const int port = ntohs(address.sin_port);
-  ::close(fd);
-  return port;
 }
 
 TEST(PrometheusSource, ReadsARealPrometheusServer) {
@@ -146,7 +127,7 @@ TEST(PrometheusSource, ReadsARealPrometheusServer) {
   ASSERT_GT(exporter_port, 0);
   std::thread serving([&exporter] { exporter.listen_after_bind(); });
 
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
   std::ofstream(dir.Join("prometheus.yml"))
       << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -159,13 +140,14 @@ TEST(PrometheusSource, ReadsARealPrometheusServer) {
       {}, dir.Join("prometheus.log"));
   ASSERT_TRUE(prometheus.ok()) << prometheus.status();
 
-  JobConfig::Autoscale options;
+  JobConfig job;
+  JobConfig::Autoscale& options = job.autoscale;
   options.source = "prometheus";
   options.prometheus_url = absl::StrCat("http://127.0.0.1:", port);
   options.query = "sum(gpus_free)";
   options.pending_query = "gpus_pending";
   options.source_timeout_s = 2;
-  StatusOr<std::unique_ptr<SignalSource>> source = MakeSignalSource(options);
+  StatusOr<std::unique_ptr<SignalSource>> source = MakeSignalSource(job);
   ASSERT_TRUE(source.ok()) << source.status();
   // Reads until `want` holds (Prometheus starts, then scrapes every second).
   auto read_until = [&](int64_t free, int64_t want_pending) {
@@ -190,12 +172,12 @@ TEST(PrometheusSource, ReadsARealPrometheusServer) {
 
   // A query Prometheus refuses, and one with no series.
   options.query = "sum(";
-  StatusOr<std::unique_ptr<SignalSource>> bad = MakeSignalSource(options);
+  StatusOr<std::unique_ptr<SignalSource>> bad = MakeSignalSource(job);
   ASSERT_TRUE(bad.ok());
   StatusOr<AutoscaleSignal> refused = (*bad)->Read();
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   options.query = "no_such_metric";
-  bad = MakeSignalSource(options);
+  bad = MakeSignalSource(job);
   ASSERT_TRUE(bad.ok());
   EXPECT_THAT(std::string((*bad)->Read().status().message()), HasSubstr("returned no series"));
 

@@ -266,7 +266,7 @@ TEST_F(JobControlLivenessTest, AHolderThatMakesNoProgressIsFencedAndItsShardMove
       << "holding nothing is not being stuck";
   ASSERT_EQ(events_.Count("worker_fenced_alive"), 1u);
   EXPECT_THAT(events_.Named("worker_fenced_alive")[0]["reason"].get<std::string>(),
-              HasSubstr("made no progress for 10s (master.progress_timeout_s = 10 s)"));
+              HasSubstr("made no progress for 10.1s (master.progress_timeout_s = 10 s)"));
   EXPECT_EQ(WorkerBeat(0, At(11'200)).code(), absl::StatusCode::kFailedPrecondition);
   // Its shard moves once the servers refuse it, from its committed offset.
   EXPECT_EQ(ShardState(a.shard_id()).state, ShardTracker::State::kDoing);
@@ -308,6 +308,34 @@ TEST_F(JobControlLivenessTest, TimeHeldByACheckpointDoesNotCountAsNoProgress) {
   control_->Tick(At(19'100));
   EXPECT_EQ(control_->membership().workers().at(0).state, PeerState::kFenced);
   EXPECT_EQ(ShardState(a.shard_id()).holder, 0u);
+}
+
+TEST_F(JobControlLivenessTest, AHolderThatNeverPausesIsFencedThoughCheckpointRoundsKeepComing) {
+  // A hung trainer never pauses for a checkpoint: the rounds that wait for
+  // it hold back only the workers that paused, never the hung one.
+  job_.master.progress_timeout_s = 10;
+  job_.checkpoint.max_failures = 0;
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  int rounds = 0;
+  for (int64_t ms = 500; ms <= 10'000; ms += 500) {
+    if (!control_->checkpoints().round_id().has_value() && control_->RequestCheckpoint().ok()) {
+      ++rounds;
+    }
+    Beat(At(ms), {0, 1}, {0});
+    const std::optional<uint64_t> round = control_->checkpoints().round_id();
+    ASSERT_TRUE(WorkerBeat(1, At(ms), round.value_or(0)).ok());
+    control_->Tick(At(ms));
+    // Worker 0 never pauses: no write, the round is abandoned at its patience.
+    ASSERT_FALSE(control_->NextCheckpointWrite(At(ms)).has_value());
+  }
+  EXPECT_GE(rounds, 3) << "rounds kept coming";
+  EXPECT_EQ(control_->membership().workers().at(0).state, PeerState::kAlive) << "10 s: not yet";
+  Beat(At(10'500), {0, 1}, {0, 1});
+  control_->Tick(At(10'500));
+  EXPECT_EQ(control_->membership().workers().at(0).state, PeerState::kFenced);
+  EXPECT_EQ(control_->membership().workers().at(1).state, PeerState::kAlive);
+  EXPECT_EQ(ShardState(a.shard_id()).holder, 0u) << "until the servers refuse it";
 }
 
 // --- Workers to train ---------------------------------------------------------------------

@@ -94,6 +94,20 @@ TEST(BuildJobSpec, EveryExampleConfigBuildsAJob) {
   EXPECT_GE(examples, 4);  // local (lr), wdl, deepfm, dlrm
 }
 
+// The job files of deploy/ (Slurm, Kubernetes) too, with their autoscalers.
+TEST(BuildJobSpec, EveryDeployConfigBuildsAJob) {
+  for (const char* name : {"/deploy/slurm/job.ini", "/deploy/kubernetes/job.ini"}) {
+    const std::string path = std::string(EPS_SOURCE_DIR) + name;
+    SCOPED_TRACE(path);
+    CommandLine command_line("eps-master", "--config JOB.ini");
+    const char* argv[] = {"eps-master", "--config", path.c_str()};
+    StatusOr<JobConfig> config = command_line.Parse(3, argv);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_NE(config->autoscale.source, "none");
+    EXPECT_TRUE(BuildJobSpec(*config).ok());
+  }
+}
+
 TEST(BuildJobSpec, DenseChunksFollowDenseChunkFloats) {
   JobConfig config;
   config.data.train = "unused";

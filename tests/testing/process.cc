@@ -85,6 +85,12 @@ std::optional<uint64_t> Process::PeakResidentBytes() const { return StatusBytes(
 std::optional<uint64_t> Process::ResidentBytes() const { return StatusBytes("VmRSS:"); }
 
 std::optional<uint64_t> Process::StatusBytes(const std::string& field) const {
+  std::optional<uint64_t> kib = StatusField(field);
+  if (!kib.has_value()) return std::nullopt;
+  return *kib * 1024;
+}
+
+std::optional<uint64_t> Process::StatusField(const std::string& field) const {
   if (exit_code_.has_value()) return std::nullopt;
   std::istringstream status(ReadFile(absl::StrCat("/proc/", pid_, "/status")));
   std::string line;
@@ -92,8 +98,8 @@ std::optional<uint64_t> Process::StatusBytes(const std::string& field) const {
     // "VmHWM:\t   12345 kB"; a zombie has no such line.
     if (line.rfind(field, 0) != 0) continue;
     std::istringstream fields(line.substr(field.size()));
-    uint64_t kib = 0;
-    if (fields >> kib) return kib * 1024;
+    uint64_t value = 0;
+    if (fields >> value) return value;
   }
   return std::nullopt;
 }
@@ -171,6 +177,23 @@ std::vector<nlohmann::json> ReadEvents(const std::string& master_dir) {
     if (!event.is_discarded()) events.push_back(std::move(event));
   }
   return events;
+}
+
+std::vector<nlohmann::json> EventsNamed(const std::vector<nlohmann::json>& events,
+                                        const std::string& name) {
+  std::vector<nlohmann::json> named;
+  for (const nlohmann::json& event : events) {
+    if (event["event"] == name) named.push_back(event);
+  }
+  return named;
+}
+
+int AliveWorkers(const nlohmann::json& status, bool trained) {
+  int alive = 0;
+  for (const nlohmann::json& worker : status["workers"]) {
+    alive += worker["state"] == "alive" && (!trained || worker["records"].get<uint64_t>() > 0);
+  }
+  return alive;
 }
 
 LocalJob::LocalJob(std::string dir, std::string config, std::vector<std::string> overrides,

@@ -48,13 +48,16 @@ class Process {
   std::optional<uint64_t> PeakResidentBytes() const;
   // Its resident set size now (VmRSS), in bytes; nullopt as above.
   std::optional<uint64_t> ResidentBytes() const;
+  // The number in `field` of /proc/PID/status ("RssAnon:" in kB,
+  // "Threads:"), as written; nullopt as above.
+  std::optional<uint64_t> StatusField(const std::string& field) const;
   // What the process has written so far.
   std::string Log() const;
   const std::string& log_path() const { return log_path_; }
 
  private:
   Process(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
-  // The kibibytes of `field` ("VmRSS:") in /proc/PID/status.
+  // StatusField of a field in kB, in bytes.
   std::optional<uint64_t> StatusBytes(const std::string& field) const;
   pid_t pid_;
   std::string log_path_;
@@ -84,6 +87,12 @@ Status GenerateData(const std::string& out, int rows, int seed, int files);
 uint64_t CountLines(const std::string& dir);
 // The master's events log (DATA_DIR/events.jsonl), one object per line.
 std::vector<nlohmann::json> ReadEvents(const std::string& master_dir);
+// The events called `name` ("scale_up"), in order.
+std::vector<nlohmann::json> EventsNamed(const std::vector<nlohmann::json>& events,
+                                        const std::string& name);
+// Workers a /status document shows alive; with `trained`, only those that
+// committed records.
+int AliveWorkers(const nlohmann::json& status, bool trained = false);
 
 // A job on loopback: one master, servers and workers, all in `dir`.
 //

@@ -1,5 +1,6 @@
 // TempDir: a fresh directory under the test temp dir, removed with its
-// contents when the object goes away.
+// contents when the object goes away; and FreeLoopbackPort, for a server a
+// test starts that cannot take port 0 itself.
 //
 // Thread-safety: a value owned by one test.
 
@@ -22,6 +23,10 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A TCP port free on 127.0.0.1 now (the kernel's pick, released at once);
+// 0 when none could be had.
+int FreeLoopbackPort();
 
 }  // namespace eps::testing
 
