@@ -10,8 +10,10 @@
 // once and an eval AUC within 0.005 of a fixed-size run, and the events
 // log shows each decision with its signal. The test prints the times from
 // GPUs freed to a new worker training and from others' demand to a worker
-// asked to leave and to their job running.
+// asked to leave and to their job running. And deploy/slurm/eps.sbatch,
+// submitted as a user would, runs a job to its end there.
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -218,6 +221,97 @@ TEST(SlurmAutoscaleTest, FollowsTheQueuesFreeGpusWithEveryRecordOnce) {
       absl::ToDoubleSeconds(all_training - freed), absl::ToDoubleSeconds(released - demanded),
       absl::ToDoubleSeconds(others_running - demanded), auc, reference_auc);
   std::cout << slurm.Command({"squeue", "--states=all"}).value_or("") << std::endl;
+}
+
+}  // namespace
+}  // namespace eps::testing
+
+namespace eps::testing {
+namespace {
+
+// deploy/slurm/eps.sbatch as a user submits it: the master and two servers
+// in one CPU job, the workers submitted by the master as GPU jobs; the
+// batch job completes with the master's exit code 0 and the job finished
+// with every record once.
+TEST(SlurmDeployTest, TheSubmissionScriptRunsAJobToTheEnd) {
+  const std::string unavailable = SlurmCluster::Unavailable();
+  if (!unavailable.empty()) GTEST_SKIP() << "no Slurm here: " << unavailable;
+  TempDir dir;
+  // Jobs run as this user, but slurmstepd enters the directory first.
+  ::chmod(dir.path().c_str(), 0755);
+  Status generated = GenerateData(dir.Join("data"), 20000, /*seed=*/29, /*files=*/2);
+  ASSERT_TRUE(generated.ok()) << generated;
+  const uint64_t lines = CountLines(dir.Join("data/train"));
+  const std::string config = dir.Join("job.ini");
+  WriteFile(config, absl::StrCat("[job]\n"
+                                 "name = sbatchtest\n"
+                                 "epochs = 2\n"
+                                 "[data]\n"
+                                 "train = ", dir.Join("data/train"), "\n"
+                                 "eval = ", dir.Join("data/eval"), "\n"
+                                 "shard_records = 2000\n"
+                                 "[worker]\n"
+                                 "batch_size = 256\n"
+                                 "compute_threads = 1\n"
+                                 "[master]\n"
+                                 "heartbeat_ms = 200\n"
+                                 "lease_ms = 2000\n"
+                                 "[autoscale]\n"
+                                 "source = slurm\n"
+                                 "launcher = slurm\n"
+                                 "partition = gpu\n"
+                                 "worker_binary = ", BinaryPath("eps-worker"), "\n"
+                                 "min_workers = 2\n"
+                                 "max_workers = 2\n"
+                                 "interval_s = 1\n"));
+  TempDir slurm_dir;
+  StatusOr<std::unique_ptr<SlurmCluster>> started = SlurmCluster::Start(slurm_dir.path(), 4);
+  ASSERT_TRUE(started.ok()) << started.status();
+  SlurmCluster& slurm = **started;
+
+  // The script's own resources are the cluster's; this one is small.
+  const std::string bin = BinaryPath("eps-master").substr(0, BinaryPath("eps-master").rfind('/'));
+  StatusOr<std::string> submitted = slurm.Command(
+      {"sbatch", "--parsable", "--ntasks=3", "--cpus-per-task=1", "--mem-per-cpu=200M",
+       "--output=" + dir.Join("eps.out"), "--chdir=" + dir.path(),
+       absl::StrCat("--export=ALL,EPS_CONFIG=", config, ",EPS_DIR=", dir.Join("run"),
+                    ",EPS_BIN=", bin, ",EPS_PORT=", FreeLoopbackPort(),
+                    ",EPS_HTTP_PORT=", FreeLoopbackPort()),
+       std::string(EPS_SOURCE_DIR) + "/deploy/slurm/eps.sbatch"});
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string job_id(absl::StripAsciiWhitespace(*submitted));
+
+  const absl::Time deadline = absl::Now() + absl::Minutes(4);
+  std::string state;
+  bool saw_workers = false;
+  while (absl::Now() < deadline) {
+    state = slurm.JobState(job_id);
+    StatusOr<std::string> workers = slurm.Command(
+        {"squeue", "--noheader", "--states=RUNNING", "--partition=gpu", "--Format=Name:100"});
+    if (workers.ok() && workers->find("eps-sbatchtest-worker-") != std::string::npos) {
+      saw_workers = true;
+    }
+    if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT") {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  const std::string output = ReadFile(dir.Join("eps.out"));
+  ASSERT_EQ(state, "COMPLETED") << output << slurm.Logs();
+  EXPECT_TRUE(saw_workers) << "no worker job ran in partition gpu";
+  EXPECT_NE(output.find("eps.sbatch: master tcp://"), std::string::npos) << output;
+  const std::string final_text = ReadFile(dir.Join("run/master/final_status.json"));
+  const json final_status = json::parse(final_text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(final_status.is_discarded()) << final_text << output;
+  ASSERT_NO_FATAL_FAILURE(ExpectExactlyOnce(final_status, lines));
+  EXPECT_EQ(final_status["servers"].size(), 2u) << "two tasks of the three ran servers";
+  // Both workers were batch jobs the master submitted.
+  const std::vector<json> launched =
+      EventsNamed(ReadEvents(dir.Join("run/master")), "worker_launched");
+  ASSERT_EQ(launched.size(), 2u) << json(launched).dump();
+  for (const json& event : launched) {
+    EXPECT_EQ(event["handle"].get<std::string>().rfind("slurm job ", 0), 0u) << event.dump();
+  }
 }
 
 }  // namespace

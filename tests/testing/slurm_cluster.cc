@@ -122,7 +122,8 @@ StatusOr<std::unique_ptr<SlurmCluster>> SlurmCluster::Start(const std::string& d
                       "KillWait=2\n"
                       "NodeName=localhost NodeAddr=127.0.0.1 CPUs=16 RealMemory=16000 Gres=gpu:",
                       gpus, " State=UNKNOWN\n"
-                      "PartitionName=gpu Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n"));
+                      "PartitionName=gpu Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n"
+                      "PartitionName=cpu Nodes=localhost MaxTime=INFINITE State=UP\n"));
   WriteFile(dir + "/gres.conf",
             absl::StrCat("Name=gpu File=", dir, "/dev/gpu[0-", gpus - 1, "]\n"));
   ::setenv("SLURM_CONF", conf.c_str(), 1);
@@ -147,7 +148,8 @@ StatusOr<std::unique_ptr<SlurmCluster>> SlurmCluster::Start(const std::string& d
   const bool idle = Await(
       [&] {
         StatusOr<std::string> state =
-            cluster->Command({"sinfo", "--noheader", "--Node", "--Format=StateLong"});
+            cluster->Command(
+            {"sinfo", "--noheader", "--Node", "--partition=gpu", "--Format=StateLong"});
         return state.ok() && absl::StripAsciiWhitespace(*state) == "idle";
       },
       absl::Minutes(1));
@@ -162,8 +164,10 @@ SlurmCluster::~SlurmCluster() {
   if (slurmctld_ != nullptr && slurmctld_->Running()) {
     // Every job, then an empty queue, so that no job's processes outlive
     // the test.
-    (void)Command({"scancel", "--full", "--signal=KILL", "--partition=gpu"});
-    (void)Command({"scancel", "--partition=gpu"});
+    for (const char* partition : {"--partition=gpu", "--partition=cpu"}) {
+      (void)Command({"scancel", "--full", "--signal=KILL", partition});
+      (void)Command({"scancel", partition});
+    }
     Await(
         [&] {
           StatusOr<std::string> left = Command({"squeue", "--noheader", "--Format=JobID"});

@@ -2,7 +2,8 @@
 // started as root, with every file (keys, sockets, state, spool, logs) in
 // one directory and their ports picked free. One node, "localhost", with
 // `gpus` GPUs declared in gres.conf on character devices made with mknod
-// (c 1 3, /dev/null's numbers: nothing reads them), in partition "gpu".
+// (c 1 3, /dev/null's numbers: nothing reads them), in partition "gpu",
+// and in partition "cpu" for jobs that need no GPU.
 // SlurmdParameters=config_overrides lets the node claim the CPUs, memory
 // and GPUs the configuration gives it; ProctrackType=proctrack/linuxproc
 // and TaskPlugin=task/none need no cgroups.
