@@ -50,6 +50,7 @@ canvas { border: 1px solid #ddd; max-width: 100%; }
 <h2>Workers</h2><table id="workers"></table>
 <h2>Servers</h2><table id="servers"></table>
 <h2>Checkpoints and recovery</h2><div class="kv" id="checkpoints"></div>
+<div id="autoscale-section" hidden><h2>Autoscaler</h2><div class="kv" id="autoscale"></div></div>
 <script>
 "use strict";
 const $ = (id) => document.getElementById(id);
@@ -176,6 +177,20 @@ function render(s) {
                                 (r.in_progress.waiting_for_servers || []).join(", ") + ")"]);
   }
   pairs($("checkpoints"), entries);
+  const a = s.autoscale;
+  $("autoscale-section").hidden = !a;
+  if (a) {
+    const d = a.last_decision || {};
+    pairs($("autoscale"), [
+      ["source · launcher", a.source + " · " + a.launcher],
+      ["free GPUs", a.signal_error ? "no signal: " + a.signal_error : text(a.free_gpus)],
+      ["others' pending GPUs", text(a.pending_gpus)],
+      ["workers target/launched", a.target_workers + "/" + a.live_workers +
+                                  " (" + a.min_workers + " to " + a.max_workers + ")"],
+      ["replaced", text((a.fleet || {}).restarts)],
+      ["last decision", (d.action || "–") + ": " + (d.rule || "")],
+    ]);
+  }
   plot(s.history || []);
   document.body.dataset.rendered = String(Number(document.body.dataset.rendered) + 1);
 }

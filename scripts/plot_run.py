@@ -6,7 +6,8 @@
 DATA_DIR is the master's --data-dir (it holds events.jsonl). Three panels
 over the job's time: the train loss (the current epoch's mean so far, from
 the master's progress samples, and each finished epoch's), the eval AUC,
-and records/s with the number of live workers. Membership changes and
+and records/s with the number of live workers (and, with the autoscaler,
+its target and the free GPUs at each decision). Membership changes and
 failures are marked on every panel: workers joining, leaving and dying,
 servers dying, recoveries, checkpoints and master restarts. Writes
 DATA_DIR/run.png unless --out says otherwise, and prints the path.
@@ -110,7 +111,17 @@ def main():
         workers_ax = rate_ax.twinx()
         workers_ax.step([t(e) for e in progress], [e.get("workers", 0) for e in progress],
                         where="post", color="#495057", alpha=0.6, label="live workers")
-        workers_ax.set_ylabel("live workers")
+        # The autoscaler's decisions against the worker count: the target
+        # it set, and the free GPUs it read then.
+        decisions = [e for e in events if e["event"] in ("scale_up", "scale_down")]
+        if decisions:
+            times = [t(e) for e in decisions] + [t(progress[-1])]
+            targets = [e["target"] for e in decisions]
+            workers_ax.step(times, targets + targets[-1:], where="post", color="#1c7ed6",
+                            linestyle="--", label="autoscaler target")
+            workers_ax.plot(times[:-1], [e.get("free_gpus", 0) for e in decisions], "^",
+                            color="#2b8a3e", label="free GPUs (at a decision)")
+        workers_ax.set_ylabel("live workers" + (", GPUs" if decisions else ""))
         workers_ax.set_ylim(bottom=0)
         workers_ax.yaxis.get_major_locator().set_params(integer=True)
     rate_ax.set_ylabel("records/s")
@@ -132,6 +143,9 @@ def main():
         rate_ax.plot(checkpoints, [0] * len(checkpoints), "|", color="#1864ab", markersize=12,
                      label="checkpoint")
     handles, labels = rate_ax.get_legend_handles_labels()
+    if progress:
+        more_handles, more_labels = workers_ax.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
     if handles:
         rate_ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.25),
                        ncol=4, fontsize=8, frameon=False)

@@ -202,6 +202,10 @@ class Worker::Impl {
     absl::MutexLock lock(&mu_);
     return stop_ || finished_;
   }
+  bool JobFinished() const {
+    absl::MutexLock lock(&mu_);
+    return finished_;
+  }
   bool StoppingOrOver(const Session& session) const {
     return session.over.load() || stopping();
   }
@@ -318,7 +322,11 @@ std::unique_ptr<PsClient> Worker::Impl::MakePsClient(Session& session, RpcChanne
   auto client = std::make_unique<PsClient>(&factory_, session.self, session.job, call,
                                            [this, master] { return FetchClusterMap(*master); });
   CHECK_OK(client->SetClusterMap(session.initial_map));
-  client->set_abandon([&session] { return Fenced(session); });
+  // Given up when fenced, and once the job is over: every record is
+  // committed then, and the servers exit, so a pull or push in flight
+  // (the loader prefetching) would only wait out its timeouts (2 attempts
+  // x 5 routing rounds: 20 s with 2 s calls) before the worker can exit.
+  client->set_abandon([this, &session] { return Fenced(session) || JobFinished(); });
   client->set_latency_histograms(&session.pull_latency, &session.push_latency);
   return client;
 }

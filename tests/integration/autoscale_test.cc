@@ -157,6 +157,16 @@ TEST(AutoscaleTest, GrowsShrinksAndReplacesWithEveryRecordOnce) {
   EXPECT_GE(EventsNamed(events, "worker_stopped").size(), 2u);  // the two given back
   // The stopped workers left gracefully; no worker was killed by the fleet.
   EXPECT_EQ(EventsNamed(events, "worker_stuck").size(), 0u);
+
+  // plot_run.py draws the decisions against the worker count.
+  const std::string png = dir.Join("run.png");
+  StatusOr<std::unique_ptr<Process>> plot =
+      Process::Start({"/usr/bin/python3", std::string(EPS_SOURCE_DIR) + "/scripts/plot_run.py",
+                      job.master_dir(), "--out", png},
+                     dir.Join("plot.log"));
+  ASSERT_TRUE(plot.ok()) << plot.status();
+  ASSERT_EQ((*plot)->Wait(absl::Seconds(120)), 0) << (*plot)->Log();
+  EXPECT_EQ(ReadFile(png).substr(0, 8), "\x89PNG\r\n\x1a\n") << (*plot)->Log();
 }
 
 TEST(AutoscaleTest, AStuckWorkerIsDetectedWithinTheProgressTimeoutAndReplaced) {

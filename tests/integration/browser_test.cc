@@ -39,11 +39,15 @@ TEST(Browser, StatusPageRendersWithoutErrors) {
             "[job]\nname = <page & test>\nprogress_interval_s = 1\n"
             "[data]\nshard_records = 5000\n"
             "[ps]\nnum_servers = 1\npartitions = 8\n"
-            "[worker]\nbatch_size = 512\nmax_records_per_s = 5000\n"
-            "[master]\nheartbeat_ms = 200\nlease_ms = 1000\n");
+            "[worker]\nbatch_size = 512\nmax_records_per_s = 2000\n"
+            "[master]\nheartbeat_ms = 200\nlease_ms = 1000\n"
+            // The autoscaler starts the worker, and the page shows it.
+            "[autoscale]\nsource = command\ncommand = echo 3 1\ninterval_s = 1\n"
+            "min_workers = 1\nmax_workers = 1\nworker_binary = " +
+                BinaryPath("eps-worker") + "\n");
   LocalJob job(dir.path(), config,
                {"--data.train=" + dir.Join("data/train"), "--data.eval=" + dir.Join("data/eval")});
-  ASSERT_TRUE(job.Start(/*servers=*/1, /*workers=*/1).ok()) << job.Logs();
+  ASSERT_TRUE(job.Start(/*servers=*/1, /*workers=*/0).ok()) << job.Logs();
   // A few progress samples for the chart.
   ASSERT_TRUE(job.WaitForStatus([](const json& status) { return status["history"].size() >= 3; }))
       << job.Logs();
@@ -71,6 +75,10 @@ TEST(Browser, StatusPageRendersWithoutErrors) {
   EXPECT_TRUE(absl::StrContains(dom, "&lt;page &amp; test&gt;")) << dom;
   EXPECT_TRUE(absl::StrContains(dom, "<td class=\"alive\">alive</td>")) << dom;
   EXPECT_TRUE(absl::StrContains(dom, "state running")) << dom;
+  // The autoscaler's section: shown, with the signal and the size.
+  EXPECT_TRUE(absl::StrContains(dom, "<div id=\"autoscale-section\"><h2>Autoscaler</h2>")) << dom;
+  EXPECT_TRUE(absl::StrContains(dom, "command · local")) << dom;
+  EXPECT_TRUE(absl::StrContains(dom, "1/1 (1 to 1)")) << dom;
 }
 
 }  // namespace
