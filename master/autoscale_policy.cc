@@ -43,7 +43,7 @@ std::pair<int64_t, std::string> AutoscalePolicy::Recommend(const AutoscaleSignal
   const int64_t free = std::max<int64_t>(0, signal.free_gpus - own.starting);
   // What shrinking counts as free: our leaving workers' GPUs too.
   const int64_t releasing = free + own.stopping;
-  std::string free_text =
+  const std::string free_text =
       own.starting > 0
           ? absl::StrCat("free GPUs ", free, " (", signal.free_gpus, " less ", own.starting,
                          " our starting workers take)")

@@ -106,15 +106,10 @@ class LocalLauncher final : public WorkerLauncher {
                      Subprocess::Start({binary_, "--config", context_.worker_config, "--master",
                                         context_.master_endpoint},
                                        {absl::StrCat("EPS_LAUNCH_ID=", launch_id)},
-                                       LogPath(launch_id)));
+                                       context_.LogPath(launch_id)));
     const std::string handle = absl::StrCat("pid ", child->pid());
     children_[launch_id] = std::move(child);
     return handle;
-  }
-
-  // Where worker `launch_id` writes its stdout and stderr.
-  std::string LogPath(uint64_t launch_id) const {
-    return absl::StrCat(context_.log_dir, "/worker-", launch_id, ".log");
   }
 
   Status Stop(uint64_t launch_id, const std::string&, bool force) override {
@@ -130,7 +125,7 @@ class LocalLauncher final : public WorkerLauncher {
       if (std::optional<int> code = it->second->Poll()) {
         if (*code != 0) {
           LOG(WARNING) << "autoscale: worker launch " << it->first << " exited with " << *code
-                       << "; its log: " << LogPath(it->first);
+                       << "; its log: " << context_.LogPath(it->first);
         }
         exits.emplace_back(it->first, *code);
         it = children_.erase(it);

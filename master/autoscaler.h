@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "core/clock.h"
@@ -86,6 +87,11 @@ struct LauncherContext {
   std::string master_endpoint;
   // Where launch logs go (DATA_DIR/workers/worker-<launch id>.log).
   std::string log_dir;
+
+  // The log of worker `launch_id`.
+  std::string LogPath(uint64_t launch_id) const {
+    return absl::StrCat(log_dir, "/worker-", launch_id, ".log");
+  }
 };
 
 StatusOr<std::unique_ptr<WorkerLauncher>> MakeLauncher(const JobConfig& job,

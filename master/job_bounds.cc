@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/clock.h"
@@ -46,18 +45,12 @@ void JobControl::EnforceBounds(absl::Time now) {
   // a checkpoint round only those that paused for it (a hung trainer never
   // pauses: the round waits for it, not it for the round).
   if (recovery_.active()) held_until_ = now;
-  const std::optional<uint64_t> round = checkpoints_.round_id();
-  absl::erase_if(paused_until_, [&](const auto& entry) {
-    auto it = membership_.workers().find(entry.first);
-    return it == membership_.workers().end() || it->second.state != PeerState::kAlive;
-  });
   const absl::Duration patience = absl::Seconds(job_.master.progress_timeout_s);
   for (uint32_t holder : progress_.HoldersOfShardsInProgress()) {
     auto it = membership_.workers().find(holder);
     if (it == membership_.workers().end() || it->second.state != PeerState::kAlive) continue;
-    absl::Time& paused_until = paused_until_.try_emplace(holder, absl::InfinitePast()).first->second;
-    if (round.has_value() && it->second.paused_for == *round) paused_until = now;
-    const absl::Time since = std::max({it->second.last_progress, held_until_, paused_until});
+    const absl::Time since =
+        std::max({it->second.last_progress, held_until_, it->second.held_until});
     if (now - since <= patience) continue;
     progress_.AddRetrained(membership_.FenceAlive(
         holder, now,

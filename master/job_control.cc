@@ -231,6 +231,7 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     worker->paused_for = request.paused_for_checkpoint();
     if (std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {
       reply->set_pause_for_checkpoint(*round);
+      if (worker->paused_for == *round) worker->held_until = now;
     }
     told = &worker->told_to_exit;
     if (std::optional<uint64_t> split = progress_.SplitRequestedOf(sender.id()); split) {

@@ -36,7 +36,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "core/job_config.h"
 #include "core/status.h"
@@ -231,14 +230,13 @@ class JobControl {
   ProgressMeter meter_;
   bool resumed_ = false;
   // Since when the bounded waits of EnforceBounds have lasted
-  // (InfiniteFuture while not waiting), and the last tick the job held
-  // workers back, which does not count against their progress: every
-  // worker (a recovery), and each alive holder that paused for a
-  // checkpoint round.
+  // (InfiniteFuture while not waiting), and the last tick a recovery held
+  // every worker back, which does not count against their progress (a
+  // checkpoint round holds only those that paused for it:
+  // WorkerEntry::held_until).
   absl::Time servers_missing_since_ = absl::InfiniteFuture();
   absl::Time no_workers_since_ = absl::InfiniteFuture();
   absl::Time held_until_ = absl::InfinitePast();
-  absl::flat_hash_map<uint32_t, absl::Time> paused_until_;
   absl::Time done_at_ = absl::InfiniteFuture();
   bool ended_ = false;  // the job ended since the last TakeChanges
   std::string saved_record_;  // the master record last taken, serialized

@@ -52,6 +52,9 @@ struct WorkerEntry {
   double records_per_s = 0;
   bool told_to_exit = false;
   uint64_t paused_for = 0;  // the checkpoint it reports having paused for
+  // Its last heartbeat paused for the checkpoint round in progress: the
+  // round held it back until then, which is no lack of progress of its own.
+  absl::Time held_until = absl::InfinitePast();
   // When it last made progress: took a shard, or had a commit applied.
   absl::Time last_progress;
   // The autoscaler's launch id (0: started by hand).

@@ -143,7 +143,7 @@ class SlurmLauncher final : public WorkerLauncher {
         "--partition=" + options_.partition,
         absl::StrCat("--gres=gpu:", options_.gpus_per_worker),
         absl::StrCat("--job-name=", prefix_, launch_id),
-        absl::StrCat("--output=", context_.log_dir, "/worker-", launch_id, ".log"),
+        "--output=" + context_.LogPath(launch_id),
         absl::StrCat("--export=ALL,EPS_LAUNCH_ID=", launch_id)};
     for (absl::string_view arg : absl::StrSplit(options_.sbatch_args, ' ', absl::SkipWhitespace())) {
       argv.emplace_back(arg);
@@ -190,31 +190,29 @@ class SlurmLauncher final : public WorkerLauncher {
         RunCommand({"squeue", "--noheader", "--states=all", "--jobs=" + absl::StrJoin(ids, ","),
                     "--Format=JobID:|,State:|,exit_code:|"},
                    timeout_, kMaxOutput);
-    std::map<std::string, std::pair<std::string, int>> states;
-    if (result.ok() && result->exit_code != 0 &&
-        absl::StrContains(result->err, "Invalid job id")) {
-      // Every job is gone from the controller's memory (MinJobAge passed).
-    } else {
-      StatusOr<std::map<std::string, std::pair<std::string, int>>> parsed =
-          !result.ok()               ? result.status()
-          : result->exit_code != 0 ? absl::UnavailableError(DescribeFailure(*result))
-                                   : ParseSlurmJobStates(result->out);
-      if (!parsed.ok()) {
-        // Said once until it works again; the fleet's own bounds (a dead
-        // worker's lease) still hold meanwhile.
-        if (!poll_failing_) {
-          LOG(WARNING) << "autoscale: squeue of the worker jobs failed (" << parsed.status()
-                       << "); trying again every " << absl::FormatDuration(kJobPollEvery);
-        }
-        poll_failing_ = true;
-        return exits;
+    // squeue refuses a list of ids it has all forgotten (MinJobAge passed):
+    // every job has ended then.
+    const bool all_forgotten = result.ok() && result->exit_code != 0 &&
+                               absl::StrContains(result->err, "Invalid job id");
+    StatusOr<std::map<std::string, std::pair<std::string, int>>> states =
+        all_forgotten            ? std::map<std::string, std::pair<std::string, int>>()
+        : !result.ok()           ? result.status()
+        : result->exit_code != 0 ? absl::UnavailableError(DescribeFailure(*result))
+                                 : ParseSlurmJobStates(result->out);
+    if (!states.ok()) {
+      // Said once until it works again; the fleet's own bounds (a dead
+      // worker's lease) still hold meanwhile.
+      if (!poll_failing_) {
+        LOG(WARNING) << "autoscale: squeue of the worker jobs failed (" << states.status()
+                     << "); trying again every " << absl::FormatDuration(kJobPollEvery);
       }
-      states = *std::move(parsed);
+      poll_failing_ = true;
+      return exits;
     }
     poll_failing_ = false;
     for (auto it = jobs_.begin(); it != jobs_.end();) {
-      auto state = states.find(it->second);
-      std::optional<int> end = state == states.end()
+      auto state = states->find(it->second);
+      std::optional<int> end = state == states->end()
                                    ? std::optional<int>(-1)  // forgotten: ended long ago
                                    : SlurmJobEnd(state->second.first, state->second.second);
       if (!end.has_value()) {
@@ -224,9 +222,9 @@ class SlurmLauncher final : public WorkerLauncher {
       if (*end != 0) {
         LOG(WARNING) << "autoscale: worker launch " << it->first << " (slurm job " << it->second
                      << ") ended "
-                     << (state == states.end() ? std::string("unseen")
+                     << (state == states->end() ? std::string("unseen")
                                                : absl::StrCat(state->second.first, " ", *end))
-                     << "; its log: " << context_.log_dir << "/worker-" << it->first << ".log";
+                     << "; its log: " << context_.LogPath(it->first);
       }
       exits.emplace_back(it->first, *end);
       it = jobs_.erase(it);

@@ -671,6 +671,8 @@ Status Worker::Impl::RunSession() {
   uint64_t loss_count_since = 0;
   Status status;
   std::vector<float> predictions;
+  // Looked up once a session, not once a batch.
+  const bool hang_trainer = FailpointArmed("worker.hang_trainer", session.self.id());
   while (std::unique_ptr<PreparedBatch> prepared = session.loader->Pop()) {
     if (session.over.load()) break;  // fenced: nothing queued may land
     if (!prepared->unreadable.empty()) {
@@ -697,7 +699,7 @@ Status Worker::Impl::RunSession() {
     if (!status.ok()) break;
     status = Commit(session, master, *prepared, loss_sum, predictions);
     if (!status.ok()) break;
-    if (FailpointArmed("worker.hang_trainer", session.self.id())) {
+    if (hang_trainer) {
       // As a trainer stuck in a device call: in its step, holding its
       // shard, heartbeating, until the process is asked to stop.
       LOG(WARNING) << "failpoint worker.hang_trainer=" << session.self.id()

@@ -127,17 +127,8 @@ TEST(AutoscaleTest, GrowsShrinksAndReplacesWithEveryRecordOnce) {
            status["autoscale"]["fleet"]["live"] == 1 && AliveWorkers(status) == 1;
   })) << job.Logs();
 
-  StatusOr<int> exit = job.WaitForMaster(absl::Minutes(3));
-  ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_EQ(*exit, 0) << job.Logs();
-  StatusOr<json> final_status = job.FinalStatus();
-  ASSERT_TRUE(final_status.ok()) << final_status.status();
-  EXPECT_EQ((*final_status)["state"], "finished");
-  const uint64_t lines = CountLines(dir.Join("data/train"));
-  for (const json& entry : (*final_status)["ledger"]) {
-    EXPECT_TRUE(entry["exactly_once"].get<bool>()) << entry.dump();
-    EXPECT_EQ(entry["records_committed"].get<uint64_t>(), lines) << entry.dump();
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectFinishedExactlyOnce(job, absl::Minutes(3), CountLines(dir.Join("data/train"))));
 
   // Every decision with the signal it was made from.
   const std::vector<json> events = ReadEvents(job.master_dir());
@@ -160,13 +151,9 @@ TEST(AutoscaleTest, GrowsShrinksAndReplacesWithEveryRecordOnce) {
 
   // plot_run.py draws the decisions against the worker count.
   const std::string png = dir.Join("run.png");
-  StatusOr<std::unique_ptr<Process>> plot =
-      Process::Start({"/usr/bin/python3", std::string(EPS_SOURCE_DIR) + "/scripts/plot_run.py",
-                      job.master_dir(), "--out", png},
-                     dir.Join("plot.log"));
-  ASSERT_TRUE(plot.ok()) << plot.status();
-  ASSERT_EQ((*plot)->Wait(absl::Seconds(120)), 0) << (*plot)->Log();
-  EXPECT_EQ(ReadFile(png).substr(0, 8), "\x89PNG\r\n\x1a\n") << (*plot)->Log();
+  const auto [plotted, plot_log] = PlotRun(job.master_dir(), png);
+  ASSERT_EQ(plotted, 0) << plot_log;
+  EXPECT_EQ(ReadFile(png).substr(0, 8), "\x89PNG\r\n\x1a\n") << plot_log;
 }
 
 TEST(AutoscaleTest, AStuckWorkerIsDetectedWithinTheProgressTimeoutAndReplaced) {
@@ -190,15 +177,8 @@ TEST(AutoscaleTest, AStuckWorkerIsDetectedWithinTheProgressTimeoutAndReplaced) {
   ::unsetenv("EPS_FAILPOINTS");
   ASSERT_TRUE(started.ok()) << job.Logs();
 
-  StatusOr<int> exit = job.WaitForMaster(absl::Minutes(1));
-  ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_EQ(*exit, 0) << job.Logs();
-  StatusOr<json> final_status = job.FinalStatus();
-  ASSERT_TRUE(final_status.ok()) << final_status.status();
-  EXPECT_EQ((*final_status)["state"], "finished");
-  for (const json& entry : (*final_status)["ledger"]) {
-    EXPECT_TRUE(entry["exactly_once"].get<bool>()) << entry.dump();
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectFinishedExactlyOnce(job, absl::Minutes(1), CountLines(dir.Join("data/train"))));
 
   const std::vector<json> events = ReadEvents(job.master_dir());
   const std::vector<json> fenced = EventsNamed(events, "worker_fenced_alive");

@@ -87,16 +87,11 @@ TEST(Observability, KilledWorkerShowsInTheEventsLogAndThePlot) {
 
   if (!std::filesystem::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
   const std::string png = dir.Join("run.png");
-  StatusOr<std::unique_ptr<Process>> plot =
-      Process::Start({"/usr/bin/python3", std::string(EPS_SOURCE_DIR) + "/scripts/plot_run.py",
-                      job.master_dir(), "--out", png},
-                     dir.Join("plot.log"));
-  ASSERT_TRUE(plot.ok()) << plot.status();
-  const std::optional<int> plotted = (*plot)->Wait(absl::Seconds(120));
-  if (plotted == 1 && absl::StrContains((*plot)->Log(), "needs matplotlib")) {
-    GTEST_SKIP() << "python3-matplotlib is not installed: " << (*plot)->Log();
+  const auto [plotted, plot_log] = PlotRun(job.master_dir(), png);
+  if (plotted == 1 && absl::StrContains(plot_log, "needs matplotlib")) {
+    GTEST_SKIP() << "python3-matplotlib is not installed: " << plot_log;
   }
-  ASSERT_EQ(plotted, 0) << (*plot)->Log();
+  ASSERT_EQ(plotted, 0) << plot_log;
   EXPECT_TRUE(IsPng(png)) << png;
 }
 

@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -72,15 +74,6 @@ std::string WriteJobConfig(const TempDir& dir) {
   return path;
 }
 
-void ExpectExactlyOnce(const json& final_status, uint64_t lines) {
-  EXPECT_EQ(final_status["state"], "finished");
-  ASSERT_FALSE(final_status["ledger"].empty());
-  for (const json& entry : final_status["ledger"]) {
-    EXPECT_TRUE(entry["exactly_once"].get<bool>()) << entry.dump();
-    EXPECT_EQ(entry["records_committed"].get<uint64_t>(), lines) << entry.dump();
-  }
-}
-
 TEST(SlurmAutoscaleTest, FollowsTheQueuesFreeGpusWithEveryRecordOnce) {
   const std::string unavailable = SlurmCluster::Unavailable();
   if (!unavailable.empty()) GTEST_SKIP() << "no Slurm here: " << unavailable;
@@ -101,13 +94,9 @@ TEST(SlurmAutoscaleTest, FollowsTheQueuesFreeGpusWithEveryRecordOnce) {
     flags.push_back("--worker.max_records_per_s=0");
     LocalJob job(dir.path(), WriteJobConfig(dir), flags);
     ASSERT_TRUE(job.Start(/*servers=*/1, /*workers=*/2).ok()) << job.Logs();
-    StatusOr<int> exit = job.WaitForMaster(absl::Minutes(3));
-    ASSERT_TRUE(exit.ok()) << exit.status();
-    ASSERT_EQ(*exit, 0) << job.Logs();
-    StatusOr<json> final_status = job.FinalStatus();
-    ASSERT_TRUE(final_status.ok()) << final_status.status();
-    ASSERT_NO_FATAL_FAILURE(ExpectExactlyOnce(*final_status, lines));
-    reference_auc = (*final_status)["metrics"]["eval_auc"].get<double>();
+    json final_status;
+    ASSERT_NO_FATAL_FAILURE(ExpectFinishedExactlyOnce(job, absl::Minutes(3), lines, &final_status));
+    reference_auc = final_status["metrics"]["eval_auc"].get<double>();
   }
 
   TempDir slurm_dir;
@@ -118,11 +107,7 @@ TEST(SlurmAutoscaleTest, FollowsTheQueuesFreeGpusWithEveryRecordOnce) {
   // Another user's job holds 7 of the 8 GPUs.
   StatusOr<std::string> hog = slurm.Submit("hog", 7, "sleep 600", kOtherUser);
   ASSERT_TRUE(hog.ok()) << hog.status();
-  const absl::Time hog_deadline = absl::Now() + absl::Seconds(30);
-  while (slurm.JobState(*hog) != "RUNNING" && absl::Now() < hog_deadline) {
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  ASSERT_EQ(slurm.JobState(*hog), "RUNNING") << slurm.Logs();
+  ASSERT_EQ(slurm.AwaitJobState(*hog, {"RUNNING"}, absl::Seconds(30)), "RUNNING") << slurm.Logs();
 
   TempDir dir;
   LocalJob job(dir.path(), WriteJobConfig(dir), data_flags, /*deadline=*/absl::Minutes(6));
@@ -177,20 +162,13 @@ TEST(SlurmAutoscaleTest, FollowsTheQueuesFreeGpusWithEveryRecordOnce) {
     return status["autoscale"]["target_workers"] == 2 &&
            status["autoscale"]["fleet"]["live"] == 2 && AliveWorkers(status) == 2;
   })) << job.Logs() << slurm.Logs();
-  const absl::Time others_deadline = absl::Now() + absl::Seconds(60);
-  while (slurm.JobState(*other) != "RUNNING" && absl::Now() < others_deadline) {
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  ASSERT_EQ(slurm.JobState(*other), "RUNNING") << job.Logs() << slurm.Logs();
+  ASSERT_EQ(slurm.AwaitJobState(*other, {"RUNNING"}, absl::Seconds(60)), "RUNNING")
+      << job.Logs() << slurm.Logs();
   const absl::Time others_running = absl::Now();
 
-  StatusOr<int> exit = job.WaitForMaster(absl::Minutes(4));
-  ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_EQ(*exit, 0) << job.Logs();
-  StatusOr<json> final_status = job.FinalStatus();
-  ASSERT_TRUE(final_status.ok()) << final_status.status();
-  ASSERT_NO_FATAL_FAILURE(ExpectExactlyOnce(*final_status, lines));
-  const double auc = (*final_status)["metrics"]["eval_auc"].get<double>();
+  json final_status;
+  ASSERT_NO_FATAL_FAILURE(ExpectFinishedExactlyOnce(job, absl::Minutes(4), lines, &final_status));
+  const double auc = final_status["metrics"]["eval_auc"].get<double>();
   EXPECT_NEAR(auc, reference_auc, 0.005);
 
   // Every decision with the signal it was made from.
@@ -270,40 +248,36 @@ TEST(SlurmDeployTest, TheSubmissionScriptRunsAJobToTheEnd) {
   SlurmCluster& slurm = **started;
 
   // The script's own resources are the cluster's; this one is small.
-  const std::string bin = BinaryPath("eps-master").substr(0, BinaryPath("eps-master").rfind('/'));
   StatusOr<std::string> submitted = slurm.Command(
       {"sbatch", "--parsable", "--ntasks=3", "--cpus-per-task=1", "--mem-per-cpu=200M",
        "--output=" + dir.Join("eps.out"), "--chdir=" + dir.path(),
        absl::StrCat("--export=ALL,EPS_CONFIG=", config, ",EPS_DIR=", dir.Join("run"),
-                    ",EPS_BIN=", bin, ",EPS_PORT=", FreeLoopbackPort(),
+                    ",EPS_BIN=", EPS_BIN_DIR, ",EPS_PORT=", FreeLoopbackPort(),
                     ",EPS_HTTP_PORT=", FreeLoopbackPort()),
        std::string(EPS_SOURCE_DIR) + "/deploy/slurm/eps.sbatch"});
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string job_id(absl::StripAsciiWhitespace(*submitted));
 
-  const absl::Time deadline = absl::Now() + absl::Minutes(4);
-  std::string state;
-  bool saw_workers = false;
-  while (absl::Now() < deadline) {
-    state = slurm.JobState(job_id);
-    StatusOr<std::string> workers = slurm.Command(
-        {"squeue", "--noheader", "--states=RUNNING", "--partition=gpu", "--Format=Name:100"});
-    if (workers.ok() && workers->find("eps-sbatchtest-worker-") != std::string::npos) {
-      saw_workers = true;
-    }
-    if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT") {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(500));
-  }
+  const std::string state = slurm.AwaitJobState(
+      job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, absl::Minutes(4));
   const std::string output = ReadFile(dir.Join("eps.out"));
   ASSERT_EQ(state, "COMPLETED") << output << slurm.Logs();
-  EXPECT_TRUE(saw_workers) << "no worker job ran in partition gpu";
+  // The master's two worker jobs ran in partition gpu and completed (exit
+  // 0 at the job's end; squeue keeps ended jobs for MinJobAge, 5 minutes).
+  StatusOr<std::string> workers = slurm.Command({"squeue", "--noheader", "--states=all",
+                                                 "--partition=gpu", "--Format=Name:100|,State"});
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  int completed_workers = 0;
+  for (absl::string_view line : absl::StrSplit(*workers, '\n', absl::SkipEmpty())) {
+    completed_workers += absl::StartsWith(line, "eps-sbatchtest-worker-") &&
+                         absl::StrContains(line, "|COMPLETED");
+  }
+  EXPECT_EQ(completed_workers, 2) << *workers;
   EXPECT_NE(output.find("eps.sbatch: master tcp://"), std::string::npos) << output;
   const std::string final_text = ReadFile(dir.Join("run/master/final_status.json"));
   const json final_status = json::parse(final_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(final_status.is_discarded()) << final_text << output;
-  ASSERT_NO_FATAL_FAILURE(ExpectExactlyOnce(final_status, lines));
+  ASSERT_NO_FATAL_FAILURE(ExpectEveryEpochExactlyOnce(final_status, lines));
   EXPECT_EQ(final_status["servers"].size(), 2u) << "two tasks of the three ran servers";
   // Both workers were batch jobs the master submitted.
   const std::vector<json> launched =

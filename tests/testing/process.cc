@@ -188,6 +188,38 @@ std::vector<nlohmann::json> EventsNamed(const std::vector<nlohmann::json>& event
   return named;
 }
 
+void ExpectEveryEpochExactlyOnce(const nlohmann::json& final_status, uint64_t lines) {
+  EXPECT_EQ(final_status["state"], "finished");
+  ASSERT_FALSE(final_status["ledger"].empty()) << final_status.dump();
+  for (const nlohmann::json& entry : final_status["ledger"]) {
+    EXPECT_TRUE(entry["exactly_once"].get<bool>()) << entry.dump();
+    EXPECT_EQ(entry["records_committed"].get<uint64_t>(), lines) << entry.dump();
+  }
+}
+
+void ExpectFinishedExactlyOnce(LocalJob& job, absl::Duration timeout, uint64_t lines,
+                               nlohmann::json* final_status) {
+  StatusOr<int> exit = job.WaitForMaster(timeout);
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  ASSERT_EQ(*exit, 0) << job.Logs();
+  StatusOr<nlohmann::json> status = job.FinalStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_NO_FATAL_FAILURE(ExpectEveryEpochExactlyOnce(*status, lines));
+  if (final_status != nullptr) *final_status = *std::move(status);
+}
+
+std::pair<std::optional<int>, std::string> PlotRun(const std::string& master_dir,
+                                                   const std::string& png) {
+  const std::string log = png + ".log";
+  StatusOr<std::unique_ptr<Process>> plot = Process::Start(
+      {"/usr/bin/python3", std::string(EPS_SOURCE_DIR) + "/scripts/plot_run.py", master_dir,
+       "--out", png},
+      log);
+  if (!plot.ok()) return {std::nullopt, std::string(plot.status().message())};
+  const std::optional<int> code = (*plot)->Wait(absl::Seconds(120));
+  return {code, (*plot)->Log()};
+}
+
 int AliveWorkers(const nlohmann::json& status, bool trained) {
   int alive = 0;
   for (const nlohmann::json& worker : status["workers"]) {

@@ -90,6 +90,21 @@ std::vector<nlohmann::json> ReadEvents(const std::string& master_dir);
 // The events called `name` ("scale_up"), in order.
 std::vector<nlohmann::json> EventsNamed(const std::vector<nlohmann::json>& events,
                                         const std::string& name);
+class LocalJob;
+
+// A final status that says "finished" with every epoch's ledger complete,
+// each line counted exactly once and `lines` committed (GoogleTest
+// expectations; a fatal failure when the ledger is empty).
+void ExpectEveryEpochExactlyOnce(const nlohmann::json& final_status, uint64_t lines);
+// Waits up to `timeout` for `job`'s master to exit 0, then expects its
+// final status as ExpectEveryEpochExactlyOnce does; the final status in
+// `final_status` when given. Fatal failures: use ASSERT_NO_FATAL_FAILURE.
+void ExpectFinishedExactlyOnce(LocalJob& job, absl::Duration timeout, uint64_t lines,
+                               nlohmann::json* final_status = nullptr);
+// Runs scripts/plot_run.py on a master's --data-dir, writing `png`; its
+// exit code (nullopt when it ran past 2 minutes) and what it printed.
+std::pair<std::optional<int>, std::string> PlotRun(const std::string& master_dir,
+                                                   const std::string& png);
 // Workers a /status document shows alive; with `trained`, only those that
 // committed records.
 int AliveWorkers(const nlohmann::json& status, bool trained = false);

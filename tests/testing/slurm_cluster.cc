@@ -6,6 +6,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -209,6 +210,19 @@ std::string SlurmCluster::JobState(const std::string& job_id) const {
   StatusOr<std::string> state = Command(
       {"squeue", "--noheader", "--states=all", "--jobs=" + job_id, "--Format=State"});
   return state.ok() ? std::string(absl::StripAsciiWhitespace(*state)) : "";
+}
+
+std::string SlurmCluster::AwaitJobState(const std::string& job_id,
+                                        const std::vector<std::string>& states,
+                                        absl::Duration timeout) const {
+  std::string state;
+  Await(
+      [&] {
+        state = JobState(job_id);
+        return std::find(states.begin(), states.end(), state) != states.end();
+      },
+      timeout);
+  return state;
 }
 
 std::string SlurmCluster::Logs() const {

@@ -48,6 +48,10 @@ class SlurmCluster {
   // The job's state as squeue shows it ("PENDING", "RUNNING", ...; "" when
   // squeue no longer knows it).
   std::string JobState(const std::string& job_id) const;
+  // Polls JobState until it is one of `states` or `timeout` passes; the
+  // last state seen.
+  std::string AwaitJobState(const std::string& job_id, const std::vector<std::string>& states,
+                            absl::Duration timeout) const;
   // The daemons' logs, for failure messages.
   std::string Logs() const;
 
