@@ -13,7 +13,12 @@ namespace eps {
 bool Recovery::Start(const std::string& why, bool rollback, uint32_t lost, absl::Time now) {
   const bool started = !state_.has_value();
   if (started) {
-    state_ = State{.why = why, .started = now, .rollback = rollback, .lost = {}, .last_log = now};
+    state_ = State{.why = why,
+                   .started = now,
+                   .rollback = rollback,
+                   .lost = {},
+                   .last_log = now,
+                   .last_retry = {}};
     ++count_;
   }
   state_->lost.insert(lost);
@@ -21,7 +26,8 @@ bool Recovery::Start(const std::string& why, bool rollback, uint32_t lost, absl:
 }
 
 void Recovery::StartRollback(const std::string& why, absl::Time now) {
-  state_ = State{.why = why, .started = now, .rollback = true, .lost = {}, .last_log = now};
+  state_ = State{
+      .why = why, .started = now, .rollback = true, .lost = {}, .last_log = now, .last_retry = {}};
   ++count_;
 }
 
@@ -41,9 +47,8 @@ Recovery::Step Recovery::Next(const Membership& membership,
   const std::vector<uint32_t> missing = membership.MissingServers();
   if (now - state_->started > timeout) {
     step.kind = Step::Kind::kFail;
-    const std::string waited = absl::StrCat(
-        "within master.recovery_timeout_s (", absl::FormatDuration(timeout), ") of ",
-        state_->why);
+    const std::string waited = absl::StrCat("within master.recovery_timeout_s (",
+                                            absl::FormatDuration(timeout), ") of ", state_->why);
     if (!missing.empty()) {
       step.error = absl::StrCat(
           "ps[", absl::StrJoin(missing, "], ps["), "] did not come back ", waited,
@@ -52,9 +57,8 @@ Recovery::Step Recovery::Next(const Membership& membership,
     } else if (membership.fencing()) {
       step.error = absl::StrCat("the servers did not acknowledge the fence list ", waited);
     } else {
-      step.error = absl::StrCat("the restore of checkpoint ", checkpoint.id(),
-                                " did not complete ", waited,
-                                state_->last_retry.empty() ? "" : ": ", state_->last_retry);
+      step.error = absl::StrCat("the restore of checkpoint ", checkpoint.id(), " did not complete ",
+                                waited, state_->last_retry.empty() ? "" : ": ", state_->last_retry);
     }
     return step;
   }
@@ -62,8 +66,7 @@ Recovery::Step Recovery::Next(const Membership& membership,
     if (now - state_->last_log >= log_every) {
       state_->last_log = now;
       step.waiting_line = absl::StrCat(
-          state_->why, " ", FormatSeconds(now - state_->started),
-          " ago; ",
+          state_->why, " ", FormatSeconds(now - state_->started), " ago; ",
           missing.empty()
               ? std::string("fencing the workers at every server")
               : absl::StrCat("waiting for ps[", absl::StrJoin(missing, "], ps["),
@@ -83,8 +86,8 @@ Recovery::Step Recovery::Next(const Membership& membership,
       step.error = absl::StrCat("checkpoint ", checkpoint.id(), " has no part of ps[", slot, "]");
       return step;
     }
-    step.targets.push_back(RestoreTarget{.slot = slot, .endpoint = server.endpoint,
-                                         .path = paths[slot]});
+    step.targets.push_back(
+        RestoreTarget{.slot = slot, .endpoint = server.endpoint, .path = paths[slot]});
   }
   step.kind = Step::Kind::kRestore;
   return step;

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -14,15 +17,20 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/logging.h"
 #include "ps/kv_store.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/filter_policy.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
 #include "rocksdb/utilities/checkpoint.h"
@@ -122,6 +130,90 @@ rocksdb::ColumnFamilyOptions FamilyOptions(const RocksKvStoreOptions& options,
   family.compression = rocksdb::kNoCompression;
   return family;
 }
+
+// RocksDB's info log, in DIR/LOG (the previous one in LOG.old past
+// kMaxBytes). RocksDB's own logger writes through a file writer that, once
+// a write failed (a full disk), aborts the process at its next line when
+// the library is built with assertions, as Debian's is; this one stops
+// writing instead and says so once. Errors also go to the server's log.
+class InfoLog final : public rocksdb::Logger {
+ public:
+  explicit InfoLog(std::string dir)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), dir_(std::move(dir)) {}
+  ~InfoLog() override {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    char buffer[1024];
+    std::vsnprintf(buffer, sizeof(buffer), format, ap);
+    const absl::string_view message = absl::StripTrailingAsciiWhitespace(buffer);
+    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
+      LOG(WARNING) << "rocksdb in " << dir_ << ": " << message;
+    }
+    absl::MutexLock lock(&mu_);
+    if (failed_) return;
+    if (file_ == nullptr || bytes_ > kMaxBytes) Roll();
+    if (failed_) return;
+    const std::string line =
+        absl::StrCat(absl::FormatTime("%Y/%m/%d-%H:%M:%E6S ", absl::Now(), absl::LocalTimeZone()),
+                     message, "\n");
+    if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
+      Fail("writing");
+      return;
+    }
+    bytes_ += line.size();
+  }
+
+ private:
+  static constexpr uint64_t kMaxBytes = 16 << 20;
+
+  void Roll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::string path = dir_ + "/LOG";
+    if (file_ != nullptr) {
+      std::fclose(file_);
+      file_ = nullptr;
+      std::error_code error;
+      fs::rename(path, path + ".old", error);
+    }
+    file_ = std::fopen(path.c_str(), "a");
+    if (file_ == nullptr) {
+      Fail("opening");
+      return;
+    }
+    std::error_code error;
+    bytes_ = fs::file_size(path, error);
+    if (error) bytes_ = 0;
+  }
+
+  void Fail(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    failed_ = true;
+    LOG(WARNING) << "rocksdb's info log " << dir_ << "/LOG: " << what << " failed ("
+                 << std::strerror(errno) << "); it stops here";
+  }
+
+  const std::string dir_;
+  absl::Mutex mu_;
+  std::FILE* file_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A store whose write failed stays failed: RocksDB would otherwise resume
+// writing on its own once space is back (a full disk's error is one it
+// recovers from), behind the back of a master that has already stopped
+// the job on that error. The server restarts instead, replaying its WAL.
+class NoAutoRecovery final : public rocksdb::EventListener {
+ public:
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/, rocksdb::Status /*error*/,
+                            bool* auto_recovery) override {
+    *auto_recovery = false;
+  }
+};
 
 class RocksKvStore final : public KvStore {
  public:
@@ -337,9 +429,11 @@ StatusOr<std::unique_ptr<KvStore>> OpenRocksKvStore(const RocksKvStoreOptions& o
   // Flushes and compactions: two jobs keep up with a flush-interval write
   // load without taking cores from serving.
   db_options.max_background_jobs = 2;
-  // RocksDB's own info LOG: a couple of files is enough to debug with.
-  db_options.keep_log_file_num = 2;
-  db_options.max_log_file_size = 16 << 20;
+  // RocksDB's info LOG, written by InfoLog: it survives a full disk.
+  std::error_code made;
+  fs::create_directories(options.dir, made);
+  db_options.info_log = std::make_shared<InfoLog>(options.dir);
+  db_options.listeners.push_back(std::make_shared<NoAutoRecovery>());
   // A WAL file is deleted only once every table with writes in it has
   // flushed them; a table written a little at a time (a dense tensor)
   // fills its memtable rarely and would keep every WAL file since, up to

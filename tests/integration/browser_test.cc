@@ -36,7 +36,9 @@ TEST(Browser, StatusPageRendersWithoutErrors) {
   ASSERT_TRUE(GenerateData(dir.Join("data"), 60000, /*seed=*/4, /*files=*/1).ok());
   const std::string config = dir.Join("job.ini");
   WriteFile(config,
-            "[job]\nname = <page & test>\nprogress_interval_s = 1\n"
+            // Epochs enough to outlive Chromium however slowly it starts
+            // (in CI it once took so long that the job had finished).
+            "[job]\nname = <page & test>\nprogress_interval_s = 1\nepochs = 100\n"
             "[data]\nshard_records = 5000\n"
             "[ps]\nnum_servers = 1\npartitions = 8\n"
             "[worker]\nbatch_size = 512\nmax_records_per_s = 2000\n"
@@ -53,16 +55,16 @@ TEST(Browser, StatusPageRendersWithoutErrors) {
       << job.Logs();
 
   // Virtual time lets the page fetch /status and re-render twice.
-  StatusOr<std::unique_ptr<Process>> browser = Process::Start(
-      {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-       "--user-data-dir=" + dir.Join("chromium-profile"), "--virtual-time-budget=5000",
-       "--dump-dom", job.http() + "/"},
-      dir.Join("chromium.log"));
+  StatusOr<std::unique_ptr<Process>> browser =
+      Process::Start({chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                      "--enable-logging=stderr", "--user-data-dir=" + dir.Join("chromium-profile"),
+                      "--virtual-time-budget=5000", "--dump-dom", job.http() + "/"},
+                     dir.Join("chromium.log"));
   ASSERT_TRUE(browser.ok()) << browser.status();
   ASSERT_EQ((*browser)->Wait(absl::Seconds(90)), 0) << (*browser)->Log();
   const std::string output = (*browser)->Log();
   const size_t html = output.find("<html");
-  ASSERT_NE(html, std::string::npos) << output;
+  ASSERT_NE(html, std::string::npos) << output << job.Logs();
   const std::string dom = output.substr(html);
 
   EXPECT_GE(Attribute(dom, "data-rendered"), 2) << dom;

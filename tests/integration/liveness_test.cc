@@ -6,14 +6,9 @@
 // finished job or in a resumable stop whose line names the cause.
 
 #include <signal.h>
-#include <sys/mount.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -21,10 +16,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cluster/placement.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "cluster/placement.h"
 #include "proto/eps.pb.h"
 #include "rpc/message.h"
 #include "rpc/rpc_channel.h"
@@ -173,48 +168,6 @@ TEST_F(LivenessTest, DeletedFileIsSkippedWithTheReasonAndTheJobFinishes) {
 
 // --- Full disks ---------------------------------------------------------------------------
 
-// A tmpfs of `megabytes` at `path` for the test's life (root only: the
-// mount must outlive the server processes, so no user namespace will do).
-class SmallDisk {
- public:
-  SmallDisk(const std::string& path, int megabytes) : path_(path) {
-    std::filesystem::create_directories(path);
-    if (::geteuid() != 0) {
-      error_ = "needs root to mount a tmpfs";
-      return;
-    }
-    const std::string size = absl::StrCat("size=", megabytes, "m");
-    if (::mount("tmpfs", path.c_str(), "tmpfs", 0, size.c_str()) != 0) {
-      error_ = absl::StrCat("cannot mount a tmpfs on ", path, ": ", std::strerror(errno));
-      return;
-    }
-    mounted_ = true;
-  }
-  ~SmallDisk() {
-    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
-  }
-  const std::string& error() const { return error_; }
-
-  // Fills what is left but `spare` bytes with a file; returns its path.
-  std::string Fill(uint64_t spare) {
-    const std::string filler = path_ + "/filler";
-    const std::filesystem::space_info space = std::filesystem::space(path_);
-    const uint64_t size = space.available > spare ? space.available - spare : 0;
-    std::ofstream out(filler, std::ios::binary);
-    const std::string block(1 << 20, 'x');
-    for (uint64_t written = 0; written < size && out; written += block.size()) {
-      out.write(block.data(), static_cast<std::streamsize>(std::min<uint64_t>(block.size(),
-                                                                             size - written)));
-    }
-    return filler;
-  }
-
- private:
-  std::string path_;
-  std::string error_;
-  bool mounted_ = false;
-};
-
 TEST_F(LivenessTest, FullDiskStopsTheJobNamingTheServerThenResumesOnceThereIsSpace) {
   SmallDisk disk(dir_.Join("small-disk"), 96);
   if (!disk.error().empty()) GTEST_SKIP() << "no full-disk test: " << disk.error();
@@ -287,10 +240,10 @@ TEST_F(LivenessTest, ServerThatNeverComesBackStopsTheJobAtTheRecoveryTimeout) {
   std::string slot = ReadFile(job.server_dir(1) + "/SERVER");
   slot = slot.substr(0, slot.find('\n'));
   // A lease (2 s) to notice, 5 s of waiting, a few ticks.
-  ExpectResumableStop(job, killed, absl::Seconds(15),
-                      absl::StrCat("ps[", slot,
-                                   "] did not come back within master.recovery_timeout_s (5s)"),
-                      /*killed=*/{1});
+  ExpectResumableStop(
+      job, killed, absl::Seconds(15),
+      absl::StrCat("ps[", slot, "] did not come back within master.recovery_timeout_s (5s)"),
+      /*killed=*/{1});
   // Once it is back, --resume finishes the job.
   ASSERT_NO_FATAL_FAILURE(Resume(job));
   const json status = ExpectFinished(job);

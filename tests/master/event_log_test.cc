@@ -167,7 +167,9 @@ TEST_F(EventLogTest, ConcurrentRecordsAndFlushesLoseNothing) {
     threads.emplace_back([&log, t] {
       for (int i = 0; i < kEach; ++i) {
         log.Record("tick", {{"thread", t}, {"i", i}});
-        if (i % 50 == 0) EXPECT_TRUE(log.Flush().ok());
+        if (i % 50 == 0) {
+          EXPECT_TRUE(log.Flush().ok());
+        }
       }
     });
   }

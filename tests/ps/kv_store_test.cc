@@ -566,5 +566,80 @@ TEST_F(RocksKvStoreTest, MemoryIsTheCacheAndMemtablesWithinTheirBounds) {
   EXPECT_LE(read, bound);
 }
 
+// A full disk: the write that finds no space fails (kUnavailable, "No space
+// left on device"), and so does everything after it that would write,
+// checkpoints included, without touching RocksDB again (Debian's RocksDB
+// is built with assertions, and a WAL writer used after an error aborts the
+// process: the liveness test's server once died so, SIGABRT, and the job
+// waited for it). Every write acknowledged before the failure is there when
+// the store is reopened with space again.
+TEST_F(RocksKvStoreTest, AFullDiskFailsEveryLaterWriteWithoutAbortingAndLosesNothingAcknowledged) {
+  testing::SmallDisk disk(Path("small"), 24);
+  if (!disk.error().empty()) GTEST_SKIP() << "no full-disk test: " << disk.error();
+  constexpr size_t kBytes = 256;
+  constexpr uint64_t kBatch = 512;
+  RocksKvStoreOptions options;
+  options.dir = Path("small/db");
+  options.block_cache_mb = 1;
+  options.write_buffer_mb = 1;
+  uint64_t acknowledged = 0;  // keys 0 .. acknowledged - 1, at version 1
+  std::string filler;
+  {
+    StatusOr<std::unique_ptr<KvStore>> opened = OpenRocksKvStore(options);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    KvStore& store = **opened;
+    ASSERT_TRUE(store.CreateTable(1).ok());
+    filler = disk.Fill(/*spare=*/1 << 20);
+    Status failed;
+    // 1 MiB of spare space takes a few batches of 128 KiB, and far fewer
+    // than this.
+    for (int batch = 0; batch < 1000 && failed.ok(); ++batch) {
+      std::vector<uint64_t> keys;
+      std::vector<std::string> values;
+      for (uint64_t key = acknowledged; key < acknowledged + kBatch; ++key) {
+        keys.push_back(key);
+        values.push_back(ValueFor(key, 1, kBytes));
+      }
+      failed = store.Write(WritesFor(1, keys, values), /*sync=*/true);
+      if (failed.ok()) acknowledged += kBatch;
+    }
+    ASSERT_FALSE(failed.ok()) << "the disk never filled";
+    EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+    EXPECT_NE(failed.message().find("No space left on device"), std::string::npos) << failed;
+    ASSERT_GT(acknowledged, 0u);
+
+    // Everything that writes fails alike, however often, and reads go on.
+    const std::vector<KvWrite> one = {{1, acknowledged, ValueFor(acknowledged, 1, kBytes)}};
+    for (int i = 0; i < 3; ++i) {
+      const Status write = store.Write(one, /*sync=*/true);
+      EXPECT_EQ(write.code(), absl::StatusCode::kUnavailable) << write;
+      EXPECT_NE(write.message().find("No space left on device"), std::string::npos) << write;
+      const Status checkpoint = store.Checkpoint(Path(absl::StrCat("checkpoint-", i)));
+      EXPECT_EQ(checkpoint.code(), absl::StatusCode::kUnavailable) << checkpoint;
+      EXPECT_NE(checkpoint.message().find("No space left on device"), std::string::npos)
+          << checkpoint;
+    }
+    Read read = Get(store, 1, {0, acknowledged - 1}, kBytes);
+    ASSERT_TRUE(read.status.ok()) << read.status;
+    EXPECT_EQ(read.values[1], ValueFor(acknowledged - 1, 1, kBytes));
+
+    // Space again: a store that failed stays failed (its server restarts,
+    // and the reopened store replays its WAL).
+    std::filesystem::remove(filler);
+    EXPECT_EQ(store.Write(one, /*sync=*/true).code(), absl::StatusCode::kUnavailable);
+  }
+  StatusOr<std::unique_ptr<KvStore>> reopened = OpenRocksKvStore(options);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  std::vector<uint64_t> keys;
+  for (uint64_t key = 0; key < acknowledged; ++key) keys.push_back(key);
+  Read read = Get(**reopened, 1, keys, kBytes);
+  ASSERT_TRUE(read.status.ok()) << read.status;
+  for (uint64_t key = 0; key < acknowledged; ++key) {
+    ASSERT_EQ(read.values[key], ValueFor(key, 1, kBytes)) << "acknowledged key " << key;
+  }
+  const std::vector<KvWrite> again = {{1, 0, ValueFor(0, 2, kBytes)}};
+  EXPECT_TRUE((**reopened).Write(again, /*sync=*/true).ok()) << "writable again";
+}
+
 }  // namespace
 }  // namespace eps
