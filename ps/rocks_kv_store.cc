@@ -149,9 +149,8 @@ class InfoLog final : public rocksdb::Logger {
   }
   void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
     if (level < GetInfoLogLevel()) return;
-    char buffer[1024];
-    std::vsnprintf(buffer, sizeof(buffer), format, ap);
-    const absl::string_view message = absl::StripTrailingAsciiWhitespace(buffer);
+    const std::string formatted = Format(format, ap);
+    const absl::string_view message = absl::StripTrailingAsciiWhitespace(formatted);
     if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
       LOG(WARNING) << "rocksdb in " << dir_ << ": " << message;
     }
@@ -172,6 +171,27 @@ class InfoLog final : public rocksdb::Logger {
  private:
   static constexpr uint64_t kMaxBytes = 16 << 20;
 
+  // The whole message, however long (RocksDB's statistics dumps run to
+  // many lines).
+  static std::string Format(const char* format, va_list ap) {
+    va_list again;
+    va_copy(again, ap);
+    char buffer[1024];
+    const int length = std::vsnprintf(buffer, sizeof(buffer), format, ap);
+    std::string message;
+    if (length < 0) {
+      message = format;
+    } else if (static_cast<size_t>(length) < sizeof(buffer)) {
+      message.assign(buffer, length);
+    } else {
+      message.resize(static_cast<size_t>(length) + 1);
+      std::vsnprintf(message.data(), message.size(), format, again);
+      message.resize(length);
+    }
+    va_end(again);
+    return message;
+  }
+
   void Roll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::string path = dir_ + "/LOG";
     if (file_ != nullptr) {
@@ -179,6 +199,11 @@ class InfoLog final : public rocksdb::Logger {
       file_ = nullptr;
       std::error_code error;
       fs::rename(path, path + ".old", error);
+    } else {
+      // RocksDB logs before it creates a new store's directory; if this
+      // fails, so does the open, saying why.
+      std::error_code error;
+      fs::create_directories(dir_, error);
     }
     file_ = std::fopen(path.c_str(), "a");
     if (file_ == nullptr) {
@@ -430,8 +455,6 @@ StatusOr<std::unique_ptr<KvStore>> OpenRocksKvStore(const RocksKvStoreOptions& o
   // load without taking cores from serving.
   db_options.max_background_jobs = 2;
   // RocksDB's info LOG, written by InfoLog: it survives a full disk.
-  std::error_code made;
-  fs::create_directories(options.dir, made);
   db_options.info_log = std::make_shared<InfoLog>(options.dir);
   db_options.listeners.push_back(std::make_shared<NoAutoRecovery>());
   // A WAL file is deleted only once every table with writes in it has
