@@ -1,5 +1,8 @@
 #include "rpc/rpc_server.h"
 
+#include <cerrno>
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 
@@ -19,6 +22,51 @@ bool ReceiveMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames
     frames->push_back(std::move(frame));
     if (!more) return true;
   }
+}
+
+// Moves one whole multipart message from `from` to `to`; false when `from`
+// has none (`flags` dontwait) or a send fails. A ROUTER drops what it cannot
+// route, so a send to the frontend never blocks.
+bool ForwardOne(zmq::socket_t& from, zmq::socket_t& to, zmq::recv_flags flags) {
+  while (true) {
+    zmq::message_t frame;
+    if (!from.recv(frame, flags).has_value()) return false;
+    const bool more = frame.more();
+    if (!to.send(frame, more ? zmq::send_flags::sndmore : zmq::send_flags::none).has_value()) {
+      return false;
+    }
+    if (!more) return true;
+    flags = zmq::recv_flags::none;  // the rest of a message is already here
+  }
+}
+
+// How long the frontend keeps trying to deliver the last replies once the
+// server stopped: a peer told "the job is over" in its last reply must hear
+// it, not wait out its own timeout on a master that is gone.
+constexpr int kLastRepliesLingerMs = 1000;
+
+// Requests from the frontend to the handlers, replies back, until
+// `control` says stop. Unlike zmq::proxy_steerable, whose TERMINATE drops a
+// reply still queued on the backend and whose frontend then closes with no
+// linger, it first sends every reply the (already stopped) handlers left.
+void Proxy(zmq::socket_t& frontend, zmq::socket_t& backend, zmq::socket_t& control) {
+  zmq::pollitem_t items[] = {{frontend.handle(), 0, ZMQ_POLLIN, 0},
+                             {backend.handle(), 0, ZMQ_POLLIN, 0},
+                             {control.handle(), 0, ZMQ_POLLIN, 0}};
+  while (true) {
+    try {
+      zmq::poll(items, 3, std::chrono::milliseconds(-1));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;  // a signal: not ours to act on
+      throw;
+    }
+    if (items[2].revents & ZMQ_POLLIN) break;
+    if (items[0].revents & ZMQ_POLLIN) ForwardOne(frontend, backend, zmq::recv_flags::none);
+    if (items[1].revents & ZMQ_POLLIN) ForwardOne(backend, frontend, zmq::recv_flags::none);
+  }
+  while (ForwardOne(backend, frontend, zmq::recv_flags::dontwait)) {
+  }
+  frontend.set(zmq::sockopt::linger, kLastRepliesLingerMs);
 }
 
 }  // namespace
@@ -69,7 +117,7 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
   server->proxy_thread_ = std::thread(
       [f = std::move(frontend), b = std::move(backend), c = std::move(control)]() mutable {
         try {
-          zmq::proxy_steerable(f, b, zmq::socket_ref(), c);
+          Proxy(f, b, c);
         } catch (const zmq::error_t& e) {
           if (e.num() != ETERM) LOG(ERROR) << "rpc proxy stopped: " << e.what();
         }

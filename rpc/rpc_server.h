@@ -61,7 +61,8 @@ class RpcServer {
   const std::string& endpoint() const { return endpoint_; }
 
   // Stops accepting requests and joins every thread; requests being handled
-  // finish first. Idempotent.
+  // finish first, and their replies go out (the socket keeps trying for up
+  // to a second after, without holding Stop up). Idempotent.
   void Stop();
 
   // Requests rejected before reaching the handler.

@@ -732,6 +732,28 @@ TEST_F(RpcTest, StopIsPromptAndIdempotent) {
   server.reset();  // the destructor Stop()s again
 }
 
+// A reply its handler finished before Stop() still reaches the caller:
+// the master answers a peer's last heartbeat ("the job is over") and stops
+// at once, and a peer that never hears it waits out its master timeout.
+TEST_F(RpcTest, RepliesHandedOutBeforeStopReachTheCaller) {
+  constexpr int kRounds = 40;
+  int lost = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    absl::Notification handled;
+    auto server = StartServer([&](Message& request, Message* reply) -> Status {
+      handled.Notify();
+      return Echo(request, reply);
+    });
+    RpcChannel channel(&factory_, WorkerId(0));
+    const uint64_t id = channel.Start(server->endpoint(), Tagged(round), Patient());
+    ASSERT_TRUE(handled.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    server->Stop();
+    StatusOr<Message> reply = channel.Wait(id);
+    if (!reply.ok()) ++lost;
+  }
+  EXPECT_EQ(lost, 0) << "of " << kRounds << " replies";
+}
+
 TEST_F(RpcTest, StopWithCallsInFlightDoesNotHang) {
   absl::Notification entered;
   std::atomic<bool> notified{false};
