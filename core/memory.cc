@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 namespace eps {
 
@@ -32,6 +33,20 @@ bool LimitMallocArenas(int arenas) {
   return ::mallopt(M_ARENA_MAX, arenas) == 1;
 #else
   (void)arenas;
+  return false;
+#endif
+}
+
+bool FixMmapThreshold(size_t bytes) {
+#if defined(__GLIBC__)
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr) return false;
+  if (const char* tunables = std::getenv("GLIBC_TUNABLES");
+      tunables != nullptr && std::strstr(tunables, "mmap_threshold") != nullptr) {
+    return false;
+  }
+  return ::mallopt(M_MMAP_THRESHOLD, static_cast<int>(bytes)) == 1;
+#else
+  (void)bytes;
   return false;
 #endif
 }

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   // Before any thread starts: a master allocates little, from few threads at once
   // (its RPC thread, the job loop, HTTP).
   eps::LimitMallocArenas(2);
+  eps::FixMmapThreshold();
   eps::SignalWatcher signal_watcher;
 
   eps::CommandLine command_line(

@@ -1,5 +1,6 @@
 #include "core/memory.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -59,6 +60,32 @@ TEST(LimitMallocArenas, LeavesTheUsersSettingAlone) {
   EXPECT_FALSE(LimitMallocArenas(2));
   ::unsetenv("MALLOC_ARENA_MAX");
   EXPECT_TRUE(LimitMallocArenas(64));  // the glibc default on most machines
+}
+
+// glibc's rising threshold would serve the second 1 MiB block from the heap
+// (it rises to the first block's size when that is freed); fixed, every
+// such block is its own mapping.
+TEST(FixMmapThreshold, KeepsLargeBlocksMappedAfterOneIsFreed) {
+  ASSERT_TRUE(FixMmapThreshold(128 << 10));
+  constexpr size_t kBytes = 1 << 20;
+  void* first = std::malloc(kBytes);
+  ASSERT_NE(first, nullptr);
+  std::free(first);
+  const size_t mapped_before = ::mallinfo2().hblks;
+  void* second = std::malloc(kBytes);
+  ASSERT_NE(second, nullptr);
+  const size_t mapped_after = ::mallinfo2().hblks;
+  std::free(second);
+  EXPECT_EQ(mapped_after, mapped_before + 1);
+}
+
+TEST(FixMmapThreshold, LeavesTheUsersSettingAlone) {
+  ::setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536", 1);
+  EXPECT_FALSE(FixMmapThreshold());
+  ::unsetenv("GLIBC_TUNABLES");
+  ::setenv("MALLOC_MMAP_THRESHOLD_", "65536", 1);
+  EXPECT_FALSE(FixMmapThreshold());
+  ::unsetenv("MALLOC_MMAP_THRESHOLD_");
 }
 
 }  // namespace
