@@ -1,6 +1,7 @@
 #include "core/failpoint.h"
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -38,7 +39,7 @@ StatusOr<Failpoints> ParseFailpoints(absl::string_view spec) {
   return failpoints;
 }
 
-bool FailpointArmed(absl::string_view name, uint64_t value) {
+std::optional<uint64_t> FailpointValue(absl::string_view name) {
   // Read once: the environment of a running process is not ours to watch.
   static const Failpoints* const armed = [] {
     const char* spec = std::getenv("EPS_FAILPOINTS");
@@ -51,7 +52,12 @@ bool FailpointArmed(absl::string_view name, uint64_t value) {
     return new Failpoints(*std::move(parsed));
   }();
   const auto it = armed->find(name);
-  return it != armed->end() && it->second == value;
+  if (it == armed->end()) return std::nullopt;
+  return it->second;
+}
+
+bool FailpointArmed(absl::string_view name, uint64_t value) {
+  return FailpointValue(name) == value;
 }
 
 }  // namespace eps

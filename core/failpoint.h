@@ -19,6 +19,9 @@
 //                             committed batch, in its step and holding its
 //                             shard, while its heartbeats go on, until the
 //                             process is asked to stop (worker/worker.cc).
+//   worker.oom_above=N        a worker's step over N records fails as out of
+//                             memory (std::bad_alloc), as a device's would
+//                             (worker/worker.cc).
 //
 // Thread-safety: safe for concurrent use.
 
@@ -26,6 +29,7 @@
 #define EPS_CORE_FAILPOINT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -47,6 +51,9 @@ StatusOr<Failpoints> ParseFailpoints(absl::string_view spec);
 // malformed EPS_FAILPOINTS is logged once (ERROR) and arms nothing. Cheap
 // after the first call: one hash lookup.
 bool FailpointArmed(absl::string_view name, uint64_t value);
+
+// The value EPS_FAILPOINTS arms failpoint `name` for; nullopt when unarmed.
+std::optional<uint64_t> FailpointValue(absl::string_view name);
 
 }  // namespace eps
 

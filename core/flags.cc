@@ -34,6 +34,9 @@ class Registrar : public OptionVisitor {
   void Visit(absl::string_view name, bool* value, absl::string_view help) override {
     Add(name, po::value<bool>(value)->default_value(*value), help);
   }
+  void Visit(absl::string_view name, IntOrAuto* value, absl::string_view help) override {
+    Add(name, po::value<IntOrAuto>(value)->default_value(*value, value->ToString()), help);
+  }
 
  private:
   void Add(absl::string_view name, const po::value_semantic* semantic, absl::string_view help) {
@@ -100,6 +103,16 @@ std::string Where(const std::string& path, int line) {
 }
 
 }  // namespace
+
+// How Boost.Program_options reads an IntOrAuto (found by argument-dependent
+// lookup); a bad value names the option, as for any other type.
+void validate(boost::any& out, const std::vector<std::string>& values, IntOrAuto*, int) {
+  po::validators::check_first_occurrence(out);
+  const std::string& text = po::validators::get_single_string(values);
+  IntOrAuto parsed;
+  if (!IntOrAuto::Parse(text, &parsed)) throw po::invalid_option_value(text);
+  out = parsed;
+}
 
 struct CommandLine::Impl {
   po::options_description role{"Flags"};

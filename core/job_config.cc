@@ -163,6 +163,9 @@ class TextVisitor : public OptionVisitor {
   void Visit(absl::string_view name, bool* value, absl::string_view) override {
     Take(name, *value ? "true" : "false");
   }
+  void Visit(absl::string_view name, IntOrAuto* value, absl::string_view) override {
+    Take(name, value->ToString());
+  }
 
  protected:
   virtual void Take(absl::string_view name, std::string value) = 0;
@@ -276,6 +279,20 @@ Status ValidateAutoscale(const JobConfig::Autoscale& a) {
 
 }  // namespace
 
+std::string IntOrAuto::ToString() const { return automatic ? "auto" : absl::StrCat(value); }
+
+bool IntOrAuto::Parse(absl::string_view text, IntOrAuto* out) {
+  text = absl::StripAsciiWhitespace(text);
+  if (text == "auto") {
+    *out = IntOrAuto{0, true};
+    return true;
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) return false;
+  *out = IntOrAuto{value, false};
+  return true;
+}
+
 StatusOr<std::vector<int>> ParseLayerSizes(absl::string_view option, const std::string& value) {
   std::vector<int> sizes;
   for (absl::string_view item : absl::StrSplit(value, ',')) {
@@ -335,6 +352,10 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("optimizer.l1", &optimizer.l1, "ftrl L1 penalty");
   v.Visit("optimizer.clip", &optimizer.clip,
           "clip each gradient value to [-clip, clip] on the servers; 0 off");
+  v.Visit("optimizer.lr_scaling", &optimizer.lr_scaling,
+          "learning rate against the batch trained: none, linear or sqrt");
+  v.Visit("optimizer.lr_warmup_batches", &optimizer.lr_warmup_batches,
+          "batches over which the scale follows a batch-size change; 0 at once");
   v.Visit("optimizer.per_table", &optimizer.per_table,
           "per-table settings, TABLE:key=value[,key=value...][;TABLE:...]");
 
@@ -346,7 +367,12 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("ps.durability", &ps.durability, "flush or every_push");
   v.Visit("ps.dense_chunk_floats", &ps.dense_chunk_floats, "floats per dense-tensor chunk");
 
-  v.Visit("worker.batch_size", &worker.batch_size, "records per batch");
+  v.Visit("worker.batch_size", &worker.batch_size,
+          "records per batch, or auto (min_batch_size..max_batch_size by throughput)");
+  v.Visit("worker.min_batch_size", &worker.min_batch_size,
+          "batch_size = auto: the batch workers start at (and the learning rate's reference)");
+  v.Visit("worker.max_batch_size", &worker.max_batch_size,
+          "batch_size = auto: the largest batch a worker grows to");
   v.Visit("worker.prefetch_batches", &worker.prefetch_batches, "batches prepared ahead");
   v.Visit("worker.rpc_timeout_ms", &worker.rpc_timeout_ms, "time per attempt of a call");
   v.Visit("worker.rpc_attempts", &worker.rpc_attempts, "attempts per call");
@@ -484,6 +510,9 @@ Status JobConfig::Validate() const {
     return OptionError(absl::StrCat("optimizer.", key), message);
   }));
   RETURN_IF_ERROR(OptimizerOverrides().status());
+  RETURN_IF_ERROR(CheckOneOf("optimizer.lr_scaling", optimizer.lr_scaling, {"none", "linear", "sqrt"}));
+  RETURN_IF_ERROR(
+      CheckRange("optimizer.lr_warmup_batches", optimizer.lr_warmup_batches, 0, 1'000'000));
 
   RETURN_IF_ERROR(CheckRange("ps.num_servers", ps.num_servers, 1, 1 << 20));
   RETURN_IF_ERROR(CheckRange("ps.partitions", ps.partitions, ps.num_servers, 1 << 20,
@@ -495,7 +524,13 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(
       CheckRange("ps.dense_chunk_floats", ps.dense_chunk_floats, 1, 1 << 20, "4 MiB chunks"));
 
-  RETURN_IF_ERROR(CheckRange("worker.batch_size", worker.batch_size, 1, 1 << 20));
+  if (worker.batch_size.automatic) {
+    RETURN_IF_ERROR(CheckRange("worker.max_batch_size", worker.max_batch_size, 1, 1 << 20));
+    RETURN_IF_ERROR(CheckRange("worker.min_batch_size", worker.min_batch_size, 1,
+                               worker.max_batch_size, "worker.max_batch_size"));
+  } else {
+    RETURN_IF_ERROR(CheckRange("worker.batch_size", worker.batch_size.value, 1, 1 << 20));
+  }
   RETURN_IF_ERROR(CheckRange("worker.prefetch_batches", worker.prefetch_batches, 1, 1024));
   RETURN_IF_ERROR(CheckRange("worker.rpc_timeout_ms", worker.rpc_timeout_ms, 1, kDayMs, "a day"));
   RETURN_IF_ERROR(CheckRange("worker.rpc_attempts", worker.rpc_attempts, 1, 1000));

@@ -22,6 +22,17 @@
 
 namespace eps {
 
+// An integer option that may instead say "auto" (worker.batch_size).
+struct IntOrAuto {
+  int64_t value = 0;  // meaningless when automatic
+  bool automatic = false;
+
+  // "auto" or the integer.
+  std::string ToString() const;
+  // Reads "auto" or a decimal integer; false for anything else.
+  static bool Parse(absl::string_view text, IntOrAuto* out);
+};
+
 // Sees every option of a JobConfig with its name and help text.
 class OptionVisitor {
  public:
@@ -30,6 +41,7 @@ class OptionVisitor {
   virtual void Visit(absl::string_view name, int64_t* value, absl::string_view help) = 0;
   virtual void Visit(absl::string_view name, double* value, absl::string_view help) = 0;
   virtual void Visit(absl::string_view name, bool* value, absl::string_view help) = 0;
+  virtual void Visit(absl::string_view name, IntOrAuto* value, absl::string_view help) = 0;
 };
 
 struct JobConfig {
@@ -133,6 +145,17 @@ struct JobConfig {
     // Every type: when > 0, the servers clip each gradient value to
     // [-clip, clip] before the update rule; 0 = off. >= 0. Default 0.
     double clip = 0.0;
+    // How the learning rate follows the batch a worker actually trains
+    // (worker.batch_size = auto, a shard's short last batch): none, linear
+    // (lr * b / reference) or sqrt (lr * sqrt(b / reference)), where the
+    // reference is worker.batch_size, or worker.min_batch_size under auto.
+    // It scales every table's learning_rate (FTRL's alpha) for that push,
+    // on the servers. Default none.
+    std::string lr_scaling = "none";
+    // After a worker's batch size changes, its scale moves from the old
+    // value to the new one over this many batches, in [0, 1e6]; 0 = at
+    // once. Default 100.
+    int64_t lr_warmup_batches = 100;
     // Per-table settings over the ones above:
     // "TABLE:key=value[,key=value...][;TABLE:...]", keys as above without
     // the section (type, learning_rate, initial_accumulator, epsilon, l2,
@@ -168,8 +191,25 @@ struct JobConfig {
   } ps;
 
   struct Worker {
-    // Records per training batch, in [1, 2^20]. Default 1024.
-    int64_t batch_size = 1024;
+    // Records per training batch, in [1, 2^20], or auto: each worker
+    // starts at min_batch_size and doubles its batch while its records/s
+    // rise by more than a tenth, up to max_batch_size, and halves it when a
+    // step runs out of memory (that batch is trained in halves). Default
+    // 1024.
+    IntOrAuto batch_size{1024, false};
+    // Under batch_size = auto: the smallest and largest batch a worker
+    // uses, in [1, 2^20], min <= max. Defaults 256 and 16384.
+    int64_t min_batch_size = 256;
+    int64_t max_batch_size = 16384;
+    // The batch size a worker starts at, and the one the learning rate is
+    // tuned for (optimizer.lr_scaling's reference).
+    int64_t reference_batch_size() const {
+      return batch_size.automatic ? min_batch_size : batch_size.value;
+    }
+    // The largest batch a worker may train.
+    int64_t largest_batch_size() const {
+      return batch_size.automatic ? max_batch_size : batch_size.value;
+    }
     // Batches parsed and pulled ahead of the one training, in [1, 1024].
     // Default 2.
     int64_t prefetch_batches = 2;

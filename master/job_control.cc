@@ -227,6 +227,17 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     worker->last_seen = now;
     worker->records_per_s = stats.records_per_s();
     worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());
+    uint64_t seen = 0;
+    for (const proto::BatchSizeChange& change : worker->stats.batch_size_changes()) {
+      seen = std::max(seen, change.seq());
+    }
+    for (const proto::BatchSizeChange& change : stats.batch_size_changes()) {
+      if (change.seq() <= seen) continue;
+      events_->Record("batch_size_changed", {{"worker", sender.id()},
+                                             {"from", change.from()},
+                                             {"to", change.to()},
+                                             {"reason", change.reason()}});
+    }
     worker->stats = stats;
     worker->paused_for = request.paused_for_checkpoint();
     if (std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {

@@ -126,7 +126,8 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"launch_id", worker.launch_id},
          {"device", worker.device},
          {"records", worker.records},
-         {"records_per_s", worker.state == PeerState::kAlive ? worker.records_per_s : 0.0}});
+         {"records_per_s", worker.state == PeerState::kAlive ? worker.records_per_s : 0.0},
+         {"batch_size", worker.stats.batch_size()}});
   }
   doc["workers"] = workers;
   json servers = json::array();
@@ -307,6 +308,12 @@ std::string MetricsText(const JobControl& control) {
              "Records a worker trains per second, as it reports; 0 once it is gone.");
   for (const auto& [id, worker] : workers) {
     out.Sample({{"worker", id}}, worker->state == PeerState::kAlive ? worker->records_per_s : 0);
+  }
+  out.Family("eps_worker_batch_size", MetricType::kGauge,
+             "Records per batch a worker trains now (worker.batch_size, or its choice under "
+             "auto).");
+  for (const auto& [id, worker] : workers) {
+    out.Sample({{"worker", id}}, static_cast<double>(worker->stats.batch_size()));
   }
   out.Family("eps_worker_records_committed_total", MetricType::kCounter,
              "Training records the master accepted from a worker.");

@@ -36,7 +36,7 @@ namespace {
 // Records the recent loss weighs (about 8 batches), and the fewest each
 // side of the divergence check must cover before it judges.
 double LossWindow(const JobConfig& job) {
-  return std::max(64.0, 8.0 * static_cast<double>(job.worker.batch_size));
+  return std::max(64.0, 8.0 * static_cast<double>(job.worker.largest_batch_size()));
 }
 
 }  // namespace
@@ -133,7 +133,7 @@ std::optional<proto::ShardAssignment> TrainingProgress::Assign(uint32_t worker) 
 std::optional<uint64_t> TrainingProgress::RequestSplit(uint32_t idle_worker) {
   if (!tracker_ || tracker_->todo() != 0) return std::nullopt;
   std::optional<uint64_t> split =
-      tracker_->RequestSplit(2 * static_cast<uint64_t>(job_.worker.batch_size));
+      tracker_->RequestSplit(2 * static_cast<uint64_t>(job_.worker.largest_batch_size()));
   if (!split.has_value()) return std::nullopt;
   const ShardTracker::Shard& shard = tracker_->shard(*split);
   VLOG(1) << "asking worker[" << shard.holder << "] to split shard " << *split

@@ -15,6 +15,41 @@ void Batch::CheckShape() const {
   }
 }
 
+Batch SliceBatch(const Batch& batch, int begin, int end, std::vector<uint32_t>* from) {
+  CHECK(0 <= begin && begin <= end && end <= batch.size()) << begin << ".." << end;
+  Batch out;
+  out.num_dense = batch.num_dense;
+  out.num_fields = batch.num_fields;
+  out.labels.assign(batch.labels.begin() + begin, batch.labels.begin() + end);
+  const size_t dense = static_cast<size_t>(batch.num_dense);
+  out.dense.assign(batch.dense.begin() + begin * dense, batch.dense.begin() + end * dense);
+  const uint32_t slot_begin = batch.field_begin(begin, 0);
+  const uint32_t slot_end = end == batch.size() ? static_cast<uint32_t>(batch.slots.size())
+                                                : batch.field_begin(end, 0);
+  // Old key index -> new; kNone until the slice first uses it.
+  constexpr uint32_t kNone = ~uint32_t{0};
+  std::vector<uint32_t> renumbered(batch.keys.size(), kNone);
+  from->clear();
+  out.slots.reserve(slot_end - slot_begin);
+  for (uint32_t j = slot_begin; j < slot_end; ++j) {
+    const uint32_t old_key = batch.slots[j];
+    if (renumbered[old_key] == kNone) {
+      renumbered[old_key] = static_cast<uint32_t>(out.keys.size());
+      out.keys.push_back(batch.keys[old_key]);
+      from->push_back(old_key);
+    }
+    out.slots.push_back(renumbered[old_key]);
+  }
+  if (batch.multi_value()) {
+    const size_t fields = static_cast<size_t>(batch.num_fields);
+    out.offsets.reserve((end - begin) * fields + 1);
+    for (size_t j = begin * fields; j <= end * fields; ++j) {
+      out.offsets.push_back(batch.offsets[j] - slot_begin);
+    }
+  }
+  return out;
+}
+
 BatchBuilder::BatchBuilder(int num_dense, int num_fields) {
   batch_.num_dense = num_dense;
   batch_.num_fields = num_fields;

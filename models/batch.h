@@ -49,6 +49,13 @@ struct Batch {
   void CheckShape() const;
 };
 
+// Examples [begin, end) of `batch` as a batch of their own, with its own
+// unique keys (first-seen order); (*from)[k] is the index in batch.keys of
+// the slice's key k, so that rows pulled for `batch` can be picked for it.
+// A step that ran out of memory trains its batch in such halves.
+// REQUIRES: 0 <= begin <= end <= batch.size().
+Batch SliceBatch(const Batch& batch, int begin, int end, std::vector<uint32_t>* from);
+
 class BatchBuilder {
  public:
   BatchBuilder(int num_dense, int num_fields);

@@ -1,6 +1,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "models/cuda_context.h"
@@ -136,6 +137,19 @@ GrowOnlyBuffer<kMemory>::~GrowOnlyBuffer() {
   }
 }
 
+// An allocation the device (or pinned host memory) cannot hold is
+// std::bad_alloc, as on the CPU, so that the worker trains the batch in
+// halves (worker/worker.cc); any other error is fatal. The buffer is left
+// empty, and the failed call's error cleared.
+static void ThrowIfOutOfMemory(cudaError_t error, void** data) {
+  if (error == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    *data = nullptr;
+    throw std::bad_alloc();
+  }
+  EPS_CUDA_CHECK(error);
+}
+
 template <Memory kMemory>
 bool GrowOnlyBuffer<kMemory>::Reserve(size_t bytes) {
   if (bytes <= capacity_) return false;
@@ -144,12 +158,12 @@ bool GrowOnlyBuffer<kMemory>::Reserve(size_t bytes) {
     if (data_ != nullptr) EPS_CUDA_CHECK(cudaFree(data_));
     data_ = nullptr;
     capacity_ = 0;
-    EPS_CUDA_CHECK(cudaMalloc(&data_, capacity));
+    ThrowIfOutOfMemory(cudaMalloc(&data_, capacity), &data_);
   } else {
     if (data_ != nullptr) EPS_CUDA_CHECK(cudaFreeHost(data_));
     data_ = nullptr;
     capacity_ = 0;
-    EPS_CUDA_CHECK(cudaMallocHost(&data_, capacity));
+    ThrowIfOutOfMemory(cudaMallocHost(&data_, capacity), &data_);
   }
   capacity_ = capacity;
   return true;

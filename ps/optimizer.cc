@@ -30,8 +30,8 @@ class SgdOptimizer final : public Optimizer {
 
  private:
   bool Update(const float* weights, const float* state, const float* grad, int dim,
-              float* new_weights, float* new_state) const override {
-    const float lr = learning_rate_;
+              float lr_scale, float* new_weights, float* new_state) const override {
+    const float lr = learning_rate_ * lr_scale;
     const float l2 = l2_;
     const float clip = this->clip();
     int finite = 1;
@@ -66,8 +66,8 @@ class AdagradOptimizer final : public Optimizer {
 
  private:
   bool Update(const float* weights, const float* state, const float* grad, int dim,
-              float* new_weights, float* new_state) const override {
-    const float lr = learning_rate_;
+              float lr_scale, float* new_weights, float* new_state) const override {
+    const float lr = learning_rate_ * lr_scale;
     const float l2 = l2_;
     const float eps = epsilon_;
     const float clip = this->clip();
@@ -108,7 +108,7 @@ class AdamOptimizer final : public Optimizer {
 
  private:
   bool Update(const float* weights, const float* state, const float* grad, int dim,
-              float* new_weights, float* new_state) const override {
+              float lr_scale, float* new_weights, float* new_state) const override {
     const float* m = state;
     const float* v = state + dim;
     float* new_m = new_state;
@@ -119,7 +119,8 @@ class AdamOptimizer final : public Optimizer {
     // float would lose most of 1 - beta2^t's digits.
     const double t_d = t;
     const float step_size =
-        static_cast<float>(learning_rate_ / (1.0 - std::pow(static_cast<double>(beta1_), t_d)));
+        static_cast<float>(static_cast<double>(learning_rate_) * lr_scale /
+                           (1.0 - std::pow(static_cast<double>(beta1_), t_d)));
     const float sqrt_correction2 =
         static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2_), t_d)));
     const float b1 = beta1_;
@@ -162,12 +163,12 @@ class FtrlOptimizer final : public Optimizer {
 
  private:
   bool Update(const float* weights, const float* state, const float* grad, int dim,
-              float* new_weights, float* new_state) const override {
+              float lr_scale, float* new_weights, float* new_state) const override {
     const float* z = state;
     const float* n = state + dim;
     float* new_z = new_state;
     float* new_n = new_state + dim;
-    const float alpha = alpha_;
+    const float alpha = alpha_ * lr_scale;
     const float beta = beta_;
     const float l1 = l1_;
     const float l2 = l2_;
@@ -230,12 +231,13 @@ class ScratchRow {
 Optimizer::Optimizer(float clip)
     : clip_(clip > 0 ? clip : std::numeric_limits<float>::infinity()) {}
 
-bool Optimizer::Apply(float* weights, float* state, const float* grad, int dim) const {
+bool Optimizer::Apply(float* weights, float* state, const float* grad, int dim,
+                      float lr_scale) const {
   const int state_n = state_floats(dim);
   ScratchRow scratch(static_cast<size_t>(dim) + state_n);
   float* new_weights = scratch.data();
   float* new_state = new_weights + dim;
-  if (!Update(weights, state, grad, dim, new_weights, new_state)) return false;
+  if (!Update(weights, state, grad, dim, lr_scale, new_weights, new_state)) return false;
   std::memcpy(weights, new_weights, sizeof(float) * dim);
   if (state_n > 0) std::memcpy(state, new_state, sizeof(float) * state_n);
   return true;

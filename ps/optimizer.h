@@ -9,6 +9,12 @@
 // g = min(max(g, -clip), clip) before anything else (before l2 * w is
 // added); clip = 0 (the default) leaves g as it is.
 //
+// Learning-rate scale: every rule's learning rate (FTRL's alpha) is
+// multiplied by the push's lr_scale (optimizer.lr_scaling: the worker's
+// batch against the reference; 1 by default). For FTRL, whose state
+// assumes one alpha, a changing scale is an approximation (the per-step
+// alpha enters sigma and the weight of that step only).
+//
 // Refused updates: an update that would make any weight or state value of
 // the row non-finite (inf or NaN) is not applied; the row keeps all its
 // values and Apply says so. A finite but huge result is applied (clipping
@@ -80,7 +86,9 @@ class Optimizer {
   // floats, `state` state_floats(dim), `grad` dim. Returns false, leaving
   // every weight and state value as it was, when the update would make one
   // of them non-finite; the caller counts the refusal.
-  bool Apply(float* weights, float* state, const float* grad, int dim) const;
+  // `lr_scale` (> 0, finite) multiplies the learning rate of this update.
+  bool Apply(float* weights, float* state, const float* grad, int dim,
+             float lr_scale = 1.0f) const;
 
  protected:
   // `clip` is OptimizerSpec.clip; 0 = off.
@@ -94,7 +102,7 @@ class Optimizer {
   // (state_floats(dim)) to `new_weights` and `new_state`, which do not
   // overlap the inputs, and returns whether every value written is finite.
   virtual bool Update(const float* weights, const float* state, const float* grad, int dim,
-                      float* new_weights, float* new_state) const = 0;
+                      float lr_scale, float* new_weights, float* new_state) const = 0;
 
   const float clip_;
 };

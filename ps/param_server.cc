@@ -684,6 +684,15 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
                                                    " tables but carries ", request.num_frames(),
                                                    " frames (want keys and gradients each)"));
   }
+  // Unset is 1; a scale a worker computed is in (0, 2^20] (linear scaling
+  // of a batch of 2^20 against a reference of 1).
+  const float lr_scale = request.header().push_request().lr_scale() == 0.0f
+                             ? 1.0f
+                             : request.header().push_request().lr_scale();
+  if (!(lr_scale > 0.0f && lr_scale <= static_cast<float>(1 << 20))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PUSH with learning-rate scale ", lr_scale, ": it must be finite and in (0, 2^20]"));
+  }
   std::vector<Table*> tables;
   std::vector<std::span<const uint64_t>> keys;
   std::vector<std::span<const float>> grads;
@@ -733,7 +742,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   }
   uint64_t rows = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
-    RETURN_IF_ERROR(tables[i]->Push(keys[i], grads[i]));
+    RETURN_IF_ERROR(tables[i]->Push(keys[i], grads[i], lr_scale));
     rows += keys[i].size();
   }
   reply->header().mutable_push_reply()->set_applied(true);

@@ -120,7 +120,9 @@ class StripedTable final : public Table {
 
   const proto::TableSpec& spec() const override { return spec_; }
   Status Pull(std::span<const uint64_t> keys, std::span<float> out) override;
-  Status Push(std::span<const uint64_t> keys, std::span<const float> grads) override;
+  using Table::Push;
+  Status Push(std::span<const uint64_t> keys, std::span<const float> grads,
+              float lr_scale) override;
   uint64_t QueueDirtyRows() override;
   uint64_t EvictToBudget() override;
   TableStats stats() const override;
@@ -429,7 +431,8 @@ Status StripedTable::Pull(std::span<const uint64_t> keys, std::span<float> out) 
   });
 }
 
-Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float> grads) {
+Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float> grads,
+                          float lr_scale) {
   CHECK_EQ(grads.size(), keys.size() * dim_) << "Push to table " << spec_.id();
   const float* const src = grads.data();
   const Optimizer& optimizer = *optimizer_;
@@ -437,7 +440,7 @@ Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float>
   uint64_t max_seq = 0;
   uint64_t refused = 0;
   const Status applied = ForEachRow(keys, /*modify=*/true, &max_seq, [&](uint32_t i, float* row) {
-    refused += !optimizer.Apply(row, row + dim, src + size_t{i} * dim, dim);
+    refused += !optimizer.Apply(row, row + dim, src + size_t{i} * dim, dim, lr_scale);
   });
   // Rows updated before a store error count too.
   if (refused > 0) CountRefused(refused);

@@ -101,8 +101,14 @@ class Table {
   // non-finite) keeps its values and is counted in stats().updates_refused;
   // the push still succeeds. With write_every_push, returns once the rows are durable
   // (kDeadlineExceeded after durability_timeout). Errors as Pull.
-  // REQUIRES: grads.size() == keys.size() * dim().
-  virtual Status Push(std::span<const uint64_t> keys, std::span<const float> grads) = 0;
+  // `lr_scale` multiplies the optimizer's learning rate for these updates
+  // (Optimizer::Apply). REQUIRES: grads.size() == keys.size() * dim(),
+  // lr_scale finite and > 0.
+  virtual Status Push(std::span<const uint64_t> keys, std::span<const float> grads,
+                      float lr_scale) = 0;
+  Status Push(std::span<const uint64_t> keys, std::span<const float> grads) {
+    return Push(keys, grads, 1.0f);
+  }
 
   // Queues every changed row for the store; returns the sequence number to
   // wait for (WriteQueue::WaitDurable), 0 when nothing was queued. Without

@@ -207,7 +207,8 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
   return Exchange(tables, "PULL", build, scatter);
 }
 
-Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads) {
+Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
+                      float lr_scale) {
   const ScopedLatency timer(push_latency_);
   CHECK_EQ(tables.size(), grads.size());
   for (size_t t = 0; t < tables.size(); ++t) {
@@ -218,6 +219,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     message.header().set_method(proto::PUSH);
     proto::PushRequest* body = message.header().mutable_push_request();
     body->set_client_seq(++push_seq_);
+    if (lr_scale != 1.0f) body->set_lr_scale(lr_scale);
     for (const Piece& piece : request.pieces) {
       const uint32_t dim = table(tables[piece.table].table_id).dim();
       body->add_table_ids(tables[piece.table].table_id);

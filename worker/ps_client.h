@@ -58,9 +58,11 @@ class PsClient {
   // server's error otherwise.
   Status Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out);
 
-  // Pushes grads[i] (keys x dim floats) for tables[i].keys.
+  // Pushes grads[i] (keys x dim floats) for tables[i].keys; the servers
+  // apply them at `lr_scale` times the learning rate.
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
-  Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads);
+  Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
+              float lr_scale = 1.0f);
 
   const proto::TableSpec& table(uint32_t id) const { return job_.tables(static_cast<int>(id)); }
 

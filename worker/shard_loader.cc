@@ -85,7 +85,8 @@ ShardLoader::ShardLoader(const ShardLoaderOptions& options, SocketFactory* facto
       parser_(parser),
       malformed_logged_(malformed_logged),
       hooks_(std::move(hooks)),
-      queue_(std::make_unique<BatchQueue>(options.prefetch_batches)) {}
+      queue_(std::make_unique<BatchQueue>(options.prefetch_batches)),
+      batch_size_(options.batch_size) {}
 
 ShardLoader::~ShardLoader() { Stop(); }
 
@@ -217,7 +218,8 @@ Status ShardLoader::LoadShard(RpcChannel& master, const proto::ShardAssignment& 
     prepared->shard = shard;
     prepared->begin = offset;
     absl::string_view line;
-    while (builder.size() < options_.batch_size && reader->Next(&line)) {
+    const int64_t batch_size = batch_size_.load();
+    while (builder.size() < batch_size && reader->Next(&line)) {
       ++prepared->lines;
       float label = 0;
       Status parsed =

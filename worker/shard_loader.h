@@ -19,7 +19,7 @@
 // drains what is left.
 //
 // Thread-safety: Start, Pop and Stop from the owning (trainer) thread;
-// RequestSplit and status from any thread. The hooks run on the loader
+// SetBatchSize, RequestSplit and status from any thread. The hooks run on the loader
 // thread, concurrently with the owner's work.
 
 #ifndef EPS_WORKER_SHARD_LOADER_H_
@@ -66,7 +66,8 @@ struct PreparedBatch {
 };
 
 struct ShardLoaderOptions {
-  // Records per batch (worker.batch_size). Default 1024.
+  // Records per batch at the start (worker.batch_size, or where auto
+  // starts). Default 1024.
   int64_t batch_size = 1024;
   // Batches prepared ahead of the trainer (worker.prefetch_batches).
   // Default 2.
@@ -113,6 +114,10 @@ class ShardLoader {
   // (null: see status()).
   std::unique_ptr<PreparedBatch> Pop();
 
+  // Records per batch from the next batch it makes on (batches already
+  // queued keep theirs). Never blocks. REQUIRES: records >= 1.
+  void SetBatchSize(int64_t records) { batch_size_.store(records); }
+
   // The master asks to split `shard_id`; the loader does so if it is
   // reading that shard (at its next batch boundary). Never blocks.
   void RequestSplit(uint64_t shard_id) { split_shard_.store(static_cast<int64_t>(shard_id)); }
@@ -143,6 +148,8 @@ class ShardLoader {
   std::atomic<int>* const malformed_logged_;
   const Hooks hooks_;
   const std::unique_ptr<BatchQueue> queue_;
+  // Records per batch (options.batch_size until SetBatchSize).
+  std::atomic<int64_t> batch_size_;
   // Shard the master asked to split (-1: none).
   std::atomic<int64_t> split_shard_{-1};
   std::thread thread_;

@@ -2,11 +2,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
 #include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <new>
+#include <optional>
+#include <utility>
 #include <span>
 #include <vector>
 
@@ -33,6 +38,7 @@
 #include "rpc/net.h"
 #include "rpc/rpc_channel.h"
 #include "rpc/socket_factory.h"
+#include "worker/batch_sizer.h"
 #include "worker/ps_client.h"
 #include "worker/record_parser.h"
 #include "worker/shard_loader.h"
@@ -61,6 +67,9 @@ uint64_t LaunchId() {
   return id;
 }
 
+// Batch-size changes a worker's heartbeats repeat until they drop out.
+constexpr size_t kBatchSizeChangesKept = 16;
+
 // True when every value is finite. Eight independent lanes, so the loop
 // vectorizes without reassociating: inf * 0 and NaN * 0 are NaN.
 bool AllFinite(std::span<const float> values) {
@@ -79,7 +88,12 @@ bool AllFinite(std::span<const float> values) {
 
 class Worker::Impl {
  public:
-  explicit Impl(const WorkerOptions& options) : options_(options) {}
+  explicit Impl(const WorkerOptions& options)
+      : options_(options),
+        sizer_(BatchSizer::OptionsFor(options.job.worker)),
+        lr_scale_(LearningRateScale::For(options.job)),
+        oom_above_(FailpointValue("worker.oom_above")),
+        batch_size_(sizer_.size()) {}
 
   Status Run();
   void RequestStop() {
@@ -134,6 +148,7 @@ class Worker::Impl {
     // session's own (what the master counts against this id).
     uint64_t records_before = 0;
     uint64_t pushed_before = 0;
+    uint64_t batch_size_seq_before = 0;
   };
 
   CallOptions MasterCallOptions() const {
@@ -168,6 +183,16 @@ class Worker::Impl {
   Status PullParams(Session& session, PsClient& ps, bool at_step, PreparedBatch& prepared);
   Status Train(Session& session, PreparedBatch& prepared, PsClient& ps, double* loss_sum,
                std::vector<float>* predictions);
+  // One step of `batch` (all or part of `prepared`'s) with `params`, its
+  // push at `lr_scale`: adds its loss to *loss_sum and its predictions to
+  // *predictions. A step that runs out of memory shrinks the batch size
+  // and is made as two steps of half the records, each pushed at its share
+  // of `lr_scale`, so that together they update as the whole would.
+  Status Step(Session& session, const PreparedBatch& prepared, const Batch& batch,
+              const ParamBuffers& params, float lr_scale, PsClient& ps, double* loss_sum,
+              std::vector<float>* predictions);
+  // The batch size the trainer uses from now on, and why.
+  void ChangeBatchSize(Session& session, const BatchSizer::Change& change);
   Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
                 double loss_sum, const std::vector<float>& predictions);
   // Tells the master that the marker's shard cannot be read from its
@@ -222,6 +247,18 @@ class Worker::Impl {
   std::unique_ptr<Model> model_;
   bool has_step_params_ = false;  // some ParamSpec::pull_each_step
   std::string device_ = "cpu";
+
+  // The trainer's, across sessions: the batch size it chooses
+  // (worker.batch_size = auto), the learning-rate factor that follows, and
+  // the failpoint worker.oom_above.
+  BatchSizer sizer_;
+  LearningRateScale lr_scale_;
+  const std::optional<uint64_t> oom_above_;
+  // For heartbeats: the batch size now, and its latest changes (at most
+  // kBatchSizeChangesKept), numbered from 1.
+  std::atomic<int64_t> batch_size_;
+  std::deque<proto::BatchSizeChange> batch_size_changes_ ABSL_GUARDED_BY(mu_);
+  uint64_t batch_size_seq_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Across sessions.
   std::atomic<uint64_t> records_committed_{0};
@@ -393,33 +430,88 @@ Status Worker::Impl::PullParams(Session& session, PsClient& ps, bool at_step,
 
 Status Worker::Impl::Train(Session& session, PreparedBatch& prepared, PsClient& ps,
                            double* loss_sum, std::vector<float>* predictions) {
-  const bool eval = prepared.shard.phase() == proto::EVAL;
   if (has_step_params_) RETURN_IF_ERROR(PullParams(session, ps, /*at_step=*/true, prepared));
+  const float lr_scale =
+      prepared.shard.phase() == proto::EVAL ? 1.0f : lr_scale_.Next(prepared.batch.size());
+  *loss_sum = 0;
+  predictions->clear();
+  return Step(session, prepared, prepared.batch, prepared.params, lr_scale, ps, loss_sum,
+              predictions);
+}
+
+Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared, const Batch& batch,
+                          const ParamBuffers& params, float lr_scale, PsClient& ps,
+                          double* loss_sum, std::vector<float>* predictions) {
+  const bool eval = prepared.shard.phase() == proto::EVAL;
   ParamBuffers grads;
-  *loss_sum = model_->ForwardBackward(prepared.batch, prepared.params, predictions,
-                                      eval ? nullptr : &grads);
+  std::vector<float> batch_predictions;
+  double loss = 0;
+  bool out_of_memory = false;
+  try {
+    if (oom_above_.has_value() && static_cast<uint64_t>(batch.size()) > *oom_above_) {
+      throw std::bad_alloc();  // failpoint worker.oom_above
+    }
+    loss = model_->ForwardBackward(batch, params, &batch_predictions, eval ? nullptr : &grads);
+  } catch (const std::bad_alloc&) {
+    out_of_memory = true;
+  }
+  const std::vector<ParamSpec>& specs = model_->params();
+  if (out_of_memory) {
+    if (batch.size() <= 1) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("a step of one record of ", prepared.shard.path(), " from byte ",
+                       prepared.begin, " ran out of memory: the model does not fit"));
+    }
+    LOG(WARNING) << "a step of " << batch.size() << " records ran out of memory; training it "
+                 << "in two halves";
+    if (std::optional<BatchSizer::Change> change = sizer_.OutOfMemory(batch.size())) {
+      ChangeBatchSize(session, *change);
+    }
+    const int half = batch.size() / 2;
+    for (const auto& [begin, end] : {std::pair{0, half}, std::pair{half, batch.size()}}) {
+      std::vector<uint32_t> from;
+      const Batch piece = SliceBatch(batch, begin, end, &from);
+      ParamBuffers piece_params(specs.size());
+      for (size_t i = 0; i < specs.size(); ++i) {
+        if (specs[i].kind != ParamSpec::Kind::kEmbedding) {
+          piece_params[i] = params[i];
+          continue;
+        }
+        const size_t dim = specs[i].size;
+        piece_params[i].resize(from.size() * dim);
+        for (size_t k = 0; k < from.size(); ++k) {
+          std::copy_n(params[i].begin() + from[k] * dim, dim, piece_params[i].begin() + k * dim);
+        }
+      }
+      const float share = lr_scale * static_cast<float>(end - begin) / batch.size();
+      RETURN_IF_ERROR(
+          Step(session, prepared, piece, piece_params, share, ps, loss_sum, predictions));
+      if (!std::isfinite(*loss_sum)) break;  // diverged: nothing more of it is pushed
+    }
+    return absl::OkStatus();
+  }
+  *loss_sum += loss;
+  predictions->insert(predictions->end(), batch_predictions.begin(), batch_predictions.end());
   if (eval) return absl::OkStatus();
   // A diverged model: push nothing of it. The commit carries the
   // non-finite loss, and the master stops the job (resumably) on it.
-  const bool loss_finite = std::isfinite(*loss_sum);
+  const bool loss_finite = std::isfinite(loss);
   bool grads_finite = true;
   for (size_t i = 0; grads_finite && i < grads.size(); ++i) grads_finite = AllFinite(grads[i]);
   if (!loss_finite || !grads_finite) {
     LOG(ERROR) << "the model diverged: "
-               << (loss_finite ? std::string("a non-finite gradient")
-                               : absl::StrCat("loss ", *loss_sum))
+               << (loss_finite ? std::string("a non-finite gradient") : absl::StrCat("loss ", loss))
                << " on the batch of " << prepared.shard.path() << " from byte " << prepared.begin
                << "; pushing nothing of it, telling the master";
     *loss_sum = std::numeric_limits<double>::quiet_NaN();
     return absl::OkStatus();
   }
-  const std::vector<ParamSpec>& params = model_->params();
-  std::vector<PsClient::Keys> keys(params.size());
-  std::vector<std::span<const float>> values(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
+  std::vector<PsClient::Keys> keys(specs.size());
+  std::vector<std::span<const float>> values(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
     keys[i].table_id = session.table_ids[i];
-    if (params[i].kind == ParamSpec::Kind::kEmbedding) {
-      keys[i].keys = prepared.batch.keys;
+    if (specs[i].kind == ParamSpec::Kind::kEmbedding) {
+      keys[i].keys = batch.keys;
     } else {
       keys[i].keys = session.dense_keys[i];
       // Pad the gradient to whole chunks.
@@ -430,9 +522,23 @@ Status Worker::Impl::Train(Session& session, PreparedBatch& prepared, PsClient& 
   // A worker that was frozen past its lease must not push: its shard may
   // be another worker's by now.
   RETURN_IF_ERROR(CheckLease(session));
-  RETURN_IF_ERROR(Annotate(ps.Push(keys, values), "push"));
-  records_pushed_.fetch_add(static_cast<uint64_t>(prepared.batch.size()));
+  RETURN_IF_ERROR(Annotate(ps.Push(keys, values, lr_scale), "push"));
+  records_pushed_.fetch_add(static_cast<uint64_t>(batch.size()));
   return absl::OkStatus();
+}
+
+void Worker::Impl::ChangeBatchSize(Session& session, const BatchSizer::Change& change) {
+  LOG(INFO) << "batch size " << change.from << " -> " << change.to << ": " << change.reason;
+  lr_scale_.SizeChanged(change.from, change.to);
+  session.loader->SetBatchSize(change.to);
+  batch_size_.store(change.to);
+  absl::MutexLock lock(&mu_);
+  proto::BatchSizeChange& kept = batch_size_changes_.emplace_back();
+  kept.set_seq(++batch_size_seq_);
+  kept.set_from(static_cast<uint32_t>(change.from));
+  kept.set_to(static_cast<uint32_t>(change.to));
+  kept.set_reason(change.reason);
+  if (batch_size_changes_.size() > kBatchSizeChangesKept) batch_size_changes_.pop_front();
 }
 
 Status Worker::Impl::ReportUnreadable(Session& session, RpcChannel& master,
@@ -577,6 +683,14 @@ void Worker::Impl::FillHeartbeat(Session& session, proto::HeartbeatRequest* requ
   stats->set_batches(batches_.load());
   stats->set_malformed(malformed_.load());
   stats->set_records_pushed(records_pushed_.load() - session.pushed_before);
+  stats->set_batch_size(static_cast<uint32_t>(batch_size_.load()));
+  {
+    absl::MutexLock lock(&mu_);
+    // This registration's own: a new worker id starts from none.
+    for (const proto::BatchSizeChange& change : batch_size_changes_) {
+      if (change.seq() > session.batch_size_seq_before) *stats->add_batch_size_changes() = change;
+    }
+  }
   HistogramToProto(session.pull_latency.Snapshot(), stats->mutable_pull_latency());
   HistogramToProto(session.push_latency.Snapshot(), stats->mutable_push_latency());
   absl::MutexLock lock(&session.mu);
@@ -641,7 +755,7 @@ Status Worker::Impl::RunSession() {
   Session session;
   RETURN_IF_ERROR(Register(session));
   ShardLoaderOptions loader_options;
-  loader_options.batch_size = options_.job.worker.batch_size;
+  loader_options.batch_size = sizer_.size();
   loader_options.prefetch_batches = static_cast<size_t>(options_.job.worker.prefetch_batches);
   session.loader = std::make_unique<ShardLoader>(loader_options, &factory_, session.self,
                                                  parser_.get(), &malformed_logged_,
@@ -650,6 +764,10 @@ Status Worker::Impl::RunSession() {
   session.rate_records = records_committed_.load();
   session.records_before = session.rate_records;
   session.pushed_before = records_pushed_.load();
+  {
+    absl::MutexLock lock(&mu_);
+    session.batch_size_seq_before = batch_size_seq_;
+  }
   session.member->Start(session.self, session.heartbeat, session.lease, MemberHooks(session));
   RpcChannel master(&factory_, session.self);
   StatusOr<proto::ClusterMap> map = AwaitClusterMap(master);
@@ -673,6 +791,8 @@ Status Worker::Impl::RunSession() {
   std::vector<float> predictions;
   // Looked up once a session, not once a batch.
   const bool hang_trainer = FailpointArmed("worker.hang_trainer", session.self.id());
+  // The batch sizer times whole steps: from one commit to the next.
+  absl::Time step_ended = absl::Now();
   while (std::unique_ptr<PreparedBatch> prepared = session.loader->Pop()) {
     if (session.over.load()) break;  // fenced: nothing queued may land
     if (!prepared->unreadable.empty()) {
@@ -719,6 +839,13 @@ Status Worker::Impl::RunSession() {
       Throttle(started, session_records);
     }
     const absl::Time now = absl::Now();
+    if (prepared->shard.phase() == proto::TRAIN) {
+      if (std::optional<BatchSizer::Change> change =
+              sizer_.StepDone(prepared->batch.size(), now - step_ended)) {
+        ChangeBatchSize(session, *change);
+      }
+    }
+    step_ended = now;
     if (now - last_progress >= absl::Seconds(options_.job.job.progress_interval_s)) {
       const uint64_t records = records_committed_.load();
       std::string job;

@@ -91,7 +91,7 @@ TEST_F(CommandLineTest, ValidFileLandsInJobConfig) {
   EXPECT_EQ(config->job.seed, 7);
   EXPECT_EQ(config->data.train, "/data/train/*.txt");
   EXPECT_EQ(config->data.eval, "/data/eval");
-  EXPECT_EQ(config->worker.batch_size, 256);
+  EXPECT_EQ(config->worker.batch_size.value, 256);
   EXPECT_EQ(config->worker.rpc_timeout_ms, 500);
   EXPECT_EQ(config->optimizer.type, "sgd");
   EXPECT_DOUBLE_EQ(config->optimizer.learning_rate, 0.25);
@@ -114,7 +114,7 @@ TEST_F(CommandLineTest, CommandLineWinsOverFile) {
   StatusOr<JobConfig> config = Parse(
       cl_, {"--worker.batch_size=64", "--config", path, "--job.epochs", "5", "--ps.partitions=17"});
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->worker.batch_size, 64);
+  EXPECT_EQ(config->worker.batch_size.value, 64);
   EXPECT_EQ(config->job.epochs, 5);
   EXPECT_EQ(config->ps.partitions, 17);
   // File values not overridden still apply.
@@ -210,6 +210,29 @@ TEST_F(CommandLineTest, MalformedValueInFileNamesOptionAndLine) {
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("worker.batch_size"));
   EXPECT_THAT(std::string(config.status().message()), HasSubstr(path + ":5"));
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("abc"));
+}
+
+TEST_F(CommandLineTest, BatchSizeAutoInFileAndOnTheCommandLine) {
+  const std::string path = dir_.Write(
+      "job.ini", "[data]\ntrain = x\n[worker]\nbatch_size = auto\nmax_batch_size = 2048\n");
+  StatusOr<JobConfig> config = Parse(cl_, {"--config", path});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->worker.batch_size.automatic);
+  EXPECT_EQ(config->worker.max_batch_size, 2048);
+  CommandLine fixed("eps-test", "--config JOB.ini");
+  config = Parse(fixed, {"--config", path, "--worker.batch_size=300"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->worker.batch_size.automatic);
+  EXPECT_EQ(config->worker.batch_size.value, 300);
+  // The bound names the option and its line.
+  const std::string bad = dir_.Write(
+      "bad.ini", "[data]\ntrain = x\n[worker]\nbatch_size = auto\nmin_batch_size = 32768\n");
+  CommandLine again("eps-test", "--config JOB.ini");
+  config = Parse(again, {"--config", bad});
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(bad + ":5"));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("worker.min_batch_size"));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("worker.max_batch_size"));
 }
 
 TEST_F(CommandLineTest, MalformedFloatAndOverflowInFileAreRejected) {

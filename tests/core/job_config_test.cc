@@ -33,6 +33,9 @@ class NameCollector : public OptionVisitor {
   void Visit(absl::string_view name, int64_t*, absl::string_view help) override { Add(name, help); }
   void Visit(absl::string_view name, double*, absl::string_view help) override { Add(name, help); }
   void Visit(absl::string_view name, bool*, absl::string_view help) override { Add(name, help); }
+  void Visit(absl::string_view name, IntOrAuto*, absl::string_view help) override {
+    Add(name, help);
+  }
 
   std::vector<std::string> names;
   std::vector<std::string> helps;
@@ -82,16 +85,20 @@ TEST(JobConfig, VisitorPointsAtTheFields) {
       if (name == "data.train") *v = "set";
     }
     void Visit(absl::string_view name, int64_t* v, absl::string_view) override {
-      if (name == "worker.batch_size") *v = 77;
+      if (name == "worker.min_batch_size") *v = 77;
     }
     void Visit(absl::string_view name, double* v, absl::string_view) override {
       if (name == "optimizer.learning_rate") *v = 0.5;
     }
     void Visit(absl::string_view, bool*, absl::string_view) override {}
+    void Visit(absl::string_view name, IntOrAuto* v, absl::string_view) override {
+      if (name == "worker.batch_size") *v = IntOrAuto{0, true};
+    }
   } setter;
   config.VisitOptions(setter);
   EXPECT_EQ(config.data.train, "set");
-  EXPECT_EQ(config.worker.batch_size, 77);
+  EXPECT_EQ(config.worker.min_batch_size, 77);
+  EXPECT_TRUE(config.worker.batch_size.automatic);
   EXPECT_DOUBLE_EQ(config.optimizer.learning_rate, 0.5);
 }
 
@@ -163,8 +170,26 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
       {"ps.flush_interval_ms", [](JobConfig& c) { c.ps.flush_interval_ms = 0; }},
       {"ps.dense_chunk_floats", [](JobConfig& c) { c.ps.dense_chunk_floats = 0; }},
       {"ps.dense_chunk_floats", [](JobConfig& c) { c.ps.dense_chunk_floats = (1 << 20) + 1; }},
-      {"worker.batch_size", [](JobConfig& c) { c.worker.batch_size = 0; }},
-      {"worker.batch_size", [](JobConfig& c) { c.worker.batch_size = (1 << 20) + 1; }},
+      {"worker.batch_size", [](JobConfig& c) { c.worker.batch_size.value = 0; }},
+      {"worker.batch_size", [](JobConfig& c) { c.worker.batch_size.value = (1 << 20) + 1; }},
+      {"worker.min_batch_size",
+       [](JobConfig& c) {
+         c.worker.batch_size = IntOrAuto{0, true};
+         c.worker.min_batch_size = 0;
+       }},
+      {"worker.min_batch_size",
+       [](JobConfig& c) {
+         c.worker.batch_size = IntOrAuto{0, true};
+         c.worker.min_batch_size = 512;
+         c.worker.max_batch_size = 256;
+       }},
+      {"worker.max_batch_size",
+       [](JobConfig& c) {
+         c.worker.batch_size = IntOrAuto{0, true};
+         c.worker.max_batch_size = (1 << 20) + 1;
+       }},
+      {"optimizer.lr_scaling", [](JobConfig& c) { c.optimizer.lr_scaling = "cubic"; }},
+      {"optimizer.lr_warmup_batches", [](JobConfig& c) { c.optimizer.lr_warmup_batches = -1; }},
       {"worker.prefetch_batches", [](JobConfig& c) { c.worker.prefetch_batches = 0; }},
       {"worker.rpc_timeout_ms", [](JobConfig& c) { c.worker.rpc_timeout_ms = 0; }},
       {"worker.rpc_attempts", [](JobConfig& c) { c.worker.rpc_attempts = 0; }},
@@ -354,6 +379,30 @@ TEST(JobConfig, ParsesLayerSizes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(JobConfig, AutoBatchSizeReadsPrintsAndSetsTheReference) {
+  IntOrAuto parsed;
+  ASSERT_TRUE(IntOrAuto::Parse(" auto ", &parsed));
+  EXPECT_TRUE(parsed.automatic);
+  EXPECT_EQ(parsed.ToString(), "auto");
+  ASSERT_TRUE(IntOrAuto::Parse("512", &parsed));
+  EXPECT_FALSE(parsed.automatic);
+  EXPECT_EQ(parsed.value, 512);
+  EXPECT_EQ(parsed.ToString(), "512");
+  EXPECT_FALSE(IntOrAuto::Parse("automatic", &parsed));
+  EXPECT_FALSE(IntOrAuto::Parse("12x", &parsed));
+
+  JobConfig config = ValidConfig();
+  EXPECT_EQ(config.worker.reference_batch_size(), 1024);
+  EXPECT_EQ(config.worker.largest_batch_size(), 1024);
+  config.worker.batch_size = IntOrAuto{0, true};
+  config.worker.min_batch_size = 128;
+  config.worker.max_batch_size = 4096;
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  EXPECT_EQ(config.worker.reference_batch_size(), 128);
+  EXPECT_EQ(config.worker.largest_batch_size(), 4096);
+  EXPECT_THAT(config.DebugString(), HasSubstr("worker.batch_size = auto\n"));
+}
+
 TEST(JobConfig, TsvWithSchemaIsValid) {
   JobConfig config = ValidConfig();
   config.data.format = "tsv";
@@ -363,7 +412,7 @@ TEST(JobConfig, TsvWithSchemaIsValid) {
 
 TEST(JobConfig, ValidateMessageShowsTheValue) {
   JobConfig config = ValidConfig();
-  config.worker.batch_size = -5;
+  config.worker.batch_size.value = -5;
   EXPECT_THAT(std::string(config.Validate().message()), HasSubstr("-5"));
   config = ValidConfig();
   config.optimizer.type = "rmsprop";
@@ -487,7 +536,7 @@ TEST(JobConfig, PerTableInheritsABadSectionValue) {
 
 TEST(JobConfig, DebugStringListsEveryOption) {
   JobConfig config = ValidConfig();
-  config.worker.batch_size = 333;
+  config.worker.batch_size.value = 333;
   const std::string text = config.DebugString();
   NameCollector collector;
   config.VisitOptions(collector);
@@ -524,7 +573,7 @@ TEST(JobConfig, OptionDifferencesNameEachOptionAndBothValues) {
   JobConfig member = master;
   EXPECT_EQ(DescribeOptionDifferences(member.SharedOptions(), master.SharedOptions()), "");
   // Differences a process may have on its own do not count.
-  member.worker.batch_size = 7;
+  member.worker.batch_size.value = 7;
   member.ps.threads = 9;
   EXPECT_EQ(DescribeOptionDifferences(member.SharedOptions(), master.SharedOptions()), "");
   member.optimizer.learning_rate = 0.1;

@@ -107,7 +107,7 @@ class JobControlTest : public ::testing::Test {
     job_.master.heartbeat_ms = 100;
     job_.checkpoint.interval_s = 60;
     job_.checkpoint.keep = 3;
-    job_.worker.batch_size = 2;
+    job_.worker.batch_size.value = 2;
     control_ = NewControl();
   }
 

@@ -586,7 +586,7 @@ TEST_F(JobControlLivenessTest, ANonFiniteLossStopsTheJobNamingTheEpochAndTheWork
 
 TEST_F(JobControlLivenessTest, ALossPastTheDivergenceFactorStopsTheJob) {
   job_.job.divergence_factor = 2;
-  job_.worker.batch_size = 8;  // a window of 64 records
+  job_.worker.batch_size.value = 8;  // a window of 64 records
   StartTrainingOn(MakeData("/data/train-0", {2000, 2000}));
   const proto::ShardAssignment a = Assigned(0, t0_);
   int batch = 0;
@@ -614,7 +614,7 @@ TEST_F(JobControlLivenessTest, ALossPastTheDivergenceFactorStopsTheJob) {
 
 TEST_F(JobControlLivenessTest, ALossThatExplodesFromTheFirstBatchIsCaughtToo) {
   // A loss huge from the start would be its own baseline: ln 2 caps it.
-  job_.worker.batch_size = 8;
+  job_.worker.batch_size.value = 8;
   StartTrainingOn(MakeData("/data/train-0", {2000, 2000}));
   const proto::ShardAssignment a = Assigned(0, t0_);
   int commits = 0;
@@ -632,7 +632,7 @@ TEST_F(JobControlLivenessTest, AHealthyStartsOvershootPastTwiceLnTwoTrainsOn) {
   // Adagrad's first steps with stale workers: the loss climbs to twice ln 2
   // and more for a few windows before it falls (seen with 2 workers on 2
   // cores: 1.5 after 17408 records, 1024 per batch).
-  job_.worker.batch_size = 8;
+  job_.worker.batch_size.value = 8;
   StartTrainingOn(MakeData("/data/train-0", {2000, 2000}));
   const proto::ShardAssignment a = Assigned(0, t0_);
   for (int i = 0; i < 200; ++i) {
@@ -643,7 +643,7 @@ TEST_F(JobControlLivenessTest, AHealthyStartsOvershootPastTwiceLnTwoTrainsOn) {
 }
 
 TEST_F(JobControlLivenessTest, AStartAboveLnTwoWithinTheFactorTrainsOn) {
-  job_.worker.batch_size = 8;
+  job_.worker.batch_size.value = 8;
   StartTrainingOn(MakeData("/data/train-0", {2000, 2000}));
   const proto::ShardAssignment a = Assigned(0, t0_);
   for (int i = 0; i < 40; ++i) {
@@ -654,7 +654,7 @@ TEST_F(JobControlLivenessTest, AStartAboveLnTwoWithinTheFactorTrainsOn) {
 
 TEST_F(JobControlLivenessTest, DivergenceFactorZeroOnlyStopsOnANonFiniteLoss) {
   job_.job.divergence_factor = 0;
-  job_.worker.batch_size = 8;
+  job_.worker.batch_size.value = 8;
   StartTrainingOn(MakeData("/data/train-0", {2000, 2000}));
   const proto::ShardAssignment a = Assigned(0, t0_);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(CommitBatch(a, i, i < 10 ? 0.5 : 50.0).ok());
@@ -663,7 +663,7 @@ TEST_F(JobControlLivenessTest, DivergenceFactorZeroOnlyStopsOnANonFiniteLoss) {
 
 TEST_F(JobControlLivenessTest, NoCheckpointIsTakenWhileTheLossIsPastTheFactor) {
   // The checkpoint a diverged job resumes from is one taken before.
-  job_.worker.batch_size = 8;
+  job_.worker.batch_size.value = 8;
   job_.checkpoint.interval_s = 1;
   StartTrainingOn(MakeData("/data/train-0", {2000, 2000}));
   const proto::ShardAssignment a = Assigned(0, t0_);

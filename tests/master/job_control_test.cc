@@ -504,6 +504,41 @@ TEST_F(JobControlTest, DeregisteredWorkersShardMovesAtOnce) {
   EXPECT_EQ(ReasonOf(Commit(0, CommitOf(a, a.start() + kLineBytes, 1), t0_)), proto::FENCED);
 }
 
+// Heartbeats repeat a worker's latest batch-size changes until they drop
+// out of its list: each becomes one batch_size_changed event, however many
+// heartbeats carry it and however fast the changes came (two between
+// heartbeats).
+TEST_F(JobControlTest, EachBatchSizeChangeIsOneEvent) {
+  StartTraining();
+  auto beat = [&](int64_t ms, uint32_t size, const std::vector<std::pair<uint32_t, uint32_t>>& changes) {
+    proto::HeartbeatRequest request;
+    proto::WorkerStats* stats = request.mutable_worker();
+    stats->set_batch_size(size);
+    uint64_t seq = 0;
+    for (const auto& [from, to] : changes) {
+      proto::BatchSizeChange* change = stats->add_batch_size_changes();
+      change->set_seq(++seq);
+      change->set_from(from);
+      change->set_to(to);
+      change->set_reason(absl::StrCat(from, " to ", to));
+    }
+    proto::HeartbeatReply reply;
+    ASSERT_TRUE(control_->Heartbeat(WorkerNode(0), request, At(ms), &reply).ok());
+  };
+  beat(100, 256, {});
+  beat(200, 256, {{256, 512}, {512, 256}});
+  beat(300, 256, {{256, 512}, {512, 256}});
+  beat(400, 128, {{256, 512}, {512, 256}, {256, 128}});
+  const std::vector<nlohmann::json> events = events_.Named("batch_size_changed");
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0]["from"], 256);
+  EXPECT_EQ(events[0]["to"], 512);
+  EXPECT_EQ(events[1]["to"], 256);
+  EXPECT_EQ(events[2]["to"], 128);
+  EXPECT_EQ(events[2]["worker"], 0);
+  EXPECT_EQ(events[2]["reason"], "256 to 128");
+}
+
 // --- Persistence -----------------------------------------------------------------
 
 }  // namespace

@@ -107,7 +107,7 @@ TEST_F(MasterTest, IdleWorkerGetsThePartAStragglerSplitsOff) {
   MasterOptions options = Options();
   options.job.data.train = train;
   options.job.data.shard_records = 20;
-  options.job.worker.batch_size = 2;   // splits need 4 records left
+  options.job.worker.batch_size.value = 2;   // splits need 4 records left
   options.job.master.lease_ms = 5000;  // nobody's lease runs out by accident
   ASSERT_NO_FATAL_FAILURE(StartMaster(options));
   ASSERT_NO_FATAL_FAILURE(RegisterServers());
@@ -244,7 +244,7 @@ TEST_F(MasterTest, SplitNobodyAskedForIsNotAccepted) {
   MasterOptions options = Options();
   options.job.data.train = train;
   options.job.data.shard_records = 20;
-  options.job.worker.batch_size = 2;
+  options.job.worker.batch_size.value = 2;
   ASSERT_NO_FATAL_FAILURE(StartMaster(options));
   ASSERT_NO_FATAL_FAILURE(RegisterServers());
   ASSERT_TRUE(WaitForPhase("training"));
@@ -348,7 +348,7 @@ TEST_F(MasterTest, RestartedMasterResumesTheJob) {
   MasterOptions options = Options();
   options.job.data.train = Write("train.tsv", text);
   options.job.data.shard_records = 10;
-  options.job.worker.batch_size = 2;   // splits need 4 records left
+  options.job.worker.batch_size.value = 2;   // splits need 4 records left
   options.job.master.lease_ms = 5000;  // nobody's lease runs out by accident
   ASSERT_NO_FATAL_FAILURE(StartMaster(options));
   ASSERT_NO_FATAL_FAILURE(RegisterServers());

@@ -181,6 +181,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
     Message beat;
     proto::WorkerStats* stats = beat.header().mutable_heartbeat_request()->mutable_worker();
     stats->set_records_per_s(12.5);
+    stats->set_batch_size(512);
     HistogramToProto(pulls.Snapshot(), stats->mutable_pull_latency());
     HistogramToProto(pushes.Snapshot(), stats->mutable_push_latency());
     ASSERT_TRUE(worker->Call(proto::HEARTBEAT, std::move(beat)).ok());
@@ -211,6 +212,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            {"eps_servers", "gauge"},
            {"eps_worker_records_per_second", "gauge"},
            {"eps_worker_records_committed_total", "counter"},
+           {"eps_worker_batch_size", "gauge"},
            {"eps_worker_pull_seconds", "histogram"},
            {"eps_worker_push_seconds", "histogram"},
            {"eps_server_rows", "gauge"},
@@ -253,6 +255,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            std::string("\neps_workers{state=\"alive\"} 1\n"),
            std::string("\neps_servers{state=\"alive\"} 2\n"),
            absl::StrCat("\neps_worker_records_per_second", w, "} 12.5\n"),
+           absl::StrCat("\neps_worker_batch_size", w, "} 512\n"),
            absl::StrCat("\neps_worker_records_committed_total", w, "} 2\n"),
            absl::StrCat("\neps_worker_pull_seconds_bucket", w, ",le=\"0.0016\"} 0\n"),
            absl::StrCat("\neps_worker_pull_seconds_bucket", w, ",le=\"0.0032\"} 2\n"),
@@ -292,6 +295,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
   EXPECT_EQ(doc["servers"][0]["updates_refused"], 5);
   EXPECT_EQ(doc["servers"][0]["pushes_fenced"], 2);
   EXPECT_EQ(doc["servers"][1]["updates_refused"], 0);
+  EXPECT_EQ(doc["workers"][0]["batch_size"], 512);
 
   // The worker goes silent and its lease runs out: it counts as dead, its
   // rate drops to 0, its counters and histograms stay.

@@ -48,7 +48,7 @@ class TrainingProgressTest : public ::testing::Test {
   TrainingProgressTest() {
     job_.job.epochs = 2;
     job_.job.seed = 1;
-    job_.worker.batch_size = 2;
+    job_.worker.batch_size.value = 2;
   }
 
   void SetData() {

@@ -1,6 +1,7 @@
 #include "models/batch.h"
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -58,6 +59,47 @@ TEST(BatchBuilder, FinishStartsAnEmptyBatch) {
   EXPECT_EQ(two.labels, (std::vector<float>{0}));
   EXPECT_EQ(two.keys, (std::vector<uint64_t>{12, 13}));
   EXPECT_EQ(two.slots, (std::vector<uint32_t>{0, 1}));
+}
+
+// A slice is the batch its examples alone would have built, and `from`
+// finds each of its keys in the whole batch.
+TEST(SliceBatch, EqualsTheBatchOfItsExamplesAlone) {
+  const std::vector<std::vector<uint64_t>> ids = {{50, 7}, {7, 8}, {9, 9}, {1, 50}, {8, 2}};
+  for (bool multi : {false, true}) {
+    SCOPED_TRACE(multi ? "multi-value" : "single-value");
+    auto add = [&](BatchBuilder& builder, int i) {
+      const float dense[] = {static_cast<float>(i), 0.5f * i};
+      if (multi && i == 2) {
+        // Example 2's second field has three ids.
+        const uint64_t many[] = {9, 9, 4, 50};
+        const uint32_t ends[] = {1, 4};
+        builder.Add(static_cast<float>(i % 2), dense, many, ends);
+      } else {
+        builder.Add(static_cast<float>(i % 2), dense, ids[i]);
+      }
+    };
+    BatchBuilder whole_builder(2, 2);
+    for (int i = 0; i < 5; ++i) add(whole_builder, i);
+    const Batch whole = whole_builder.Finish();
+    EXPECT_EQ(whole.multi_value(), multi);
+    for (const auto& [begin, end] : std::vector<std::pair<int, int>>{{0, 2}, {2, 5}, {1, 4}, {3, 3}}) {
+      SCOPED_TRACE(::testing::Message() << "examples " << begin << ".." << end);
+      BatchBuilder alone_builder(2, 2);
+      for (int i = begin; i < end; ++i) add(alone_builder, i);
+      const Batch alone = alone_builder.Finish();
+      std::vector<uint32_t> from;
+      const Batch slice = SliceBatch(whole, begin, end, &from);
+      slice.CheckShape();
+      EXPECT_EQ(slice.labels, alone.labels);
+      EXPECT_EQ(slice.dense, alone.dense);
+      EXPECT_EQ(slice.keys, alone.keys);
+      EXPECT_EQ(slice.slots, alone.slots);
+      // A single-value slice of a multi-value batch keeps its offsets.
+      if (alone.multi_value()) EXPECT_EQ(slice.offsets, alone.offsets);
+      ASSERT_EQ(from.size(), slice.keys.size());
+      for (size_t k = 0; k < from.size(); ++k) EXPECT_EQ(whole.keys[from[k]], slice.keys[k]);
+    }
+  }
 }
 
 TEST(BatchBuilder, HandlesNoDenseFeatures) {

@@ -417,6 +417,46 @@ void ExpectInvalid(const proto::OptimizerSpec& spec, const std::string& field) {
       << optimizer.status();
 }
 
+// A push's lr_scale (optimizer.lr_scaling) acts as that many times the
+// learning rate (FTRL: alpha), step after step, with the state following.
+TEST(Optimizer, LrScaleActsAsThatManyTimesTheLearningRate) {
+  struct Case {
+    const char* name;
+    proto::OptimizerSpec base;
+    proto::OptimizerSpec scaled;  // the same with 4x the learning rate
+  };
+  const std::vector<Case> cases = {
+      {"sgd", Sgd(0.05f, 0.01f), Sgd(0.2f, 0.01f)},
+      {"adagrad", Adagrad(0.05f, 0.1f, 1e-8f), Adagrad(0.2f, 0.1f, 1e-8f)},
+      {"adam", Adam(0.001f, 0.9f, 0.999f, 1e-8f), Adam(0.004f, 0.9f, 0.999f, 1e-8f)},
+      {"ftrl", Ftrl(0.05f, 1.0f, 0.001f), Ftrl(0.2f, 1.0f, 0.001f)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto base = MustCreate(c.base);
+    auto scaled = MustCreate(c.scaled);
+    constexpr int kDim = 3;
+    std::vector<float> w_scale = {0.1f, -0.2f, 0.3f};
+    std::vector<float> w_lr = w_scale;
+    std::vector<float> w_plain = w_scale;
+    std::vector<float> s_scale(base->state_floats(kDim));
+    base->InitState(s_scale.data(), kDim);
+    std::vector<float> s_lr = s_scale;
+    std::vector<float> s_plain = s_scale;
+    for (int step = 0; step < 5; ++step) {
+      const float g[kDim] = {0.5f - 0.1f * step, -0.25f, 0.125f * step};
+      ASSERT_TRUE(base->Apply(w_scale.data(), s_scale.data(), g, kDim, 4.0f));
+      ASSERT_TRUE(scaled->Apply(w_lr.data(), s_lr.data(), g, kDim));
+      ASSERT_TRUE(base->Apply(w_plain.data(), s_plain.data(), g, kDim));
+    }
+    for (int i = 0; i < kDim; ++i) {
+      EXPECT_NEAR(w_scale[i], w_lr[i], 1e-6) << i;
+      EXPECT_NE(w_scale[i], w_plain[i]) << i;  // the scale did something
+    }
+    for (size_t i = 0; i < s_scale.size(); ++i) EXPECT_NEAR(s_scale[i], s_lr[i], 1e-6) << i;
+  }
+}
+
 TEST(Optimizer, CreateRejectsBadSpecs) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   proto::OptimizerSpec unknown;

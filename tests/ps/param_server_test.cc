@@ -66,6 +66,24 @@ TEST_F(ParamServerTest, PullCreatesRowsAndPushAppliesSgdExactly) {
   EXPECT_EQ(std::vector<float>(emb_rows->begin(), emb_rows->end()), expected);
 }
 
+// optimizer.lr_scaling: a push's lr_scale multiplies the learning rate of
+// every table it updates (SGD here: exactly scale times the step).
+TEST_F(ParamServerTest, PushAppliesItsLearningRateScale) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> keys = EmbKeys(4, /*here=*/true);
+  ASSERT_TRUE(Pull(kEmb, keys).ok());
+  const std::vector<float> grads = Grads(keys.size());
+  Message request = PushRequest({kEmb}, {keys}, {grads});
+  request.header().mutable_push_request()->set_lr_scale(0.5f);
+  ASSERT_TRUE(Call(std::move(request)).ok());
+  StatusOr<std::vector<float>> rows = Pull(kEmb, keys);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_FLOAT_EQ((*rows)[i], Sgd(0.0f, 0.5f * grads[i])) << i;
+  }
+}
+
 TEST_F(ParamServerTest, HeartbeatsCarryStats) {
   StartServer();
   AwaitMap();
@@ -259,6 +277,12 @@ TEST_F(ParamServerTest, RejectsMalformedRequestsWithoutTouchingTables) {
     bad_dense.back() = bad;
     expect_invalid(PushRequest({kEmb, kDense}, {keys, chunks}, {grads, bad_dense}),
                    absl::StrCat("PUSH of 2 tables, the second with gradient ", bad));
+  }
+  for (float bad : {-1.0f, std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity(), 2097152.0f}) {
+    Message request = PushRequest({kEmb}, {keys}, {grads});
+    request.header().mutable_push_request()->set_lr_scale(bad);
+    expect_invalid(std::move(request), absl::StrCat("PUSH with learning-rate scale ", bad));
   }
   // Dense keys must be chunks of their own tensor.
   expect_invalid(PullRequest({kDense}, {{DenseChunkKey(kDense, kDenseChunks)}}),

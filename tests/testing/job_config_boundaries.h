@@ -68,8 +68,10 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
        kDayMs},
       {"ps.dense_chunk_floats", [](JobConfig& c) -> int64_t& { return c.ps.dense_chunk_floats; }, 1,
        1 << 20},
-      {"worker.batch_size", [](JobConfig& c) -> int64_t& { return c.worker.batch_size; }, 1,
-       1 << 20},
+      {"worker.batch_size", [](JobConfig& c) -> int64_t& { return c.worker.batch_size.value; },
+       1, 1 << 20},
+      {"optimizer.lr_warmup_batches",
+       [](JobConfig& c) -> int64_t& { return c.optimizer.lr_warmup_batches; }, 0, 1'000'000},
       {"worker.prefetch_batches",
        [](JobConfig& c) -> int64_t& { return c.worker.prefetch_batches; }, 1, 1024},
       {"worker.master_wait_s", [](JobConfig& c) -> int64_t& { return c.worker.master_wait_s; }, 0,
@@ -114,6 +116,19 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
   }
 
   // Options bounded together.
+  for (const auto& [low, high] : {std::pair<int64_t, int64_t>{1, 1}, {1 << 20, 1 << 20}, {1, 1 << 20}}) {
+    add(absl::StrCat("worker.batch_size = auto, worker.min_batch_size = ", low,
+                     ", worker.max_batch_size = ", high),
+        [low, high](JobConfig& c) {
+          c.worker.batch_size = IntOrAuto{0, true};
+          c.worker.min_batch_size = low;
+          c.worker.max_batch_size = high;
+        });
+  }
+  for (const char* rule : {"linear", "sqrt"}) {
+    add(absl::StrCat("optimizer.lr_scaling = ", rule),
+        [rule](JobConfig& c) { c.optimizer.lr_scaling = rule; });
+  }
   for (int64_t v : {int64_t{1}, int64_t{1} << 20}) {
     add(absl::StrCat("ps.num_servers = ps.partitions = ", v), [v](JobConfig& c) {
       c.ps.num_servers = v;

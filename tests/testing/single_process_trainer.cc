@@ -106,7 +106,7 @@ class Trainer {
           continue;
         }
         builder.Add(label, dense, ids, field_ends);
-        if (builder.size() >= config_.worker.batch_size) flush();
+        if (builder.size() >= config_.worker.reference_batch_size()) flush();
       }
       RETURN_IF_ERROR(reader->status());
     }
