@@ -1,5 +1,6 @@
 #include "models/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "Eigen/Core"
@@ -87,6 +88,41 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& options) {
 size_t Model::BufferSize(size_t i, const Batch& batch) const {
   const ParamSpec& spec = params()[i];
   return spec.kind == ParamSpec::Kind::kEmbedding ? batch.keys.size() * spec.size : spec.size;
+}
+
+bool AllFinite(const ParamBuffers& buffers) {
+  for (const std::vector<float>& values : buffers) {
+    // Eight independent lanes, so the loop vectorizes without
+    // reassociating: inf * 0 and NaN * 0 are NaN.
+    float lanes[8] = {};
+    size_t i = 0;
+    for (; i + 8 <= values.size(); i += 8) {
+      for (int lane = 0; lane < 8; ++lane) lanes[lane] += values[i + lane] * 0.0f;
+    }
+    float rest = 0;
+    for (; i < values.size(); ++i) rest += values[i] * 0.0f;
+    for (float lane : lanes) rest += lane;
+    if (rest != 0.0f) return false;
+  }
+  return true;
+}
+
+ParamBuffers Model::SliceParams(const ParamBuffers& params,
+                                const std::vector<uint32_t>& from) const {
+  const std::vector<ParamSpec>& specs = this->params();
+  ParamBuffers sliced(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].kind != ParamSpec::Kind::kEmbedding) {
+      sliced[i] = params[i];
+      continue;
+    }
+    const size_t dim = specs[i].size;
+    sliced[i].resize(from.size() * dim);
+    for (size_t k = 0; k < from.size(); ++k) {
+      std::copy_n(params[i].begin() + from[k] * dim, dim, sliced[i].begin() + k * dim);
+    }
+  }
+  return sliced;
 }
 
 std::vector<ParamSpec> MlpParams(const std::string& prefix, const Mlp& mlp) {

@@ -72,6 +72,10 @@ struct ParamSpec {
 // One buffer per parameter, in params() order.
 using ParamBuffers = std::vector<std::vector<float>>;
 
+// True when every value of every buffer is finite (a diverged step's
+// gradients are not).
+bool AllFinite(const ParamBuffers& buffers);
+
 // Sets the threads the CPU model math (Eigen products, OpenMP loops) uses
 // in this process; 0 = every core it may run on. Process-wide: call once at
 // startup.
@@ -87,6 +91,12 @@ class Model {
 
   // Floats buffer `i` must hold for `batch`.
   size_t BufferSize(size_t i, const Batch& batch) const;
+
+  // The buffers for a slice of the batch `params` were pulled for
+  // (SliceBatch, models/batch.h): each embedding table's rows of the
+  // slice's keys, whose rows in `params` `from` gives, and every dense
+  // tensor whole.
+  ParamBuffers SliceParams(const ParamBuffers& params, const std::vector<uint32_t>& from) const;
 
   // Computes predictions (probabilities, one per example) and returns the
   // sum of the examples' log losses. When `grads` is non-null, also fills it

@@ -25,15 +25,19 @@ bool ReceiveMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames
 }
 
 // Moves one whole multipart message from `from` to `to`; false when `from`
-// has none (`flags` dontwait) or a send fails. A ROUTER drops what it cannot
-// route, so a send to the frontend never blocks.
+// has none (`flags` dontwait). A ROUTER drops what it cannot route, so a
+// send to the frontend never blocks; a frame `to` refuses drops the rest of
+// its message, which is still read whole so that the next one starts at a
+// message boundary.
 bool ForwardOne(zmq::socket_t& from, zmq::socket_t& to, zmq::recv_flags flags) {
+  bool sending = true;
   while (true) {
     zmq::message_t frame;
     if (!from.recv(frame, flags).has_value()) return false;
     const bool more = frame.more();
-    if (!to.send(frame, more ? zmq::send_flags::sndmore : zmq::send_flags::none).has_value()) {
-      return false;
+    if (sending) {
+      sending =
+          to.send(frame, more ? zmq::send_flags::sndmore : zmq::send_flags::none).has_value();
     }
     if (!more) return true;
     flags = zmq::recv_flags::none;  // the rest of a message is already here

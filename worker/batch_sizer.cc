@@ -85,9 +85,20 @@ std::optional<BatchSizer::Change> BatchSizer::OutOfMemory(int64_t records) {
                                     records, to));
 }
 
-LearningRateScale::LearningRateScale(std::string rule, int64_t reference, int64_t warmup_batches)
-    : rule_(std::move(rule)), reference_(reference), warmup_batches_(warmup_batches) {
-  CHECK(rule_ == "none" || rule_ == "linear" || rule_ == "sqrt") << rule_;
+namespace {
+
+LearningRateScale::Rule RuleNamed(const std::string& rule) {
+  if (rule == "linear") return LearningRateScale::Rule::kLinear;
+  if (rule == "sqrt") return LearningRateScale::Rule::kSqrt;
+  CHECK_EQ(rule, "none") << "optimizer.lr_scaling";
+  return LearningRateScale::Rule::kNone;
+}
+
+}  // namespace
+
+LearningRateScale::LearningRateScale(const std::string& rule, int64_t reference,
+                                     int64_t warmup_batches)
+    : rule_(RuleNamed(rule)), reference_(reference), warmup_batches_(warmup_batches) {
   CHECK_GE(reference_, 1);
 }
 
@@ -98,8 +109,11 @@ LearningRateScale LearningRateScale::For(const JobConfig& job) {
 
 double LearningRateScale::Target(int64_t records) const {
   const double ratio = static_cast<double>(records) / static_cast<double>(reference_);
-  if (rule_ == "linear") return ratio;
-  if (rule_ == "sqrt") return std::sqrt(ratio);
+  switch (rule_) {
+    case Rule::kLinear: return ratio;
+    case Rule::kSqrt: return std::sqrt(ratio);
+    case Rule::kNone: break;
+  }
   return 1.0;
 }
 
@@ -116,10 +130,51 @@ float LearningRateScale::Next(int64_t records) {
 }
 
 void LearningRateScale::SizeChanged(int64_t from, int64_t to) {
-  if (rule_ == "none" || warmup_batches_ == 0 || from == to) return;
+  if (rule_ == Rule::kNone || warmup_batches_ == 0 || from == to) return;
   // From where the factor stands now (a warm-up may be under way).
   ramp_from_ = Ramped(Target(from));
   ramp_left_ = warmup_batches_;
+}
+
+WorkerBatchSize::WorkerBatchSize(const JobConfig& job)
+    : sizer_(BatchSizer::OptionsFor(job.worker)),
+      lr_scale_(LearningRateScale::For(job)),
+      size_(sizer_.size()) {}
+
+std::optional<BatchSizer::Change> WorkerBatchSize::StepDone(int64_t records, absl::Duration took) {
+  return Took(sizer_.StepDone(records, took));
+}
+
+std::optional<BatchSizer::Change> WorkerBatchSize::OutOfMemory(int64_t records) {
+  return Took(sizer_.OutOfMemory(records));
+}
+
+std::optional<BatchSizer::Change> WorkerBatchSize::Took(std::optional<BatchSizer::Change> change) {
+  if (!change.has_value()) return change;
+  LOG(INFO) << "batch size " << change->from << " -> " << change->to << ": " << change->reason;
+  lr_scale_.SizeChanged(change->from, change->to);
+  size_.store(change->to, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  proto::BatchSizeChange& kept = changes_.emplace_back();
+  kept.set_seq(++last_change_);
+  kept.set_from(static_cast<uint32_t>(change->from));
+  kept.set_to(static_cast<uint32_t>(change->to));
+  kept.set_reason(change->reason);
+  if (changes_.size() > kChangesKept) changes_.pop_front();
+  return change;
+}
+
+uint64_t WorkerBatchSize::last_change() const {
+  absl::MutexLock lock(&mu_);
+  return last_change_;
+}
+
+void WorkerBatchSize::Report(uint64_t after, proto::WorkerStats* stats) const {
+  stats->set_batch_size(static_cast<uint32_t>(size()));
+  absl::MutexLock lock(&mu_);
+  for (const proto::BatchSizeChange& change : changes_) {
+    if (change.seq() > after) *stats->add_batch_size_changes() = change;
+  }
 }
 
 }  // namespace eps

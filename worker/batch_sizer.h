@@ -20,18 +20,28 @@
 // new one's linearly over optimizer.lr_warmup_batches batches, so that no
 // step jumps.
 //
-// Thread-safety: neither is; the trainer thread owns both.
+// WorkerBatchSize holds both for a worker across its sessions, and what
+// heartbeats report of them.
+//
+// Thread-safety: BatchSizer and LearningRateScale are not thread-safe; the
+// trainer thread owns them. WorkerBatchSize: size() and Report from any
+// thread, the rest from the trainer's.
 
 #ifndef EPS_WORKER_BATCH_SIZER_H_
 #define EPS_WORKER_BATCH_SIZER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/job_config.h"
+#include "proto/eps.pb.h"
 
 namespace eps {
 
@@ -96,8 +106,9 @@ class BatchSizer {
 
 class LearningRateScale {
  public:
-  // `rule` is none, linear or sqrt; `reference` >= 1.
-  LearningRateScale(std::string rule, int64_t reference, int64_t warmup_batches);
+  enum class Rule { kNone, kLinear, kSqrt };
+  // `rule` is none, linear or sqrt (optimizer.lr_scaling); `reference` >= 1.
+  LearningRateScale(const std::string& rule, int64_t reference, int64_t warmup_batches);
   static LearningRateScale For(const JobConfig& job);
 
   // The factor for the push of a batch of `records`.
@@ -111,12 +122,45 @@ class LearningRateScale {
   // `target` blended with the warm-up's start, while one runs.
   double Ramped(double target) const;
 
-  const std::string rule_;
+  const Rule rule_;
   const int64_t reference_;
   const int64_t warmup_batches_;
   // During a warm-up: the factor it starts from, and batches left.
   double ramp_from_ = 1.0;
   int64_t ramp_left_ = 0;
+};
+
+class WorkerBatchSize {
+ public:
+  // From the job's worker.* and optimizer.lr_scaling options.
+  explicit WorkerBatchSize(const JobConfig& job);
+
+  // The size the next batches should have.
+  int64_t size() const { return size_.load(std::memory_order_relaxed); }
+  // The learning-rate factor for the push of a training batch of `records`.
+  float LrScale(int64_t records) { return lr_scale_.Next(records); }
+  // BatchSizer::StepDone and OutOfMemory; a change they make is logged,
+  // moves the learning rate's warm-up and is kept for Report.
+  std::optional<BatchSizer::Change> StepDone(int64_t records, absl::Duration took);
+  std::optional<BatchSizer::Change> OutOfMemory(int64_t records);
+
+  // The number of the latest change (0: none yet).
+  uint64_t last_change() const;
+  // The size now and the changes numbered after `after` (the latest
+  // kChangesKept at most), into a heartbeat's stats.
+  void Report(uint64_t after, proto::WorkerStats* stats) const;
+
+  static constexpr size_t kChangesKept = 16;
+
+ private:
+  std::optional<BatchSizer::Change> Took(std::optional<BatchSizer::Change> change);
+
+  BatchSizer sizer_;
+  LearningRateScale lr_scale_;
+  std::atomic<int64_t> size_;
+  mutable absl::Mutex mu_;
+  std::deque<proto::BatchSizeChange> changes_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_change_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace eps

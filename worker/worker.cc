@@ -2,9 +2,7 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
-#include <deque>
 #include <cstdlib>
 #include <cmath>
 #include <functional>
@@ -67,22 +65,6 @@ uint64_t LaunchId() {
   return id;
 }
 
-// Batch-size changes a worker's heartbeats repeat until they drop out.
-constexpr size_t kBatchSizeChangesKept = 16;
-
-// True when every value is finite. Eight independent lanes, so the loop
-// vectorizes without reassociating: inf * 0 and NaN * 0 are NaN.
-bool AllFinite(std::span<const float> values) {
-  float lanes[8] = {};
-  size_t i = 0;
-  for (; i + 8 <= values.size(); i += 8) {
-    for (int lane = 0; lane < 8; ++lane) lanes[lane] += values[i + lane] * 0.0f;
-  }
-  float rest = 0;
-  for (; i < values.size(); ++i) rest += values[i] * 0.0f;
-  for (float lane : lanes) rest += lane;
-  return rest == 0.0f;
-}
 
 }  // namespace
 
@@ -90,10 +72,8 @@ class Worker::Impl {
  public:
   explicit Impl(const WorkerOptions& options)
       : options_(options),
-        sizer_(BatchSizer::OptionsFor(options.job.worker)),
-        lr_scale_(LearningRateScale::For(options.job)),
-        oom_above_(FailpointValue("worker.oom_above")),
-        batch_size_(sizer_.size()) {}
+        batch_size_(options.job),
+        oom_above_(FailpointValue("worker.oom_above")) {}
 
   Status Run();
   void RequestStop() {
@@ -191,8 +171,6 @@ class Worker::Impl {
   Status Step(Session& session, const PreparedBatch& prepared, const Batch& batch,
               const ParamBuffers& params, float lr_scale, PsClient& ps, double* loss_sum,
               std::vector<float>* predictions);
-  // The batch size the trainer uses from now on, and why.
-  void ChangeBatchSize(Session& session, const BatchSizer::Change& change);
   Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
                 double loss_sum, const std::vector<float>& predictions);
   // Tells the master that the marker's shard cannot be read from its
@@ -248,17 +226,10 @@ class Worker::Impl {
   bool has_step_params_ = false;  // some ParamSpec::pull_each_step
   std::string device_ = "cpu";
 
-  // The trainer's, across sessions: the batch size it chooses
-  // (worker.batch_size = auto), the learning-rate factor that follows, and
-  // the failpoint worker.oom_above.
-  BatchSizer sizer_;
-  LearningRateScale lr_scale_;
+  // Across sessions: the batch size (worker.batch_size = auto) and the
+  // learning-rate factor that follows it; the failpoint worker.oom_above.
+  WorkerBatchSize batch_size_;
   const std::optional<uint64_t> oom_above_;
-  // For heartbeats: the batch size now, and its latest changes (at most
-  // kBatchSizeChangesKept), numbered from 1.
-  std::atomic<int64_t> batch_size_;
-  std::deque<proto::BatchSizeChange> batch_size_changes_ ABSL_GUARDED_BY(mu_);
-  uint64_t batch_size_seq_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Across sessions.
   std::atomic<uint64_t> records_committed_{0};
@@ -432,9 +403,7 @@ Status Worker::Impl::Train(Session& session, PreparedBatch& prepared, PsClient& 
                            double* loss_sum, std::vector<float>* predictions) {
   if (has_step_params_) RETURN_IF_ERROR(PullParams(session, ps, /*at_step=*/true, prepared));
   const float lr_scale =
-      prepared.shard.phase() == proto::EVAL ? 1.0f : lr_scale_.Next(prepared.batch.size());
-  *loss_sum = 0;
-  predictions->clear();
+      prepared.shard.phase() == proto::EVAL ? 1.0f : batch_size_.LrScale(prepared.batch.size());
   return Step(session, prepared, prepared.batch, prepared.params, lr_scale, ps, loss_sum,
               predictions);
 }
@@ -446,16 +415,15 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared, const
   ParamBuffers grads;
   std::vector<float> batch_predictions;
   double loss = 0;
-  bool out_of_memory = false;
+  // The failpoint worker.oom_above stands for a device that holds fewer.
+  bool out_of_memory = oom_above_.has_value() && static_cast<uint64_t>(batch.size()) > *oom_above_;
   try {
-    if (oom_above_.has_value() && static_cast<uint64_t>(batch.size()) > *oom_above_) {
-      throw std::bad_alloc();  // failpoint worker.oom_above
+    if (!out_of_memory) {
+      loss = model_->ForwardBackward(batch, params, &batch_predictions, eval ? nullptr : &grads);
     }
-    loss = model_->ForwardBackward(batch, params, &batch_predictions, eval ? nullptr : &grads);
   } catch (const std::bad_alloc&) {
     out_of_memory = true;
   }
-  const std::vector<ParamSpec>& specs = model_->params();
   if (out_of_memory) {
     if (batch.size() <= 1) {
       return absl::ResourceExhaustedError(
@@ -464,28 +432,16 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared, const
     }
     LOG(WARNING) << "a step of " << batch.size() << " records ran out of memory; training it "
                  << "in two halves";
-    if (std::optional<BatchSizer::Change> change = sizer_.OutOfMemory(batch.size())) {
-      ChangeBatchSize(session, *change);
+    if (std::optional<BatchSizer::Change> change = batch_size_.OutOfMemory(batch.size())) {
+      session.loader->SetBatchSize(change->to);
     }
     const int half = batch.size() / 2;
     for (const auto& [begin, end] : {std::pair{0, half}, std::pair{half, batch.size()}}) {
       std::vector<uint32_t> from;
       const Batch piece = SliceBatch(batch, begin, end, &from);
-      ParamBuffers piece_params(specs.size());
-      for (size_t i = 0; i < specs.size(); ++i) {
-        if (specs[i].kind != ParamSpec::Kind::kEmbedding) {
-          piece_params[i] = params[i];
-          continue;
-        }
-        const size_t dim = specs[i].size;
-        piece_params[i].resize(from.size() * dim);
-        for (size_t k = 0; k < from.size(); ++k) {
-          std::copy_n(params[i].begin() + from[k] * dim, dim, piece_params[i].begin() + k * dim);
-        }
-      }
       const float share = lr_scale * static_cast<float>(end - begin) / batch.size();
-      RETURN_IF_ERROR(
-          Step(session, prepared, piece, piece_params, share, ps, loss_sum, predictions));
+      RETURN_IF_ERROR(Step(session, prepared, piece, model_->SliceParams(params, from), share, ps,
+                           loss_sum, predictions));
       if (!std::isfinite(*loss_sum)) break;  // diverged: nothing more of it is pushed
     }
     return absl::OkStatus();
@@ -496,9 +452,7 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared, const
   // A diverged model: push nothing of it. The commit carries the
   // non-finite loss, and the master stops the job (resumably) on it.
   const bool loss_finite = std::isfinite(loss);
-  bool grads_finite = true;
-  for (size_t i = 0; grads_finite && i < grads.size(); ++i) grads_finite = AllFinite(grads[i]);
-  if (!loss_finite || !grads_finite) {
+  if (!loss_finite || !AllFinite(grads)) {
     LOG(ERROR) << "the model diverged: "
                << (loss_finite ? std::string("a non-finite gradient") : absl::StrCat("loss ", loss))
                << " on the batch of " << prepared.shard.path() << " from byte " << prepared.begin
@@ -506,6 +460,7 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared, const
     *loss_sum = std::numeric_limits<double>::quiet_NaN();
     return absl::OkStatus();
   }
+  const std::vector<ParamSpec>& specs = model_->params();
   std::vector<PsClient::Keys> keys(specs.size());
   std::vector<std::span<const float>> values(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -525,20 +480,6 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared, const
   RETURN_IF_ERROR(Annotate(ps.Push(keys, values, lr_scale), "push"));
   records_pushed_.fetch_add(static_cast<uint64_t>(batch.size()));
   return absl::OkStatus();
-}
-
-void Worker::Impl::ChangeBatchSize(Session& session, const BatchSizer::Change& change) {
-  LOG(INFO) << "batch size " << change.from << " -> " << change.to << ": " << change.reason;
-  lr_scale_.SizeChanged(change.from, change.to);
-  session.loader->SetBatchSize(change.to);
-  batch_size_.store(change.to);
-  absl::MutexLock lock(&mu_);
-  proto::BatchSizeChange& kept = batch_size_changes_.emplace_back();
-  kept.set_seq(++batch_size_seq_);
-  kept.set_from(static_cast<uint32_t>(change.from));
-  kept.set_to(static_cast<uint32_t>(change.to));
-  kept.set_reason(change.reason);
-  if (batch_size_changes_.size() > kBatchSizeChangesKept) batch_size_changes_.pop_front();
 }
 
 Status Worker::Impl::ReportUnreadable(Session& session, RpcChannel& master,
@@ -683,14 +624,8 @@ void Worker::Impl::FillHeartbeat(Session& session, proto::HeartbeatRequest* requ
   stats->set_batches(batches_.load());
   stats->set_malformed(malformed_.load());
   stats->set_records_pushed(records_pushed_.load() - session.pushed_before);
-  stats->set_batch_size(static_cast<uint32_t>(batch_size_.load()));
-  {
-    absl::MutexLock lock(&mu_);
-    // This registration's own: a new worker id starts from none.
-    for (const proto::BatchSizeChange& change : batch_size_changes_) {
-      if (change.seq() > session.batch_size_seq_before) *stats->add_batch_size_changes() = change;
-    }
-  }
+  // This registration's changes: a new worker id starts from none.
+  batch_size_.Report(session.batch_size_seq_before, stats);
   HistogramToProto(session.pull_latency.Snapshot(), stats->mutable_pull_latency());
   HistogramToProto(session.push_latency.Snapshot(), stats->mutable_push_latency());
   absl::MutexLock lock(&session.mu);
@@ -755,7 +690,7 @@ Status Worker::Impl::RunSession() {
   Session session;
   RETURN_IF_ERROR(Register(session));
   ShardLoaderOptions loader_options;
-  loader_options.batch_size = sizer_.size();
+  loader_options.batch_size = batch_size_.size();
   loader_options.prefetch_batches = static_cast<size_t>(options_.job.worker.prefetch_batches);
   session.loader = std::make_unique<ShardLoader>(loader_options, &factory_, session.self,
                                                  parser_.get(), &malformed_logged_,
@@ -764,10 +699,7 @@ Status Worker::Impl::RunSession() {
   session.rate_records = records_committed_.load();
   session.records_before = session.rate_records;
   session.pushed_before = records_pushed_.load();
-  {
-    absl::MutexLock lock(&mu_);
-    session.batch_size_seq_before = batch_size_seq_;
-  }
+  session.batch_size_seq_before = batch_size_.last_change();
   session.member->Start(session.self, session.heartbeat, session.lease, MemberHooks(session));
   RpcChannel master(&factory_, session.self);
   StatusOr<proto::ClusterMap> map = AwaitClusterMap(master);
@@ -830,20 +762,18 @@ Status Worker::Impl::RunSession() {
     }
     batches_.fetch_add(1);
     malformed_.fetch_add(prepared->malformed);
+    const absl::Time now = absl::Now();
     if (prepared->shard.phase() == proto::TRAIN) {
       const uint64_t records = static_cast<uint64_t>(prepared->batch.size());
       records_committed_.fetch_add(records);
       session_records += records;
       loss_sum_since += loss_sum;
       loss_count_since += records;
-      Throttle(started, session_records);
-    }
-    const absl::Time now = absl::Now();
-    if (prepared->shard.phase() == proto::TRAIN) {
       if (std::optional<BatchSizer::Change> change =
-              sizer_.StepDone(prepared->batch.size(), now - step_ended)) {
-        ChangeBatchSize(session, *change);
+              batch_size_.StepDone(prepared->batch.size(), now - step_ended)) {
+        session.loader->SetBatchSize(change->to);
       }
+      Throttle(started, session_records);
     }
     step_ended = now;
     if (now - last_progress >= absl::Seconds(options_.job.job.progress_interval_s)) {

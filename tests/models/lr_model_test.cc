@@ -5,6 +5,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -77,6 +78,41 @@ TEST(LrModel, BufferSizeFollowsKeysForEmbeddings) {
   EXPECT_EQ(model->BufferSize(1, batch), 3u);
   EXPECT_EQ(model->BufferSize(0, Batch{}), 0u);
   EXPECT_EQ(model->BufferSize(1, Batch{}), 3u);
+}
+
+TEST(AllFinite, FindsANonFiniteValueInAnyLaneOrTheTail) {
+  EXPECT_TRUE(AllFinite({}));
+  EXPECT_TRUE(AllFinite({std::vector<float>(19, 3e38f), {}, {-1.0f}}));
+  for (size_t at : {0u, 5u, 15u, 16u, 18u}) {
+    for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+      ParamBuffers buffers = {std::vector<float>(3, 1.0f), std::vector<float>(19, 0.5f)};
+      buffers[1][at] = bad;
+      EXPECT_FALSE(AllFinite(buffers)) << bad << " at " << at;
+    }
+  }
+}
+
+// The halves of a batch, each with its SliceParams, predict what the whole
+// batch predicts (what a step that ran out of memory relies on).
+TEST(LrModel, SlicesWithSlicedParamsPredictAsTheWholeBatch) {
+  std::unique_ptr<Model> model = MakeLr(/*num_dense=*/2, /*num_fields=*/3);
+  const Batch batch = TinyBatch();
+  std::vector<float> whole;
+  const double whole_loss = model->ForwardBackward(batch, TinyParams(), &whole, nullptr);
+  std::vector<float> halves;
+  double halves_loss = 0;
+  for (const auto& [begin, end] : {std::pair{0, 1}, std::pair{1, batch.size()}}) {
+    std::vector<uint32_t> from;
+    const Batch piece = SliceBatch(batch, begin, end, &from);
+    const ParamBuffers params = model->SliceParams(TinyParams(), from);
+    for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(params[i].size(), model->BufferSize(i, piece));
+    std::vector<float> predictions;
+    halves_loss += model->ForwardBackward(piece, params, &predictions, nullptr);
+    halves.insert(halves.end(), predictions.begin(), predictions.end());
+  }
+  ASSERT_EQ(halves.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_FLOAT_EQ(halves[i], whole[i]) << i;
+  EXPECT_NEAR(halves_loss, whole_loss, 1e-6);
 }
 
 TEST(LrModel, ForwardMatchesHandComputation) {

@@ -174,5 +174,43 @@ TEST(LearningRateScale, ForUsesTheReferenceBatchSize) {
   EXPECT_EQ(options.max, job.worker.max_batch_size);
 }
 
+// What heartbeats report: the size now and the changes after a session's
+// start, the latest kChangesKept at most, each numbered once.
+TEST(WorkerBatchSize, ReportsTheChangesAfterASessionsStart) {
+  JobConfig job;
+  job.worker.batch_size = IntOrAuto{0, true};
+  job.worker.min_batch_size = 1;
+  job.worker.max_batch_size = 1 << 20;
+  job.optimizer.lr_scaling = "linear";
+  job.optimizer.lr_warmup_batches = 0;
+  WorkerBatchSize batch_size(job);
+  EXPECT_EQ(batch_size.size(), 1);
+  EXPECT_EQ(batch_size.last_change(), 0u);
+  // One batch left out, then the eighth of 200 ms (over a second in all)
+  // decides: a doubling, then out of memory back to 1.
+  ASSERT_FALSE(batch_size.StepDone(1, absl::Milliseconds(1)));
+  for (int i = 0; i < 7; ++i) ASSERT_FALSE(batch_size.StepDone(1, absl::Milliseconds(200)));
+  std::optional<BatchSizer::Change> grown = batch_size.StepDone(1, absl::Milliseconds(200));
+  ASSERT_TRUE(grown.has_value());
+  EXPECT_EQ(batch_size.size(), 2);
+  const uint64_t session_start = batch_size.last_change();
+  EXPECT_EQ(session_start, 1u);
+  EXPECT_TRUE(batch_size.OutOfMemory(2).has_value());
+  EXPECT_EQ(batch_size.size(), 1);
+  EXPECT_FLOAT_EQ(batch_size.LrScale(1), 1.0f);
+
+  proto::WorkerStats stats;
+  batch_size.Report(session_start, &stats);
+  EXPECT_EQ(stats.batch_size(), 1u);
+  ASSERT_EQ(stats.batch_size_changes_size(), 1);
+  EXPECT_EQ(stats.batch_size_changes(0).seq(), 2u);
+  EXPECT_EQ(stats.batch_size_changes(0).from(), 2u);
+  EXPECT_EQ(stats.batch_size_changes(0).to(), 1u);
+  EXPECT_THAT(stats.batch_size_changes(0).reason(), HasSubstr("ran out of memory"));
+  stats.Clear();
+  batch_size.Report(0, &stats);
+  EXPECT_EQ(stats.batch_size_changes_size(), 2);
+}
+
 }  // namespace
 }  // namespace eps
