@@ -45,7 +45,7 @@ if ! dpkg-query -W -f='${Status}' libopenblas0-pthread 2>/dev/null | grep -q "ok
        "reference BLAS and will look far slower than it is" >&2
 fi
 
-cmake --build "$root/build" --target eps-master eps-server eps-worker eps-datagen >/dev/null
+cmake --build "$root/build" --target eps-master eps-server eps-worker eps-datagen eps-keygen >/dev/null
 data="$work/data-$rows"
 if [ ! -f "$data/truth.json" ]; then
   "$root/build/bin/eps-datagen" --rows "$rows" --seed 1 --files 4 --out "$data" >/dev/null 2>&1

@@ -11,10 +11,10 @@
 
 namespace eps {
 
-Status WriteFileAtomically(const std::string& path, std::string_view contents) {
+Status WriteFileAtomically(const std::string& path, std::string_view contents, int mode) {
   namespace fs = std::filesystem;
   const std::string temp = path + ".tmp";
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", std::strerror(errno)));
   }
@@ -51,6 +51,37 @@ Status WriteFileAtomically(const std::string& path, std::string_view contents) {
         absl::StrCat("cannot fsync the directory of ", path, ": ", std::strerror(dir_errno)));
   }
   return absl::OkStatus();
+}
+
+StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const std::string why = absl::StrCat("cannot open ", path, ": ", std::strerror(errno));
+    if (errno == ENOENT) return absl::NotFoundError(why);
+    if (errno == EACCES || errno == EPERM) return absl::PermissionDeniedError(why);
+    return absl::UnavailableError(why);
+  }
+  std::string contents;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int saved_errno = errno;
+      ::close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("cannot read ", path, ": ", std::strerror(saved_errno)));
+    }
+    if (n == 0) break;
+    contents.append(buffer, static_cast<size_t>(n));
+    if (contents.size() > max_bytes) {
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " is larger than ", max_bytes, " bytes: not the file expected"));
+    }
+  }
+  ::close(fd);
+  return contents;
 }
 
 }  // namespace eps

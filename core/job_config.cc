@@ -443,6 +443,11 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "dead or stuck workers replaced at most");
   v.Visit("autoscale.restart_backoff_s", &autoscale.restart_backoff_s,
           "wait before replacing a worker that died within a minute, doubling in a row");
+  v.Visit("security.mode", &security.mode,
+          "curve (peers authenticated by the job's keys) or off (anyone can act on the job)");
+  v.Visit("security.keys_dir", &security.keys_dir, "the job's keys (eps-keygen --out DIR)");
+  v.Visit("security.http_token_file", &security.http_token_file,
+          "bearer token of mutating HTTP endpoints (empty: KEYS_DIR/http_token)");
 }
 
 Status JobConfig::Validate() const {
@@ -566,6 +571,7 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckOneOf("checkpoint.on_server_failure", checkpoint.on_server_failure,
                              {"rollback", "continue"}));
   RETURN_IF_ERROR(CheckOneOf("ps.durability", ps.durability, {"flush", "every_push"}));
+  RETURN_IF_ERROR(CheckOneOf("security.mode", security.mode, {"curve", "off"}));
   return ValidateAutoscale(autoscale);
 }
 

@@ -353,6 +353,22 @@ struct JobConfig {
     int64_t restart_backoff_s = 5;
   } autoscale;
 
+  // Who may act on the job (rpc/security.h). Each process reads these for
+  // itself; they need not agree beyond the keys.
+  struct Security {
+    // "curve": every connection is encrypted and every peer authenticated
+    // by the job's keys, each request authorized by its sender's role;
+    // "off": anyone who reaches a port can act on the job (must be set
+    // explicitly, and every process warns at its start). Default curve.
+    std::string mode = "curve";
+    // The directory of the job's keys (eps-keygen --out DIR); required
+    // under curve. Default empty.
+    std::string keys_dir;
+    // The file holding the bearer token of the master's mutating HTTP
+    // endpoints; empty: KEYS_DIR/http_token. Default empty.
+    std::string http_token_file;
+  } security;
+
   // Calls `visitor` once for every option, in file order.
   void VisitOptions(OptionVisitor& visitor);
 

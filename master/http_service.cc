@@ -1,10 +1,49 @@
 #include "master/http_service.h"
 
+#include <optional>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "master/status_report.h"
 
 namespace eps {
+namespace {
+
+// Equal strings, in a time that does not depend on where they differ.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  unsigned char differ = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    differ |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return differ == 0;
+}
+
+// Why `request` may not change the job, as (HTTP status, message); nullopt
+// when it may.
+std::optional<std::pair<int, std::string>> MutationRefusal(const httplib::Request& request,
+                                                            const std::string& token) {
+  if (request.has_header("Origin")) {
+    const std::string origin = request.get_header_value("Origin");
+    if (origin != "http://" + request.get_header_value("Host")) {
+      return std::make_pair(403, absl::StrCat("refused: a request from the page of another "
+                                              "origin (", origin.substr(0, 100), ")"));
+    }
+  }
+  if (token.empty()) return std::nullopt;
+  const std::string authorization = request.get_header_value("Authorization");
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWith(authorization, kBearer) ||
+      !SameSecret(absl::string_view(authorization).substr(kBearer.size()), token)) {
+    return std::make_pair(
+        401, std::string("refused: needs Authorization: Bearer with the job's token "
+                         "(security.http_token_file; KEYS_DIR/http_token by default)"));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 StatusOr<int> HttpService::Start(const std::string& host, int port, HttpRoutes routes) {
   routes_ = std::move(routes);
@@ -17,7 +56,15 @@ StatusOr<int> HttpService::Start(const std::string& host, int port, HttpRoutes r
   server_.Get("/", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(routes_.page, "text/html; charset=utf-8");
   });
-  server_.Post("/checkpoint", [this](const httplib::Request&, httplib::Response& response) {
+  server_.Post("/checkpoint", [this](const httplib::Request& request,
+                                     httplib::Response& response) {
+    if (auto refusal = MutationRefusal(request, routes_.bearer_token)) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      response.status = refusal->first;
+      if (refusal->first == 401) response.set_header("WWW-Authenticate", "Bearer realm=\"eps\"");
+      response.set_content(DumpJson({{"error", refusal->second}}), "application/json");
+      return;
+    }
     auto [status, body] = routes_.checkpoint();
     response.status = status;
     response.set_content(body, "application/json");

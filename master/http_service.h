@@ -2,6 +2,12 @@
 // (Prometheus text), GET / (the status page) and POST /checkpoint (an
 // operator's checkpoint, answered when it is complete or has failed).
 //
+// Reads are open to whoever reaches the port. A mutating request (POST)
+// needs `Authorization: Bearer TOKEN` when the routes have a token (401
+// otherwise), and is refused (403) when it comes from a page of another
+// origin (an Origin header that is not this server's own), so that a page
+// the operator opens cannot order it.
+//
 // Thread-safety: Start and Stop from the owning thread; the handlers run on
 // the service's thread and must do their own locking.
 
@@ -26,6 +32,8 @@ struct HttpRoutes {
   std::string page;  // the HTML of "/"
   // POST /checkpoint: the HTTP status and the JSON answer.
   std::function<std::pair<int, std::string>()> checkpoint;
+  // What mutating requests must carry as their bearer token; empty: none.
+  std::string bearer_token;
 };
 
 class HttpService {
@@ -43,6 +51,9 @@ class HttpService {
   // Stops serving and joins the thread; a no-op when not started.
   void Stop();
 
+  // Mutating requests refused (no or a wrong token, a foreign origin).
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+
  private:
   const Clock* const clock_;
   HttpRoutes routes_;
@@ -50,6 +61,7 @@ class HttpService {
   std::thread thread_;
   // Set by thread_ when listen_after_bind returns.
   std::atomic<bool> returned_{false};
+  std::atomic<uint64_t> refused_{0};
 };
 
 }  // namespace eps

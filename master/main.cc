@@ -43,6 +43,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   eps::SetLogNode("master");
+  eps::StatusOr<eps::SecurityOptions> security =
+      eps::LoadSecurity(options.job.security, eps::proto::ROLE_MASTER);
+  if (!security.ok()) {
+    std::cerr << "eps-master: " << security.status().message() << "\n";
+    return 2;
+  }
+  options.security = *std::move(security);
 
   eps::Master master(options);
   if (eps::Status started = master.Start(); !started.ok()) {

@@ -123,7 +123,7 @@ class Master::Impl {
 
   const MasterOptions options_;
   const Clock* const clock_ = Clock::Real();
-  SocketFactory factory_;
+  SocketFactory factory_{TransportOptions{.security = options_.security}};
   std::unique_ptr<RpcServer> rpc_;
   HttpService http_{clock_};
   std::thread job_thread_;
@@ -276,11 +276,30 @@ Status Master::Impl::StartServing() {
               autoscaler->WriteMetrics(autoscale);
               text += autoscale.text();
             }
-            return text;
+            PrometheusWriter refusals;
+            refusals.Family("eps_master_requests_refused_total", MetricType::kCounter,
+                            "Requests the master refused: for their sender's role (reason "
+                            "permission_denied), or for carrying no key the job trusts "
+                            "(unauthenticated; refused CURVE handshakes included).");
+            refusals.Sample({{"reason", "permission_denied"}},
+                            static_cast<double>(rpc_->refused()));
+            refusals.Sample({{"reason", "unauthenticated"}},
+                            static_cast<double>(rpc_->unauthenticated() +
+                                                factory_.handshakes_refused()));
+            refusals.Family("eps_http_requests_refused_total", MetricType::kCounter,
+                            "Mutating HTTP requests refused: without the bearer token, or from "
+                            "the page of another origin.");
+            refusals.Sample(static_cast<double>(http_.refused()));
+            return text + refusals.text();
           },
       .page = StatusPage(job.job.name),
       .checkpoint = [this] { return PostCheckpoint(); },
+      .bearer_token = options_.security.http_token,
   };
+  if (options_.security.http_token.empty()) {
+    LOG(WARNING) << "POST /checkpoint needs no token (security.mode = off and no "
+                    "security.http_token_file): anyone who reaches the HTTP port can order one";
+  }
   ASSIGN_OR_RETURN(int http_port, http_.Start(job.master.bind_host,
                                               static_cast<int>(options_.http_port),
                                               std::move(routes)));

@@ -20,6 +20,7 @@
 
 #include "core/job_config.h"
 #include "core/status.h"
+#include "rpc/security.h"
 
 namespace eps {
 
@@ -39,6 +40,9 @@ struct MasterOptions {
   // server restores that checkpoint, and the data progress returns to it.
   // Default false.
   bool resume = false;
+  // CURVE and the job's keys, from [security] (LoadSecurity); off when
+  // default-made (in-process tests).
+  SecurityOptions security;
 
   Status Validate() const;
 };

@@ -152,7 +152,9 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"last_flush_ms", server.stats.last_flush_ms()},
          {"pushes_fenced", server.stats.pushes_fenced()},
          {"pushes_deduplicated", server.stats.pushes_deduplicated()},
-         {"updates_refused", server.stats.updates_refused()}});
+         {"updates_refused", server.stats.updates_refused()},
+         {"requests_refused", server.stats.requests_refused()},
+         {"requests_unauthenticated", server.stats.requests_unauthenticated()}});
   }
   doc["servers"] = servers;
 
@@ -393,6 +395,16 @@ std::string MetricsText(const JobControl& control) {
              "Row updates a server refused because they would have made a weight or an optimizer "
              "state non-finite (the row kept its values).",
              [](const ServerEntry& s) { return static_cast<double>(s.stats.updates_refused()); });
+  out.Family("eps_server_requests_refused_total", MetricType::kCounter,
+             "Requests a server refused: for their sender's role (reason permission_denied), "
+             "or for carrying no key the job trusts (unauthenticated; refused CURVE handshakes "
+             "included).");
+  for (const auto& [id, server] : servers) {
+    out.Sample({{"server", id}, {"reason", "permission_denied"}},
+               static_cast<double>(server->stats.requests_refused()));
+    out.Sample({{"server", id}, {"reason", "unauthenticated"}},
+               static_cast<double>(server->stats.requests_unauthenticated()));
+  }
   out.Family("eps_server_pull_seconds", MetricType::kHistogram,
              "Time a server takes to answer a PULL, from its arrival to the reply.");
   for (const auto& [id, server] : servers) histogram("server", id, server->stats.pull_latency());

@@ -47,6 +47,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   eps::SetLogNode("ps");
+  eps::StatusOr<eps::SecurityOptions> security =
+      eps::LoadSecurity(config->security, eps::proto::ROLE_SERVER);
+  if (!security.ok()) {
+    std::cerr << "eps-server: " << security.status().message() << "\n";
+    return 2;
+  }
+  options.security = *std::move(security);
   if (data_dir.empty()) {
     LOG(WARNING) << "no --data-dir: parameters live in memory only, and a crash loses them";
   }

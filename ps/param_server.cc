@@ -131,7 +131,7 @@ class ParamServer::Impl {
   proto::ServerStats Stats() const;
 
   const ParamServerOptions options_;
-  SocketFactory factory_;
+  SocketFactory factory_{TransportOptions{.security = options_.security}};
   // Made by Start and replaced by Rejoin (Wait's thread, once the old one
   // stopped); heartbeats from the end of a successful Start until Wait
   // returns.
@@ -409,6 +409,10 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_pushes_fenced(pushes_fenced_.load());
   stats.set_pushes_deduplicated(pushes_deduplicated_.load());
   stats.set_updates_refused(storage.updates_refused);
+  if (rpc_ != nullptr) {
+    stats.set_requests_refused(rpc_->refused());
+    stats.set_requests_unauthenticated(rpc_->unauthenticated() + factory_.handshakes_refused());
+  }
   HistogramToProto(pull_latency_.Snapshot(), stats.mutable_pull_latency());
   HistogramToProto(push_latency_.Snapshot(), stats.mutable_push_latency());
   return stats;

@@ -79,6 +79,7 @@
 #include "core/job_config.h"
 #include "core/status.h"
 #include "ps/storage.h"
+#include "rpc/security.h"
 
 namespace eps {
 
@@ -108,6 +109,9 @@ struct ParamServerOptions {
   // sent at registration: the master refuses the server when they differ
   // from its own. Default none.
   std::vector<std::pair<std::string, std::string>> shared_options;
+  // CURVE and the job's keys, from [security] (LoadSecurity); off when
+  // default-made (in-process tests).
+  SecurityOptions security;
 
   // The job's [ps], [master] and [worker] settings.
   static ParamServerOptions FromConfig(const JobConfig& config);

@@ -24,10 +24,11 @@ RpcChannel::RpcChannel(SocketFactory* factory, proto::NodeId self)
 
 RpcChannel::~RpcChannel() = default;
 
-StatusOr<RpcChannel::Peer*> RpcChannel::GetPeer(const std::string& endpoint) {
+StatusOr<RpcChannel::Peer*> RpcChannel::GetPeer(const std::string& endpoint,
+                                                 proto::Method method) {
   auto it = peers_.find(endpoint);
   if (it != peers_.end()) return it->second.get();
-  StatusOr<zmq::socket_t> socket = factory_->ConnectDealer(endpoint);
+  StatusOr<zmq::socket_t> socket = factory_->ConnectDealer(endpoint, ServingRole(method));
   if (!socket.ok()) return socket.status();
   auto peer = std::make_unique<Peer>();
   peer->socket = std::move(socket).value();
@@ -54,7 +55,7 @@ uint64_t RpcChannel::Start(const std::string& endpoint, Message request,
 void RpcChannel::Send(uint64_t id, PendingCall& call) {
   call.attempts++;
   call.deadline = absl::Now() + call.options.attempt_timeout;
-  StatusOr<Peer*> peer_or = GetPeer(call.endpoint);
+  StatusOr<Peer*> peer_or = GetPeer(call.endpoint, call.method);
   if (!peer_or.ok()) {
     call.done = true;
     call.frames.clear();

@@ -86,9 +86,10 @@ class RpcChannel {
     StatusOr<Message> result = absl::UnknownError("pending");
   };
 
-  // The peer's socket, connecting one when there is none. kInvalidArgument
-  // for a malformed endpoint, kUnavailable when no socket is left.
-  StatusOr<Peer*> GetPeer(const std::string& endpoint);
+  // The peer's socket, connecting one when there is none (to the role that
+  // serves `method`). kInvalidArgument for a malformed endpoint,
+  // kUnavailable when no socket is left.
+  StatusOr<Peer*> GetPeer(const std::string& endpoint, proto::Method method);
   // Sends (or resends) a call's frames on its peer's current socket; fails
   // the call when there is no socket to send on.
   void Send(uint64_t id, PendingCall& call);

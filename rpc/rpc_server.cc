@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/logging.h"
 
 namespace eps {
@@ -44,6 +45,49 @@ bool ForwardOne(zmq::socket_t& from, zmq::socket_t& to, zmq::recv_flags flags) {
   }
 }
 
+// What the proxy tells the handlers about a request's sender, as a frame
+// after its routing id: "ROLE ADDRESS", ROLE being the ZAP user id (the role
+// of the peer's CURVE key; "-" when unauthenticated) and ADDRESS its IP.
+std::string PeerFrame(zmq::message_t& frame) {
+  auto property = [&frame](const char* name) -> std::string {
+    try {
+      const char* value = frame.gets(name);
+      return value != nullptr && *value != '\0' ? value : "-";
+    } catch (const zmq::error_t&) {
+      return "-";
+    }
+  };
+  return absl::StrCat(property("User-Id"), " ", property("Peer-Address"));
+}
+
+// Moves one request from the frontend to the backend, with the PeerFrame
+// after its routing id; false when there is none.
+bool ForwardRequest(zmq::socket_t& frontend, zmq::socket_t& backend) {
+  zmq::message_t routing;
+  if (!frontend.recv(routing, zmq::recv_flags::none).has_value()) return false;
+  if (!routing.more()) return true;  // a routing id alone: nothing to answer
+  zmq::message_t first;
+  (void)frontend.recv(first, zmq::recv_flags::none);
+  zmq::message_t peer(PeerFrame(first));
+  const bool more = first.more();
+  bool sending = backend.send(routing, zmq::send_flags::sndmore).has_value() &&
+                 backend.send(peer, zmq::send_flags::sndmore).has_value() &&
+                 backend.send(first, more ? zmq::send_flags::sndmore : zmq::send_flags::none)
+                     .has_value();
+  if (!more) return true;
+  // The rest, as ForwardOne moves it (read whole even when a send fails).
+  while (true) {
+    zmq::message_t frame;
+    (void)frontend.recv(frame, zmq::recv_flags::none);
+    const bool next = frame.more();
+    if (sending) {
+      sending =
+          backend.send(frame, next ? zmq::send_flags::sndmore : zmq::send_flags::none).has_value();
+    }
+    if (!next) return true;
+  }
+}
+
 // How long the frontend keeps trying to deliver the last replies once the
 // server stopped: a peer told "the job is over" in its last reply must hear
 // it, not wait out its own timeout on a master that is gone.
@@ -65,7 +109,7 @@ void Proxy(zmq::socket_t& frontend, zmq::socket_t& backend, zmq::socket_t& contr
       throw;
     }
     if (items[2].revents & ZMQ_POLLIN) break;
-    if (items[0].revents & ZMQ_POLLIN) ForwardOne(frontend, backend, zmq::recv_flags::none);
+    if (items[0].revents & ZMQ_POLLIN) ForwardRequest(frontend, backend);
     if (items[1].revents & ZMQ_POLLIN) ForwardOne(backend, frontend, zmq::recv_flags::none);
   }
   while (ForwardOne(backend, frontend, zmq::recv_flags::dontwait)) {
@@ -84,7 +128,8 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
   if (options.max_frames < 0) {
     return absl::InvalidArgumentError("rpc server: max_frames must be >= 0");
   }
-  std::unique_ptr<RpcServer> server(new RpcServer(options, std::move(handler)));
+  std::unique_ptr<RpcServer> server(
+      new RpcServer(options, std::move(handler), factory->options().security.curve));
   ASSIGN_OR_RETURN(zmq::socket_t frontend,
                    factory->BindRouter(options.endpoint, &server->endpoint_));
 
@@ -129,8 +174,8 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
   return server;
 }
 
-RpcServer::RpcServer(const RpcServerOptions& options, RpcHandler handler)
-    : options_(options), handler_(std::move(handler)) {}
+RpcServer::RpcServer(const RpcServerOptions& options, RpcHandler handler, bool curve)
+    : options_(options), handler_(std::move(handler)), curve_(curve) {}
 
 RpcServer::~RpcServer() { Stop(); }
 
@@ -163,28 +208,66 @@ void RpcServer::HandlerLoop(zmq::socket_t socket) {
   }
 }
 
+Status RpcServer::Authorize(absl::string_view peer, const proto::Envelope& header) {
+  const proto::NodeId& claimed = header.sender();
+  const std::pair<absl::string_view, absl::string_view> role_address =
+      absl::StrSplit(peer, absl::MaxSplits(' ', 1));
+  Status status;
+  proto::Role role = claimed.role();
+  if (curve_) {
+    std::optional<proto::Role> authenticated = RoleFromName(role_address.first);
+    if (!authenticated.has_value()) {
+      status = absl::UnauthenticatedError("the request carries no key the job trusts");
+    } else if (*authenticated != claimed.role()) {
+      status = absl::PermissionDeniedError(
+          absl::StrCat("the request claims to come from a ", RoleName(claimed.role()),
+                       ", but its key is the ", RoleName(*authenticated), "'s"));
+    }
+    role = authenticated.value_or(proto::ROLE_UNSPECIFIED);
+  }
+  if (status.ok()) status = AuthorizeCall(header.method(), role);
+  if (status.ok()) return status;
+  (absl::IsUnauthenticated(status) ? unauthenticated_ : refused_)
+      .fetch_add(1, std::memory_order_relaxed);
+  const std::string who =
+      absl::StrCat(curve_ ? absl::StrCat(RoleName(role), " key") : "peer (unauthenticated)",
+                   " at ", role_address.second, " claiming to be ", RoleName(claimed.role()), " ",
+                   claimed.id());
+  {
+    absl::MutexLock lock(&refusals_mu_);
+    constexpr size_t kMaxLogged = 1024;  // an attacker can claim many ids
+    if (refusals_logged_.size() < kMaxLogged && refusals_logged_.insert(who).second) {
+      LOG(WARNING) << options_.name << ": refused " << proto::Method_Name(header.method())
+                   << " from a " << who << ": " << status.message() << " (logged once per peer)";
+    }
+  }
+  return status;
+}
+
 std::vector<zmq::message_t> RpcServer::Handle(std::vector<zmq::message_t> frames) {
-  // frames[0] is the ROUTER's routing id of the peer; the request follows.
+  // frames[0] is the ROUTER's routing id of the peer, frames[1] what the
+  // proxy knows of it (PeerFrame); the request follows.
   std::vector<zmq::message_t> out;
-  if (frames.size() < 2) {
+  if (frames.size() < 3) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return out;  // nothing to answer to
   }
   out.push_back(std::move(frames[0]));
+  const std::string peer = frames[1].to_string();
+  frames.erase(frames.begin(), frames.begin() + 2);
   // A rejection echoes the request id and method when the envelope parses at
   // all, so that the caller's channel files the error with its call instead
   // of waiting for a reply that never comes. A small or reference-counted
   // copy, kept because FromFrames consumes the frames.
   zmq::message_t envelope;
-  envelope.copy(frames[1]);
+  envelope.copy(frames[0]);
   Message reply;
   Status status;
   bool rejected = true;
-  if (frames.size() - 2 > static_cast<size_t>(options_.max_frames)) {
+  if (frames.size() - 1 > static_cast<size_t>(options_.max_frames)) {
     status = absl::InvalidArgumentError(absl::StrCat(
-        "request has ", frames.size() - 2, " bulk frames, more than ", options_.max_frames));
+        "request has ", frames.size() - 1, " bulk frames, more than ", options_.max_frames));
   } else {
-    frames.erase(frames.begin());
     StatusOr<Message> request = Message::FromFrames(std::move(frames));
     if (!request.ok()) {
       status = request.status();
@@ -193,7 +276,8 @@ std::vector<zmq::message_t> RpcServer::Handle(std::vector<zmq::message_t> frames
       reply.header().set_request_id(request->header().request_id());
       reply.header().set_method(request->header().method());
       VLOG(2) << options_.name << " <- " << request->DebugString();
-      status = handler_(*request, &reply);
+      status = Authorize(peer, request->header());
+      if (status.ok()) status = handler_(*request, &reply);
     }
   }
   if (rejected) {

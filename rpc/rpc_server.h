@@ -6,7 +6,11 @@
 // rejects what no handler should see: fewer than one frame, more than
 // `max_frames`, an envelope that does not parse or speaks another protocol
 // version. Those get an INVALID_ARGUMENT reply; nothing a peer sends can
-// crash the process.
+// crash the process. Then it authorizes the call by the sender's role
+// (AuthorizeCall, rpc/security.h): under CURVE the role of the peer's key,
+// which the envelope must not contradict; without, the role the envelope
+// claims. A refusal is a PERMISSION_DENIED (or UNAUTHENTICATED) reply,
+// counted and logged once per peer.
 //
 // Thread-safety: the handler is called from several threads at once (when
 // num_threads > 1) and must be safe for concurrent use. Start/Stop from the
@@ -22,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "core/status.h"
 #include "rpc/message.h"
 #include "rpc/socket_factory.h"
@@ -65,23 +71,35 @@ class RpcServer {
   // to a second after, without holding Stop up). Idempotent.
   void Stop();
 
-  // Requests rejected before reaching the handler.
+  // Malformed requests rejected before reaching the handler.
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  // Requests refused: by their sender's role (PERMISSION_DENIED), and for
+  // carrying no trusted key (UNAUTHENTICATED).
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+  uint64_t unauthenticated() const { return unauthenticated_.load(std::memory_order_relaxed); }
 
  private:
-  RpcServer(const RpcServerOptions& options, RpcHandler handler);
+  RpcServer(const RpcServerOptions& options, RpcHandler handler, bool curve);
+  // Whether the sender `peer` (the proxy's PeerFrame) may make this call.
+  Status Authorize(absl::string_view peer, const proto::Envelope& header);
   void HandlerLoop(zmq::socket_t socket);
   // Validates, dispatches and replies to one routed request.
   std::vector<zmq::message_t> Handle(std::vector<zmq::message_t> frames);
 
   const RpcServerOptions options_;
   const RpcHandler handler_;
+  const bool curve_;
   std::string endpoint_;
   // Stop()'s end of the proxy's control pair. Made in Start, so that
   // stopping never needs a new socket (and cannot fail for want of one).
   zmq::socket_t control_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> unauthenticated_{0};
+  absl::Mutex refusals_mu_;
+  // The peers whose refusal was logged.
+  absl::flat_hash_set<std::string> refusals_logged_ ABSL_GUARDED_BY(refusals_mu_);
   std::thread proxy_thread_;
   std::vector<std::thread> handler_threads_;
 };

@@ -15,13 +15,25 @@ Status TransportOptions::Validate() const {
   if (high_water_mark < 1 || io_threads < 1) {
     return absl::InvalidArgumentError("transport: high_water_mark and io_threads must be >= 1");
   }
+  if (security.curve && (security.secret_key.empty() || security.master_key.empty() ||
+                         security.server_key.empty())) {
+    return absl::InvalidArgumentError("transport: CURVE without keys");
+  }
   return absl::OkStatus();
 }
 
 SocketFactory::SocketFactory(const TransportOptions& options)
     : options_(options), context_(options.io_threads) {
   CHECK_OK(options_.Validate());
+  if (options_.security.curve) {
+    StatusOr<std::unique_ptr<ZapAuthenticator>> zap =
+        ZapAuthenticator::Start(context_, options_.security);
+    CHECK_OK(zap.status());
+    zap_ = std::move(zap).value();
+  }
 }
+
+SocketFactory::~SocketFactory() = default;
 
 zmq::socket_t SocketFactory::MakeSocket(zmq::socket_type type) {
   zmq::socket_t socket(context_, type);
@@ -40,6 +52,11 @@ StatusOr<zmq::socket_t> SocketFactory::BindRouter(const std::string& endpoint, s
     return absl::UnavailableError(
         absl::StrCat("cannot bind ", endpoint, ": no socket: ", e.what()));
   }
+  if (options_.security.curve) {
+    socket.set(zmq::sockopt::zap_domain, "eps");
+    socket.set(zmq::sockopt::curve_server, true);
+    socket.set(zmq::sockopt::curve_secretkey, options_.security.secret_key);
+  }
   // ZeroMQ spells "any port" as '*'.
   std::string address = endpoint;
   if (address.size() > 2 && address.compare(address.size() - 2, 2, ":0") == 0) {
@@ -57,7 +74,13 @@ StatusOr<zmq::socket_t> SocketFactory::BindRouter(const std::string& endpoint, s
   return socket;
 }
 
-StatusOr<zmq::socket_t> SocketFactory::ConnectDealer(const std::string& endpoint) {
+StatusOr<zmq::socket_t> SocketFactory::ConnectDealer(const std::string& endpoint,
+                                                     proto::Role serving) {
+  const SecurityOptions& security = options_.security;
+  if (security.curve && serving != proto::ROLE_MASTER && serving != proto::ROLE_SERVER) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot connect to ", endpoint, ": a ", RoleName(serving), " serves nothing"));
+  }
   zmq::socket_t socket;
   try {
     socket = MakeSocket(zmq::socket_type::dealer);
@@ -67,6 +90,12 @@ StatusOr<zmq::socket_t> SocketFactory::ConnectDealer(const std::string& endpoint
   }
   socket.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ivl_ms);
   socket.set(zmq::sockopt::reconnect_ivl_max, options_.reconnect_ivl_max_ms);
+  if (security.curve) {
+    socket.set(zmq::sockopt::curve_serverkey,
+               serving == proto::ROLE_MASTER ? security.master_key : security.server_key);
+    socket.set(zmq::sockopt::curve_publickey, security.public_key);
+    socket.set(zmq::sockopt::curve_secretkey, security.secret_key);
+  }
   try {
     socket.connect(endpoint);
   } catch (const zmq::error_t& e) {

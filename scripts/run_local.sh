@@ -49,7 +49,7 @@ if [ -n "$config" ] && [ ! -f "$config" ]; then
 fi
 
 install_missing_packages
-configure_and_build eps-master eps-server eps-worker eps-datagen
+configure_and_build eps-master eps-server eps-worker eps-datagen eps-keygen
 bin="$EPS_BUILD_DIR/bin"
 
 run_dir="$(realpath -m "${EPS_RUN_DIR:-./eps-run}")"
@@ -78,6 +78,15 @@ if [ "$generate" = true ]; then
     echo "$rows" >"$data/.rows"
   fi
   extra+=(--data.train="$data/train" --data.eval="$data/eval")
+fi
+# Keys for this run: every process authenticates its peers (CURVE), and
+# POST /checkpoint needs the token in $run_dir/keys/http_token. A config or
+# command line that sets [security] itself decides instead.
+if ! grep -qE '^[[:space:]]*\[security\]' "$config" &&
+  [[ " ${overrides[*]} " != *" --security."* ]]; then
+  rm -rf "$run_dir/keys"
+  "$bin/eps-keygen" --out "$run_dir/keys" >/dev/null
+  extra+=(--security.keys_dir="$run_dir/keys")
 fi
 extra+=("${overrides[@]}")
 

@@ -33,6 +33,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   eps::SetLogNode("worker");
+  eps::StatusOr<eps::SecurityOptions> security =
+      eps::LoadSecurity(options.job.security, eps::proto::ROLE_WORKER);
+  if (!security.ok()) {
+    std::cerr << "eps-worker: " << security.status().message() << "\n";
+    return 2;
+  }
+  options.security = *std::move(security);
 
   eps::Worker worker(options);
   signal_watcher.Start([&worker](int signal) {

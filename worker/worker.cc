@@ -220,7 +220,7 @@ class Worker::Impl {
   }
 
   const WorkerOptions options_;
-  SocketFactory factory_;
+  SocketFactory factory_{TransportOptions{.security = options_.security}};
   std::unique_ptr<RecordParser> parser_;
   std::unique_ptr<Model> model_;
   bool has_step_params_ = false;  // some ParamSpec::pull_each_step

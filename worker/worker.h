@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "core/job_config.h"
 #include "core/status.h"
+#include "rpc/security.h"
 
 namespace eps {
 
@@ -48,6 +49,9 @@ struct WorkerOptions {
   std::string device = "auto";
   // The job's config (model, data format, batch size, timeouts).
   JobConfig job;
+  // CURVE and the job's keys, from [security] (LoadSecurity); off when
+  // default-made (in-process tests).
+  SecurityOptions security;
 
   Status Validate() const;
 };

@@ -50,7 +50,7 @@ def flag(command, name):
     return command[command.index(name) + 1] if name in command else None
 
 
-def check_pod_spec(where, spec, objects, config_keys):
+def check_pod_spec(where, spec, objects, config_keys, keys_dir):
     check(spec.get("restartPolicy") in ("Never", "OnFailure", "Always"),
           f"{where}: restartPolicy missing")
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
@@ -70,6 +70,9 @@ def check_pod_spec(where, spec, objects, config_keys):
         for name in mounts:
             check(name in volumes, f"{where}: mounts volume {name}, which it does not declare")
         command = container["command"]
+        # Every eps process finds the job's keys where job.ini says.
+        keys = [v for v in volumes.values() if "secret" in v and mounts.get(v["name"]) == keys_dir]
+        check(len(keys) == 1, f"{where}: no Secret volume mounted at security.keys_dir {keys_dir}")
         config = flag(command, "--config")
         check(config is not None, f"{where}: {command[0]} without --config")
         if config:
@@ -105,6 +108,9 @@ def main(directory):
 
     job_ini = configparser.ConfigParser(interpolation=None)
     job_ini.read(os.path.join(directory, "job.ini"))
+    keys_dir = job_ini.get("security", "keys_dir", fallback="")
+    check(job_ini.get("security", "mode", fallback="curve") == "curve" and keys_dir,
+          "job.ini: [security] keys_dir must name the mounted Secret (mode curve)")
 
     # The Volcano Job: master and ps tasks, gang-scheduled.
     jobs = objects.get("Job", {})
@@ -123,7 +129,7 @@ def main(directory):
         check(policy["event"] in VOLCANO_EVENTS and policy["action"] in VOLCANO_ACTIONS,
               f"not a Volcano policy: {policy}")
     for name, task in tasks.items():
-        check_pod_spec(f"task {name}", task["template"]["spec"], objects, config_keys)
+        check_pod_spec(f"task {name}", task["template"]["spec"], objects, config_keys, keys_dir)
 
     # The Service selects the master, on the ports the master serves.
     master_template = tasks["master"]["template"]
@@ -190,7 +196,7 @@ def main(directory):
         env_vars = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
         check(env_vars.get("EPS_LAUNCH_ID") == "1234567", "the worker pod lacks its EPS_LAUNCH_ID")
         check("@LAUNCH_ID@" not in yaml.safe_dump(pod), "a @LAUNCH_ID@ placeholder was left")
-        check_pod_spec("worker pod", pod["spec"], objects, config_keys)
+        check_pod_spec("worker pod", pod["spec"], objects, config_keys, keys_dir)
         check(pod["spec"]["containers"][0]["command"][0] == "eps-worker", "the pod runs eps-worker")
         for signal, wanted in (("TERM", []), ("KILL", ["--grace-period=0", "--force"])):
             stopped = run(autoscale["stop_command"], id="1234567", handle=handle, signal=signal)

@@ -298,7 +298,8 @@ TEST(Job, MissingDataFileIsAConfigError) {
   const std::string missing = dir.Join("no-such-file.txt");
   auto [code, output] =
       RunToExit(dir, {BinaryPath("eps-master"), "--config", config, "--port", "0", "--http-port",
-                      "0", "--data-dir", dir.Join("m"), "--data.train=" + missing});
+                      "0", "--data-dir", dir.Join("m"), "--data.train=" + missing,
+                      JobKeysFlag(dir.Join("keys"))});
   EXPECT_EQ(code, 2) << output;
   EXPECT_TRUE(absl::StrContains(LastLine(output), "data.train")) << output;
   EXPECT_TRUE(absl::StrContains(LastLine(output), missing)) << output;
@@ -321,7 +322,8 @@ TEST(Job, UnreachableMasterFailsWithinTheWaitAndSaysSo) {
     // Port 1 on loopback: nobody listens there.
     auto [code, output] =
         RunToExit(dir, {BinaryPath(binary), "--config", config, "--master", "tcp://127.0.0.1:1",
-                        "--data.train=x", "--worker.master_wait_s=2"});
+                        "--data.train=x", "--worker.master_wait_s=2",
+                        JobKeysFlag(dir.Join("keys"))});
     const absl::Duration took = absl::Now() - start;
     EXPECT_EQ(code, 1) << binary << ": " << output;
     EXPECT_TRUE(absl::StrContains(LastLine(output), "tcp://127.0.0.1:1")) << output;
@@ -370,7 +372,8 @@ TEST(Job, MasterRefusesTheDataDirOfAFinishedOrDifferentJob) {
   ASSERT_TRUE(master_exit.ok() && *master_exit == 0) << job.Logs();
 
   std::vector<std::string> argv = {BinaryPath("eps-master"), "--config", config, "--port", "0",
-                                   "--http-port", "0", "--data-dir", job.master_dir()};
+                                   "--http-port", "0", "--data-dir", job.master_dir(),
+                                   "--security.keys_dir=" + job.keys_dir()};
   for (const std::string& flag : DataFlags(dir)) argv.push_back(flag);
   auto [code, output] = RunToExit(dir, argv);
   EXPECT_EQ(code, 2) << output;
@@ -403,7 +406,8 @@ TEST(Job, ServerRefusesTheDataDirOfAnotherJob) {
   LocalJob second(dir.Join("second"), config, DataFlags(dir));
   ASSERT_TRUE(second.StartMaster().ok()) << second.Logs();
   std::vector<std::string> argv = {BinaryPath("eps-server"), "--config", config, "--master",
-                                   second.endpoint(), "--data-dir", server_dir};
+                                   second.endpoint(), "--data-dir", server_dir,
+                                   "--security.keys_dir=" + second.keys_dir()};
   for (const std::string& flag : DataFlags(dir)) argv.push_back(flag);
   auto [code, output] = RunToExit(dir, argv);
   EXPECT_EQ(code, 2) << output;

@@ -271,7 +271,7 @@ TEST_F(LivenessTest, MembersWithOtherJobOptionsAreRefusedAndTheJobDoesNotWaitFor
   auto start = [&](const std::string& binary, std::vector<std::string> args,
                    const std::string& log) {
     std::vector<std::string> argv = {BinaryPath(binary), "--master", job.endpoint(), "--config",
-                                     config};
+                                     config, "--security.keys_dir=" + job.keys_dir()};
     argv.insert(argv.end(), overrides_.begin(), overrides_.end());
     argv.insert(argv.end(), args.begin(), args.end());
     StatusOr<std::unique_ptr<Process>> process = Process::Start(argv, dir_.Join(log));
@@ -305,11 +305,15 @@ TEST_F(LivenessTest, MembersWithOtherJobOptionsAreRefusedAndTheJobDoesNotWaitFor
 
 // One PUSH of a finite but enormous gradient (3e38) to the bias of LR's
 // dense tensor (table 1, lr.dense, 14 floats in one chunk), sent to every
-// server as a stray worker (the servers do not authenticate peers yet);
-// the chunk's owner applies it, the others answer WRONG_OWNER. True when
-// one acknowledged it.
-bool PoisonTheBias(const json& status) {
-  SocketFactory factory;
+// server by a worker gone bad (it holds the job's worker key); the chunk's
+// owner applies it, the others answer WRONG_OWNER. True when one
+// acknowledged it.
+bool PoisonTheBias(const json& status, const std::string& keys_dir) {
+  TransportOptions transport;
+  JobConfig::Security security;
+  security.keys_dir = keys_dir;
+  transport.security = LoadSecurity(security, proto::ROLE_WORKER).value();
+  SocketFactory factory(transport);
   proto::NodeId stray;
   stray.set_role(proto::ROLE_WORKER);
   stray.set_id(999'999);
@@ -339,7 +343,7 @@ TEST_F(LivenessTest, APoisonedPushAServerRefusesLeavesTheModelFinished) {
   LocalJob job(dir_.path(), config, overrides_);
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
   ASSERT_TRUE(WaitForTrained(job, 0.2, lines_)) << job.Logs();
-  ASSERT_TRUE(PoisonTheBias(*job.LiveStatus()));
+  ASSERT_TRUE(PoisonTheBias(*job.LiveStatus(), job.keys_dir()));
   const json status = ExpectFinished(job);
   uint64_t refused = 0;
   for (const json& server : status["servers"]) refused += server["updates_refused"].get<uint64_t>();
@@ -358,7 +362,7 @@ TEST_F(LivenessTest, APoisonedPushThatRuinsTheModelStopsTheJob) {
   ASSERT_TRUE(WaitForTrained(job, 0.2, lines_)) << job.Logs();
   const StatusOr<json> healthy = job.LiveStatus();
   ASSERT_TRUE(healthy.ok() && (*healthy)["state"] == "running") << job.Logs();
-  ASSERT_TRUE(PoisonTheBias(*healthy));
+  ASSERT_TRUE(PoisonTheBias(*healthy, job.keys_dir()));
   const json stopped =
       ExpectResumableStop(job, absl::Now(), absl::Seconds(30), "training diverged in epoch 1");
   EXPECT_TRUE(stopped["metrics"]["eval_auc"].is_null());
@@ -372,7 +376,7 @@ TEST_F(LivenessTest, ClippedGradientsTakeAPoisonedPush) {
   LocalJob job(dir_.path(), config, overrides_);
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
   ASSERT_TRUE(WaitForTrained(job, 0.2, lines_)) << job.Logs();
-  ASSERT_TRUE(PoisonTheBias(*job.LiveStatus()));
+  ASSERT_TRUE(PoisonTheBias(*job.LiveStatus(), job.keys_dir()));
   const json status = ExpectFinished(job);
   for (const json& server : status["servers"]) EXPECT_EQ(server["updates_refused"], 0);
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -234,6 +235,19 @@ TEST(Storage, OperatorCheckpointDuringAJob) {
   httplib::Client client(job.http());
   client.set_connection_timeout(2);
   client.set_read_timeout(60);
+  // Without the job's token (or from another origin's page) the master
+  // refuses, and counts it.
+  httplib::Result refused = client.Post("/checkpoint");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 401) << refused->body;
+  client.set_bearer_token_auth(job.HttpToken().c_str());
+  refused = client.Post("/checkpoint", {{"Origin", "http://evil.example"}}, "", "text/plain");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 403) << refused->body;
+  httplib::Result metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_TRUE(absl::StrContains(metrics->body, "eps_http_requests_refused_total 2"))
+      << metrics->body;
   httplib::Result result = client.Post("/checkpoint");
   ASSERT_TRUE(result) << "POST /checkpoint: " << httplib::to_string(result.error()) << "\n"
                       << job.Logs();

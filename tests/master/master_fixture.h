@@ -165,7 +165,10 @@ class FakePeer {
   FakePeer(SocketFactory* factory, std::string master, const JobConfig& job)
       : channel_(factory, proto::NodeId()),
         master_(std::move(master)),
-        shared_options_(job.SharedOptions()) {}
+        shared_options_(job.SharedOptions()) {
+    // Unregistered, it speaks as a worker (whose key a real one would hold).
+    SetSelf(proto::ROLE_WORKER, 0);
+  }
 
   uint32_t id() const { return self_.id(); }
   const proto::JobSpec& job() const { return job_; }
@@ -184,6 +187,7 @@ class FakePeer {
     body->set_pid(pid);
     if (stored_id.has_value()) body->set_stored_server_id(*stored_id);
     AddSharedOptions(shared_options_, body->mutable_job_options());
+    if (self_.role() != proto::ROLE_SERVER) SetSelf(proto::ROLE_SERVER, 0);  // as real servers
     ASSIGN_OR_RETURN(Message reply, Call(proto::REGISTER_SERVER, std::move(request)));
     SetSelf(proto::ROLE_SERVER, reply.header().register_server_reply().server_id());
     job_ = reply.header().register_server_reply().job();
@@ -197,6 +201,7 @@ class FakePeer {
     body->set_pid(2000);
     body->set_device("cpu");
     AddSharedOptions(shared_options_, body->mutable_job_options());
+    if (self_.role() != proto::ROLE_WORKER) SetSelf(proto::ROLE_WORKER, 0);  // as real workers
     ASSIGN_OR_RETURN(Message reply, Call(proto::REGISTER_WORKER, std::move(request)));
     const proto::RegisterWorkerReply& registered = reply.header().register_worker_reply();
     SetSelf(proto::ROLE_WORKER, registered.worker_id());

@@ -574,8 +574,9 @@ TEST_F(MasterTest, RefusesMalformedRequests) {
   EXPECT_EQ(worker->Call(proto::HEARTBEAT).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(worker->Call(proto::COMMIT_PROGRESS).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Only servers register as servers.
   EXPECT_EQ(worker->Call(proto::REGISTER_SERVER).status().code(),
-            absl::StatusCode::kInvalidArgument);
+            absl::StatusCode::kPermissionDenied);
   // Too many frames for any method.
   Message crowded;
   for (int i = 0; i < 3; ++i) crowded.AddArray(std::vector<float>{1.0f});

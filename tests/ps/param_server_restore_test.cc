@@ -62,7 +62,7 @@ TEST_F(ParamServerTest, RestoreBringsBackExactlyTheCheckpointedValues) {
   EXPECT_EQ(ReasonOf(refused.status()), proto::FENCED) << refused.status();
 }
 
-TEST_F(ParamServerTest, RestoreIsForTheMasterAndToolsOnlyAndValidatesItsBody) {
+TEST_F(ParamServerTest, RestoreIsForTheMasterOnlyAndValidatesItsBody) {
   TempDir temp;
   StartServer(OptionsWithDataDir(temp.path()));
   AwaitMap();
@@ -75,7 +75,8 @@ TEST_F(ParamServerTest, RestoreIsForTheMasterAndToolsOnlyAndValidatesItsBody) {
   ASSERT_TRUE(pushed_twice.ok()) << pushed_twice.status();
 
   RpcChannel server(&factory_, Node(proto::ROLE_SERVER, 4));
-  for (RpcChannel* sender : {&channel_, &server}) {
+  RpcChannel tool(&factory_, Node(proto::ROLE_TOOL, 1));
+  for (RpcChannel* sender : {&channel_, &server, &tool}) {
     StatusOr<proto::RestoreReply> restored = Restore(1, checkpoint->path(), sender);
     EXPECT_EQ(restored.status().code(), absl::StatusCode::kPermissionDenied) << restored.status();
   }
@@ -91,9 +92,8 @@ TEST_F(ParamServerTest, RestoreIsForTheMasterAndToolsOnlyAndValidatesItsBody) {
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_EQ(*rows, *pushed_twice) << "a refused restore changed the table";
 
-  // An operator's tool may.
-  RpcChannel tool(&factory_, Node(proto::ROLE_TOOL, 1));
-  restored = Restore(1, checkpoint->path(), &tool);
+  // The master may.
+  restored = Restore(1, checkpoint->path(), &master_channel_);
   ASSERT_TRUE(restored.ok()) << restored.status();
   rows = Pull(kEmb, keys);
   ASSERT_TRUE(rows.ok()) << rows.status();

@@ -332,9 +332,10 @@ TEST_F(ParamServerTest, FencedWorkerIsRefusedAndOthersAreNot) {
     EXPECT_EQ((*after)[i], Sgd((*before)[i], grads[i])) << i;
   }
 
-  // Only workers are fenced by worker id: a tool with id 1 is not.
+  // A tool never pulls (tools only read the cluster map): refused for its
+  // role, whatever its id.
   RpcChannel tool(&factory_, Node(proto::ROLE_TOOL, 1));
-  EXPECT_TRUE(Pull(kEmb, keys, &tool).ok());
+  EXPECT_EQ(Pull(kEmb, keys, &tool).status().code(), absl::StatusCode::kPermissionDenied);
 
   const proto::ServerStats stats = master_->AwaitStats(
       [](const proto::ServerStats& s) { return s.pushes_fenced() >= 2 && s.pushes() >= 2; },

@@ -56,10 +56,12 @@ proto::NodeId WorkerId(uint32_t id) {
   return node;
 }
 
-// A request whose first bulk frame is the single uint64 `tag`.
+// A request whose first bulk frame is the single uint64 `tag`, from worker 0
+// (a channel stamps its own sender over it; raw sockets send it as is).
 Message Tagged(uint64_t tag, proto::Method method = proto::PULL) {
   Message request;
   request.header().set_method(method);
+  *request.header().mutable_sender() = WorkerId(0);
   request.AddArray(std::vector<uint64_t>{tag});
   return request;
 }
@@ -293,7 +295,7 @@ TEST_F(RpcTest, HandlerErrorReachesCallerWithReason) {
   EXPECT_EQ(server->rejected(), 0u);
 
   // On the wire: the status, and no bulk frames.
-  StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint());
+  StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint(), proto::ROLE_SERVER);
   ASSERT_TRUE(raw.ok());
   SendFrames(*raw, Tagged(2).ToFrames());
   StatusOr<Message> raw_reply = Message::FromFrames(ReceiveFrames(*raw, std::chrono::seconds(5)));
@@ -308,7 +310,7 @@ TEST_F(RpcTest, GarbageEnvelopeGetsInvalidArgumentAndServerKeepsServing) {
     calls++;
     return Echo(request, reply);
   });
-  StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint());
+  StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint(), proto::ROLE_SERVER);
   ASSERT_TRUE(raw.ok()) << raw.status();
 
   std::vector<std::vector<zmq::message_t>> bad_requests;
@@ -353,7 +355,7 @@ TEST_F(RpcTest, WrongProtocolVersionIsRejected) {
     calls++;
     return absl::OkStatus();
   });
-  StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint());
+  StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint(), proto::ROLE_SERVER);
   ASSERT_TRUE(raw.ok());
   proto::Envelope envelope;
   envelope.set_protocol_version(kProtocolVersion + 1);
@@ -422,7 +424,7 @@ TEST_F(RpcTest, OversizedFrameDisconnectsOnlyItsSender) {
   EXPECT_TRUE(channel.Call(server->endpoint(), std::move(fits), Patient()).ok());
 
   // 1 MiB: ZeroMQ drops the connection; no handler sees it, nobody answers.
-  StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint());
+  StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint(), proto::ROLE_SERVER);
   ASSERT_TRUE(raw.ok());
   Message big;
   big.header().set_method(proto::PUSH);
@@ -813,7 +815,7 @@ TEST(SocketFactory, BindRouterReportsTheBoundEndpoint) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(factory.BindRouter("bogus://127.0.0.1:0", &ignored).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(factory.ConnectDealer("tcp://127.0.0.1").status().code(),
+  EXPECT_EQ(factory.ConnectDealer("tcp://127.0.0.1", proto::ROLE_SERVER).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -832,7 +834,7 @@ TEST(SocketFactory, RunningOutOfSocketsIsAStatus) {
   std::string ignored;
   EXPECT_EQ(factory.BindRouter("tcp://127.0.0.1:0", &ignored).status().code(),
             absl::StatusCode::kUnavailable);
-  EXPECT_EQ(factory.ConnectDealer(bound).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(factory.ConnectDealer(bound, proto::ROLE_SERVER).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(RpcServer::Start(&factory, RpcServerOptions{}, Echo).status().code(),
             absl::StatusCode::kUnavailable);
   RpcChannel channel(&factory, WorkerId(0));

@@ -14,11 +14,17 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
+#include "core/file_util.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "rpc/security.h"
 
 namespace eps::testing {
 
@@ -228,15 +234,45 @@ int AliveWorkers(const nlohmann::json& status, bool trained) {
   return alive;
 }
 
+std::string JobKeysFlag(const std::string& keys_dir) {
+  if (Status keys = WriteJobKeys(keys_dir); !keys.ok() && !absl::IsAlreadyExists(keys)) {
+    ADD_FAILURE() << "cannot make the job's keys: " << keys;
+  }
+  return "--security.keys_dir=" + keys_dir;
+}
+
 LocalJob::LocalJob(std::string dir, std::string config, std::vector<std::string> overrides,
                    absl::Duration deadline)
     : job_deadline_(deadline),
       dir_(std::move(dir)),
       config_(std::move(config)),
       overrides_(std::move(overrides)),
-      master_dir_(dir_ + "/master") {}
+      master_dir_(dir_ + "/master") {
+  std::error_code error;
+  std::filesystem::create_directories(dir_, error);
+  // Every job runs as users run it, with CURVE and its own keys, unless the
+  // test chose its [security] itself.
+  const bool chosen =
+      absl::c_any_of(overrides_, [](const std::string& o) {
+        return absl::StartsWith(o, "--security.");
+      }) ||
+      absl::c_any_of(absl::StrSplit(ReadSmallFile(config_, 1 << 20).value_or(""), '\n'),
+                     [](absl::string_view line) {
+                       return absl::StartsWith(absl::StripLeadingAsciiWhitespace(line),
+                                               "[security]");
+                     });
+  if (chosen) return;
+  keys_dir_ = dir_ + "/keys";
+  overrides_.push_back(JobKeysFlag(keys_dir_));
+}
 
 LocalJob::~LocalJob() = default;
+
+std::string LocalJob::HttpToken() const {
+  if (keys_dir_.empty()) return "";
+  const std::string token = ReadSmallFile(keys_dir_ + "/http_token", 4096).value_or("");
+  return token.substr(0, token.find('\n'));
+}
 
 std::vector<std::string> LocalJob::CommonArgs() const {
   std::vector<std::string> args = {"--config", config_};

@@ -92,6 +92,11 @@ std::vector<nlohmann::json> EventsNamed(const std::vector<nlohmann::json>& event
                                         const std::string& name);
 class LocalJob;
 
+// Makes a job's keys in `keys_dir` (keeping those already there) and
+// returns the flag that gives them to a process: --security.keys_dir=DIR.
+// A failure to make them is recorded (ADD_FAILURE).
+std::string JobKeysFlag(const std::string& keys_dir);
+
 // A final status that says "finished" with every epoch's ledger complete,
 // each line counted exactly once and `lines` committed (GoogleTest
 // expectations; a fatal failure when the ledger is empty).
@@ -168,6 +173,12 @@ class LocalJob {
   const std::string& endpoint() const { return endpoint_; }
   const std::string& http() const { return http_; }
   const std::string& master_dir() const { return master_dir_; }
+  // The job's keys (DIR/keys, made by the constructor); empty when the
+  // test set [security] itself.
+  const std::string& keys_dir() const { return keys_dir_; }
+  // The bearer token of the master's mutating HTTP endpoints
+  // (KEYS_DIR/http_token); empty without keys.
+  std::string HttpToken() const;
   // The last lines of every process's log, for failure messages.
   std::string Logs() const;
 
@@ -190,6 +201,7 @@ class LocalJob {
   std::string config_;
   std::vector<std::string> overrides_;
   std::string master_dir_;
+  std::string keys_dir_;
   std::string endpoint_;
   std::string http_;
   std::unique_ptr<Process> master_;
