@@ -43,7 +43,9 @@ Status MemberSessionOptions::Validate() const {
 }
 
 MemberSession::MemberSession(SocketFactory* factory, const MemberSessionOptions& options)
-    : options_(options), channel_(factory, RoleOnly(options.role)) {}
+    : options_(options),
+      curve_(factory->options().security.curve),
+      channel_(factory, RoleOnly(options.role)) {}
 
 MemberSession::~MemberSession() { Stop(); }
 
@@ -67,8 +69,15 @@ StatusOr<Message> MemberSession::Register(Message request) {
       std::max<int64_t>(1, options_.master_wait / options_.register_attempt_timeout));
   StatusOr<Message> reply = AwaitCall(channel_.Start(options_.master, std::move(request), call));
   if (!reply.ok()) {
+    // Under CURVE a master that does not trust this process's key stays
+    // as silent as one that is not there.
+    const std::string hint =
+        curve_ && absl::IsDeadlineExceeded(reply.status())
+            ? " (or it refuses this process's key: are the keys in security.keys_dir this "
+              "job's?)"
+            : "";
     return Annotate(reply.status(),
-                    absl::StrCat("cannot register with the master at ", options_.master));
+                    absl::StrCat("cannot register with the master at ", options_.master, hint));
   }
   absl::MutexLock lock(&mu_);
   if (state_ == State::kNew) state_ = State::kRegistered;

@@ -199,6 +199,7 @@ class MemberSession {
   std::string Name() const;
 
   const MemberSessionOptions options_;
+  const bool curve_;  // the factory's sockets use CURVE
   // Used by Register (owning thread), then only by the heartbeat thread.
   RpcChannel channel_;
   Hooks hooks_;  // set by Start, before the heartbeat thread starts

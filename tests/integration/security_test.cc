@@ -178,6 +178,17 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
       EXPECT_EQ(code, absl::StatusCode::kDeadlineExceeded);
     }
   }
+  // A worker started with another job's keys cannot join, and says why.
+  {
+    std::vector<std::string> argv = {BinaryPath("eps-worker"), "--config", config, "--master",
+                                     job.endpoint(), "--security.keys_dir=" + foreign.path(),
+                                     "--worker.master_wait_s=2"};
+    argv.insert(argv.end(), overrides_.begin(), overrides_.end());
+    StatusOr<std::unique_ptr<Process>> stranger = Process::Start(argv, dir_.Join("stranger.log"));
+    ASSERT_TRUE(stranger.ok()) << stranger.status();
+    EXPECT_EQ((*stranger)->Wait(absl::Seconds(30)), 1) << (*stranger)->Log();
+    EXPECT_THAT((*stranger)->Log(), HasSubstr("security.keys_dir"));
+  }
   // The job's worker key, honest about its role and claiming the master's:
   // every master-only and server-only method is refused with an answer.
   std::unique_ptr<SocketFactory> worker = FactoryWithKeys(job.keys_dir(), proto::ROLE_WORKER);
