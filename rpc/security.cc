@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
 #include "core/logging.h"
@@ -32,16 +33,22 @@ bool IsZ85Key(absl::string_view text) {
   return zmq_z85_decode(binary.data(), std::string(text).c_str()) != nullptr;
 }
 
-// "ROLE Z85" or "public Z85" lines: (first word, second word) pairs, with
-// the 1-based line number; blank lines and '#' comments skipped.
-StatusOr<std::vector<std::pair<int, std::pair<std::string, std::string>>>> ReadKeyLines(
-    const std::string& path) {
+// One "NAME Z85" line of a key file ("master Z85" in public_keys, "public
+// Z85" in a key pair).
+struct KeyLine {
+  int number;  // 1-based
+  std::string name;
+  std::string key;
+};
+
+// The key lines of `path`; blank lines and '#' comments skipped.
+StatusOr<std::vector<KeyLine>> ReadKeyLines(const std::string& path) {
   StatusOr<std::string> contents = ReadSmallFile(path, kKeyFileLimit);
   if (!contents.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(contents.status().message(), " (", kHowToMakeKeys, ")"));
   }
-  std::vector<std::pair<int, std::pair<std::string, std::string>>> lines;
+  std::vector<KeyLine> lines;
   int number = 0;
   for (absl::string_view line : absl::StrSplit(*contents, '\n')) {
     ++number;
@@ -54,7 +61,7 @@ StatusOr<std::vector<std::pair<int, std::pair<std::string, std::string>>>> ReadK
           path, ":", number, ": expected a name and a 40-character Z85 CURVE key, got '",
           line.substr(0, 80), "' (", kHowToMakeKeys, ")"));
     }
-    lines.push_back({number, {std::string(words[0]), std::string(words[1])}});
+    lines.push_back({number, std::string(words[0]), std::string(words[1])});
   }
   return lines;
 }
@@ -62,15 +69,14 @@ StatusOr<std::vector<std::pair<int, std::pair<std::string, std::string>>>> ReadK
 // The key pair in `path`, its public half checked against its secret one.
 Status ReadKeyPair(const std::string& path, SecurityOptions* out) {
   ASSIGN_OR_RETURN(auto lines, ReadKeyLines(path));
-  for (const auto& [number, words] : lines) {
-    if (words.first == "public") {
-      out->public_key = words.second;
-    } else if (words.first == "secret") {
-      out->secret_key = words.second;
+  for (const KeyLine& line : lines) {
+    if (line.name == "public") {
+      out->public_key = line.key;
+    } else if (line.name == "secret") {
+      out->secret_key = line.key;
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", number, ": expected 'public' or 'secret', got '", words.first,
-                       "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", line.number, ": expected 'public' or 'secret', got '", line.name, "'"));
     }
   }
   if (out->public_key.empty() || out->secret_key.empty()) {
@@ -86,7 +92,7 @@ Status ReadKeyPair(const std::string& path, SecurityOptions* out) {
   struct stat info;
   if (::stat(path.c_str(), &info) == 0 && (info.st_mode & 0077) != 0) {
     LOG(WARNING) << path << " can be read by other users (mode "
-                 << absl::StrCat(absl::Hex(info.st_mode & 0777)) << "): chmod 600 it";
+                 << absl::StrFormat("%03o", info.st_mode & 0777) << "): chmod 600 it";
   }
   return absl::OkStatus();
 }
@@ -162,13 +168,13 @@ StatusOr<SecurityOptions> LoadSecurity(const JobConfig::Security& config, proto:
   security.curve = true;
   security.role = role;
   const std::string public_keys = (fs::path(keys_dir) / kPublicKeysFile).string();
-  ASSIGN_OR_RETURN(auto lines, ReadKeyLines(public_keys));
-  for (const auto& [number, words] : lines) {
-    std::optional<proto::Role> named = RoleFromName(words.first);
+  ASSIGN_OR_RETURN(std::vector<KeyLine> lines, ReadKeyLines(public_keys));
+  for (const KeyLine& line : lines) {
+    std::optional<proto::Role> named = RoleFromName(line.name);
     if (!named.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          public_keys, ":", number, ": unknown role '", words.first,
-          "' (expected master, server, worker or tool)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(public_keys, ":", line.number, ": unknown role '", line.name,
+                       "' (expected master, server, worker or tool)"));
     }
     std::string* serving = *named == proto::ROLE_MASTER   ? &security.master_key
                            : *named == proto::ROLE_SERVER ? &security.server_key
@@ -176,12 +182,12 @@ StatusOr<SecurityOptions> LoadSecurity(const JobConfig::Security& config, proto:
     if (serving != nullptr) {
       if (!serving->empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            public_keys, ":", number, ": a second ", words.first,
+            public_keys, ":", line.number, ": a second ", line.name,
             " key (every process of a serving role shares one key pair)"));
       }
-      *serving = words.second;
+      *serving = line.key;
     }
-    security.trusted.push_back({words.second, *named});
+    security.trusted.push_back({line.key, *named});
   }
   if (security.master_key.empty() || security.server_key.empty()) {
     return absl::InvalidArgumentError(
@@ -258,7 +264,6 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
       who = "servers";
       break;
     case proto::HEARTBEAT:
-    case proto::DEREGISTER:
       allowed = caller == proto::ROLE_SERVER || caller == proto::ROLE_WORKER;
       who = "servers and workers";
       break;
@@ -267,6 +272,7 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
       who = "members of the job";
       break;
     case proto::REGISTER_WORKER:
+    case proto::DEREGISTER:
     case proto::GET_SHARD:
     case proto::COMMIT_PROGRESS:
     case proto::SPLIT_SHARD:
@@ -287,10 +293,10 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
       return absl::UnimplementedError(absl::StrCat("unknown method ", static_cast<int>(method)));
   }
   if (allowed) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      proto::Method_Name(method), " is for ", who, ", not for ",
-      RoleFromName(RoleName(caller)).has_value() ? absl::StrCat("a ", RoleName(caller))
-                                                 : "a peer of no role"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(proto::Method_Name(method), " is for ", who, ", not for ",
+                   caller == proto::ROLE_UNSPECIFIED ? "a peer of no role"
+                                                     : absl::StrCat("a ", RoleName(caller))));
 }
 
 StatusOr<std::unique_ptr<ZapAuthenticator>> ZapAuthenticator::Start(

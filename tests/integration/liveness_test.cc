@@ -309,15 +309,11 @@ TEST_F(LivenessTest, MembersWithOtherJobOptionsAreRefusedAndTheJobDoesNotWaitFor
 // owner applies it, the others answer WRONG_OWNER. True when one
 // acknowledged it.
 bool PoisonTheBias(const json& status, const std::string& keys_dir) {
-  TransportOptions transport;
-  JobConfig::Security security;
-  security.keys_dir = keys_dir;
-  transport.security = LoadSecurity(security, proto::ROLE_WORKER).value();
-  SocketFactory factory(transport);
+  std::unique_ptr<SocketFactory> factory = FactoryWithJobKeys(keys_dir, proto::ROLE_WORKER);
   proto::NodeId stray;
   stray.set_role(proto::ROLE_WORKER);
   stray.set_id(999'999);
-  RpcChannel channel(&factory, stray);
+  RpcChannel channel(factory.get(), stray);
   CallOptions call;
   call.attempt_timeout = absl::Seconds(5);
   call.max_attempts = 1;

@@ -41,14 +41,6 @@ proto::NodeId Node(proto::Role role, uint32_t id) {
   return node;
 }
 
-std::unique_ptr<SocketFactory> FactoryWithKeys(const std::string& keys_dir, proto::Role role) {
-  JobConfig::Security config;
-  config.keys_dir = keys_dir;
-  TransportOptions transport;
-  transport.security = LoadSecurity(config, role).value();
-  return std::make_unique<SocketFactory>(transport);
-}
-
 // The requests that once ruined a job, each with the endpoint it goes to.
 struct Attack {
   std::string what;
@@ -164,12 +156,14 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   TempDir foreign;
   ASSERT_TRUE(WriteJobKeys(foreign.path()).ok());
   {
-    JobConfig::Security config_security;
-    config_security.keys_dir = foreign.path();
+    auto keys_in = [](const std::string& dir, proto::Role role) {
+      JobConfig::Security config;
+      config.keys_dir = dir;
+      return LoadSecurity(config, role).value();
+    };
     TransportOptions transport;
-    transport.security = LoadSecurity(config_security, proto::ROLE_MASTER).value();
-    const SecurityOptions job_keys =
-        LoadSecurity(JobConfig::Security{.keys_dir = job.keys_dir()}, proto::ROLE_TOOL).value();
+    transport.security = keys_in(foreign.path(), proto::ROLE_MASTER);
+    const SecurityOptions job_keys = keys_in(job.keys_dir(), proto::ROLE_TOOL);
     transport.security.master_key = job_keys.master_key;
     transport.security.server_key = job_keys.server_key;
     SocketFactory outsider(transport);
@@ -191,7 +185,7 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   }
   // The job's worker key, honest about its role and claiming the master's:
   // every master-only and server-only method is refused with an answer.
-  std::unique_ptr<SocketFactory> worker = FactoryWithKeys(job.keys_dir(), proto::ROLE_WORKER);
+  std::unique_ptr<SocketFactory> worker = FactoryWithJobKeys(job.keys_dir(), proto::ROLE_WORKER);
   for (const proto::NodeId& claim : {Node(proto::ROLE_WORKER, 0), Node(proto::ROLE_MASTER, 0)}) {
     for (absl::StatusCode code : Replay(*worker, claim, Attacks(job.endpoint(), servers))) {
       EXPECT_EQ(code, absl::StatusCode::kPermissionDenied);
@@ -199,7 +193,7 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   }
   // The tool's key only reads: a PUSH of -9e37 into a dense tensor is
   // refused.
-  std::unique_ptr<SocketFactory> tool = FactoryWithKeys(job.keys_dir(), proto::ROLE_TOOL);
+  std::unique_ptr<SocketFactory> tool = FactoryWithJobKeys(job.keys_dir(), proto::ROLE_TOOL);
   {
     RpcChannel channel(tool.get(), Node(proto::ROLE_TOOL, 0));
     Message push;

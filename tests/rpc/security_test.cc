@@ -142,6 +142,7 @@ TEST(AuthorizeCall, FollowsTheRoles) {
   EXPECT_TRUE(AuthorizeCall(proto::HEARTBEAT, server).ok());
   EXPECT_TRUE(AuthorizeCall(proto::DEREGISTER, worker).ok());
   EXPECT_FALSE(AuthorizeCall(proto::DEREGISTER, tool).ok());
+  EXPECT_FALSE(AuthorizeCall(proto::DEREGISTER, server).ok()) << "servers never deregister";
   EXPECT_TRUE(AuthorizeCall(proto::GET_CLUSTER_MAP, tool).ok());
   EXPECT_FALSE(AuthorizeCall(proto::GET_CLUSTER_MAP, proto::ROLE_UNSPECIFIED).ok());
   EXPECT_EQ(AuthorizeCall(proto::METHOD_UNSPECIFIED, master).code(),
@@ -262,6 +263,11 @@ TEST(Unauthenticated, TheEnvelopesRoleStillDecides) {
   Message again;
   again.header().set_method(proto::RESTORE);
   EXPECT_TRUE(master.Call((*server)->endpoint(), std::move(again), once).ok());
+  // A method this build does not know is unimplemented, not a refusal.
+  Message unknown;
+  unknown.header().set_method(static_cast<proto::Method>(99));
+  EXPECT_EQ(master.Call((*server)->endpoint(), std::move(unknown), once).status().code(),
+            absl::StatusCode::kUnimplemented);
   EXPECT_EQ(handled.load(), 1);
   EXPECT_EQ((*server)->refused(), 1u);
 }

@@ -15,13 +15,12 @@
 #include <thread>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
-#include "core/file_util.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "rpc/security.h"
@@ -234,6 +233,16 @@ int AliveWorkers(const nlohmann::json& status, bool trained) {
   return alive;
 }
 
+std::unique_ptr<SocketFactory> FactoryWithJobKeys(const std::string& keys_dir, proto::Role role) {
+  JobConfig::Security config;
+  config.keys_dir = keys_dir;
+  StatusOr<SecurityOptions> security = LoadSecurity(config, role);
+  EXPECT_TRUE(security.ok()) << security.status();
+  TransportOptions transport;
+  if (security.ok()) transport.security = *std::move(security);
+  return std::make_unique<SocketFactory>(transport);
+}
+
 std::string JobKeysFlag(const std::string& keys_dir) {
   if (Status keys = WriteJobKeys(keys_dir); !keys.ok() && !absl::IsAlreadyExists(keys)) {
     ADD_FAILURE() << "cannot make the job's keys: " << keys;
@@ -256,7 +265,7 @@ LocalJob::LocalJob(std::string dir, std::string config, std::vector<std::string>
       absl::c_any_of(overrides_, [](const std::string& o) {
         return absl::StartsWith(o, "--security.");
       }) ||
-      absl::c_any_of(absl::StrSplit(ReadSmallFile(config_, 1 << 20).value_or(""), '\n'),
+      absl::c_any_of(absl::StrSplit(ReadFile(config_), '\n'),
                      [](absl::string_view line) {
                        return absl::StartsWith(absl::StripLeadingAsciiWhitespace(line),
                                                "[security]");
@@ -270,7 +279,7 @@ LocalJob::~LocalJob() = default;
 
 std::string LocalJob::HttpToken() const {
   if (keys_dir_.empty()) return "";
-  const std::string token = ReadSmallFile(keys_dir_ + "/http_token", 4096).value_or("");
+  const std::string token = ReadFile(keys_dir_ + "/http_token");
   return token.substr(0, token.find('\n'));
 }
 

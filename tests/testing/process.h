@@ -23,6 +23,8 @@
 #include "absl/time/time.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
+#include "proto/eps.pb.h"
+#include "rpc/socket_factory.h"
 #include "tests/testing/temp_dir.h"
 
 namespace eps::testing {
@@ -96,6 +98,9 @@ class LocalJob;
 // returns the flag that gives them to a process: --security.keys_dir=DIR.
 // A failure to make them is recorded (ADD_FAILURE).
 std::string JobKeysFlag(const std::string& keys_dir);
+// A socket factory holding `role`'s key pair of the job whose keys are in
+// `keys_dir` (a plain one, with a failure recorded, when they do not load).
+std::unique_ptr<SocketFactory> FactoryWithJobKeys(const std::string& keys_dir, proto::Role role);
 
 // A final status that says "finished" with every epoch's ledger complete,
 // each line counted exactly once and `lines` committed (GoogleTest
