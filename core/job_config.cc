@@ -366,6 +366,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("ps.flush_interval_ms", &ps.flush_interval_ms, "longest time rows stay unflushed");
   v.Visit("ps.durability", &ps.durability, "flush or every_push");
   v.Visit("ps.dense_chunk_floats", &ps.dense_chunk_floats, "floats per dense-tensor chunk");
+  v.Visit("ps.max_new_rows_per_worker_s", &ps.max_new_rows_per_worker_s,
+          "rows one worker may create per second on a server, 0 unlimited");
 
   v.Visit("worker.batch_size", &worker.batch_size,
           "records per batch, or auto (min_batch_size..max_batch_size by throughput)");
@@ -528,6 +530,8 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckRange("ps.flush_interval_ms", ps.flush_interval_ms, 1, kDayMs, "a day"));
   RETURN_IF_ERROR(
       CheckRange("ps.dense_chunk_floats", ps.dense_chunk_floats, 1, 1 << 20, "4 MiB chunks"));
+  RETURN_IF_ERROR(CheckRange("ps.max_new_rows_per_worker_s", ps.max_new_rows_per_worker_s, 0,
+                             int64_t{1} << 40));
 
   if (worker.batch_size.automatic) {
     RETURN_IF_ERROR(CheckRange("worker.max_batch_size", worker.max_batch_size, 1, 1 << 20));

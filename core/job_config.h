@@ -188,6 +188,11 @@ struct JobConfig {
     std::string durability = "flush";
     // Floats per chunk of a dense tensor, in [1, 2^20]. Default 16384.
     int64_t dense_chunk_floats = 16384;
+    // Rows one worker may create per second on one server (pulls and
+    // pushes of keys the server has never held), in [0, 2^40]; 0 =
+    // unlimited. A worker over it is told to slow down (ps/row_quota.h).
+    // Default 4000000.
+    int64_t max_new_rows_per_worker_s = 4'000'000;
   } ps;
 
   struct Worker {

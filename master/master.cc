@@ -125,6 +125,9 @@ class Master::Impl {
   const Clock* const clock_ = Clock::Real();
   SocketFactory factory_{TransportOptions{.security = options_.security}};
   std::unique_ptr<RpcServer> rpc_;
+  // Under CURVE: what the master issues workers and hands servers; set by
+  // StartServing, then read-only.
+  std::optional<WorkerCredentials> worker_credentials_;
   HttpService http_{clock_};
   std::thread job_thread_;
   std::string rpc_endpoint_;
@@ -252,6 +255,11 @@ Status Master::Impl::StartServing() {
                                           [this](Message& request, Message* reply) {
                                             return Handle(request, reply);
                                           }));
+  if (options_.security.curve) {
+    ASSIGN_OR_RETURN(WorkerCredentials credentials, WorkerCredentials::ForMaster(options_.security));
+    worker_credentials_ = credentials;
+    rpc_->SetWorkerCredentials(std::move(credentials));
+  }
   rpc_endpoint_ = rpc_->endpoint();
   // A wildcard bind is not an address peers can dial: advertise the host name.
   const std::string advertised_host =
@@ -279,13 +287,15 @@ Status Master::Impl::StartServing() {
             PrometheusWriter refusals;
             refusals.Family("eps_master_requests_refused_total", MetricType::kCounter,
                             "Requests the master refused: for their sender's role (reason "
-                            "permission_denied), or for carrying no key the job trusts "
-                            "(unauthenticated; refused CURVE handshakes included).");
+                            "permission_denied), for carrying no key the job trusts "
+                            "(unauthenticated; refused CURVE handshakes included), or for a "
+                            "limit (limit: requests in flight, message size).");
             refusals.Sample({{"reason", "permission_denied"}},
                             static_cast<double>(rpc_->refused()));
             refusals.Sample({{"reason", "unauthenticated"}},
                             static_cast<double>(rpc_->unauthenticated() +
                                                 factory_.handshakes_refused()));
+            refusals.Sample({{"reason", "limit"}}, static_cast<double>(rpc_->limited()));
             refusals.Family("eps_http_requests_refused_total", MetricType::kCounter,
                             "Mutating HTTP requests refused: without the bearer token, or from "
                             "the page of another origin.");
@@ -602,12 +612,18 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
       case proto::REGISTER_SERVER: {
         proto::RegisterServerReply body;
         status = control.RegisterServer(request.header().register_server_request(), now, &body);
+        if (worker_credentials_.has_value()) {
+          body.set_worker_credential_key(worker_credentials_->key());
+        }
         if (status.ok()) *out.mutable_register_server_reply() = std::move(body);
         break;
       }
       case proto::REGISTER_WORKER: {
         proto::RegisterWorkerReply body;
         status = control.RegisterWorker(request.header().register_worker_request(), now, &body);
+        if (worker_credentials_.has_value()) {
+          body.set_credential(worker_credentials_->Issue(body.worker_id()));
+        }
         if (status.ok()) *out.mutable_register_worker_reply() = std::move(body);
         break;
       }

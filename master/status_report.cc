@@ -154,7 +154,8 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"pushes_deduplicated", server.stats.pushes_deduplicated()},
          {"updates_refused", server.stats.updates_refused()},
          {"requests_refused", server.stats.requests_refused()},
-         {"requests_unauthenticated", server.stats.requests_unauthenticated()}});
+         {"requests_unauthenticated", server.stats.requests_unauthenticated()},
+         {"requests_limited", server.stats.requests_limited()}});
   }
   doc["servers"] = servers;
 
@@ -397,13 +398,15 @@ std::string MetricsText(const JobControl& control) {
              [](const ServerEntry& s) { return static_cast<double>(s.stats.updates_refused()); });
   out.Family("eps_server_requests_refused_total", MetricType::kCounter,
              "Requests a server refused: for their sender's role (reason permission_denied), "
-             "or for carrying no key the job trusts (unauthenticated; refused CURVE handshakes "
-             "included).");
+             "for carrying no key the job trusts (unauthenticated; refused CURVE handshakes "
+             "included), or for a limit (limit: requests in flight, message size, rows created).");
   for (const auto& [id, server] : servers) {
     out.Sample({{"server", id}, {"reason", "permission_denied"}},
                static_cast<double>(server->stats.requests_refused()));
     out.Sample({{"server", id}, {"reason", "unauthenticated"}},
                static_cast<double>(server->stats.requests_unauthenticated()));
+    out.Sample({{"server", id}, {"reason", "limit"}},
+               static_cast<double>(server->stats.requests_limited()));
   }
   out.Family("eps_server_pull_seconds", MetricType::kHistogram,
              "Time a server takes to answer a PULL, from its arrival to the reply.");

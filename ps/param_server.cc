@@ -18,10 +18,12 @@
 #include "cluster/job_progress.h"
 #include "cluster/member_session.h"
 #include "cluster/placement.h"
+#include "core/clock.h"
 #include "core/logging.h"
 #include "core/metrics.h"
 #include "core/status.h"
 #include "ps/push_deduplicator.h"
+#include "ps/row_quota.h"
 #include "ps/storage.h"
 #include "ps/table.h"
 #include "rpc/message.h"
@@ -39,6 +41,7 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   options.rpc_timeout = absl::Milliseconds(config.worker.rpc_timeout_ms);
   options.progress_interval = absl::Seconds(config.job.progress_interval_s);
   options.storage.memory_budget_mb = config.ps.memory_budget_mb;
+  options.max_new_rows_per_worker_s = static_cast<uint64_t>(config.ps.max_new_rows_per_worker_s);
   options.storage.flush_interval = absl::Milliseconds(config.ps.flush_interval_ms);
   options.storage.every_push = config.ps.durability == "every_push";
   options.storage.keep_checkpoints = static_cast<int>(config.checkpoint.keep);
@@ -95,6 +98,10 @@ class ParamServer::Impl {
   // Ends Wait with `result` (the first non-OK one given wins).
   void Stop(const Status& result);
   Status Handle(Message& request, Message* reply);
+  // A worker's quota of rows created (ps.max_new_rows_per_worker_s):
+  // whether it may create rows now (counting a refusal), and what it did.
+  Status AdmitRows(const proto::NodeId& sender);
+  void ChargeRows(const proto::NodeId& sender, uint64_t created);
   Status HandlePull(const Message& request, Message* reply)
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   Status HandlePush(const Message& request, Message* reply)
@@ -119,6 +126,10 @@ class ParamServer::Impl {
   // and starting its heartbeats.
   std::unique_ptr<MemberSession> NewSession();
   Message RegisterRequest(bool rejoin) const;
+  // Under CURVE: takes the key of workers' credentials from the master's
+  // answer, so that the RPC server checks them (kFailedPrecondition when
+  // the answer has none or a bad one).
+  Status CheckWorkerCredentials(const proto::RegisterServerReply& reply);
   void StartHeartbeats();
   // The master refused a heartbeat (FENCED, `why`): registers again as the
   // same slot. An error when the master gave the slot to another process
@@ -160,6 +171,8 @@ class ParamServer::Impl {
   std::atomic<uint64_t> rows_pushed_{0};
   std::atomic<uint64_t> pushes_fenced_{0};
   std::atomic<uint64_t> pushes_deduplicated_{0};
+  RowQuota row_quota_{options_.max_new_rows_per_worker_s, Clock::Real()};
+  std::atomic<uint64_t> rows_limited_{0};  // requests refused by row_quota_
   // Time from a PULL's or PUSH's arrival in Handle to its reply.
   LatencyHistogram pull_latency_;
   LatencyHistogram push_latency_;
@@ -222,6 +235,7 @@ Status ParamServer::Impl::Start() {
   }
   id_ = reply->header().register_server_reply().server_id();
   job_ = reply->header().register_server_reply().job();
+  RETURN_IF_ERROR(CheckWorkerCredentials(reply->header().register_server_reply()));
   SetLogNode(absl::StrCat("ps[", id_, "]"));
   // The job comes from a peer: a bad one is refused, not a crash.
   RETURN_IF_ERROR_CTX(storage_->CreateTables(job_), "the master's job");
@@ -246,6 +260,18 @@ std::unique_ptr<MemberSession> ParamServer::Impl::NewSession() {
   session_options.role = proto::ROLE_SERVER;
   session_options.master_wait = options_.master_wait;
   return std::make_unique<MemberSession>(&factory_, session_options);
+}
+
+Status ParamServer::Impl::CheckWorkerCredentials(const proto::RegisterServerReply& reply) {
+  if (!options_.security.curve) return absl::OkStatus();
+  StatusOr<WorkerCredentials> credentials = WorkerCredentials::FromKey(reply.worker_credential_key());
+  if (!credentials.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the master's registration answer carries no valid key of workers' credentials (",
+        credentials.status().message(), "): are the master and this server the same eps build?"));
+  }
+  rpc_->SetWorkerCredentials(*std::move(credentials));
+  return absl::OkStatus();
 }
 
 Message ParamServer::Impl::RegisterRequest(bool rejoin) const {
@@ -301,6 +327,7 @@ Status ParamServer::Impl::Rejoin(const Status& why) {
     return Annotate(reply.status(), absl::StrCat("ps[", id_, "] cannot take its slot back"));
   }
   const uint32_t slot = reply->header().register_server_reply().server_id();
+  RETURN_IF_ERROR(CheckWorkerCredentials(reply->header().register_server_reply()));
   if (slot != id_) {
     return absl::FailedPreconditionError(
         absl::StrCat("ps[", id_, "] registered again but the master answered slot ", slot));
@@ -412,6 +439,7 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   if (rpc_ != nullptr) {
     stats.set_requests_refused(rpc_->refused());
     stats.set_requests_unauthenticated(rpc_->unauthenticated() + factory_.handshakes_refused());
+    stats.set_requests_limited(rpc_->limited() + rows_limited_.load());
   }
   HistogramToProto(pull_latency_.Snapshot(), stats.mutable_pull_latency());
   HistogramToProto(push_latency_.Snapshot(), stats.mutable_push_latency());
@@ -630,6 +658,17 @@ Status ParamServer::Impl::CheckKeys(const Table& table, std::span<const uint64_t
   return absl::OkStatus();
 }
 
+Status ParamServer::Impl::AdmitRows(const proto::NodeId& sender) {
+  if (sender.role() != proto::ROLE_WORKER) return absl::OkStatus();
+  Status admitted = row_quota_.Admit(sender.id());
+  if (!admitted.ok()) rows_limited_.fetch_add(1, std::memory_order_relaxed);
+  return admitted;
+}
+
+void ParamServer::Impl::ChargeRows(const proto::NodeId& sender, uint64_t created) {
+  if (sender.role() == proto::ROLE_WORKER) row_quota_.Charge(sender.id(), created);
+}
+
 Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
   if (!request.header().has_pull_request()) {
     return absl::InvalidArgumentError("PULL without its body");
@@ -650,12 +689,20 @@ Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
     tables.push_back(table);
     keys.push_back(table_keys);
   }
+  const proto::NodeId& sender = request.header().sender();
+  RETURN_IF_ERROR(AdmitRows(sender));
   uint64_t rows = 0;
-  for (size_t i = 0; i < tables.size(); ++i) {
+  uint64_t created = 0;
+  Status pulled;
+  for (size_t i = 0; i < tables.size() && pulled.ok(); ++i) {
     std::span<float> out = reply->AddUninitializedArray<float>(keys[i].size() * tables[i]->dim());
-    RETURN_IF_ERROR(tables[i]->Pull(keys[i], out));
+    uint64_t table_created = 0;
+    pulled = tables[i]->Pull(keys[i], out, &table_created);
+    created += table_created;
     rows += keys[i].size();
   }
+  ChargeRows(sender, created);
+  RETURN_IF_ERROR(pulled);
   reply->header().mutable_pull_reply();
   pulls_.fetch_add(1, std::memory_order_relaxed);
   rows_pulled_.fetch_add(rows, std::memory_order_relaxed);
@@ -705,9 +752,11 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     keys.push_back(table_keys);
     grads.push_back(table_grads);
   }
-  // Valid: now the fence (again, it may have arrived meanwhile) and
-  // whether this is a retry of a push already applied.
+  // Valid: now the worker's quota of new rows, the fence (again, it may
+  // have arrived meanwhile) and whether this is a retry of a push already
+  // applied.
   const proto::NodeId& sender = request.header().sender();
+  RETURN_IF_ERROR(AdmitRows(sender));
   bool first_time = true;
   {
     absl::ReaderMutexLock lock(&fence_mu_);
@@ -729,10 +778,16 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     return absl::OkStatus();
   }
   uint64_t rows = 0;
-  for (size_t i = 0; i < tables.size(); ++i) {
-    RETURN_IF_ERROR(tables[i]->Push(keys[i], grads[i], lr_scale));
+  uint64_t created = 0;
+  Status pushed;
+  for (size_t i = 0; i < tables.size() && pushed.ok(); ++i) {
+    uint64_t table_created = 0;
+    pushed = tables[i]->Push(keys[i], grads[i], lr_scale, &table_created);
+    created += table_created;
     rows += keys[i].size();
   }
+  ChargeRows(sender, created);
+  RETURN_IF_ERROR(pushed);
   reply->header().mutable_push_reply()->set_applied(true);
   pushes_.fetch_add(1, std::memory_order_relaxed);
   rows_pushed_.fetch_add(rows, std::memory_order_relaxed);

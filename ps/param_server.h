@@ -98,6 +98,9 @@ struct ParamServerOptions {
   StorageOptions storage;
   // Request-handling threads. Default 2.
   int threads = 2;
+  // Rows one worker may create per second (RowQuota); 0: unlimited.
+  // Default 0 (ps.max_new_rows_per_worker_s has its own default).
+  uint64_t max_new_rows_per_worker_s = 0;
   // Heartbeat interval. Default 1 s.
   absl::Duration heartbeat = absl::Seconds(1);
   // How long the master may stay unreachable (at startup or later) before

@@ -119,10 +119,11 @@ class StripedTable final : public Table {
                const TableStorage& storage);
 
   const proto::TableSpec& spec() const override { return spec_; }
-  Status Pull(std::span<const uint64_t> keys, std::span<float> out) override;
+  using Table::Pull;
+  Status Pull(std::span<const uint64_t> keys, std::span<float> out, uint64_t* created) override;
   using Table::Push;
-  Status Push(std::span<const uint64_t> keys, std::span<const float> grads,
-              float lr_scale) override;
+  Status Push(std::span<const uint64_t> keys, std::span<const float> grads, float lr_scale,
+              uint64_t* created) override;
   uint64_t QueueDirtyRows() override;
   uint64_t EvictToBudget() override;
   TableStats stats() const override;
@@ -160,9 +161,11 @@ class StripedTable final : public Table {
   // stripe by stripe, in request order within a stripe, under that stripe's
   // lock. With `modify`, visited rows are changed: they become dirty, or
   // with write_every_push are queued at once (*max_seq gets the highest
-  // sequence number queued).
+  // sequence number queued). *created counts the rows created (read from
+  // neither memory nor the store).
   template <typename Visit>
-  Status ForEachRow(std::span<const uint64_t> keys, bool modify, uint64_t* max_seq, Visit&& visit);
+  Status ForEachRow(std::span<const uint64_t> keys, bool modify, uint64_t* max_seq,
+                    uint64_t* created, Visit&& visit);
 
   // The slot holding `key`, or kEmptySlot.
   uint32_t FindLocked(const Stripe& stripe, uint64_t key, uint64_t hash) const
@@ -253,7 +256,7 @@ Status StripedTable::Fetch(const std::vector<uint64_t>& keys, std::vector<float>
 
 template <typename Visit>
 Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uint64_t* max_seq,
-                                Visit&& visit) {
+                                uint64_t* created, Visit&& visit) {
   const size_t n = keys.size();
   if (n == 0) return absl::OkStatus();
   CHECK_LT(n, size_t{std::numeric_limits<uint32_t>::max()}) << "request too large";
@@ -344,7 +347,10 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
         for (uint32_t j : absent) {
           const uint32_t i = order[j];
           slots[j] = FindLocked(stripe, keys[i], hashes[i]);  // a duplicate inserted just now
-          if (slots[j] == kEmptySlot) slots[j] = InsertLocked(stripe, keys[i], hashes[i], nullptr);
+          if (slots[j] == kEmptySlot) {
+            slots[j] = InsertLocked(stripe, keys[i], hashes[i], nullptr);
+            ++*created;
+          }
         }
         break;
       }
@@ -358,6 +364,7 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
           CHECK_NE(f, kEmptySlot);
           InsertLocked(stripe, keys[i], hashes[i],
                        found[f] ? images.data() + size_t{f} * row_floats_ : nullptr);
+          *created += !found[f];
         }
         continue;  // resolve again
       }
@@ -382,6 +389,7 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
         if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;  // inserted meanwhile
         InsertLocked(stripe, keys[i], hashes[i],
                      refetch_found[a] ? refetch_images.data() + a * row_floats_ : nullptr);
+        *created += !refetch_found[a];
       }
       // Resolve again: every key is present now (this round holds the lock
       // from the inserts on).
@@ -421,27 +429,35 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
   return absl::OkStatus();
 }
 
-Status StripedTable::Pull(std::span<const uint64_t> keys, std::span<float> out) {
+Status StripedTable::Pull(std::span<const uint64_t> keys, std::span<float> out,
+                          uint64_t* created) {
   CHECK_EQ(out.size(), keys.size() * dim_) << "Pull of table " << spec_.id();
   const size_t row_bytes = sizeof(float) * dim_;
   float* const dst = out.data();
   uint64_t max_seq = 0;
-  return ForEachRow(keys, /*modify=*/false, &max_seq, [&](uint32_t i, const float* row) {
-    std::memcpy(dst + size_t{i} * dim_, row, row_bytes);
-  });
+  uint64_t new_rows = 0;
+  const Status pulled = ForEachRow(keys, /*modify=*/false, &max_seq, &new_rows,
+                                   [&](uint32_t i, const float* row) {
+                                     std::memcpy(dst + size_t{i} * dim_, row, row_bytes);
+                                   });
+  if (created != nullptr) *created = new_rows;
+  return pulled;
 }
 
 Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float> grads,
-                          float lr_scale) {
+                          float lr_scale, uint64_t* created) {
   CHECK_EQ(grads.size(), keys.size() * dim_) << "Push to table " << spec_.id();
   const float* const src = grads.data();
   const Optimizer& optimizer = *optimizer_;
   const int dim = dim_;
   uint64_t max_seq = 0;
   uint64_t refused = 0;
-  const Status applied = ForEachRow(keys, /*modify=*/true, &max_seq, [&](uint32_t i, float* row) {
-    refused += !optimizer.Apply(row, row + dim, src + size_t{i} * dim, dim, lr_scale);
-  });
+  uint64_t new_rows = 0;
+  const Status applied =
+      ForEachRow(keys, /*modify=*/true, &max_seq, &new_rows, [&](uint32_t i, float* row) {
+        refused += !optimizer.Apply(row, row + dim, src + size_t{i} * dim, dim, lr_scale);
+      });
+  if (created != nullptr) *created = new_rows;
   // Rows updated before a store error count too.
   if (refused > 0) CountRefused(refused);
   RETURN_IF_ERROR(applied);

@@ -91,9 +91,14 @@ class Table {
 
   // Copies the weights of each key into out[i*dim, (i+1)*dim), reading
   // rows from the store or creating them when missing. Duplicate keys are
-  // allowed. kUnavailable/kDataLoss when the store fails.
-  // REQUIRES: out.size() == keys.size() * dim().
-  virtual Status Pull(std::span<const uint64_t> keys, std::span<float> out) = 0;
+  // allowed. `*created` (when given) gets the rows the call created (in
+  // neither memory nor the store), even when it fails. kUnavailable/kDataLoss
+  // when the store fails. REQUIRES: out.size() == keys.size() * dim().
+  virtual Status Pull(std::span<const uint64_t> keys, std::span<float> out,
+                      uint64_t* created) = 0;
+  Status Pull(std::span<const uint64_t> keys, std::span<float> out) {
+    return Pull(keys, out, nullptr);
+  }
 
   // Applies grads[i*dim, (i+1)*dim) to key i with the optimizer, fetching or
   // creating missing rows first. Duplicate keys are applied one after the
@@ -102,12 +107,15 @@ class Table {
   // the push still succeeds. With write_every_push, returns once the rows are durable
   // (kDeadlineExceeded after durability_timeout). Errors as Pull.
   // `lr_scale` multiplies the optimizer's learning rate for these updates
-  // (Optimizer::Apply). REQUIRES: grads.size() == keys.size() * dim(),
-  // lr_scale finite and > 0.
+  // (Optimizer::Apply). `created` as Pull's. REQUIRES: grads.size() ==
+  // keys.size() * dim(), lr_scale finite and > 0.
   virtual Status Push(std::span<const uint64_t> keys, std::span<const float> grads,
-                      float lr_scale) = 0;
+                      float lr_scale, uint64_t* created) = 0;
+  Status Push(std::span<const uint64_t> keys, std::span<const float> grads, float lr_scale) {
+    return Push(keys, grads, lr_scale, nullptr);
+  }
   Status Push(std::span<const uint64_t> keys, std::span<const float> grads) {
-    return Push(keys, grads, 1.0f);
+    return Push(keys, grads, 1.0f, nullptr);
   }
 
   // Queues every changed row for the store; returns the sequence number to

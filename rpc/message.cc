@@ -1,5 +1,6 @@
 #include "rpc/message.h"
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace eps {
@@ -91,6 +92,21 @@ proto::ErrorReason ReasonOf(const Status& status) {
   proto::ErrorReason reason = proto::REASON_UNSPECIFIED;
   if (payload.has_value()) proto::ErrorReason_Parse(std::string(payload->Flatten()), &reason);
   return reason;
+}
+
+uint64_t FramesBytes(const std::vector<zmq::message_t>& frames) {
+  uint64_t bytes = 0;
+  for (const zmq::message_t& frame : frames) bytes += frame.size();
+  return bytes;
+}
+
+Status CheckMessageBytes(const std::vector<zmq::message_t>& frames, int64_t limit,
+                         absl::string_view what, absl::string_view remedy) {
+  const uint64_t bytes = FramesBytes(frames);
+  if (bytes <= static_cast<uint64_t>(limit)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s is %.1f MiB, over the %.1f MiB one message may carry: %s", what,
+      bytes / double{1 << 20}, limit / double{1 << 20}, remedy));
 }
 
 }  // namespace eps

@@ -118,6 +118,15 @@ class Message {
   mutable std::vector<std::unique_ptr<void, void (*)(void*)>> aligned_copies_;
 };
 
+// Bytes of a message's frames together.
+uint64_t FramesBytes(const std::vector<zmq::message_t>& frames);
+
+// kResourceExhausted when `frames` carry more than `limit` bytes
+// (TransportOptions.max_message_bytes): `what` ("PUSH to tcp://...", "the
+// reply to PULL") is over the limit, and `remedy` says what to do.
+Status CheckMessageBytes(const std::vector<zmq::message_t>& frames, int64_t limit,
+                         absl::string_view what, absl::string_view remedy);
+
 // Status <-> wire. The ErrorReason travels as a payload of the Status.
 void StatusToProto(const Status& status, proto::StatusProto* out);
 Status StatusFromProto(const proto::StatusProto& proto);

@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "core/logging.h"
 
 namespace eps {
@@ -48,6 +49,17 @@ uint64_t RpcChannel::Start(const std::string& endpoint, Message request,
   call.options = options;
   call.options.max_attempts = std::max(1, options.max_attempts);
   call.frames = std::move(request).ToFrames();
+  // A peer would drop it unread: the caller hears why at once instead.
+  if (Status fits = CheckMessageBytes(
+          call.frames, factory_->options().max_message_bytes,
+          absl::StrCat("the ", proto::Method_Name(call.method), " request to ", endpoint),
+          "send fewer keys or rows per request");
+      !fits.ok()) {
+    call.done = true;
+    call.frames.clear();
+    call.result = std::move(fits);
+    return id;
+  }
   Send(id, call);
   return id;
 }

@@ -51,7 +51,9 @@ class RpcChannel {
   void set_self(proto::NodeId self) { self_ = std::move(self); }
 
   // Sends `request` to `endpoint` and returns the call's id. Never blocks.
-  // The envelope's request id and sender are filled in here.
+  // The envelope's request id and sender are filled in here. A request
+  // over TransportOptions.max_message_bytes is not sent: its Wait returns
+  // kResourceExhausted.
   uint64_t Start(const std::string& endpoint, Message request, const CallOptions& options);
 
   // Blocks until call `id` finishes: its reply, the reply's error status,

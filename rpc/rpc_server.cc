@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <chrono>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/logging.h"
@@ -25,24 +26,30 @@ bool ReceiveMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames
   }
 }
 
-// Moves one whole multipart message from `from` to `to`; false when `from`
-// has none (`flags` dontwait). A ROUTER drops what it cannot route, so a
-// send to the frontend never blocks; a frame `to` refuses drops the rest of
-// its message, which is still read whole so that the next one starts at a
-// message boundary.
-bool ForwardOne(zmq::socket_t& from, zmq::socket_t& to, zmq::recv_flags flags) {
-  bool sending = true;
-  while (true) {
-    zmq::message_t frame;
-    if (!from.recv(frame, flags).has_value()) return false;
-    const bool more = frame.more();
-    if (sending) {
-      sending =
-          to.send(frame, more ? zmq::send_flags::sndmore : zmq::send_flags::none).has_value();
-    }
-    if (!more) return true;
-    flags = zmq::recv_flags::none;  // the rest of a message is already here
+// Sends `frames` on `to` as one message; false once a send fails (the
+// rest is dropped). A ROUTER drops what it cannot route, so a send to the
+// frontend never blocks.
+bool SendAll(zmq::socket_t& to, std::vector<zmq::message_t>& frames) {
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    if (!to.send(frames[i], flags).has_value()) return false;
   }
+  return true;
+}
+
+// The rest of a message whose first frame was `first` (read whole: ZeroMQ
+// delivers a message only whole, so it is all here already).
+std::vector<zmq::message_t> ReceiveRest(zmq::socket_t& from, zmq::message_t first) {
+  std::vector<zmq::message_t> frames;
+  bool more = first.more();
+  frames.push_back(std::move(first));
+  while (more) {
+    zmq::message_t frame;
+    (void)from.recv(frame, zmq::recv_flags::none);
+    more = frame.more();
+    frames.push_back(std::move(frame));
+  }
+  return frames;
 }
 
 // What the proxy tells the handlers about a request's sender, as a frame
@@ -60,32 +67,89 @@ std::string PeerFrame(zmq::message_t& frame) {
   return absl::StrCat(property("User-Id"), " ", property("Peer-Address"));
 }
 
+// The error reply to a request whose envelope is `envelope`: it echoes the
+// request id and method when the envelope parses at all, so that the
+// caller's channel files the error with its call instead of waiting for a
+// reply that never comes.
+std::vector<zmq::message_t> ErrorReply(const zmq::message_t& envelope, const Status& status) {
+  Message error;
+  proto::Envelope header;
+  if (header.ParseFromArray(envelope.data(), static_cast<int>(envelope.size()))) {
+    error.header().set_request_id(header.request_id());
+    error.header().set_method(header.method());
+  }
+  StatusToProto(status, error.header().mutable_status());
+  return std::move(error).ToFrames();
+}
+
+// Counts a request refused for a limit; logs the first and then whenever
+// the count reaches a power of two (an overloaded peer sends many).
+void CountLimited(std::atomic<uint64_t>& limited, const std::string& server, const Status& why) {
+  const uint64_t now = limited.fetch_add(1, std::memory_order_relaxed) + 1;
+  if ((now & (now - 1)) != 0) return;
+  LOG(WARNING) << server << ": refused a request for a limit (" << now << " so far): "
+               << why.message();
+}
+
+// The proxy's state: what each peer has in flight, and its limits.
+struct ProxyState {
+  int max_in_flight_per_peer;
+  int64_t max_message_bytes;
+  std::string name;
+  std::atomic<uint64_t>* limited;
+  // By routing id; a peer with nothing in flight has no entry.
+  absl::flat_hash_map<std::string, int> in_flight;
+};
+
 // Moves one request from the frontend to the backend, with the PeerFrame
-// after its routing id; false when there is none.
-bool ForwardRequest(zmq::socket_t& frontend, zmq::socket_t& backend) {
+// after its routing id, or answers it at once when it is over a limit;
+// false when there is none.
+bool ForwardRequest(zmq::socket_t& frontend, zmq::socket_t& backend, ProxyState& state) {
   zmq::message_t routing;
   if (!frontend.recv(routing, zmq::recv_flags::none).has_value()) return false;
   if (!routing.more()) return true;  // a routing id alone: nothing to answer
   zmq::message_t first;
   (void)frontend.recv(first, zmq::recv_flags::none);
   zmq::message_t peer(PeerFrame(first));
-  const bool more = first.more();
-  bool sending = backend.send(routing, zmq::send_flags::sndmore).has_value() &&
-                 backend.send(peer, zmq::send_flags::sndmore).has_value() &&
-                 backend.send(first, more ? zmq::send_flags::sndmore : zmq::send_flags::none)
-                     .has_value();
-  if (!more) return true;
-  // The rest, as ForwardOne moves it (read whole even when a send fails).
-  while (true) {
-    zmq::message_t frame;
-    (void)frontend.recv(frame, zmq::recv_flags::none);
-    const bool next = frame.more();
-    if (sending) {
-      sending =
-          backend.send(frame, next ? zmq::send_flags::sndmore : zmq::send_flags::none).has_value();
-    }
-    if (!next) return true;
+  std::vector<zmq::message_t> request = ReceiveRest(frontend, std::move(first));
+  std::string id(static_cast<const char*>(routing.data()), routing.size());
+  int& in_flight = state.in_flight[id];
+  Status limit;
+  if (in_flight >= state.max_in_flight_per_peer) {
+    limit = absl::ResourceExhaustedError(absl::StrCat(
+        "this peer has ", in_flight, " requests in flight, the most one peer may have: wait for "
+        "their replies"));
+  } else {
+    limit = CheckMessageBytes(request, state.max_message_bytes, "the request",
+                              "send fewer keys or rows per request");
   }
+  if (!limit.ok()) {
+    if (in_flight == 0) state.in_flight.erase(id);
+    CountLimited(*state.limited, state.name, limit);
+    std::vector<zmq::message_t> reply = ErrorReply(request[0], limit);
+    reply.insert(reply.begin(), std::move(routing));
+    SendAll(frontend, reply);
+    return true;
+  }
+  request.insert(request.begin(), std::move(peer));
+  request.insert(request.begin(), std::move(routing));
+  if (SendAll(backend, request)) ++in_flight;
+  else if (in_flight == 0) state.in_flight.erase(id);
+  return true;
+}
+
+// Moves one reply from the backend to the frontend; false when there is
+// none (`flags` dontwait).
+bool ForwardReply(zmq::socket_t& backend, zmq::socket_t& frontend, ProxyState& state,
+                  zmq::recv_flags flags) {
+  zmq::message_t routing;
+  if (!backend.recv(routing, flags).has_value()) return false;
+  auto it = state.in_flight.find(
+      absl::string_view(static_cast<const char*>(routing.data()), routing.size()));
+  if (it != state.in_flight.end() && --it->second <= 0) state.in_flight.erase(it);
+  std::vector<zmq::message_t> reply = ReceiveRest(backend, std::move(routing));
+  SendAll(frontend, reply);
+  return true;
 }
 
 // How long the frontend keeps trying to deliver the last replies once the
@@ -97,7 +161,8 @@ constexpr int kLastRepliesLingerMs = 1000;
 // `control` says stop. Unlike zmq::proxy_steerable, whose TERMINATE drops a
 // reply still queued on the backend and whose frontend then closes with no
 // linger, it first sends every reply the (already stopped) handlers left.
-void Proxy(zmq::socket_t& frontend, zmq::socket_t& backend, zmq::socket_t& control) {
+void Proxy(zmq::socket_t& frontend, zmq::socket_t& backend, zmq::socket_t& control,
+           ProxyState& state) {
   zmq::pollitem_t items[] = {{frontend.handle(), 0, ZMQ_POLLIN, 0},
                              {backend.handle(), 0, ZMQ_POLLIN, 0},
                              {control.handle(), 0, ZMQ_POLLIN, 0}};
@@ -109,10 +174,12 @@ void Proxy(zmq::socket_t& frontend, zmq::socket_t& backend, zmq::socket_t& contr
       throw;
     }
     if (items[2].revents & ZMQ_POLLIN) break;
-    if (items[0].revents & ZMQ_POLLIN) ForwardRequest(frontend, backend);
-    if (items[1].revents & ZMQ_POLLIN) ForwardOne(backend, frontend, zmq::recv_flags::none);
+    if (items[0].revents & ZMQ_POLLIN) ForwardRequest(frontend, backend, state);
+    if (items[1].revents & ZMQ_POLLIN) {
+      ForwardReply(backend, frontend, state, zmq::recv_flags::none);
+    }
   }
-  while (ForwardOne(backend, frontend, zmq::recv_flags::dontwait)) {
+  while (ForwardReply(backend, frontend, state, zmq::recv_flags::dontwait)) {
   }
   frontend.set(zmq::sockopt::linger, kLastRepliesLingerMs);
 }
@@ -125,11 +192,11 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
   if (options.num_threads < 1) {
     return absl::InvalidArgumentError("rpc server: num_threads must be >= 1");
   }
-  if (options.max_frames < 0) {
-    return absl::InvalidArgumentError("rpc server: max_frames must be >= 0");
+  if (options.max_frames < 0 || options.max_in_flight_per_peer < 1) {
+    return absl::InvalidArgumentError(
+        "rpc server: max_frames must be >= 0 and max_in_flight_per_peer >= 1");
   }
-  std::unique_ptr<RpcServer> server(
-      new RpcServer(options, std::move(handler), factory->options().security.curve));
+  std::unique_ptr<RpcServer> server(new RpcServer(options, std::move(handler), factory->options()));
   ASSIGN_OR_RETURN(zmq::socket_t frontend,
                    factory->BindRouter(options.endpoint, &server->endpoint_));
 
@@ -164,9 +231,13 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
   }
   // The sockets move into the proxy thread, which alone uses them from now on.
   server->proxy_thread_ = std::thread(
-      [f = std::move(frontend), b = std::move(backend), c = std::move(control)]() mutable {
+      [f = std::move(frontend), b = std::move(backend), c = std::move(control),
+       state = ProxyState{.max_in_flight_per_peer = options.max_in_flight_per_peer,
+                          .max_message_bytes = server->max_message_bytes_,
+                          .name = options.name,
+                          .limited = &server->limited_}]() mutable {
         try {
-          Proxy(f, b, c);
+          Proxy(f, b, c, state);
         } catch (const zmq::error_t& e) {
           if (e.num() != ETERM) LOG(ERROR) << "rpc proxy stopped: " << e.what();
         }
@@ -174,8 +245,12 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
   return server;
 }
 
-RpcServer::RpcServer(const RpcServerOptions& options, RpcHandler handler, bool curve)
-    : options_(options), handler_(std::move(handler)), curve_(curve) {}
+RpcServer::RpcServer(const RpcServerOptions& options, RpcHandler handler,
+                     const TransportOptions& transport)
+    : options_(options),
+      handler_(std::move(handler)),
+      curve_(transport.security.curve),
+      max_message_bytes_(transport.max_message_bytes) {}
 
 RpcServer::~RpcServer() { Stop(); }
 
@@ -226,6 +301,9 @@ Status RpcServer::Authorize(absl::string_view peer, const proto::Envelope& heade
     role = authenticated.value_or(proto::ROLE_UNSPECIFIED);
   }
   if (status.ok()) status = AuthorizeCall(header.method(), role);
+  if (status.ok() && curve_ && role == proto::ROLE_WORKER) status = CheckCredential(header);
+  // Not ready to check yet: the worker retries, no refusal.
+  if (absl::IsUnavailable(status)) return status;
   // A method this build does not know is no refusal of the peer.
   if (status.ok() || absl::IsUnimplemented(status)) return status;
   (absl::IsUnauthenticated(status) ? unauthenticated_ : refused_)
@@ -245,6 +323,33 @@ Status RpcServer::Authorize(absl::string_view peer, const proto::Envelope& heade
   return status;
 }
 
+void RpcServer::SetWorkerCredentials(WorkerCredentials credentials) {
+  absl::MutexLock lock(&credentials_mu_);
+  credentials_ = std::move(credentials);
+}
+
+Status RpcServer::CheckCredential(const proto::Envelope& header) {
+  // A worker has no id, and so no credential, before it registers; and the
+  // cluster map is the same for every worker.
+  if (header.method() == proto::REGISTER_WORKER || header.method() == proto::GET_CLUSTER_MAP) {
+    return absl::OkStatus();
+  }
+  absl::MutexLock lock(&credentials_mu_);
+  if (!credentials_.has_value()) {
+    return ErrorWithReason(absl::StatusCode::kUnavailable,
+                           "cannot check workers' credentials yet (not registered)",
+                           proto::NOT_READY);
+  }
+  if (credentials_->Verify(header.sender().id(), header.sender().credential())) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("the request claims to come from worker ", header.sender().id(),
+                   header.sender().credential().empty() ? " but carries no credential"
+                                                        : " but carries another's credential",
+                   ": a worker acts only as the id the master gave it"));
+}
+
 std::vector<zmq::message_t> RpcServer::Handle(std::vector<zmq::message_t> frames) {
   // frames[0] is the ROUTER's routing id of the peer, frames[1] what the
   // proxy knows of it (PeerFrame); the request follows.
@@ -256,10 +361,8 @@ std::vector<zmq::message_t> RpcServer::Handle(std::vector<zmq::message_t> frames
   out.push_back(std::move(frames[0]));
   const std::string peer = frames[1].to_string();
   frames.erase(frames.begin(), frames.begin() + 2);
-  // A rejection echoes the request id and method when the envelope parses at
-  // all, so that the caller's channel files the error with its call instead
-  // of waiting for a reply that never comes. A small or reference-counted
-  // copy, kept because FromFrames consumes the frames.
+  // For an error reply (ErrorReply): a small or reference-counted copy,
+  // kept because FromFrames consumes the frames.
   zmq::message_t envelope;
   envelope.copy(frames[0]);
   Message reply;
@@ -281,24 +384,20 @@ std::vector<zmq::message_t> RpcServer::Handle(std::vector<zmq::message_t> frames
       if (status.ok()) status = handler_(*request, &reply);
     }
   }
+  std::vector<zmq::message_t> frames_out;
   if (rejected) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
-    proto::Envelope header;
-    if (header.ParseFromArray(envelope.data(), static_cast<int>(envelope.size()))) {
-      reply.header().set_request_id(header.request_id());
-      reply.header().set_method(header.method());
-    }
-    VLOG(2) << options_.name << " rejected request id=" << reply.header().request_id() << ": "
-            << status;
+    VLOG(2) << options_.name << " rejected a request: " << status;
+  } else if (status.ok()) {
+    const proto::Method method = reply.header().method();
+    frames_out = std::move(reply).ToFrames();
+    status = CheckMessageBytes(frames_out, max_message_bytes_,
+                               absl::StrCat("the reply to ", proto::Method_Name(method)),
+                               "ask for fewer keys or rows per request");
+    if (!status.ok()) CountLimited(limited_, options_.name, status);
   }
-  if (!status.ok()) {
-    Message error;
-    error.header().set_request_id(reply.header().request_id());
-    error.header().set_method(reply.header().method());
-    StatusToProto(status, error.header().mutable_status());
-    reply = std::move(error);
-  }
-  for (zmq::message_t& frame : std::move(reply).ToFrames()) out.push_back(std::move(frame));
+  if (!status.ok()) frames_out = ErrorReply(envelope, status);
+  for (zmq::message_t& frame : frames_out) out.push_back(std::move(frame));
   return out;
 }
 

@@ -9,8 +9,18 @@
 // crash the process. Then it authorizes the call by the sender's role
 // (AuthorizeCall, rpc/security.h): under CURVE the role of the peer's key,
 // which the envelope must not contradict; without, the role the envelope
-// claims. A refusal is a PERMISSION_DENIED (or UNAUTHENTICATED) reply,
-// counted and logged once per peer.
+// claims. Under CURVE a worker's request (but its registration and reads
+// of the cluster map) must also carry the credential of the worker id it
+// claims (WorkerCredentials); until the server has the credentials' key it
+// answers such requests UNAVAILABLE (NOT_READY). A refusal is a
+// PERMISSION_DENIED (or UNAUTHENTICATED) reply, counted and logged once per
+// peer.
+//
+// Bounds per peer: before a request reaches a handler, the proxy answers
+// kResourceExhausted when its peer (connection) already has
+// max_in_flight_per_peer requests in flight or the request is over
+// TransportOptions.max_message_bytes; a reply over that limit becomes a
+// kResourceExhausted too (the caller would drop it unread).
 //
 // Thread-safety: the handler is called from several threads at once (when
 // num_threads > 1) and must be safe for concurrent use. Start/Stop from the
@@ -22,6 +32,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +41,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/status.h"
 #include "rpc/message.h"
+#include "rpc/security.h"
 #include "rpc/socket_factory.h"
 
 namespace eps {
@@ -42,6 +54,10 @@ struct RpcServerOptions {
   int num_threads = 1;
   // Most bulk frames a request may carry (after the envelope). Default 64.
   int max_frames = 64;
+  // Most requests one peer (one connection) may have in flight: a request
+  // beyond is answered kResourceExhausted at once, before it reaches a
+  // handler, so that no peer can take every handler. Default 64.
+  int max_in_flight_per_peer = 64;
   // Names the server in logs, e.g. "ps[2]". Default "rpc".
   std::string name = "rpc";
 };
@@ -71,17 +87,26 @@ class RpcServer {
   // to a second after, without holding Stop up). Idempotent.
   void Stop();
 
+  // Checks workers' credentials from now on (under CURVE); any thread.
+  void SetWorkerCredentials(WorkerCredentials credentials) ABSL_LOCKS_EXCLUDED(credentials_mu_);
+
   // Malformed requests rejected before reaching the handler.
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
   // Requests refused: by their sender's role (PERMISSION_DENIED), and for
   // carrying no trusted key (UNAUTHENTICATED).
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
   uint64_t unauthenticated() const { return unauthenticated_.load(std::memory_order_relaxed); }
+  // Requests refused for a limit (kResourceExhausted): over the peer's
+  // requests in flight, a request or its reply over max_message_bytes.
+  uint64_t limited() const { return limited_.load(std::memory_order_relaxed); }
 
  private:
-  RpcServer(const RpcServerOptions& options, RpcHandler handler, bool curve);
+  RpcServer(const RpcServerOptions& options, RpcHandler handler, const TransportOptions& transport);
   // Whether the sender `peer` (the proxy's PeerFrame) may make this call.
   Status Authorize(absl::string_view peer, const proto::Envelope& header);
+  // Under CURVE, whether a worker's request carries the credential of the
+  // id it claims.
+  Status CheckCredential(const proto::Envelope& header) ABSL_LOCKS_EXCLUDED(credentials_mu_);
   void HandlerLoop(zmq::socket_t socket);
   // Validates, dispatches and replies to one routed request.
   std::vector<zmq::message_t> Handle(std::vector<zmq::message_t> frames);
@@ -89,6 +114,7 @@ class RpcServer {
   const RpcServerOptions options_;
   const RpcHandler handler_;
   const bool curve_;
+  const int64_t max_message_bytes_;
   std::string endpoint_;
   // Stop()'s end of the proxy's control pair. Made in Start, so that
   // stopping never needs a new socket (and cannot fail for want of one).
@@ -97,6 +123,9 @@ class RpcServer {
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> unauthenticated_{0};
+  std::atomic<uint64_t> limited_{0};  // counted by the proxy thread too
+  absl::Mutex credentials_mu_;
+  std::optional<WorkerCredentials> credentials_ ABSL_GUARDED_BY(credentials_mu_);
   absl::Mutex refusals_mu_;
   // The peers whose refusal was logged.
   absl::flat_hash_set<std::string> refusals_logged_ ABSL_GUARDED_BY(refusals_mu_);

@@ -5,6 +5,8 @@
 #include <array>
 #include <filesystem>
 
+#include <sodium.h>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -297,6 +299,50 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
       absl::StrCat(proto::Method_Name(method), " is for ", who, ", not for ",
                    caller == proto::ROLE_UNSPECIFIED ? "a peer of no role"
                                                      : absl::StrCat("a ", RoleName(caller))));
+}
+
+StatusOr<WorkerCredentials> WorkerCredentials::ForMaster(const SecurityOptions& security) {
+  if (sodium_init() < 0) return absl::InternalError("libsodium cannot start");
+  std::array<uint8_t, 32> secret;
+  if (!security.curve || security.role != proto::ROLE_MASTER ||
+      security.secret_key.size() != kZ85KeyChars ||
+      zmq_z85_decode(secret.data(), security.secret_key.c_str()) == nullptr) {
+    return absl::InvalidArgumentError("worker credentials need the master's CURVE secret key");
+  }
+  // A key of its own, so that a credential reveals nothing of the CURVE key.
+  constexpr absl::string_view kPurpose = "eps worker credentials v1";
+  std::string key(crypto_auth_KEYBYTES, '\0');
+  crypto_generichash(reinterpret_cast<unsigned char*>(key.data()), key.size(),
+                     reinterpret_cast<const unsigned char*>(kPurpose.data()), kPurpose.size(),
+                     secret.data(), secret.size());
+  sodium_memzero(secret.data(), secret.size());
+  return WorkerCredentials(std::move(key));
+}
+
+StatusOr<WorkerCredentials> WorkerCredentials::FromKey(absl::string_view key) {
+  if (sodium_init() < 0) return absl::InternalError("libsodium cannot start");
+  if (key.size() != crypto_auth_KEYBYTES) {
+    return absl::InvalidArgumentError(absl::StrCat("a worker credential key has ",
+                                                   crypto_auth_KEYBYTES, " bytes, not ",
+                                                   key.size()));
+  }
+  return WorkerCredentials(std::string(key));
+}
+
+std::string WorkerCredentials::Issue(uint32_t id) const {
+  const std::array<unsigned char, 4> message = {
+      static_cast<unsigned char>(id), static_cast<unsigned char>(id >> 8),
+      static_cast<unsigned char>(id >> 16), static_cast<unsigned char>(id >> 24)};
+  std::string credential(crypto_auth_BYTES, '\0');
+  crypto_auth(reinterpret_cast<unsigned char*>(credential.data()), message.data(), message.size(),
+              reinterpret_cast<const unsigned char*>(key_.data()));
+  return credential;
+}
+
+bool WorkerCredentials::Verify(uint32_t id, absl::string_view credential) const {
+  if (credential.size() != crypto_auth_BYTES) return false;
+  const std::string expected = Issue(id);
+  return sodium_memcmp(expected.data(), credential.data(), expected.size()) == 0;
 }
 
 StatusOr<std::unique_ptr<ZapAuthenticator>> ZapAuthenticator::Start(

@@ -88,6 +88,34 @@ proto::Role ServingRole(proto::Method method);
 // this build does not know.
 Status AuthorizeCall(proto::Method method, proto::Role caller);
 
+// Proves that a worker's request comes from the worker the master
+// registered under that id: the master issues each worker a credential (an
+// HMAC of its id under a key derived from the master's secret key, so a
+// restarted master issues and accepts the same), the worker stamps it on
+// every request (NodeId.credential), and the master and the servers (which
+// get the key when they register) check it. A worker key thereby acts only
+// as the workers it registered; under security.mode = off there are none.
+class WorkerCredentials {
+ public:
+  // The credentials of the job whose master holds `security` (its own
+  // secret key). kInvalidArgument unless it is the master's, under curve.
+  static StatusOr<WorkerCredentials> ForMaster(const SecurityOptions& security);
+  // From the key a server received from the master (`key()`).
+  // kInvalidArgument for a key of the wrong length.
+  static StatusOr<WorkerCredentials> FromKey(absl::string_view key);
+
+  // Worker `id`'s credential.
+  std::string Issue(uint32_t id) const;
+  // Whether `credential` is worker `id`'s (in constant time).
+  bool Verify(uint32_t id, absl::string_view credential) const;
+  // The checking key, for the servers (secret: only over CURVE).
+  const std::string& key() const { return key_; }
+
+ private:
+  explicit WorkerCredentials(std::string key) : key_(std::move(key)) {}
+  std::string key_;
+};
+
 // The ZAP handler of one ZeroMQ context: answers the CURVE handshakes of
 // every serving socket, admitting the keys `security` trusts, with the
 // peer's role name as its ZAP user id (what a received message's

@@ -6,8 +6,8 @@
 namespace eps {
 
 Status TransportOptions::Validate() const {
-  if (max_frame_bytes < 1024) {
-    return absl::InvalidArgumentError("transport: max_frame_bytes must be >= 1024");
+  if (max_message_bytes < 1024 || max_message_bytes > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError("transport: max_message_bytes must be in [1 KiB, 1 TiB]");
   }
   if (reconnect_ivl_ms < 1 || reconnect_ivl_max_ms < reconnect_ivl_ms) {
     return absl::InvalidArgumentError("transport: bad reconnect interval");
@@ -38,7 +38,8 @@ SocketFactory::~SocketFactory() = default;
 zmq::socket_t SocketFactory::MakeSocket(zmq::socket_type type) {
   zmq::socket_t socket(context_, type);
   socket.set(zmq::sockopt::linger, 0);
-  socket.set(zmq::sockopt::maxmsgsize, options_.max_frame_bytes);
+  // Twice the limit, so that a server can answer a request over it.
+  socket.set(zmq::sockopt::maxmsgsize, 2 * options_.max_message_bytes);
   socket.set(zmq::sockopt::sndhwm, options_.high_water_mark);
   socket.set(zmq::sockopt::rcvhwm, options_.high_water_mark);
   return socket;

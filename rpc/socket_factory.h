@@ -22,9 +22,13 @@
 namespace eps {
 
 struct TransportOptions {
-  // Largest frame a socket accepts (ZMQ_MAXMSGSIZE, per frame); a peer
-  // sending a larger one is disconnected. Default 64 MiB.
-  int64_t max_frame_bytes = int64_t{64} << 20;
+  // Most bytes one message (all its frames) may carry. A channel refuses
+  // to send a larger request (kResourceExhausted, nothing sent), a server
+  // answers one with kResourceExhausted and refuses to send a larger reply.
+  // ZeroMQ itself reads no frame over twice this (ZMQ_MAXMSGSIZE): a peer
+  // sending one is disconnected unanswered, as ZeroMQ delivers a message
+  // only whole. Default 64 MiB.
+  int64_t max_message_bytes = int64_t{64} << 20;
   // Pause before reconnecting to a lost peer, growing to the max. Defaults
   // 100 ms and 2000 ms.
   int reconnect_ivl_ms = 100;

@@ -12,7 +12,7 @@ EPS_BUILD_DIR="${EPS_BUILD_DIR:-$EPS_ROOT/build}"
 
 PACKAGES=(
   build-essential cmake pkg-config python3
-  libzmq3-dev cppzmq-dev
+  libzmq3-dev cppzmq-dev libsodium-dev
   libprotobuf-dev protobuf-compiler
   libeigen3-dev librocksdb-dev
   libboost-program-options-dev

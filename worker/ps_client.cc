@@ -39,25 +39,30 @@ Status PsClient::Refresh() {
   return absl::OkStatus();
 }
 
-Status PsClient::AfterRound(bool wrong_owner, bool not_ready, absl::string_view method,
-                            int* round, absl::Time deadline) {
-  if (wrong_owner) {
+Status PsClient::AfterRound(const RoundOutcome& outcome, absl::string_view method, int* round,
+                            absl::Time deadline) {
+  if (outcome.wrong_owner) {
     const uint64_t before = map_version();
     RETURN_IF_ERROR(Refresh());
     if (map_version() != before) return absl::OkStatus();
     // No newer map: the new owner has not learned of its partitions yet
     // (servers see a new map a heartbeat after the master). Wait for it
     // like NOT_READY rather than burn the routing rounds at once.
-  } else if (!not_ready) {
+  } else if (!outcome.not_ready && !outcome.slow_down) {
     return absl::OkStatus();
   }
   // A server that has not heard of the cluster map yet learns it within a
-  // heartbeat; wait for it without counting a routing round.
+  // heartbeat, and a row quota refills within a second; wait for them
+  // without counting a routing round.
   if (absl::Now() >= deadline) {
     return absl::UnavailableError(absl::StrCat(
         method, ": parameter servers still ",
-        wrong_owner ? absl::StrCat("refuse keys that cluster map v", map_version(), " gives them")
-                    : std::string("have no cluster map"),
+        outcome.wrong_owner
+            ? absl::StrCat("refuse keys that cluster map v", map_version(), " gives them")
+        : outcome.slow_down
+            ? std::string("tell this worker to slow down (it creates more rows per second "
+                          "than ps.max_new_rows_per_worker_s)")
+            : std::string("have no cluster map"),
         " after ", absl::FormatDuration(options_.attempt_timeout * options_.max_attempts)));
   }
   absl::SleepFor(absl::Milliseconds(20));
@@ -128,8 +133,7 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
     }
     // Wait for every call, even after an error, so none is left pending.
     Status first_error;
-    bool wrong_owner = false;
-    bool not_ready = false;
+    RoundOutcome outcome;
     for (auto& list : remaining) list.clear();
     for (size_t r = 0; r < requests.size(); ++r) {
       std::optional<StatusOr<Message>> waited;
@@ -143,9 +147,12 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
       Status status = reply.ok() ? on_reply(requests[r], *reply) : reply.status();
       if (status.ok()) continue;
       const proto::ErrorReason reason = ReasonOf(status);
-      if (reason == proto::WRONG_OWNER || reason == proto::NOT_READY) {
+      if (reason == proto::WRONG_OWNER || reason == proto::NOT_READY ||
+          reason == proto::SLOW_DOWN) {
         // The server applied nothing of this request: re-send just it.
-        (reason == proto::WRONG_OWNER ? wrong_owner : not_ready) = true;
+        (reason == proto::WRONG_OWNER ? outcome.wrong_owner
+         : reason == proto::NOT_READY ? outcome.not_ready
+                                      : outcome.slow_down) = true;
         for (const Piece& piece : requests[r].pieces) {
           remaining[piece.table].insert(remaining[piece.table].end(), piece.positions.begin(),
                                         piece.positions.end());
@@ -155,8 +162,8 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
       }
     }
     RETURN_IF_ERROR(first_error);
-    if (!wrong_owner && !not_ready) return absl::OkStatus();
-    RETURN_IF_ERROR(AfterRound(wrong_owner, not_ready, method, &round, deadline));
+    if (!outcome.wrong_owner && !outcome.not_ready && !outcome.slow_down) return absl::OkStatus();
+    RETURN_IF_ERROR(AfterRound(outcome, method, &round, deadline));
   }
   return absl::UnavailableError(absl::StrCat(method, " still routed to the wrong servers after ",
                                              kMaxRoutingRounds, " cluster-map refreshes"));

@@ -104,10 +104,16 @@ class PsClient {
   Status Exchange(std::span<const Keys> tables, absl::string_view method,
                   const std::function<Message(const Request&)>& build,
                   const std::function<Status(const Request&, Message&)>& on_reply);
+  // What the servers answered in a routing round, besides replies.
+  struct RoundOutcome {
+    bool wrong_owner = false;  // WRONG_OWNER: refresh the map
+    bool not_ready = false;    // NOT_READY: no cluster map yet
+    bool slow_down = false;    // SLOW_DOWN: over the worker's row quota
+  };
   // Between routing rounds: refreshes the map after WRONG_OWNER; waits a
-  // little after NOT_READY, or when the refreshed map is no newer (until
-  // `deadline`, not counting the round).
-  Status AfterRound(bool wrong_owner, bool not_ready, absl::string_view method, int* round,
+  // little after NOT_READY or SLOW_DOWN, or when the refreshed map is no
+  // newer (until `deadline`, not counting the round).
+  Status AfterRound(const RoundOutcome& outcome, absl::string_view method, int* round,
                     absl::Time deadline);
 
   SocketFactory* const factory_;

@@ -264,6 +264,8 @@ Status Worker::Impl::Register(Session& session) {
   const proto::RegisterWorkerReply& registered = reply.header().register_worker_reply();
   session.self.set_role(proto::ROLE_WORKER);
   session.self.set_id(registered.worker_id());
+  // Every request from now on proves that this process is that worker.
+  session.self.set_credential(registered.credential());
   session.job = registered.job();
   session.heartbeat = absl::Milliseconds(std::max<uint32_t>(1, registered.heartbeat_ms()));
   session.lease = absl::Milliseconds(

@@ -310,10 +310,7 @@ TEST_F(LivenessTest, MembersWithOtherJobOptionsAreRefusedAndTheJobDoesNotWaitFor
 // acknowledged it.
 bool PoisonTheBias(const json& status, const std::string& keys_dir) {
   std::unique_ptr<SocketFactory> factory = FactoryWithJobKeys(keys_dir, proto::ROLE_WORKER);
-  proto::NodeId stray;
-  stray.set_role(proto::ROLE_WORKER);
-  stray.set_id(999'999);
-  RpcChannel channel(factory.get(), stray);
+  RpcChannel channel(factory.get(), WorkerOfJob(keys_dir, 999'999));
   CallOptions call;
   call.attempt_timeout = absl::Seconds(5);
   call.max_attempts = 1;

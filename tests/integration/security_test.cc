@@ -7,6 +7,7 @@
 // its start that it is unauthenticated.
 
 #include <cstdint>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "proto/eps.pb.h"
+#include "cluster/placement.h"
 #include "rpc/message.h"
 #include "rpc/rpc_channel.h"
 #include "rpc/security.h"
@@ -98,6 +100,85 @@ std::vector<absl::StatusCode> Replay(SocketFactory& factory, const proto::NodeId
   return codes;
 }
 
+// What the job's worker key could do as another worker, were it believed:
+// evict it, commit its shard as trained, push into its servers.
+std::vector<Attack> Impersonations(const std::string& master,
+                                   const std::vector<std::string>& servers) {
+  std::vector<Attack> attacks;
+  Attack evict{"DEREGISTER of another worker", master, Message()};
+  evict.request.header().set_method(proto::DEREGISTER);
+  evict.request.header().mutable_deregister_request();
+  attacks.push_back(std::move(evict));
+  Attack commit{"COMMIT_PROGRESS of another worker's shard", master, Message()};
+  commit.request.header().set_method(proto::COMMIT_PROGRESS);
+  proto::CommitProgressRequest* range = commit.request.header().mutable_commit_progress_request();
+  range->set_shard_id(0);
+  range->set_end_offset(1 << 20);
+  range->set_lines(1000);
+  attacks.push_back(std::move(commit));
+  for (const std::string& server : servers) {
+    Attack push{"PUSH as another worker", server, Message()};
+    push.request.header().set_method(proto::PUSH);
+    push.request.header().mutable_push_request()->add_table_ids(1);
+    push.request.AddArray(std::vector<uint64_t>{1});
+    push.request.AddArray(std::vector<float>(14, -9e37f));
+    attacks.push_back(std::move(push));
+  }
+  return attacks;
+}
+
+// A worker of the job gone bad (it holds the worker key and a valid
+// credential) pulling fresh keys of LR's embedding (table 0) as fast as it
+// can for `how_long`, each request routed to the key's owner. The rows it
+// created on each server (keys of requests admitted), and the requests the
+// servers told it to slow down.
+struct Flood {
+  std::vector<uint64_t> created;
+  uint64_t slowed = 0;
+};
+Flood FloodWithFreshKeys(const std::string& keys_dir, const std::string& master,
+                         absl::Duration how_long) {
+  Flood flood;
+  std::unique_ptr<SocketFactory> tool = FactoryWithJobKeys(keys_dir, proto::ROLE_TOOL);
+  RpcChannel reader(tool.get(), Node(proto::ROLE_TOOL, 0));
+  Message get;
+  get.header().set_method(proto::GET_CLUSTER_MAP);
+  StatusOr<Message> map = reader.Call(master, std::move(get), CallOptions{});
+  EXPECT_TRUE(map.ok()) << map.status();
+  if (!map.ok()) return flood;
+  StatusOr<Placement> placement =
+      Placement::FromProto(map->header().get_cluster_map_reply().map());
+  EXPECT_TRUE(placement.ok()) << placement.status();
+  if (!placement.ok()) return flood;
+  flood.created.resize(placement->num_servers());
+  std::unique_ptr<SocketFactory> worker = FactoryWithJobKeys(keys_dir, proto::ROLE_WORKER);
+  RpcChannel channel(worker.get(), WorkerOfJob(keys_dir, 999'999));
+  constexpr int kKeysPerRequest = 20'000;
+  uint64_t next_key = uint64_t{1} << 62;  // far from any feature id of the data
+  const absl::Time end = absl::Now() + how_long;
+  while (absl::Now() < end) {
+    std::vector<std::vector<uint64_t>> by_server(placement->num_servers());
+    for (int i = 0; i < kKeysPerRequest; ++i, ++next_key) {
+      by_server[placement->ServerIndexOf(next_key)].push_back(next_key);
+    }
+    for (size_t s = 0; s < by_server.size(); ++s) {
+      Message pull;
+      pull.header().set_method(proto::PULL);
+      pull.header().mutable_pull_request()->add_table_ids(0);
+      pull.AddArray(by_server[s]);
+      StatusOr<Message> reply =
+          channel.Call(placement->server(s).endpoint(), std::move(pull), CallOptions{});
+      if (reply.ok()) {
+        flood.created[s] += by_server[s].size();
+      } else {
+        EXPECT_EQ(ReasonOf(reply.status()), proto::SLOW_DOWN) << reply.status();
+        ++flood.slowed;
+      }
+    }
+  }
+  return flood;
+}
+
 std::vector<std::string> ServerEndpoints(const json& status) {
   std::vector<std::string> endpoints;
   for (const json& server : status["servers"]) {
@@ -134,6 +215,7 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   const std::string config = WriteFaultJobConfig(dir_.path(), "security");
   // About 25 s of training: the attacks land while it trains.
   overrides_.push_back("--worker.max_records_per_s=4000");
+  overrides_.push_back("--ps.max_new_rows_per_worker_s=100000");
   LocalJob job(dir_.Join("attacked"), config, overrides_);
   ASSERT_FALSE(job.keys_dir().empty());
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
@@ -191,6 +273,34 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
       EXPECT_EQ(code, absl::StatusCode::kPermissionDenied);
     }
   }
+  // The worker key as a worker the job has, with no credential, or with
+  // one of its own making: the master and the servers refuse it.
+  const uint32_t victim = (*live)["workers"][0]["id"].get<uint32_t>();
+  proto::NodeId bare = Node(proto::ROLE_WORKER, victim);
+  proto::NodeId forged = bare;
+  forged.set_credential(std::string(32, '\x5a'));
+  const size_t impersonations = Impersonations(job.endpoint(), servers).size();
+  for (const proto::NodeId& claim : {bare, forged}) {
+    for (absl::StatusCode code :
+         Replay(*worker, claim, Impersonations(job.endpoint(), servers))) {
+      EXPECT_EQ(code, absl::StatusCode::kPermissionDenied);
+    }
+  }
+  // A worker gone bad creating rows as fast as it can is held to its
+  // quota on every server: what it made fits a second's burst, the time it
+  // took and one request; the rest was refused.
+  constexpr uint64_t kQuota = 100'000;
+  const absl::Time flood_start = absl::Now();
+  const Flood flood = FloodWithFreshKeys(job.keys_dir(), job.endpoint(), absl::Seconds(3));
+  const double flood_s = absl::ToDoubleSeconds(absl::Now() - flood_start);
+  EXPECT_GT(flood.slowed, 0u);
+  std::cerr << "flood of fresh keys for " << flood_s << " s: " << flood.slowed
+            << " requests slowed down; rows created per server:";
+  for (uint64_t created : flood.created) std::cerr << " " << created;
+  std::cerr << "\n";
+  for (uint64_t created : flood.created) {
+    EXPECT_LE(created, kQuota * (1 + flood_s) + 20'000) << "in " << flood_s << " s";
+  }
   // The tool's key only reads: a PUSH of -9e37 into a dense tensor is
   // refused.
   std::unique_ptr<SocketFactory> tool = FactoryWithJobKeys(job.keys_dir(), proto::ROLE_TOOL);
@@ -218,21 +328,34 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   ASSERT_TRUE(job.WaitForStatus([&](const json& status) {
     uint64_t refused = 0;
     uint64_t unauthenticated = 0;
+    uint64_t limited = 0;
     for (const json& server : status["servers"]) {
       refused += server["requests_refused"].get<uint64_t>();
       unauthenticated += server["requests_unauthenticated"].get<uint64_t>();
+      limited += server["requests_limited"].get<uint64_t>();
     }
-    return refused >= 2 * on_servers + 1 && unauthenticated >= 1;
+    return refused >= 2 * on_servers + 1 + 2 * servers.size() && unauthenticated >= 1 &&
+           limited >= flood.slowed;
   })) << job.Logs();
   httplib::Result metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_THAT(metrics->body, HasSubstr("eps_master_requests_refused_total{reason=\"permission_denied\"} 2\n"));
+  // REGISTER_SERVER twice, and each impersonation of the master's twice.
+  const size_t at_master = 2 + 2 * (impersonations - servers.size());
+  EXPECT_THAT(metrics->body,
+              HasSubstr(absl::StrCat("eps_master_requests_refused_total{reason=\"permission_denied\"} ",
+                                     at_master, "\n")));
   EXPECT_THAT(metrics->body, HasSubstr("eps_http_requests_refused_total 1\n"));
   EXPECT_THAT(metrics->body, HasSubstr("eps_server_requests_refused_total{server=\"0\""));
   EXPECT_THAT(metrics->body, ::testing::Not(HasSubstr(
                                  "eps_master_requests_refused_total{reason=\"unauthenticated\"} 0\n")));
   // Each refusal is logged once per peer.
   EXPECT_THAT(job.master().Log(), HasSubstr("refused REGISTER_SERVER from a worker key"));
+  // The worker they claimed to be is still a member.
+  for (const json& member : job.LiveStatus().value_or(json())["workers"]) {
+    if (member["id"].get<uint32_t>() == victim) {
+      EXPECT_EQ(member["state"], "alive") << member;
+    }
+  }
   EXPECT_THAT(job.master().Log(), HasSubstr("refused a connection from 127.0.0.1"));
 
   const StatusOr<json> still = job.LiveStatus();

@@ -95,6 +95,33 @@ TEST_F(ParamServerTest, HeartbeatsCarryStats) {
   EXPECT_GE(stats.rows(), keys.size());
 }
 
+// ps.max_new_rows_per_worker_s: a worker that created more rows than its
+// quota is told to slow down (nothing done) until it has repaid them;
+// other workers are not, and rows that exist cost nothing.
+TEST_F(ParamServerTest, AWorkerCreatingRowsTooFastIsToldToSlowDown) {
+  ParamServerOptions options = Options();
+  options.max_new_rows_per_worker_s = 100;
+  StartServer(options);
+  AwaitMap();
+  const std::vector<uint64_t> keys = EmbKeys(150, /*here=*/true);
+  // Admitted with a full bucket; it creates 150 rows and owes 50.
+  ASSERT_TRUE(Pull(kEmb, keys).ok());
+  const Status refused = Push(kEmb, keys, Grads(keys.size()));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(ReasonOf(refused), proto::SLOW_DOWN);
+  EXPECT_THAT(refused.message(), HasSubstr("worker 1 created more than"));
+  StatusOr<std::vector<float>> untouched = Pull(kEmb, keys, &other_worker_);
+  ASSERT_TRUE(untouched.ok()) << untouched.status();
+  EXPECT_EQ(*untouched, std::vector<float>(keys.size() * kDim, 0.0f)) << "the refused push applied";
+  // Half a second repays the 50 owed; from then on it reads and updates
+  // the rows it made as often as it likes.
+  absl::SleepFor(absl::Milliseconds(600));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Push(kEmb, keys, Grads(keys.size())).ok()) << i;
+  const proto::ServerStats stats = master_->AwaitStats(
+      [](const proto::ServerStats& s) { return s.requests_limited() >= 1; }, absl::Seconds(3));
+  EXPECT_EQ(stats.requests_limited(), 1u);
+}
+
 // 3e38 is finite, so the push is valid; squared it would make the Adagrad
 // accumulator, and so the weight, non-finite.
 TEST_F(ParamServerTest, PushOfAHugeGradientKeepsAnAdagradRowFiniteAndIsCounted) {

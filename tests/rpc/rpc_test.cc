@@ -403,42 +403,108 @@ TEST_F(RpcTest, MoreFramesThanMaxFramesIsRejected) {
   EXPECT_EQ(calls.load(), 1);
 }
 
-TEST_F(RpcTest, OversizedFrameDisconnectsOnlyItsSender) {
+TEST_F(RpcTest, AMessageOverTheLimitIsAnsweredNotDropped) {
   TransportOptions small;
-  small.max_frame_bytes = 64 << 10;
+  small.max_message_bytes = 64 << 10;
   SocketFactory small_factory(small);
   std::atomic<int> calls{0};
   StatusOr<std::unique_ptr<RpcServer>> started =
       RpcServer::Start(&small_factory, RpcServerOptions{}, [&](Message& request, Message* reply) {
         calls++;
+        if (request.header().method() == proto::PULL) {
+          reply->AddArray(std::vector<float>((100 << 10) / sizeof(float), 3.0f));  // too big
+          return absl::OkStatus();
+        }
         return Echo(request, reply);
       });
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<RpcServer> server = std::move(started).value();
   RpcChannel channel(&factory_, WorkerId(0));
 
-  // Just under the cap is fine.
+  // Just under the limit is fine.
   Message fits;
   fits.header().set_method(proto::PUSH);
   fits.AddArray(std::vector<float>((60 << 10) / sizeof(float), 1.0f));
   EXPECT_TRUE(channel.Call(server->endpoint(), std::move(fits), Patient()).ok());
 
-  // 1 MiB: ZeroMQ drops the connection; no handler sees it, nobody answers.
+  // 100 KiB from a peer that does not check: an answer, not a dropped
+  // connection, and no handler sees it.
   StatusOr<zmq::socket_t> raw = factory_.ConnectDealer(server->endpoint(), proto::ROLE_SERVER);
   ASSERT_TRUE(raw.ok());
-  Message big;
-  big.header().set_method(proto::PUSH);
-  big.header().set_request_id(1);
-  big.AddArray(std::vector<float>((1 << 20) / sizeof(float), 2.0f));
-  SendFrames(*raw, std::move(big).ToFrames());
+  auto big = [](uint64_t id, size_t bytes) {
+    Message request;
+    request.header().set_method(proto::PUSH);
+    request.header().set_request_id(id);
+    request.AddArray(std::vector<float>(bytes / sizeof(float), 2.0f));
+    return std::move(request).ToFrames();
+  };
+  SendFrames(*raw, big(1, 100 << 10));
+  std::vector<zmq::message_t> answer = ReceiveFrames(*raw, std::chrono::milliseconds(5000));
+  ASSERT_FALSE(answer.empty());
+  StatusOr<Message> refused = Message::FromFrames(std::move(answer));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->header().request_id(), 1u);
+  const Status why = ReplyStatus(*refused);
+  EXPECT_EQ(why.code(), absl::StatusCode::kResourceExhausted) << why;
+  EXPECT_THAT(why.message(), HasSubstr("over the 0.1 MiB one message may carry"));
+  // A channel does not even send one: the caller hears why at once.
+  Message over;
+  over.header().set_method(proto::PUSH);
+  over.AddArray(std::vector<float>((100 << 10) / sizeof(float), 1.0f));
+  RpcChannel checked(&small_factory, WorkerId(2));
+  const StatusOr<Message> unsent = checked.Call(server->endpoint(), std::move(over), Patient());
+  EXPECT_EQ(unsent.status().code(), absl::StatusCode::kResourceExhausted) << unsent.status();
+  EXPECT_THAT(unsent.status().message(), HasSubstr("the PUSH request to"));
+  // A reply over the limit becomes an error the caller can act on.
+  const StatusOr<Message> pulled = channel.Call(server->endpoint(), Tagged(4), Patient());
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kResourceExhausted) << pulled.status();
+  EXPECT_THAT(pulled.status().message(), HasSubstr("the reply to PULL"));
+
+  // Over twice the limit ZeroMQ itself drops the connection, unanswered.
+  SendFrames(*raw, big(2, 1 << 20));
   EXPECT_TRUE(ReceiveFrames(*raw, std::chrono::milliseconds(300)).empty());
 
   // Everyone else is still served, on old and new connections.
-  EXPECT_TRUE(channel.Call(server->endpoint(), Tagged(2), Patient()).ok());
+  EXPECT_TRUE(channel.Call(server->endpoint(), Tagged(2, proto::PUSH), Patient()).ok());
   RpcChannel other(&factory_, WorkerId(1));
-  EXPECT_TRUE(other.Call(server->endpoint(), Tagged(3), Patient()).ok());
-  EXPECT_EQ(calls.load(), 3);
+  EXPECT_TRUE(other.Call(server->endpoint(), Tagged(3, proto::PUSH), Patient()).ok());
+  EXPECT_EQ(calls.load(), 4);
+  EXPECT_EQ(server->limited(), 2u);
   server.reset();  // before small_factory
+}
+
+TEST_F(RpcTest, APeerGetsAtMostItsRequestsInFlight) {
+  RpcServerOptions options;
+  options.num_threads = 3;
+  options.max_in_flight_per_peer = 2;
+  absl::Notification release;
+  std::atomic<int> calls{0};
+  StatusOr<std::unique_ptr<RpcServer>> server =
+      RpcServer::Start(&factory_, options, [&](Message& request, Message* reply) {
+        calls++;
+        if (request.header().sender().id() == 0) release.WaitForNotificationWithTimeout(absl::Seconds(10));
+        return Echo(request, reply);
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  RpcChannel greedy(&factory_, WorkerId(0));
+  std::vector<uint64_t> held;
+  for (uint64_t tag = 1; tag <= 2; ++tag) {
+    held.push_back(greedy.Start((*server)->endpoint(), Tagged(tag), Patient()));
+  }
+  // Both reach handlers before the third arrives (the proxy counts them in
+  // order); the third is answered at once.
+  const StatusOr<Message> third = greedy.Call((*server)->endpoint(), Tagged(3), Patient());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_THAT(third.status().message(), HasSubstr("2 requests in flight"));
+  // Another peer still has a handler.
+  RpcChannel polite(&factory_, WorkerId(1));
+  EXPECT_TRUE(polite.Call((*server)->endpoint(), Tagged(4), Patient()).ok());
+  release.Notify();
+  for (uint64_t id : held) EXPECT_TRUE(greedy.Wait(id).ok());
+  // Their replies freed the peer's slots.
+  EXPECT_TRUE(greedy.Call((*server)->endpoint(), Tagged(5), Patient()).ok());
+  EXPECT_EQ(calls.load(), 4);
+  EXPECT_EQ((*server)->limited(), 1u);
 }
 
 TEST_F(RpcTest, NobodyListeningFailsWithDeadlineExceeded) {
@@ -880,7 +946,7 @@ TEST(RpcServer, StopNeedsNoNewSocket) {
 TEST(TransportOptions, Validate) {
   EXPECT_TRUE(TransportOptions{}.Validate().ok());
   TransportOptions options;
-  options.max_frame_bytes = 100;
+  options.max_message_bytes = 100;
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
   options = TransportOptions{};
   options.reconnect_ivl_ms = 0;

@@ -150,6 +150,48 @@ TEST(AuthorizeCall, FollowsTheRoles) {
   EXPECT_THAT(AuthorizeCall(proto::RESTORE, worker).message(), HasSubstr("the master"));
 }
 
+TEST(WorkerCredentials, ProveOnlyTheIdTheyWereIssuedFor) {
+  TempDir dir;
+  ASSERT_TRUE(WriteJobKeys(dir.path()).ok());
+  StatusOr<WorkerCredentials> master =
+      WorkerCredentials::ForMaster(LoadSecurity(Curve(dir.path()), proto::ROLE_MASTER).value());
+  ASSERT_TRUE(master.ok()) << master.status();
+  const std::string seven = master->Issue(7);
+  EXPECT_TRUE(master->Verify(7, seven));
+  EXPECT_FALSE(master->Verify(8, seven));
+  EXPECT_FALSE(master->Verify(7, ""));
+  EXPECT_FALSE(master->Verify(7, seven.substr(1)));
+  std::string flipped = seven;
+  flipped[0] ^= 1;
+  EXPECT_FALSE(master->Verify(7, flipped));
+  // A server checks with the key the master handed it.
+  StatusOr<WorkerCredentials> server = WorkerCredentials::FromKey(master->key());
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(server->Verify(7, seven));
+  // A restarted master issues the same; another job's does not.
+  EXPECT_EQ(WorkerCredentials::ForMaster(LoadSecurity(Curve(dir.path()), proto::ROLE_MASTER).value())
+                ->Issue(7),
+            seven);
+  TempDir other;
+  ASSERT_TRUE(WriteJobKeys(other.path()).ok());
+  StatusOr<WorkerCredentials> foreign =
+      WorkerCredentials::ForMaster(LoadSecurity(Curve(other.path()), proto::ROLE_MASTER).value());
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_FALSE(foreign->Verify(7, seven));
+}
+
+TEST(WorkerCredentials, NeedTheMastersKey) {
+  TempDir dir;
+  ASSERT_TRUE(WriteJobKeys(dir.path()).ok());
+  EXPECT_EQ(WorkerCredentials::ForMaster(LoadSecurity(Curve(dir.path()), proto::ROLE_WORKER).value())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const StatusOr<WorkerCredentials> short_key = WorkerCredentials::FromKey("abc");
+  EXPECT_EQ(short_key.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_key.status().message(), HasSubstr("not 3"));
+}
+
 // A server-role process serving RESTORE, PULL and GET_CLUSTER_MAP (the
 // handler only counts), and clients of every role, all with one job's keys.
 class CurveTest : public ::testing::Test {
@@ -186,6 +228,12 @@ class CurveTest : public ::testing::Test {
     return request;
   }
 
+  // The credentials the job's master issues.
+  WorkerCredentials Credentials() const {
+    return WorkerCredentials::ForMaster(LoadSecurity(Curve(keys_.path()), proto::ROLE_MASTER).value())
+        .value();
+  }
+
   TempDir keys_;
   std::unique_ptr<SocketFactory> server_factory_;
   std::unique_ptr<RpcServer> server_;
@@ -196,7 +244,10 @@ TEST_F(CurveTest, EachRoleGetsWhatItMayCall) {
   auto master = Factory(keys_.path(), proto::ROLE_MASTER);
   auto worker = Factory(keys_.path(), proto::ROLE_WORKER);
   RpcChannel as_master(master.get(), Node(proto::ROLE_MASTER, 0));
-  RpcChannel as_worker(worker.get(), Node(proto::ROLE_WORKER, 3));
+  server_->SetWorkerCredentials(Credentials());
+  proto::NodeId three = Node(proto::ROLE_WORKER, 3);
+  three.set_credential(Credentials().Issue(3));
+  RpcChannel as_worker(worker.get(), three);
   EXPECT_TRUE(as_master.Call(server_->endpoint(), Request(proto::RESTORE), Once()).ok());
   EXPECT_TRUE(as_worker.Call(server_->endpoint(), Request(proto::PULL), Once()).ok());
   const StatusOr<Message> restore =
@@ -241,6 +292,37 @@ TEST_F(CurveTest, APlainPeerGetsNothing) {
       channel.Call(server_->endpoint(), Request(proto::RESTORE), Once(absl::Milliseconds(500)));
   EXPECT_EQ(restore.status().code(), absl::StatusCode::kDeadlineExceeded) << restore.status();
   EXPECT_EQ(handled_.load(), 0);
+}
+
+TEST_F(CurveTest, AWorkerActsOnlyAsTheIdItsCredentialProves) {
+  auto worker = Factory(keys_.path(), proto::ROLE_WORKER);
+  proto::NodeId three = Node(proto::ROLE_WORKER, 3);
+  RpcChannel unproven(worker.get(), three);
+  // Until the server has the credentials' key it cannot tell: not ready,
+  // which callers retry, and no refusal.
+  const StatusOr<Message> early = unproven.Call(server_->endpoint(), Request(proto::PULL), Once());
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable) << early.status();
+  const WorkerCredentials credentials = Credentials();
+  server_->SetWorkerCredentials(credentials);
+
+  const StatusOr<Message> bare = unproven.Call(server_->endpoint(), Request(proto::PULL), Once());
+  EXPECT_EQ(bare.status().code(), absl::StatusCode::kPermissionDenied) << bare.status();
+  EXPECT_THAT(bare.status().message(), HasSubstr("worker 3 but carries no credential"));
+  // Worker 4's credential does not make its holder worker 3.
+  three.set_credential(credentials.Issue(4));
+  RpcChannel impostor(worker.get(), three);
+  const StatusOr<Message> stolen = impostor.Call(server_->endpoint(), Request(proto::PULL), Once());
+  EXPECT_EQ(stolen.status().code(), absl::StatusCode::kPermissionDenied) << stolen.status();
+  EXPECT_THAT(stolen.status().message(), HasSubstr("another's credential"));
+  EXPECT_EQ(handled_.load(), 0);
+  EXPECT_EQ(server_->refused(), 2u);
+
+  three.set_credential(credentials.Issue(3));
+  RpcChannel proven(worker.get(), three);
+  EXPECT_TRUE(proven.Call(server_->endpoint(), Request(proto::PULL), Once()).ok());
+  // The cluster map is the same for any worker: no credential needed.
+  EXPECT_TRUE(unproven.Call(server_->endpoint(), Request(proto::GET_CLUSTER_MAP), Once()).ok());
+  EXPECT_EQ(handled_.load(), 2);
 }
 
 TEST(Unauthenticated, TheEnvelopesRoleStillDecides) {

@@ -243,6 +243,21 @@ std::unique_ptr<SocketFactory> FactoryWithJobKeys(const std::string& keys_dir, p
   return std::make_unique<SocketFactory>(transport);
 }
 
+proto::NodeId WorkerOfJob(const std::string& keys_dir, uint32_t id) {
+  proto::NodeId worker;
+  worker.set_role(proto::ROLE_WORKER);
+  worker.set_id(id);
+  JobConfig::Security config;
+  config.keys_dir = keys_dir;
+  StatusOr<SecurityOptions> master = LoadSecurity(config, proto::ROLE_MASTER);
+  EXPECT_TRUE(master.ok()) << master.status();
+  if (!master.ok()) return worker;
+  StatusOr<WorkerCredentials> credentials = WorkerCredentials::ForMaster(*master);
+  EXPECT_TRUE(credentials.ok()) << credentials.status();
+  if (credentials.ok()) worker.set_credential(credentials->Issue(id));
+  return worker;
+}
+
 std::string JobKeysFlag(const std::string& keys_dir) {
   if (Status keys = WriteJobKeys(keys_dir); !keys.ok() && !absl::IsAlreadyExists(keys)) {
     ADD_FAILURE() << "cannot make the job's keys: " << keys;

@@ -101,6 +101,9 @@ std::string JobKeysFlag(const std::string& keys_dir);
 // A socket factory holding `role`'s key pair of the job whose keys are in
 // `keys_dir` (a plain one, with a failure recorded, when they do not load).
 std::unique_ptr<SocketFactory> FactoryWithJobKeys(const std::string& keys_dir, proto::Role role);
+// Worker `id` of the job whose keys are in `keys_dir`, with the credential
+// its master would issue it (what a registered worker that went bad holds).
+proto::NodeId WorkerOfJob(const std::string& keys_dir, uint32_t id);
 
 // A final status that says "finished" with every epoch's ledger complete,
 // each line counted exactly once and `lines` committed (GoogleTest

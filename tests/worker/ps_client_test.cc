@@ -613,6 +613,32 @@ TEST_F(PsClientTest, NotReadyForeverFailsWithinTheCallTime) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
+// A server telling the worker to slow down (its row quota) did nothing:
+// the request goes again after a pause, and a worker kept waiting past its
+// call time hears why.
+TEST_F(PsClientTest, SlowDownIsWaitedOutAndNamedWhenItLasts) {
+  const Status slow_down = ErrorWithReason(absl::StatusCode::kResourceExhausted,
+                                           "worker 1 created more than ...", proto::SLOW_DOWN);
+  servers_[1]->FailNext(2, slow_down);
+  const std::vector<uint64_t> wide = MakeKeys(120);
+  const std::vector<PsClient::Keys> tables = {{kWide, wide}};
+  std::unique_ptr<PsClient> client = MakeClient();
+  std::vector<std::vector<float>> out;
+  ASSERT_TRUE(client->Pull(tables, &out).ok());
+  ExpectRows(kWide, wide, out[0]);
+  EXPECT_EQ(servers_[1]->requests(), 3);
+  EXPECT_EQ(refreshes_, 0);
+
+  servers_[1]->FailNext(-1, slow_down);
+  CallOptions call;
+  call.attempt_timeout = absl::Milliseconds(100);
+  call.max_attempts = 2;
+  std::unique_ptr<PsClient> impatient = MakeClient(size_t{4} << 20, call);
+  const Status status = impatient->Pull(tables, &out);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("ps.max_new_rows_per_worker_s"));
+}
+
 TEST_F(PsClientTest, DeadServerIsDeadlineExceededNamingIt) {
   // Server 1's port is closed: nobody listens there any more.
   const std::string dead = MoveServerOneToAClosedPort();

@@ -1,0 +1,58 @@
+// RowQuota: how many rows each worker may create on a server per second
+// (ps.max_new_rows_per_worker_s), so that one worker pulling fresh keys (a
+// bug, or a holder of the job's worker key) cannot grow a server at will.
+//
+// A token bucket per worker holding one second's worth of rows. The rows a
+// request creates are known only once it ran, so a request may take the
+// bucket into debt; the worker's next requests are refused (Admit) until
+// the bucket has refilled past zero. A refused request did nothing, so the
+// worker retries it after a pause (reason SLOW_DOWN). Buckets of workers
+// that have not created rows for a second are full and forgotten, so memory
+// follows the workers that create rows, not every id ever claimed.
+//
+// Thread-safety: safe for concurrent use.
+
+#ifndef EPS_PS_ROW_QUOTA_H_
+#define EPS_PS_ROW_QUOTA_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "core/clock.h"
+#include "core/status.h"
+
+namespace eps {
+
+class RowQuota {
+ public:
+  // `rows_per_s` 0: unlimited. `clock` must outlive this.
+  RowQuota(uint64_t rows_per_s, const Clock* clock) : rows_per_s_(rows_per_s), clock_(clock) {}
+
+  // OK when `worker` may create rows now; kResourceExhausted with reason
+  // SLOW_DOWN while it owes rows.
+  Status Admit(uint32_t worker) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts `rows` that a request of `worker` created.
+  void Charge(uint32_t worker, uint64_t rows) ABSL_LOCKS_EXCLUDED(mu_);
+  // Workers whose bucket is kept (not full when last looked at).
+  size_t workers_kept() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    absl::Time refilled;
+  };
+  // Refills `bucket` up to now.
+  void RefillLocked(Bucket& bucket, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t rows_per_s_;
+  const Clock* const clock_;
+  mutable absl::Mutex mu_;
+  // Only workers whose bucket is not full.
+  absl::flat_hash_map<uint32_t, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace eps
+
+#endif  // EPS_PS_ROW_QUOTA_H_
