@@ -286,10 +286,7 @@ Status Master::Impl::StartServing() {
             refusals.Sample({{"reason", "unauthenticated"}},
                             static_cast<double>(rpc_->unauthenticated() +
                                                 factory_.handshakes_refused()));
-            refusals.Family("eps_http_requests_refused_total", MetricType::kCounter,
-                            "Mutating HTTP requests refused: without the bearer token, or from "
-                            "the page of another origin.");
-            refusals.Sample(static_cast<double>(http_.refused()));
+            http_.WriteMetrics(refusals);
             return text + refusals.text();
           },
       .page = StatusPage(job.job.name),
