@@ -8,21 +8,61 @@
 // origin (an Origin header that is not this server's own), so that a page
 // the operator opens cannot order it.
 //
-// Thread-safety: Start and Stop from the owning thread; the handlers run on
-// the service's thread and must do their own locking.
+// Slow and idle clients cannot starve the port. cpp-httplib serves every
+// connection on one thread of a fixed pool (max(8, cores - 1) threads) for as
+// long as the connection stays (a request line trickled a byte every few
+// seconds, or an idle keep-alive, holds its thread for good or for 5 s), so
+// a few slow clients used to block /status. Here:
+//  - Every connection has a thread of its own (a TaskQueue that starts one
+//    per connection), up to HttpServiceOptions::max_connections at once
+//    (and half the process's open-file limit, so that HTTP clients cannot
+//    take the descriptors the job's ZeroMQ sockets and RocksDB need). One
+//    more is answered 503 and closed at once, on the accepting thread.
+//  - Every wait is bounded (HttpConnection): idle_timeout for a request to
+//    start, request_timeout from its first byte to its last, head and body
+//    (408 when it runs out: slowloris), write_timeout to take an answer, and
+//    max_requests_per_connection on one connection.
+//  - A request is read whole before the library parses it: its head within
+//    max_header_bytes (431; 414 for a request line alone that long), its body
+//    within max_body_bytes of Content-Length (413; a body without a length,
+//    Transfer-Encoding, is 411), its method one the library routes (GET,
+//    HEAD, POST, PUT, DELETE, OPTIONS, PATCH; 501 otherwise). Reading it
+//    whole also keeps pipelined requests and an unread body (a GET's) apart.
+//    A method a route does not take is 405 (with Allow).
+// Each refusal is an HTTP answer followed by a lingering close (the
+// client's pending bytes are drained for a moment, so that the answer is
+// not lost to a reset), and is counted by reason (refused(), WriteMetrics).
+//
+// No CPPHTTPLIB_* macro is defined anywhere: Debian's cpp-httplib compiles
+// the server into libcpp-httplib.so, so those macros would only make our
+// translation units disagree with the library (ODR) without changing what
+// the library does. The limits above are runtime settings, and the
+// connection handling overrides Server::process_and_close_socket (a virtual
+// the library calls for every accepted socket), still parsing and routing
+// with the library's own process_request.
+//
+// Thread-safety: Start and Stop from the owning thread; refused() and
+// WriteMetrics from any thread; the handlers run on the connections'
+// threads, several at once, and must do their own locking.
 
 #ifndef EPS_MASTER_HTTP_SERVICE_H_
 #define EPS_MASTER_HTTP_SERVICE_H_
 
+#include <array>
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "core/clock.h"
+#include "core/metrics.h"
 #include "core/status.h"
-#include "httplib.h"
 
 namespace eps {
 
@@ -36,32 +76,107 @@ struct HttpRoutes {
   std::string bearer_token;
 };
 
+struct HttpServiceOptions {
+  // Connections served at once, each on a thread of its own; one more is
+  // answered 503. Also capped at half the RLIMIT_NOFILE soft limit at Start.
+  int max_connections = 4096;
+  // How long a connection may stay silent before a request (its first or the
+  // next): then it is closed, without an answer. Default 5 s.
+  absl::Duration idle_timeout = absl::Seconds(5);
+  // From a request's first byte to its last (request line, headers, body):
+  // a slower request is answered 408 and its connection closed. Default 10 s.
+  absl::Duration request_timeout = absl::Seconds(10);
+  // How long a client may keep the server waiting to take one answer, in
+  // all (the time the handler takes does not count). Default 10 s.
+  absl::Duration write_timeout = absl::Seconds(10);
+  // Requests on one keep-alive connection; the last answer closes it.
+  // Default 100.
+  int max_requests_per_connection = 100;
+  // Request line and headers, blank line included: more is 431 (414 when the
+  // request line alone is that long). At most 8192, the library's own bound
+  // of a line. Default 8 KiB.
+  size_t max_header_bytes = 8192;
+  // A request's Content-Length: more is 413 (no route takes a body).
+  // Default 4 KiB.
+  size_t max_body_bytes = 4096;
+
+  // kInvalidArgument naming the field when a value makes no sense.
+  Status Validate() const;
+};
+
+// Why the port refused a request; each is counted. Never renumber: the
+// values index the counters.
+enum class HttpRefusal {
+  kUnauthorized = 0,      // 401: a mutation without the bearer token
+  kForeignOrigin,         // 403: a mutation from the page of another origin
+  kTooManyConnections,    // 503: max_connections were open
+  kRequestTimeout,        // 408: the request took longer than request_timeout
+  kHeadersTooLarge,       // 431: a head over max_header_bytes
+  kUriTooLong,            // 414: a request line over max_header_bytes
+  kBodyTooLarge,          // 413: a Content-Length over max_body_bytes
+  kLengthRequired,        // 411: a body without Content-Length
+  kMethodNotImplemented,  // 501: a method not routed here (BREW, TRACE, CONNECT)
+  kMethodNotAllowed,      // 405: a method the route does not take
+  kMalformed,             // 400: not a parseable HTTP/1.x request
+};
+inline constexpr std::array<HttpRefusal, 11> kHttpRefusals = {
+    HttpRefusal::kUnauthorized,         HttpRefusal::kForeignOrigin,
+    HttpRefusal::kTooManyConnections,   HttpRefusal::kRequestTimeout,
+    HttpRefusal::kHeadersTooLarge,      HttpRefusal::kUriTooLong,
+    HttpRefusal::kBodyTooLarge,         HttpRefusal::kLengthRequired,
+    HttpRefusal::kMethodNotImplemented, HttpRefusal::kMethodNotAllowed,
+    HttpRefusal::kMalformed,
+};
+
+// The `reason` label of `reason` ("too_many_connections").
+absl::string_view HttpRefusalName(HttpRefusal reason);
+
 class HttpService {
  public:
   // `clock` bounds the wait in Stop (not owned; must outlive this).
-  explicit HttpService(const Clock* clock) : clock_(clock) {}
-  ~HttpService() { Stop(); }
+  explicit HttpService(const Clock* clock, HttpServiceOptions options = {});
+  ~HttpService();
   HttpService(const HttpService&) = delete;
   HttpService& operator=(const HttpService&) = delete;
 
   // Binds `host`:`port` (0: any free port) and serves `routes` on a thread
-  // of its own. Returns the port bound. kUnavailable naming --http-port when
-  // it cannot bind.
+  // of its own (which starts one per connection). Returns the port bound.
+  // kInvalidArgument for invalid options; kUnavailable naming --http-port
+  // when it cannot bind.
   StatusOr<int> Start(const std::string& host, int port, HttpRoutes routes);
-  // Stops serving and joins the thread; a no-op when not started.
+  // Stops serving: wakes every connection's wait, and joins the threads
+  // (a handler still running is waited for). A no-op when not started.
   void Stop();
 
-  // Mutating requests refused (no or a wrong token, a foreign origin).
-  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+  // Requests refused for `reason` so far.
+  uint64_t refused(HttpRefusal reason) const {
+    return refused_[static_cast<size_t>(reason)].load(std::memory_order_relaxed);
+  }
+  // The connections served at once, as Start capped them; 0 before Start.
+  int max_connections() const { return max_connections_; }
+  // Appends eps_http_requests_refused_total{reason} (every reason) to `out`.
+  void WriteMetrics(PrometheusWriter& out) const;
 
  private:
+  class Server;  // the httplib::Server that serves each connection itself
+
+  void Refused(HttpRefusal reason) {
+    refused_[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void AddRoutes();
+
   const Clock* const clock_;
+  const HttpServiceOptions options_;
   HttpRoutes routes_;
-  httplib::Server server_;
+  int max_connections_ = 0;
+  // Readable once Stop begins (an eventfd, never read): every connection's
+  // poll watches it.
+  int wake_fd_ = -1;
+  std::unique_ptr<Server> server_;
   std::thread thread_;
   // Set by thread_ when listen_after_bind returns.
   std::atomic<bool> returned_{false};
-  std::atomic<uint64_t> refused_{0};
+  std::array<std::atomic<uint64_t>, kHttpRefusals.size()> refused_{};
 };
 
 }  // namespace eps

@@ -2,6 +2,9 @@
 //
 //   eps-master --config JOB.ini [--port N] [--http-port N] [--data-dir DIR] [--resume]
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <cstring>
@@ -12,11 +15,33 @@
 #include "core/signal_watcher.h"
 #include "master/master.h"
 
+namespace {
+
+// The soft open-file limit up to the hard one, or 65536 (the soft one is
+// often 1024, of 524288): the HTTP port serves at most half the soft limit
+// in connections (see master/http_service.h), and 512 would let a thousand
+// idle clients shut out /status. Not further: the commands the master runs
+// inherit it.
+void RaiseOpenFileLimit() {
+  constexpr rlim_t kEnough = 65536;
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur >= kEnough ||
+      files.rlim_cur >= files.rlim_max) {
+    return;
+  }
+  files.rlim_cur = std::min(files.rlim_max, kEnough);
+  // On failure the limit stays; HttpService logs what it then allows.
+  (void)setrlimit(RLIMIT_NOFILE, &files);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // Before any thread starts: a master allocates little, from few threads at once
   // (its RPC thread, the job loop, HTTP).
   eps::LimitMallocArenas(2);
   eps::FixMmapThreshold();
+  RaiseOpenFileLimit();
   eps::SignalWatcher signal_watcher;
 
   eps::CommandLine command_line(

@@ -296,10 +296,7 @@ Status Master::Impl::StartServing() {
                             static_cast<double>(rpc_->unauthenticated() +
                                                 factory_.handshakes_refused()));
             refusals.Sample({{"reason", "limit"}}, static_cast<double>(rpc_->limited()));
-            refusals.Family("eps_http_requests_refused_total", MetricType::kCounter,
-                            "Mutating HTTP requests refused: without the bearer token, or from "
-                            "the page of another origin.");
-            refusals.Sample(static_cast<double>(http_.refused()));
+            http_.WriteMetrics(refusals);
             return text + refusals.text();
           },
       .page = StatusPage(job.job.name),

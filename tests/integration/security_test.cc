@@ -344,7 +344,8 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   EXPECT_THAT(metrics->body,
               HasSubstr(absl::StrCat("eps_master_requests_refused_total{reason=\"permission_denied\"} ",
                                      at_master, "\n")));
-  EXPECT_THAT(metrics->body, HasSubstr("eps_http_requests_refused_total 1\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("eps_http_requests_refused_total{reason=\"unauthorized\"} 1\n"));
   EXPECT_THAT(metrics->body, HasSubstr("eps_server_requests_refused_total{server=\"0\""));
   EXPECT_THAT(metrics->body, ::testing::Not(HasSubstr(
                                  "eps_master_requests_refused_total{reason=\"unauthenticated\"} 0\n")));

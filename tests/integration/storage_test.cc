@@ -246,8 +246,11 @@ TEST(Storage, OperatorCheckpointDuringAJob) {
   EXPECT_EQ(refused->status, 403) << refused->body;
   httplib::Result metrics = client.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_TRUE(absl::StrContains(metrics->body, "eps_http_requests_refused_total 2"))
-      << metrics->body;
+  for (const char* reason : {"unauthorized", "foreign_origin"}) {
+    EXPECT_TRUE(absl::StrContains(
+        metrics->body, absl::StrCat("eps_http_requests_refused_total{reason=\"", reason, "\"} 1\n")))
+        << reason << "\n" << metrics->body;
+  }
   httplib::Result result = client.Post("/checkpoint");
   ASSERT_TRUE(result) << "POST /checkpoint: " << httplib::to_string(result.error()) << "\n"
                       << job.Logs();

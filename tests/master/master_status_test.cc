@@ -334,6 +334,33 @@ TEST_F(MasterTest, MetricsEscapeLabelValues) {
   EXPECT_EQ(ExpositionErrors(metrics->body), "") << metrics->body;
 }
 
+// What the HTTP port refuses (master/http_service.h) is counted in /metrics
+// by reason, every reason listed.
+TEST_F(MasterTest, MetricsCountRefusedHttpRequestsByReason) {
+  const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));
+  MasterOptions options = Options();
+  options.job.data.train = train;
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  httplib::Client client(master_->http_url());
+  client.set_connection_timeout(5);
+  client.set_read_timeout(5);
+  httplib::Result posted = client.Post("/status");
+  ASSERT_TRUE(posted) << httplib::to_string(posted.error());
+  EXPECT_EQ(posted->status, 405);
+  httplib::Result padded = client.Get("/status", {{"X-Pad", std::string(9000, 'a')}});
+  ASSERT_TRUE(padded) << httplib::to_string(padded.error());
+  EXPECT_EQ(padded->status, 431);
+  httplib::Result metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
+  EXPECT_EQ(ExpositionErrors(metrics->body), "") << metrics->body;
+  for (const char* sample : {"\neps_http_requests_refused_total{reason=\"method_not_allowed\"} 1\n",
+                             "\neps_http_requests_refused_total{reason=\"headers_too_large\"} 1\n",
+                             "\neps_http_requests_refused_total{reason=\"unauthorized\"} 0\n",
+                             "\neps_http_requests_refused_total{reason=\"too_many_connections\"} 0\n"}) {
+    EXPECT_THAT(metrics->body, HasSubstr(sample)) << sample;
+  }
+}
+
 // Text the master did not write itself (the job name from the config file,
 // file names, peers' messages) may be anything; /status must still render.
 TEST_F(MasterTest, StatusSurvivesTextThatIsNotUtf8) {
