@@ -179,6 +179,11 @@ RpcServer::RpcServer(const RpcServerOptions& options, RpcHandler handler, bool c
 
 RpcServer::~RpcServer() { Stop(); }
 
+std::unique_ptr<RpcServer> RpcServer::CreateUnstartedForTesting(const RpcServerOptions& options,
+                                                                RpcHandler handler, bool curve) {
+  return std::unique_ptr<RpcServer>(new RpcServer(options, std::move(handler), curve));
+}
+
 void RpcServer::Stop() {
   if (stopping_.exchange(true)) return;
   // Handlers poll `stopping_` between requests; the proxy needs a command.
