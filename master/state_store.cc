@@ -46,9 +46,12 @@ void StateUpdate::PutEvalResult(uint64_t shard, uint64_t begin, const std::vecto
   // Load splits the value in two halves: unequal ones would read back wrong.
   CHECK_EQ(labels.size(), predictions.size());
   std::string value(sizeof(float) * (labels.size() + predictions.size()), '\0');
-  std::memcpy(value.data(), labels.data(), sizeof(float) * labels.size());
-  std::memcpy(value.data() + sizeof(float) * labels.size(), predictions.data(),
-              sizeof(float) * predictions.size());
+  // An empty vector's data() may be null, which memcpy must never get.
+  if (!labels.empty()) {
+    std::memcpy(value.data(), labels.data(), sizeof(float) * labels.size());
+    std::memcpy(value.data() + sizeof(float) * labels.size(), predictions.data(),
+                sizeof(float) * predictions.size());
+  }
   puts_.emplace_back(absl::StrCat(kEvalPrefix, Hex(shard), "/", Hex(begin)), std::move(value));
 }
 
@@ -119,12 +122,15 @@ Status ParseStateRecord(const absl::string_view full_key, absl::string_view valu
     parsed = parts.size() == 2 && ParseHex(parts[0], &id) && ParseHex(parts[1], &begin) &&
              value.size() % (2 * sizeof(float)) == 0;
     if (parsed) {
+      // An empty commit (n = 0) has null data(), which memcpy must never get.
       const size_t n = value.size() / (2 * sizeof(float));
       auto& [labels, predictions] = snapshot->eval_results[{id, begin}];
       labels.resize(n);
       predictions.resize(n);
-      std::memcpy(labels.data(), value.data(), n * sizeof(float));
-      std::memcpy(predictions.data(), value.data() + n * sizeof(float), n * sizeof(float));
+      if (n > 0) {
+        std::memcpy(labels.data(), value.data(), n * sizeof(float));
+        std::memcpy(predictions.data(), value.data() + n * sizeof(float), n * sizeof(float));
+      }
     }
   }
   if (!parsed) return absl::DataLossError(absl::StrCat("record ", full_key, " does not parse"));

@@ -379,6 +379,7 @@ TEST(ParseStateRecord, DecodesEveryKindAndRefusesCorruptOnes) {
   update.PutMaster(MasterRecordFor(4));
   update.PutShard(7, ShardRecordFor(100, proto::SHARD_DOING));
   update.PutEvalResult(7, 100, {1, 0}, {0.75f, 0.25f});
+  update.PutEvalResult(7, 200, {}, {});  // an empty commit (memcpy of null was UB)
   MasterSnapshot snapshot;
   for (const auto& [key, value] : update.puts_for_testing()) {
     ASSERT_TRUE(ParseStateRecord(key, value, &snapshot).ok()) << key;
@@ -386,6 +387,7 @@ TEST(ParseStateRecord, DecodesEveryKindAndRefusesCorruptOnes) {
   EXPECT_EQ(snapshot.master.epoch(), 4u);
   EXPECT_EQ(snapshot.shards.at(7).begin(), 100u);
   EXPECT_THAT(snapshot.eval_results.at({7, 100}).second, ElementsAre(0.75f, 0.25f));
+  EXPECT_TRUE(snapshot.eval_results.at({7, 200}).first.empty());
   EXPECT_TRUE(ParseStateRecord("pass/other", "x", &snapshot).ok());
 
   const std::string shard = update.puts_for_testing()[1].second;
