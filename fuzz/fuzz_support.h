@@ -1,6 +1,6 @@
-// What the fuzz targets share: the byte layout of chunked inputs (also
-// written by the seed generator, fuzz/make_corpus.cc, so that seeds and
-// targets agree) and quiet logs.
+// The byte layout of the fuzz targets' chunked inputs, shared with the seed
+// generator (fuzz/make_corpus.cc) so that seeds and targets agree. Every
+// target also links fuzz_support.cc, which quiets the logs.
 //
 // A chunked input is a sequence of chunks, each a 2-byte little-endian
 // length followed by that many bytes; a length running past the end takes
@@ -18,9 +18,6 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "core/logging.h"
-#include "google/protobuf/stubs/logging.h"
-#include "spdlog/spdlog.h"
 
 namespace eps::fuzz {
 
@@ -42,15 +39,6 @@ inline void AppendChunk(absl::string_view chunk, std::string* out) {
   out->push_back(static_cast<char>(chunk.size() & 0xff));
   out->push_back(static_cast<char>(chunk.size() >> 8));
   out->append(chunk.data(), chunk.size());
-}
-
-// Keeps eps's log quiet but for fatal lines (a failed CHECK still says
-// why), and protobuf's (it logs every string field that is not UTF-8):
-// lines about bad input would otherwise cost more than the input.
-inline void QuietLogs() {
-  SetLogNode("fuzz");  // makes the logger, so that spdlog knows it
-  if (auto logger = spdlog::get("eps")) logger->set_level(spdlog::level::critical);
-  google::protobuf::SetLogHandler(nullptr);
 }
 
 }  // namespace eps::fuzz

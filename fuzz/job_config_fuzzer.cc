@@ -25,7 +25,6 @@
 #include "cluster/job_spec_check.h"
 #include "core/flags.h"
 #include "core/logging.h"
-#include "fuzz/fuzz_support.h"
 #include "master/job_spec.h"
 
 namespace eps {
@@ -56,8 +55,6 @@ StatusOr<JobConfig> Load(const std::vector<std::string>& args) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace eps;
-  static const bool quiet = (fuzz::QuietLogs(), true);
-  (void)quiet;
   static const std::string path = (std::filesystem::temp_directory_path() /
                                    absl::StrCat("eps-job_config_fuzzer-", ::getpid(), ".ini"))
                                       .string();

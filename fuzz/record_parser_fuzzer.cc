@@ -18,13 +18,10 @@
 #include "absl/strings/string_view.h"
 #include "core/data_schema.h"
 #include "core/logging.h"
-#include "fuzz/fuzz_support.h"
 #include "worker/record_parser.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace eps;
-  static const bool quiet = (fuzz::QuietLogs(), true);
-  (void)quiet;
   if (size < 1) return 0;
   const char separator = static_cast<char>(data[0]);
   const absl::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);

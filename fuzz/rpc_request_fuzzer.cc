@@ -63,8 +63,6 @@ constexpr const char* kKeyRoles[] = {"-", "master", "server", "worker", "tool"};
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace eps;
-  static const bool quiet = (fuzz::QuietLogs(), true);
-  (void)quiet;
   if (size < 1) return 0;
   const bool curve = (data[0] & 0x80) != 0;
   const std::string peer = absl::StrCat(kKeyRoles[(data[0] & 0x7f) % 5], " 127.0.0.1");

@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv);
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace {
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
       paths.emplace_back(arg);
     }
   }
+  LLVMFuzzerInitialize(&argc, &argv);
   const std::string name = std::filesystem::path(argv[0]).filename().string();
   std::snprintf(g_crash_path, sizeof(g_crash_path), "crash-%s", name.c_str());
   for (int signal : {SIGSEGV, SIGABRT, SIGFPE, SIGBUS, SIGILL}) ::signal(signal, OnCrash);

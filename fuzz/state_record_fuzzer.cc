@@ -61,8 +61,6 @@ JobConfig CompatJob() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace eps;
-  static const bool quiet = (fuzz::QuietLogs(), true);
-  (void)quiet;
   static const JobConfig job = CompatJob();
   static const proto::JobSpec spec = *BuildJobSpec(job);
   if (size < 1) return 0;
