@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "boost/program_options.hpp"
 #include "core/logging.h"
@@ -97,6 +98,22 @@ int NthOptionLine(const std::string& path, absl::string_view option, int nth) {
   return 0;
 }
 
+// Boost.Program_options formats an error by replacing each placeholder
+// ("%value%") with its text until none is left, so a bad option or value
+// that holds its own placeholder never finishes (boost/libs/program_options/
+// src/value_semantic.cpp, replace_token). Such text is refused before Boost
+// sees it.
+constexpr const char* kBoostPlaceholders[] = {"%canonical_option%", "%option%",
+                                              "%original_token%", "%value%", "%prefix%"};
+
+// The first placeholder in `text`, or null.
+const char* BoostPlaceholderIn(absl::string_view text) {
+  for (const char* placeholder : kBoostPlaceholders) {
+    if (absl::StrContains(text, placeholder)) return placeholder;
+  }
+  return nullptr;
+}
+
 // "PATH:LINE", or just PATH when the line is unknown.
 std::string Where(const std::string& path, int line) {
   return line > 0 ? absl::StrCat(path, ":", line) : path;
@@ -164,6 +181,12 @@ StatusOr<JobConfig> CommandLine::Parse(int argc, const char* const* argv) {
   all.add(impl_->role).add(impl_->job);
   po::variables_map vm;
 
+  for (int i = 1; i < argc; ++i) {
+    if (const char* placeholder = BoostPlaceholderIn(argv[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "command line: argument ", i, " holds '", placeholder, "', which no option takes"));
+    }
+  }
   // The command line first: Boost keeps the first value stored for an
   // option, so --section.key overrides beat the file's.
   try {
@@ -205,6 +228,12 @@ StatusOr<JobConfig> CommandLine::Parse(int argc, const char* const* argv) {
   if (!file) {
     return absl::InvalidArgumentError(
         absl::StrCat("--config: cannot open config file '", path, "': ", std::strerror(errno)));
+  }
+  for (const IniLine& line : ScanIni(path)) {
+    if (const char* placeholder = BoostPlaceholderIn(line.text)) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(path, line.number), ": '", placeholder,
+                                                     "' is no option's value or name"));
+    }
   }
   try {
     po::store(po::parse_config_file(file, impl_->job, /*allow_unregistered=*/false), vm);

@@ -46,9 +46,12 @@ void StateUpdate::PutEvalResult(uint64_t shard, uint64_t begin, const std::vecto
   // Load splits the value in two halves: unequal ones would read back wrong.
   CHECK_EQ(labels.size(), predictions.size());
   std::string value(sizeof(float) * (labels.size() + predictions.size()), '\0');
-  std::memcpy(value.data(), labels.data(), sizeof(float) * labels.size());
-  std::memcpy(value.data() + sizeof(float) * labels.size(), predictions.data(),
-              sizeof(float) * predictions.size());
+  // An empty vector's data() may be null, which memcpy must never get.
+  if (!labels.empty()) {
+    std::memcpy(value.data(), labels.data(), sizeof(float) * labels.size());
+    std::memcpy(value.data() + sizeof(float) * labels.size(), predictions.data(),
+                sizeof(float) * predictions.size());
+  }
   puts_.emplace_back(absl::StrCat(kEvalPrefix, Hex(shard), "/", Hex(begin)), std::move(value));
 }
 
@@ -97,6 +100,43 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {
 StateStore::StateStore(rocksdb::DB* db) : db_(db) {}
 StateStore::~StateStore() = default;
 
+Status ParseStateRecord(const absl::string_view full_key, absl::string_view value,
+                        MasterSnapshot* snapshot) {
+  absl::string_view key = full_key;
+  const auto parse = [&value](google::protobuf::MessageLite* record) {
+    return record->ParseFromArray(value.data(), static_cast<int>(value.size()));
+  };
+  bool parsed = true;
+  uint64_t id = 0;
+  if (key == kMasterKey) {
+    parsed = parse(&snapshot->master);
+  } else if (key == kTrainKey || key == kEvalKey) {
+    parsed = parse(key == kTrainKey ? &snapshot->train : &snapshot->eval);
+  } else if (absl::ConsumePrefix(&key, kShardPrefix)) {
+    parsed = ParseHex(key, &id) && parse(&snapshot->shards[id]);
+  } else if (absl::ConsumePrefix(&key, kCheckpointPrefix)) {
+    parsed = ParseHex(key, &id) && parse(&snapshot->checkpoints[id]);
+  } else if (absl::ConsumePrefix(&key, kEvalPrefix)) {
+    std::vector<absl::string_view> parts = absl::StrSplit(key, '/');
+    uint64_t begin = 0;
+    parsed = parts.size() == 2 && ParseHex(parts[0], &id) && ParseHex(parts[1], &begin) &&
+             value.size() % (2 * sizeof(float)) == 0;
+    if (parsed) {
+      // An empty commit (n = 0) has null data(), which memcpy must never get.
+      const size_t n = value.size() / (2 * sizeof(float));
+      auto& [labels, predictions] = snapshot->eval_results[{id, begin}];
+      labels.resize(n);
+      predictions.resize(n);
+      if (n > 0) {
+        std::memcpy(labels.data(), value.data(), n * sizeof(float));
+        std::memcpy(predictions.data(), value.data() + n * sizeof(float), n * sizeof(float));
+      }
+    }
+  }
+  if (!parsed) return absl::DataLossError(absl::StrCat("record ", full_key, " does not parse"));
+  return absl::OkStatus();
+}
+
 StatusOr<std::optional<MasterSnapshot>> StateStore::Load() const {
   std::string value;
   rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), kMasterKey, &value);
@@ -106,50 +146,18 @@ StatusOr<std::optional<MasterSnapshot>> StateStore::Load() const {
   if (!snapshot.master.ParseFromString(value)) {
     return absl::DataLossError("the master record does not parse");
   }
-  for (auto [key, record] : {std::pair{kTrainKey, &snapshot.train}, {kEvalKey, &snapshot.eval}}) {
+  for (const char* key : {kTrainKey, kEvalKey}) {
     status = db_->Get(rocksdb::ReadOptions(), key, &value);
     if (status.IsNotFound()) continue;
     if (!status.ok()) return absl::UnavailableError(status.ToString());
-    if (!record->ParseFromString(value)) {
-      return absl::DataLossError(absl::StrCat("record ", key, " does not parse"));
-    }
+    RETURN_IF_ERROR(ParseStateRecord(key, value, &snapshot));
   }
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(kShardPrefix); it->Valid() && it->key().starts_with(kShardPrefix); it->Next()) {
-    uint64_t id = 0;
-    const std::string key = it->key().ToString();
-    if (!ParseHex(absl::string_view(key).substr(std::strlen(kShardPrefix)), &id) ||
-        !snapshot.shards[id].ParseFromArray(it->value().data(),
-                                            static_cast<int>(it->value().size()))) {
-      return absl::DataLossError(absl::StrCat("record ", key, " does not parse"));
-    }
-  }
-  for (it->Seek(kEvalPrefix); it->Valid() && it->key().starts_with(kEvalPrefix); it->Next()) {
-    const std::string key = it->key().ToString();
-    std::vector<absl::string_view> parts =
-        absl::StrSplit(absl::string_view(key).substr(std::strlen(kEvalPrefix)), '/');
-    uint64_t shard = 0;
-    uint64_t begin = 0;
-    const size_t bytes = it->value().size();
-    if (parts.size() != 2 || !ParseHex(parts[0], &shard) || !ParseHex(parts[1], &begin) ||
-        bytes % (2 * sizeof(float)) != 0) {
-      return absl::DataLossError(absl::StrCat("record ", key, " does not parse"));
-    }
-    const size_t n = bytes / (2 * sizeof(float));
-    auto& [labels, predictions] = snapshot.eval_results[{shard, begin}];
-    labels.resize(n);
-    predictions.resize(n);
-    std::memcpy(labels.data(), it->value().data(), n * sizeof(float));
-    std::memcpy(predictions.data(), it->value().data() + n * sizeof(float), n * sizeof(float));
-  }
-  for (it->Seek(kCheckpointPrefix); it->Valid() && it->key().starts_with(kCheckpointPrefix);
-       it->Next()) {
-    uint64_t id = 0;
-    const std::string key = it->key().ToString();
-    if (!ParseHex(absl::string_view(key).substr(std::strlen(kCheckpointPrefix)), &id) ||
-        !snapshot.checkpoints[id].ParseFromArray(it->value().data(),
-                                                 static_cast<int>(it->value().size()))) {
-      return absl::DataLossError(absl::StrCat("record ", key, " does not parse"));
+  for (const char* prefix : {kShardPrefix, kEvalPrefix, kCheckpointPrefix}) {
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      RETURN_IF_ERROR(ParseStateRecord(absl::string_view(it->key().data(), it->key().size()),
+                                       absl::string_view(it->value().data(), it->value().size()),
+                                       &snapshot));
     }
   }
   if (!it->status().ok()) return absl::UnavailableError(it->status().ToString());

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "core/status.h"
 #include "proto/eps.pb.h"
 
@@ -44,6 +45,13 @@ struct MasterSnapshot {
   // Complete coordinated checkpoints, by id.
   std::map<uint64_t, proto::CheckpointRecord> checkpoints;
 };
+
+// Decodes one stored record into `snapshot`, as Load does for every key:
+// "master", "data/train", "data/eval", "pass/shard/<hex id>",
+// "eval/<hex shard>/<hex begin>" and "checkpoint/<hex id>"; other keys are
+// no record of the master's and are ignored. kDataLoss naming the key when
+// the key or its value does not parse.
+Status ParseStateRecord(absl::string_view key, absl::string_view value, MasterSnapshot* snapshot);
 
 // One atomic update.
 class StateUpdate {

@@ -235,7 +235,8 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
        state = ProxyState{.max_in_flight_per_peer = options.max_in_flight_per_peer,
                           .max_message_bytes = server->max_message_bytes_,
                           .name = options.name,
-                          .limited = &server->limited_}]() mutable {
+                          .limited = &server->limited_,
+                          .in_flight = {}}]() mutable {
         try {
           Proxy(f, b, c, state);
         } catch (const zmq::error_t& e) {
@@ -253,6 +254,13 @@ RpcServer::RpcServer(const RpcServerOptions& options, RpcHandler handler,
       max_message_bytes_(transport.max_message_bytes) {}
 
 RpcServer::~RpcServer() { Stop(); }
+
+std::unique_ptr<RpcServer> RpcServer::CreateUnstartedForTesting(const RpcServerOptions& options,
+                                                                RpcHandler handler, bool curve) {
+  TransportOptions transport;
+  transport.security.curve = curve;
+  return std::unique_ptr<RpcServer>(new RpcServer(options, std::move(handler), transport));
+}
 
 void RpcServer::Stop() {
   if (stopping_.exchange(true)) return;

@@ -100,6 +100,18 @@ class RpcServer {
   // requests in flight, a request or its reply over max_message_bytes.
   uint64_t limited() const { return limited_.load(std::memory_order_relaxed); }
 
+  // A server that binds nothing and runs no thread (`curve`: as if its
+  // factory used CURVE), for feeding routed requests straight to the
+  // validation and dispatch that Start's threads run (fuzz/).
+  static std::unique_ptr<RpcServer> CreateUnstartedForTesting(const RpcServerOptions& options,
+                                                              RpcHandler handler, bool curve);
+  // Handles one routed request (the peer's routing id, its PeerFrame text
+  // "ROLE ADDRESS", then the request's frames) as a handler thread does and
+  // returns the routed reply; empty when there is nothing to answer to.
+  std::vector<zmq::message_t> HandleForTesting(std::vector<zmq::message_t> frames) {
+    return Handle(std::move(frames));
+  }
+
  private:
   RpcServer(const RpcServerOptions& options, RpcHandler handler, const TransportOptions& transport);
   // Whether the sender `peer` (the proxy's PeerFrame) may make this call.

@@ -4,7 +4,10 @@
 #   scripts/test.sh [ctest arguments...]
 #
 # The default suite covers unit and integration tests (fault tolerance
-# included) and skips the long `soak` label; pass e.g. `-L soak` to run it.
+# included) and a few seconds of each fuzz target (label fuzz-smoke), and
+# skips the long labels `soak` and `fuzz` (the latter exists only in an
+# EPS_FUZZ build: scripts/sanitize.sh -L fuzz); pass e.g. `-L soak` to run
+# those.
 # GPU tests (label `gpu`) skip with a message when no GPU is visible; the
 # status page's test (label `browser`) skips without Debian's chromium, which
 # is installed when the arguments name that label (`-L browser`).
@@ -24,7 +27,7 @@ configure_and_build
 
 ctest_args=(--test-dir "$EPS_BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 600)
 if [ "$#" -eq 0 ]; then
-  ctest_args+=(-LE soak)
+  ctest_args+=(-LE '^(soak|fuzz)$')
 fi
 echo "eps: running tests" >&2
 ctest "${ctest_args[@]}" "$@"

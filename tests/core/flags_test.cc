@@ -212,6 +212,23 @@ TEST_F(CommandLineTest, MalformedValueInFileNamesOptionAndLine) {
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("abc"));
 }
 
+// Boost would loop forever formatting the error about such a value or
+// name (found by fuzz/job_config_fuzzer.cc).
+TEST_F(CommandLineTest, BoostPlaceholderInAnArgumentOrLineIsRefused) {
+  const std::string good = dir_.Write("good.ini", "[data]\ntrain = x\n");
+  StatusOr<JobConfig> config = Parse(cl_, {"--config", good, "--worker.batch_size=%value%"});
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("argument 3 holds '%value%'"));
+  config = Parse(cl_, {"--config", good, "--('%canonical_option%x"});
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+
+  const std::string bad =
+      dir_.Write("bad.ini", "# %value% in a comment is fine\n[data]\ntrain = %option%\n");
+  config = Parse(cl_, {"--config", bad});
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(bad + ":3: '%option%'"));
+}
+
 TEST_F(CommandLineTest, BatchSizeAutoInFileAndOnTheCommandLine) {
   const std::string path = dir_.Write(
       "job.ini", "[data]\ntrain = x\n[worker]\nbatch_size = auto\nmax_batch_size = 2048\n");

@@ -371,5 +371,36 @@ TEST_F(StateStoreTest, CheckpointRecordsSurviveClearPassAndCanBeDeleted) {
   EXPECT_EQ(third.servers(0).path(), "/ps/checkpoints/3");
 }
 
+// What Load does per key, on bytes alone (fuzz/state_record_fuzzer.cc
+// feeds it): a bad key or value is kDataLoss naming the key; keys of no
+// record are ignored.
+TEST(ParseStateRecord, DecodesEveryKindAndRefusesCorruptOnes) {
+  StateUpdate update;
+  update.PutMaster(MasterRecordFor(4));
+  update.PutShard(7, ShardRecordFor(100, proto::SHARD_DOING));
+  update.PutEvalResult(7, 100, {1, 0}, {0.75f, 0.25f});
+  update.PutEvalResult(7, 200, {}, {});  // an empty commit (memcpy of null was UB)
+  MasterSnapshot snapshot;
+  for (const auto& [key, value] : update.puts_for_testing()) {
+    ASSERT_TRUE(ParseStateRecord(key, value, &snapshot).ok()) << key;
+  }
+  EXPECT_EQ(snapshot.master.epoch(), 4u);
+  EXPECT_EQ(snapshot.shards.at(7).begin(), 100u);
+  EXPECT_THAT(snapshot.eval_results.at({7, 100}).second, ElementsAre(0.75f, 0.25f));
+  EXPECT_TRUE(snapshot.eval_results.at({7, 200}).first.empty());
+  EXPECT_TRUE(ParseStateRecord("pass/other", "x", &snapshot).ok());
+
+  const std::string shard = update.puts_for_testing()[1].second;
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"pass/shard/7", shard},                                // not 16 hex digits
+           {"pass/shard/000000000000000g", shard},                 // not hex
+           {"master", "\xff\xff"},                               // not a record
+           {"eval/0000000000000007/0000000000000064", "abcdef"}}) {  // not two halves
+    const Status status = ParseStateRecord(key, value, &snapshot);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << key;
+    EXPECT_THAT(status.message(), HasSubstr(key));
+  }
+}
+
 }  // namespace
 }  // namespace eps

@@ -614,7 +614,9 @@ TEST_F(RocksKvStoreTest, AFullDiskFailsEveryLaterWriteWithoutAbortingAndLosesNot
     ASSERT_GT(acknowledged, 0u);
 
     // Everything that writes fails alike, however often, and reads go on.
-    const std::vector<KvWrite> one = {{1, acknowledged, ValueFor(acknowledged, 1, kBytes)}};
+    // KvWrite holds a view: the value must outlive the writes.
+    const std::string value = ValueFor(acknowledged, 1, kBytes);
+    const std::vector<KvWrite> one = {{1, acknowledged, value}};
     for (int i = 0; i < 3; ++i) {
       const Status write = store.Write(one, /*sync=*/true);
       EXPECT_EQ(write.code(), absl::StatusCode::kUnavailable) << write;
@@ -642,7 +644,8 @@ TEST_F(RocksKvStoreTest, AFullDiskFailsEveryLaterWriteWithoutAbortingAndLosesNot
   for (uint64_t key = 0; key < acknowledged; ++key) {
     ASSERT_EQ(read.values[key], ValueFor(key, 1, kBytes)) << "acknowledged key " << key;
   }
-  const std::vector<KvWrite> again = {{1, 0, ValueFor(0, 2, kBytes)}};
+  const std::string value = ValueFor(0, 2, kBytes);
+  const std::vector<KvWrite> again = {{1, 0, value}};
   EXPECT_TRUE((**reopened).Write(again, /*sync=*/true).ok()) << "writable again";
 }
 

@@ -119,7 +119,7 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
   for (const auto& [low, high] : {std::pair<int64_t, int64_t>{1, 1}, {1 << 20, 1 << 20}, {1, 1 << 20}}) {
     add(absl::StrCat("worker.batch_size = auto, worker.min_batch_size = ", low,
                      ", worker.max_batch_size = ", high),
-        [low, high](JobConfig& c) {
+        [low = low, high = high](JobConfig& c) {
           c.worker.batch_size = IntOrAuto{0, true};
           c.worker.min_batch_size = low;
           c.worker.max_batch_size = high;
@@ -137,14 +137,14 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
   }
   for (const auto& [timeout, attempts] : {std::pair<int64_t, int64_t>{1, 1000}, {kDayMs, 1}}) {
     add(absl::StrCat("worker.rpc_timeout_ms = ", timeout, ", worker.rpc_attempts = ", attempts),
-        [timeout, attempts](JobConfig& c) {
+        [timeout = timeout, attempts = attempts](JobConfig& c) {
           c.worker.rpc_timeout_ms = timeout;
           c.worker.rpc_attempts = attempts;
         });
   }
   for (const auto& [heartbeat, lease] : {std::pair<int64_t, int64_t>{1, 2}, {kDayMs - 1, kDayMs}}) {
     add(absl::StrCat("master.heartbeat_ms = ", heartbeat, ", master.lease_ms = ", lease),
-        [heartbeat, lease](JobConfig& c) {
+        [heartbeat = heartbeat, lease = lease](JobConfig& c) {
           c.master.heartbeat_ms = heartbeat;
           c.master.lease_ms = lease;
         });
@@ -152,7 +152,7 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
 
   for (const auto& [low, high] : {std::pair<int64_t, int64_t>{0, 1}, {10000, 10000}}) {
     add(absl::StrCat("autoscale.min_workers = ", low, ", autoscale.max_workers = ", high),
-        [low, high](JobConfig& c) {
+        [low = low, high = high](JobConfig& c) {
           c.autoscale.min_workers = low;
           c.autoscale.max_workers = high;
         });
@@ -160,7 +160,7 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
   for (const auto& [down, up] : {std::pair<int64_t, int64_t>{0, 1}, {1'000'000, 1'000'000}}) {
     add(absl::StrCat("autoscale.scale_down_free_gpus = ", down,
                      ", autoscale.scale_up_free_gpus = ", up),
-        [down, up](JobConfig& c) {
+        [down = down, up = up](JobConfig& c) {
           c.autoscale.scale_down_free_gpus = down;
           c.autoscale.scale_up_free_gpus = up;
         });
