@@ -15,11 +15,17 @@ void RowQuota::RefillLocked(Bucket& bucket, absl::Time now) const {
 }
 
 Status RowQuota::Admit(uint32_t worker) {
-  if (rows_per_s_ == 0) return absl::OkStatus();
+  // Every pull and push asks: once no worker creates rows, no lock.
+  if (rows_per_s_ == 0 || kept_.load(std::memory_order_relaxed) == 0) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   auto it = buckets_.find(worker);
   if (it == buckets_.end()) return absl::OkStatus();  // full
   RefillLocked(it->second, clock_->Now());
+  if (it->second.tokens >= static_cast<double>(rows_per_s_)) {
+    buckets_.erase(it);  // as good as new
+    kept_.store(buckets_.size(), std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
   if (it->second.tokens > 0) return absl::OkStatus();
   return ErrorWithReason(
       absl::StatusCode::kResourceExhausted,
@@ -44,6 +50,7 @@ void RowQuota::Charge(uint32_t worker, uint64_t rows) {
       return entry.second.tokens >= static_cast<double>(rows_per_s_);
     });
   }
+  kept_.store(buckets_.size(), std::memory_order_relaxed);
 }
 
 size_t RowQuota::workers_kept() const {

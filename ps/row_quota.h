@@ -6,15 +6,17 @@
 // request creates are known only once it ran, so a request may take the
 // bucket into debt; the worker's next requests are refused (Admit) until
 // the bucket has refilled past zero. A refused request did nothing, so the
-// worker retries it after a pause (reason SLOW_DOWN). Buckets of workers
-// that have not created rows for a second are full and forgotten, so memory
-// follows the workers that create rows, not every id ever claimed.
+// worker retries it after a pause (reason SLOW_DOWN). A bucket that has
+// refilled is forgotten (when its worker next asks, or by a sweep once many
+// are kept), so memory follows the workers that create rows, not every id
+// ever claimed, and once no worker creates rows Admit takes no lock.
 //
 // Thread-safety: safe for concurrent use.
 
 #ifndef EPS_PS_ROW_QUOTA_H_
 #define EPS_PS_ROW_QUOTA_H_
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
@@ -51,6 +53,7 @@ class RowQuota {
   mutable absl::Mutex mu_;
   // Only workers whose bucket is not full.
   absl::flat_hash_map<uint32_t, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> kept_{0};  // buckets_.size(), read without mu_
 };
 
 }  // namespace eps

@@ -50,14 +50,15 @@ uint64_t RpcChannel::Start(const std::string& endpoint, Message request,
   call.options.max_attempts = std::max(1, options.max_attempts);
   call.frames = std::move(request).ToFrames();
   // A peer would drop it unread: the caller hears why at once instead.
-  if (Status fits = CheckMessageBytes(
-          call.frames, factory_->options().max_message_bytes,
-          absl::StrCat("the ", proto::Method_Name(call.method), " request to ", endpoint),
-          "send fewer keys or rows per request");
-      !fits.ok()) {
+  // (The message is formatted only then: this runs for every call.)
+  const int64_t limit = factory_->options().max_message_bytes;
+  if (FramesBytes(call.frames) > static_cast<uint64_t>(limit)) {
     call.done = true;
+    call.result = CheckMessageBytes(
+        call.frames, limit,
+        absl::StrCat("the ", proto::Method_Name(call.method), " request to ", endpoint),
+        "send fewer keys or rows per request");
     call.frames.clear();
-    call.result = std::move(fits);
     return id;
   }
   Send(id, call);

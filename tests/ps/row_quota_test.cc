@@ -28,6 +28,11 @@ TEST(RowQuota, AWorkerInDebtWaitsUntilItRefills) {
   EXPECT_FALSE(quota.Admit(7).ok());
   clock.Advance(absl::Milliseconds(10));
   EXPECT_TRUE(quota.Admit(7).ok());
+  EXPECT_EQ(quota.workers_kept(), 1u);
+  // Refilled: forgotten when it next asks.
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(quota.Admit(7).ok());
+  EXPECT_EQ(quota.workers_kept(), 0u);
 }
 
 TEST(RowQuota, ASteadyRateUnderTheLimitIsNeverRefused) {
