@@ -28,19 +28,25 @@ Subcommands:
       A bad meta.json or input file: one line on stderr, exit status 2.
 
   train --model M --train PATHS --eval PATHS [--lr 0.05] [--batch 1024]
+        [--mlp-optimizer adam] [--mlp-lr 0.001]
         [--epochs 1] [--threads 1] [--embedding-dim 16] [--mlp 400,400,400,1]
         [--bottom-mlp 512,256,64,16] [--top-mlp 512,256,1] [--activation relu]
         [--init-scale 0.05] [--initial-accumulator 0] [--epsilon 1e-8] [--seed 1]
       Trains single-process on Criteo-format files (bench/criteo_data.py:
       exact (field, value) ids, log(1 + x) for positive integer features), one
-      pass per epoch in file order, eps's Adagrad on every parameter
-      (g = gradient of the batch's mean loss; acc += g*g;
-      w -= lr * g / (sqrt(acc) + eps); acc starts at --initial-accumulator,
-      whose default, like --epsilon's, is eps's own optimizer default from
-      core/job_config.h), embedding rows (and their accumulators) updated only
-      for the batch's ids. Ids first seen in the eval data get a freshly
-      initialised row that is never trained. Prints one JSON line
-      {"model", "auc", "logloss", "train_seconds", "samples_per_s", "lr"}.
+      pass per epoch in file order, with the data loaded before the loop, the
+      way a PyTorch user trains: sparse Adagrad at --lr on the embedding
+      tables (g = gradient of the batch's mean loss; acc += g*g;
+      w -= lr * g / (sqrt(acc) + eps), torch.optim.Adagrad's rule; acc starts
+      at --initial-accumulator, whose default, like --epsilon's, is eps's own
+      optimizer default from core/job_config.h; only the batch's rows and
+      their accumulators change), dense Adagrad at --lr on the linear weights
+      of the integer features, and torch.optim.Adam at --mlp-lr on the MLP
+      layers (--mlp-optimizer adagrad: Adagrad at --mlp-lr instead), eps's
+      defaults (docs/models.md, Optimizers). Ids first seen in the eval data
+      get a freshly initialised row that is never trained. Prints one JSON
+      line {"model", "auc", "logloss", "train_seconds", "samples_per_s",
+      "lr", "mlp_optimizer", "mlp_lr"}.
 
   speed --model M [--batch 1024] [--threads 1] [--seconds 5] [--num-keys K]
         [model size flags as for train]
@@ -104,6 +110,8 @@ class Param:
 
     def __init__(self, name, kind, size, linear=None):
         self.name, self.kind, self.size, self.linear = name, kind, size, linear
+        # An MLP layer (eps's ParamSpec::mlp_layer): optimizer.mlp trains it.
+        self.mlp = linear is not None
 
 
 class ModelSpec:
@@ -492,6 +500,11 @@ def train(args, parser):
 
     y_t, x_t, ids_t = torch.from_numpy(ty), torch.from_numpy(tx), torch.from_numpy(tids)
     lr, eps = args.lr, args.epsilon
+    mlp_names = [p.name for p in spec.params if p.mlp]
+    mlp_adam = None
+    if args.mlp_optimizer == "adam" and mlp_names:
+        # torch.optim.Adam's defaults (betas 0.9, 0.999; eps 1e-8) are eps's.
+        mlp_adam = torch.optim.Adam([weights[name] for name in mlp_names], lr=args.mlp_lr, eps=eps)
     started = time.time()
     for _ in range(args.epochs):
         for start in range(0, len(ty), args.batch):
@@ -508,7 +521,14 @@ def train(args, parser):
             loss.backward()
             with torch.no_grad():
                 for name in dense_names:
-                    adagrad_(weights[name], accs[name], values[name].grad, lr, eps)
+                    if name not in mlp_names:  # the linear weights: the tables' Adagrad
+                        adagrad_(weights[name], accs[name], values[name].grad, lr, eps)
+                    elif mlp_adam is not None:
+                        weights[name].grad = values[name].grad
+                    else:
+                        adagrad_(weights[name], accs[name], values[name].grad, args.mlp_lr, eps)
+                if mlp_adam is not None:
+                    mlp_adam.step()
                 for name in embedding:
                     # Sparse: only the batch's rows and their accumulators change.
                     w = values[name].detach()
@@ -531,7 +551,8 @@ def train(args, parser):
                       "logloss": logloss(predictions, ey),
                       "train_seconds": round(train_seconds, 3),
                       "samples_per_s": round(len(ty) * args.epochs / train_seconds, 1),
-                      "lr": lr}), flush=True)
+                      "lr": lr, "mlp_optimizer": args.mlp_optimizer,
+                      "mlp_lr": args.mlp_lr}), flush=True)
     return 0
 
 
@@ -598,7 +619,9 @@ def main():
     model_flags(tr)
     tr.add_argument("--train", required=True)
     tr.add_argument("--eval", required=True)
-    tr.add_argument("--lr", type=float, default=0.05)
+    tr.add_argument("--lr", type=float, default=0.05, help="the tables' Adagrad rate")
+    tr.add_argument("--mlp-optimizer", choices=("adam", "adagrad"), default="adam")
+    tr.add_argument("--mlp-lr", type=float, default=0.001)
     tr.add_argument("--epochs", type=int, default=1)
     tr.add_argument("--init-scale", type=float, default=DEFAULT_INIT_SCALE)
     tr.add_argument("--initial-accumulator", type=float, default=DEFAULT_INITIAL_ACCUMULATOR)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -54,6 +55,7 @@ Status CheckOneOf(absl::string_view option, const std::string& value,
 }
 
 constexpr char kPerTableOption[] = "optimizer.per_table";
+constexpr char kMlpOption[] = "optimizer.mlp";
 
 // The numeric settings of JobConfig::Optimizer, by key (the option name
 // without "optimizer."), with the values each accepts.
@@ -132,7 +134,7 @@ bool IsSharedOption(absl::string_view name) {
       "job.seed",          "data.format",          "data.schema",
       "data.multi_value_separator", "ps.num_servers", "ps.partitions",
       "ps.dense_chunk_floats", "ps.durability",    "master.heartbeat_ms",
-      "master.lease_ms"};
+      "master.lease_ms",   "worker.max_staleness"};
   if (absl::StartsWith(name, "model.") || absl::StartsWith(name, "optimizer.")) return true;
   for (absl::string_view shared : kShared) {
     if (name == shared) return true;
@@ -356,6 +358,9 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "learning rate against the batch trained: none, linear or sqrt");
   v.Visit("optimizer.lr_warmup_batches", &optimizer.lr_warmup_batches,
           "batches over which the scale follows a batch-size change; 0 at once");
+  v.Visit("optimizer.mlp", &optimizer.mlp,
+          "settings over the ones above for the MLP layers, key=value[,key=value...]; "
+          "empty: the same");
   v.Visit("optimizer.per_table", &optimizer.per_table,
           "per-table settings, TABLE:key=value[,key=value...][;TABLE:...]");
 
@@ -376,6 +381,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("worker.max_batch_size", &worker.max_batch_size,
           "batch_size = auto: the largest batch a worker grows to");
   v.Visit("worker.prefetch_batches", &worker.prefetch_batches, "batches prepared ahead");
+  v.Visit("worker.max_staleness", &worker.max_staleness,
+          "updates of a dense tensor a step's copy may miss");
   v.Visit("worker.rpc_timeout_ms", &worker.rpc_timeout_ms, "time per attempt of a call");
   v.Visit("worker.rpc_attempts", &worker.rpc_attempts, "attempts per call");
   v.Visit("worker.master_wait_s", &worker.master_wait_s,
@@ -516,6 +523,7 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckOptimizer(optimizer, [](absl::string_view key, absl::string_view message) {
     return OptionError(absl::StrCat("optimizer.", key), message);
   }));
+  RETURN_IF_ERROR(MlpOptimizer().status());
   RETURN_IF_ERROR(OptimizerOverrides().status());
   RETURN_IF_ERROR(CheckOneOf("optimizer.lr_scaling", optimizer.lr_scaling, {"none", "linear", "sqrt"}));
   RETURN_IF_ERROR(
@@ -541,6 +549,7 @@ Status JobConfig::Validate() const {
     RETURN_IF_ERROR(CheckRange("worker.batch_size", worker.batch_size.value, 1, 1 << 20));
   }
   RETURN_IF_ERROR(CheckRange("worker.prefetch_batches", worker.prefetch_batches, 1, 1024));
+  RETURN_IF_ERROR(CheckRange("worker.max_staleness", worker.max_staleness, 0, 1024));
   RETURN_IF_ERROR(CheckRange("worker.rpc_timeout_ms", worker.rpc_timeout_ms, 1, kDayMs, "a day"));
   RETURN_IF_ERROR(CheckRange("worker.rpc_attempts", worker.rpc_attempts, 1, 1000));
   // A worker's whole call gives up within a day too.
@@ -580,8 +589,78 @@ Status JobConfig::Validate() const {
 }
 
 
-StatusOr<std::map<std::string, JobConfig::Optimizer>> JobConfig::OptimizerOverrides() const {
+namespace {
+
+// Applies "key=value[,key=value...]" (keys as in optimizer.per_table) over
+// *optimizer and checks the result; `bad(why)` makes the error, naming
+// where the settings came from (a bad value they did not set is named as
+// its [optimizer] option).
+Status ApplyOptimizerSettings(absl::string_view settings,
+                              const std::function<Status(absl::string_view)>& bad,
+                              JobConfig::Optimizer* optimizer) {
+  std::set<std::string> keys_seen;
+  for (absl::string_view setting : absl::StrSplit(settings, ',')) {
+    setting = absl::StripAsciiWhitespace(setting);
+    const size_t eq = setting.find('=');
+    if (eq == absl::string_view::npos) {
+      return bad(absl::StrCat("'", setting, "' is not key=value"));
+    }
+    const std::string key(absl::StripAsciiWhitespace(setting.substr(0, eq)));
+    const absl::string_view value = absl::StripAsciiWhitespace(setting.substr(eq + 1));
+    if (!keys_seen.insert(key).second) {
+      return bad(absl::StrCat("key '", key, "' is set twice"));
+    }
+    if (key == "type") {
+      optimizer->type = std::string(value);
+      continue;
+    }
+    const OptimizerField* field = nullptr;
+    for (const OptimizerField& f : kOptimizerFields) {
+      if (key == f.key) field = &f;
+    }
+    if (field == nullptr) {
+      std::vector<std::string> known = {"type"};
+      for (const OptimizerField& f : kOptimizerFields) known.emplace_back(f.key);
+      return bad(
+          absl::StrCat("unknown key '", key, "' (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+    if (!absl::SimpleAtod(value, &(optimizer->*field->member))) {
+      return bad(absl::StrCat(key, " = '", value, "' is not a number"));
+    }
+  }
+  // A bad value the settings did not set came from the section.
+  return CheckOptimizer(*optimizer, [&](absl::string_view key, absl::string_view message) {
+    if (!keys_seen.contains(std::string(key))) {
+      return OptionError(absl::StrCat("optimizer.", key), message);
+    }
+    return bad(absl::StrCat(key, " ", message));
+  });
+}
+
+}  // namespace
+
+StatusOr<JobConfig::Optimizer> JobConfig::MlpOptimizer() const {
+  Optimizer mlp = optimizer;
+  mlp.per_table.clear();
+  mlp.mlp.clear();
+  const absl::string_view settings = absl::StripAsciiWhitespace(optimizer.mlp);
+  if (settings.empty()) return mlp;
+  RETURN_IF_ERROR(ApplyOptimizerSettings(
+      settings,
+      [settings](absl::string_view why) {
+        return OptionError(kMlpOption, absl::StrCat("'", settings, "': ", why));
+      },
+      &mlp));
+  return mlp;
+}
+
+StatusOr<std::map<std::string, JobConfig::Optimizer>> JobConfig::OptimizerOverrides(
+    const std::function<bool(absl::string_view)>& is_mlp) const {
   std::map<std::string, Optimizer> overrides;
+  Optimizer embedding_base = optimizer;
+  embedding_base.per_table.clear();
+  embedding_base.mlp.clear();
+  std::optional<Optimizer> mlp_base;  // made at the first MLP layer named
   for (absl::string_view entry : absl::StrSplit(optimizer.per_table, ';')) {
     entry = absl::StripAsciiWhitespace(entry);
     // Tolerates "a:...;" and "a:...;;b:...".
@@ -601,42 +680,15 @@ StatusOr<std::map<std::string, JobConfig::Optimizer>> JobConfig::OptimizerOverri
     const absl::string_view settings = absl::StripAsciiWhitespace(entry.substr(colon + 1));
     if (settings.empty()) return bad_entry("sets nothing after ':'");
 
-    Optimizer table_optimizer = optimizer;
-    table_optimizer.per_table.clear();
-    std::set<std::string> keys_seen;
-    for (absl::string_view setting : absl::StrSplit(settings, ',')) {
-      setting = absl::StripAsciiWhitespace(setting);
-      const size_t eq = setting.find('=');
-      if (eq == absl::string_view::npos) {
-        return bad_entry(absl::StrCat("'", setting, "' is not key=value"));
+    Optimizer table_optimizer = embedding_base;
+    if (is_mlp && is_mlp(table)) {
+      if (!mlp_base.has_value()) {
+        ASSIGN_OR_RETURN(Optimizer made, MlpOptimizer());
+        mlp_base = std::move(made);
       }
-      const std::string key(absl::StripAsciiWhitespace(setting.substr(0, eq)));
-      const absl::string_view value = absl::StripAsciiWhitespace(setting.substr(eq + 1));
-      if (!keys_seen.insert(key).second) {
-        return bad_entry(absl::StrCat("key '", key, "' is set twice"));
-      }
-      if (key == "type") {
-        table_optimizer.type = std::string(value);
-        continue;
-      }
-      const OptimizerField* field = nullptr;
-      for (const OptimizerField& f : kOptimizerFields) {
-        if (key == f.key) field = &f;
-      }
-      if (field == nullptr) {
-        std::vector<std::string> known = {"type"};
-        for (const OptimizerField& f : kOptimizerFields) known.emplace_back(f.key);
-        return bad_entry(
-            absl::StrCat("unknown key '", key, "' (known: ", absl::StrJoin(known, ", "), ")"));
-      }
-      if (!absl::SimpleAtod(value, &(table_optimizer.*field->member))) {
-        return bad_entry(absl::StrCat(key, " = '", value, "' is not a number"));
-      }
+      table_optimizer = *mlp_base;
     }
-    RETURN_IF_ERROR(CheckOptimizer(table_optimizer,
-                                   [&bad_entry](absl::string_view key, absl::string_view message) {
-                                     return bad_entry(absl::StrCat(key, " ", message));
-                                   }));
+    RETURN_IF_ERROR(ApplyOptimizerSettings(settings, bad_entry, &table_optimizer));
     overrides.emplace(table, std::move(table_optimizer));
   }
   return overrides;

@@ -129,16 +129,50 @@ void LatencyHistogram::Observe(absl::Duration duration) {
   sum_nanos_.fetch_add(static_cast<uint64_t>(nanos), std::memory_order_relaxed);
 }
 
-HistogramSnapshot LatencyHistogram::Snapshot() const {
+namespace {
+
+HistogramSnapshot SnapshotOf(std::span<const double> bounds,
+                             std::span<const std::atomic<uint64_t>> buckets, double sum) {
   HistogramSnapshot snapshot;
-  snapshot.bounds.assign(kBounds.begin(), kBounds.end());
-  snapshot.counts.reserve(buckets_.size());
-  for (const std::atomic<uint64_t>& bucket : buckets_) {
+  snapshot.bounds.assign(bounds.begin(), bounds.end());
+  snapshot.counts.reserve(buckets.size());
+  for (const std::atomic<uint64_t>& bucket : buckets) {
     snapshot.counts.push_back(bucket.load(std::memory_order_relaxed));
     snapshot.count += snapshot.counts.back();
   }
-  snapshot.sum = static_cast<double>(sum_nanos_.load(std::memory_order_relaxed)) / 1e9;
+  snapshot.sum = sum;
   return snapshot;
+}
+
+constexpr std::array<double, CountHistogram::kNumBounds> MakeCountBounds() {
+  std::array<double, CountHistogram::kNumBounds> bounds{};
+  for (int i = 1; i < CountHistogram::kNumBounds; ++i) bounds[i] = static_cast<double>(1 << (i - 1));
+  return bounds;
+}
+
+constexpr std::array<double, CountHistogram::kNumBounds> kCountBounds = MakeCountBounds();
+
+}  // namespace
+
+HistogramSnapshot LatencyHistogram::Snapshot() const {
+  return SnapshotOf(kBounds, buckets_,
+                    static_cast<double>(sum_nanos_.load(std::memory_order_relaxed)) / 1e9);
+}
+
+std::span<const double> CountHistogram::Bounds() { return kCountBounds; }
+
+void CountHistogram::Observe(uint64_t value) {
+  // Bucket 0 holds 0; bucket i >= 1 holds (2^(i-2), 2^(i-1)]: 1 + the bit
+  // width of value - 1.
+  const size_t bucket =
+      value == 0 ? 0 : std::min<size_t>(kNumBounds, 1 + std::bit_width(value - 1));
+  buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(value, std::memory_order_relaxed);
+}
+
+HistogramSnapshot CountHistogram::Snapshot() const {
+  return SnapshotOf(kCountBounds, buckets_,
+                    static_cast<double>(sum_.load(std::memory_order_relaxed)));
 }
 
 std::string PrometheusNumber(double value) {

@@ -83,6 +83,28 @@ class LatencyHistogram {
   std::atomic<uint64_t> sum_nanos_{0};
 };
 
+// Small counts (how many updates a step's parameters missed, say) counted
+// into fixed buckets: 0, 1, 2, then doubling up to 1024, then +Inf. Safe for
+// concurrent use; lock-free.
+class CountHistogram {
+ public:
+  // Upper bounds: 0, then 2^i for i in [0, 10].
+  static constexpr int kNumBounds = 12;
+
+  CountHistogram() = default;
+  CountHistogram(const CountHistogram&) = delete;
+  CountHistogram& operator=(const CountHistogram&) = delete;
+
+  static std::span<const double> Bounds();
+  void Observe(uint64_t value);
+  // As LatencyHistogram::Snapshot; `sum` is the sum of the values.
+  HistogramSnapshot Snapshot() const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kNumBounds + 1> buckets_{};
+  std::atomic<uint64_t> sum_{0};
+};
+
 // Observes the time from its construction to its destruction into a
 // histogram (none when given nullptr). Uses the monotonic clock.
 class ScopedLatency {

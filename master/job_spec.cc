@@ -55,10 +55,16 @@ proto::OptimizerSpec MakeOptimizer(const JobConfig::Optimizer& config) {
 StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
   ASSIGN_OR_RETURN(ModelOptions model_options, ModelOptions::FromConfig(config));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(model_options));
-  ASSIGN_OR_RETURN(auto overrides, config.OptimizerOverrides());
-
   std::vector<std::string> table_names;
-  for (const ParamSpec& param : model->params()) table_names.push_back(param.name);
+  std::vector<std::string> mlp_names;
+  for (const ParamSpec& param : model->params()) {
+    table_names.push_back(param.name);
+    if (param.mlp_layer) mlp_names.push_back(param.name);
+  }
+  ASSIGN_OR_RETURN(auto overrides, config.OptimizerOverrides([&mlp_names](absl::string_view name) {
+    return std::find(mlp_names.begin(), mlp_names.end(), name) != mlp_names.end();
+  }));
+  ASSIGN_OR_RETURN(const JobConfig::Optimizer mlp_config, config.MlpOptimizer());
   for (const auto& entry : overrides) {
     if (std::find(table_names.begin(), table_names.end(), entry.first) == table_names.end()) {
       return absl::InvalidArgumentError(
@@ -66,7 +72,8 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
                        "'; the model's tables are: ", absl::StrJoin(table_names, ", ")));
     }
   }
-  const proto::OptimizerSpec optimizer = MakeOptimizer(config.optimizer);
+  const proto::OptimizerSpec section_optimizer = MakeOptimizer(config.optimizer);
+  const proto::OptimizerSpec mlp_optimizer = MakeOptimizer(mlp_config);
 
   proto::JobSpec spec;
   spec.set_name(config.job.name);
@@ -93,8 +100,11 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
           MakeInitializer(param.default_initializer, param.default_init_scale);
     }
     auto override_it = overrides.find(param.name);
-    *table->mutable_optimizer() =
-        override_it == overrides.end() ? optimizer : MakeOptimizer(override_it->second);
+    if (override_it != overrides.end()) {
+      *table->mutable_optimizer() = MakeOptimizer(override_it->second);
+    } else {
+      *table->mutable_optimizer() = param.mlp_layer ? mlp_optimizer : section_optimizer;
+    }
   }
   // What a server would refuse, the master refuses before it starts.
   RETURN_IF_ERROR_CTX(ValidateJobSpec(spec), "the job spec made from the config is invalid");

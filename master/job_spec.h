@@ -15,9 +15,10 @@ namespace eps {
 // One table per model parameter (in the model's order, ids 0..n-1):
 // embeddings with the configured initializer (model.initializer, "auto"
 // taking the model's choice) and dense tensors chunked by
-// ps.dense_chunk_floats with the model's initializer; every table uses the
-// [optimizer] section, with its optimizer.per_table entry applied where it
-// has one. kInvalidArgument when the model config or optimizer.per_table is
+// ps.dense_chunk_floats with the model's initializer; MLP layers
+// (ParamSpec::mlp_layer) use the [optimizer] section with optimizer.mlp
+// applied (JobConfig::MlpOptimizer), every other table the section, and a
+// table's optimizer.per_table entry applies over those where it has one. kInvalidArgument when the model config or optimizer.per_table is
 // invalid, when optimizer.per_table names a table the model lacks (the
 // message lists the model's tables), or when the spec is one a server would
 // refuse (ValidateJobSpec, cluster/job_spec_check.h: e.g. a hyperparameter

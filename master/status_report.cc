@@ -27,6 +27,33 @@ std::string DumpJson(const json& doc) {
                   json::error_handler_t::replace);
 }
 
+namespace {
+
+// A dense staleness a server or worker measured: the pushes or steps
+// (`counted`) it counts, their mean, and the bucket bounds under which half
+// and 99% of them fall (null above the largest bound; null for all without
+// any or for a malformed histogram).
+json StalenessSummary(const proto::Histogram& wire, const char* counted) {
+  StatusOr<HistogramSnapshot> snapshot = HistogramFromProto(wire);
+  json summary = {{counted, 0}, {"mean", nullptr}, {"p50", nullptr}, {"p99", nullptr}};
+  if (!snapshot.ok() || snapshot->count == 0) return summary;
+  summary[counted] = snapshot->count;
+  summary["mean"] = snapshot->sum / static_cast<double>(snapshot->count);
+  for (const auto& [name, share] : {std::pair{"p50", 0.5}, std::pair{"p99", 0.99}}) {
+    uint64_t below = 0;
+    for (size_t i = 0; i < snapshot->bounds.size(); ++i) {
+      below += snapshot->counts[i];
+      if (static_cast<double>(below) >= share * static_cast<double>(snapshot->count)) {
+        summary[name] = snapshot->bounds[i];
+        break;
+      }
+    }
+  }
+  return summary;
+}
+
+}  // namespace
+
 json StatusDocument(const JobControl& control, absl::Time now) {
   const JobConfig& job = control.job();
   const TrainingProgress& progress = control.progress();
@@ -118,6 +145,12 @@ json StatusDocument(const JobControl& control, absl::Time now) {
 
   json workers = json::array();
   for (const auto& [id, worker] : membership.workers()) {
+    // What its steps trained with: the updates their dense copy missed
+    // (worker.max_staleness bounds them) and the time they waited for it.
+    json staleness = StalenessSummary(worker.stats.dense_staleness(), "steps");
+    staleness["max"] = worker.stats.dense_staleness_max();
+    StatusOr<HistogramSnapshot> waits = HistogramFromProto(worker.stats.staleness_wait());
+    staleness["wait_s"] = waits.ok() ? waits->sum : 0.0;
     workers.push_back(
         {{"id", id},
          {"state", PeerStateName(worker.state)},
@@ -127,7 +160,8 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"device", worker.device},
          {"records", worker.records},
          {"records_per_s", worker.state == PeerState::kAlive ? worker.records_per_s : 0.0},
-         {"batch_size", worker.stats.batch_size()}});
+         {"batch_size", worker.stats.batch_size()},
+         {"dense_staleness", staleness}});
   }
   doc["workers"] = workers;
   json servers = json::array();
@@ -155,7 +189,8 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"updates_refused", server.stats.updates_refused()},
          {"requests_refused", server.stats.requests_refused()},
          {"requests_unauthenticated", server.stats.requests_unauthenticated()},
-         {"requests_limited", server.stats.requests_limited()}});
+         {"requests_limited", server.stats.requests_limited()},
+         {"dense_staleness", StalenessSummary(server.stats.dense_staleness(), "pushes")}});
   }
   doc["servers"] = servers;
 
@@ -331,6 +366,16 @@ std::string MetricsText(const JobControl& control) {
              "Duration of a worker's pushes as its trainer sees them (all servers, network, "
              "retries).");
   for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.push_latency());
+  out.Family("eps_worker_dense_staleness", MetricType::kHistogram,
+             "Per step a worker started: the updates of the dense tensors its copy missed, as the "
+             "worker knew them (worker.max_staleness bounds them).");
+  for (const auto& [id, worker] : workers) {
+    histogram("worker", id, worker->stats.dense_staleness());
+  }
+  out.Family("eps_worker_staleness_wait_seconds", MetricType::kHistogram,
+             "Per step a worker started: the time it waited for a copy of the dense tensors "
+             "within worker.max_staleness.");
+  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.staleness_wait());
 
   auto per_server = [&out, &servers](const char* name, MetricType type, const char* help,
                                      const std::function<double(const ServerEntry&)>& value) {
@@ -414,6 +459,12 @@ std::string MetricsText(const JobControl& control) {
   out.Family("eps_server_push_seconds", MetricType::kHistogram,
              "Time a server takes to answer a PUSH, from its arrival to the reply.");
   for (const auto& [id, server] : servers) histogram("server", id, server->stats.push_latency());
+  out.Family("eps_server_dense_staleness", MetricType::kHistogram,
+             "Per push to a dense tensor: the pushes to it a server applied between the pull the "
+             "gradient was computed from and this push (the updates the step's copy missed).");
+  for (const auto& [id, server] : servers) {
+    histogram("server", id, server->stats.dense_staleness());
+  }
 
   counter("eps_checkpoints_written_total", "Coordinated checkpoints completed.",
           static_cast<double>(checkpoints.written()));

@@ -133,7 +133,8 @@ std::vector<ParamSpec> MlpParams(const std::string& prefix, const Mlp& mlp) {
                      .size = mlp.layer_size(l),
                      .default_initializer = "uniform",
                      .default_init_scale = 1.0f / std::sqrt(static_cast<float>(mlp.layer_in(l))),
-                     .pull_each_step = true});
+                     .pull_each_step = true,
+                     .mlp_layer = true});
   }
   return specs;
 }

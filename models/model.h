@@ -67,6 +67,9 @@ struct ParamSpec {
   // few of its own updates old converges far worse, while the round trip
   // would dominate the step of a model with only a tiny dense tensor (lr).
   bool pull_each_step = false;
+  // A layer of an MLP (its weights and bias): trained with optimizer.mlp's
+  // settings by default (docs/models.md, "Optimizers").
+  bool mlp_layer = false;
 };
 
 // One buffer per parameter, in params() order.

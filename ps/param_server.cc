@@ -120,6 +120,10 @@ class ParamServer::Impl {
   // kFailedPrecondition/WRONG_OWNER unless this server owns every key;
   // kInvalidArgument for a dense key outside its tensor.
   Status CheckKeys(const Table& table, std::span<const uint64_t> keys);
+  // The version counter of `table` (one that only a dense tensor moves).
+  std::atomic<uint64_t>& DenseVersion(const Table& table) {
+    return dense_versions_[table.spec().id()];
+  }
 
   // Registration with the master: a session, the REGISTER_SERVER request
   // (`rejoin`: this process taking its slot back after its lease ran out),
@@ -176,6 +180,12 @@ class ParamServer::Impl {
   // Time from a PULL's or PUSH's arrival in Handle to its reply.
   LatencyHistogram pull_latency_;
   LatencyHistogram push_latency_;
+  // Per table id: pushes applied to a dense tensor's chunks here (its
+  // version; not kept across restarts: a worker's copy and its versions
+  // live only as long as its session, which a restart ends). Sized once the
+  // job is known, before any table exists. And the staleness pushes had.
+  std::vector<std::atomic<uint64_t>> dense_versions_;
+  CountHistogram dense_staleness_;
 
   // Held shared by every PULL, PUSH and CHECKPOINT from validation to
   // reply, exclusively by a RESTORE: tables are swapped only while no
@@ -235,6 +245,7 @@ Status ParamServer::Impl::Start() {
   }
   id_ = reply->header().register_server_reply().server_id();
   job_ = reply->header().register_server_reply().job();
+  dense_versions_ = std::vector<std::atomic<uint64_t>>(static_cast<size_t>(job_.tables_size()));
   RETURN_IF_ERROR(CheckWorkerCredentials(reply->header().register_server_reply()));
   SetLogNode(absl::StrCat("ps[", id_, "]"));
   // The job comes from a peer: a bad one is refused, not a crash.
@@ -443,6 +454,7 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   }
   HistogramToProto(pull_latency_.Snapshot(), stats.mutable_pull_latency());
   HistogramToProto(push_latency_.Snapshot(), stats.mutable_push_latency());
+  HistogramToProto(dense_staleness_.Snapshot(), stats.mutable_dense_staleness());
   return stats;
 }
 
@@ -694,7 +706,10 @@ Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
   uint64_t rows = 0;
   uint64_t created = 0;
   Status pulled;
+  proto::PullReply* answer = reply->header().mutable_pull_reply();
   for (size_t i = 0; i < tables.size() && pulled.ok(); ++i) {
+    // Read before the rows: they hold at least this many pushes.
+    answer->add_versions(DenseVersion(*tables[i]).load(std::memory_order_acquire));
     std::span<float> out = reply->AddUninitializedArray<float>(keys[i].size() * tables[i]->dim());
     uint64_t table_created = 0;
     pulled = tables[i]->Pull(keys[i], out, &table_created);
@@ -703,7 +718,6 @@ Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
   }
   ChargeRows(sender, created);
   RETURN_IF_ERROR(pulled);
-  reply->header().mutable_pull_reply();
   pulls_.fetch_add(1, std::memory_order_relaxed);
   rows_pulled_.fetch_add(rows, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -770,10 +784,12 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
       first_time = dedup_->FirstTime(sender.id(), request.header().push_request().client_seq());
     }
   }
+  proto::PushReply* answer = reply->header().mutable_push_reply();
   if (!first_time) {
     VLOG(2) << "push " << request.header().push_request().client_seq() << " of worker "
             << sender.id() << " repeats one already applied";
-    reply->header().mutable_push_reply()->set_applied(false);
+    answer->set_applied(false);
+    for (Table* table : tables) answer->add_versions(DenseVersion(*table).load());
     pushes_deduplicated_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
@@ -788,7 +804,22 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   }
   ChargeRows(sender, created);
   RETURN_IF_ERROR(pushed);
-  reply->header().mutable_push_reply()->set_applied(true);
+  const auto& based_on = request.header().push_request().based_on();
+  const bool measured = based_on.size() == table_ids.size();
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (tables[i]->spec().kind() != proto::DENSE) {
+      answer->add_versions(0);
+      continue;
+    }
+    // Released after the rows: a pull that reads this version sees them.
+    const uint64_t before = DenseVersion(*tables[i]).fetch_add(1, std::memory_order_release);
+    answer->add_versions(before + 1);
+    // A version from before a restore of this server may be ahead of it.
+    if (!measured || based_on[static_cast<int>(i)] == 0) continue;  // not known
+    const uint64_t from = based_on[static_cast<int>(i)] - 1;
+    if (from <= before) dense_staleness_.Observe(before - from);
+  }
+  answer->set_applied(true);
   pushes_.fetch_add(1, std::memory_order_relaxed);
   rows_pushed_.fetch_add(rows, std::memory_order_relaxed);
   return absl::OkStatus();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -13,6 +14,9 @@ namespace {
 
 // Re-routing rounds after WRONG_OWNER answers before giving up.
 constexpr int kMaxRoutingRounds = 5;
+
+// A pull's version of a server not heard from yet (0 once the pull ends).
+constexpr uint64_t kNoVersion = std::numeric_limits<uint64_t>::max();
 
 }  // namespace
 
@@ -169,8 +173,28 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
                                              kMaxRoutingRounds, " cluster-map refreshes"));
 }
 
-Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out) {
+void PsClient::NoteVersions(const Request& request,
+                            const google::protobuf::RepeatedField<uint64_t>& reply_versions,
+                            bool lowest, Versions* versions) const {
+  if (versions == nullptr) return;
+  // A server that says nothing of versions (or garbles them) leaves 0s.
+  if (static_cast<size_t>(reply_versions.size()) != request.pieces.size()) return;
+  for (size_t p = 0; p < request.pieces.size(); ++p) {
+    std::vector<uint64_t>& per_server = (*versions)[request.pieces[p].table];
+    // The placement may have grown since the call began (a newer map).
+    if (per_server.size() <= request.server) {
+      per_server.resize(request.server + 1, lowest ? kNoVersion : 0);
+    }
+    uint64_t& kept = per_server[request.server];
+    const uint64_t said = reply_versions[static_cast<int>(p)];
+    kept = lowest ? std::min(kept, said) : std::max(kept, said);
+  }
+}
+
+Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
+                      Versions* versions) {
   const ScopedLatency timer(pull_latency_);
+  if (versions != nullptr) versions->assign(tables.size(), {});
   out->resize(tables.size());
   for (size_t t = 0; t < tables.size(); ++t) {
     (*out)[t].resize(tables[t].keys.size() * table(tables[t].table_id).dim());
@@ -209,14 +233,24 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
                     values->data() + i * dim, dim * sizeof(float));
       }
     }
+    NoteVersions(request, reply.header().pull_reply().versions(), /*lowest=*/true, versions);
     return absl::OkStatus();
   };
-  return Exchange(tables, "PULL", build, scatter);
+  RETURN_IF_ERROR(Exchange(tables, "PULL", build, scatter));
+  if (versions != nullptr) {
+    for (std::vector<uint64_t>& per_server : *versions) {
+      for (uint64_t& version : per_server) {
+        if (version == kNoVersion) version = 0;
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
-                      float lr_scale) {
+                      float lr_scale, const Versions* based_on, Versions* versions) {
   const ScopedLatency timer(push_latency_);
+  if (versions != nullptr) versions->assign(tables.size(), {});
   CHECK_EQ(tables.size(), grads.size());
   for (size_t t = 0; t < tables.size(); ++t) {
     CHECK_EQ(grads[t].size(), tables[t].keys.size() * table(tables[t].table_id).dim());
@@ -230,6 +264,11 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     for (const Piece& piece : request.pieces) {
       const uint32_t dim = table(tables[piece.table].table_id).dim();
       body->add_table_ids(tables[piece.table].table_id);
+      if (based_on != nullptr) {
+        const std::vector<uint64_t>& per_server = (*based_on)[piece.table];
+        // 1 + the version; 0 where the call does not know it.
+        body->add_based_on(request.server < per_server.size() ? per_server[request.server] + 1 : 0);
+      }
       // Fill each frame before adding the next: adding one may move the
       // earlier frames, and a small frame's bytes live inside it.
       std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
@@ -245,8 +284,10 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     }
     return message;
   };
-  return Exchange(tables, "PUSH", build,
-                  [](const Request&, Message&) { return absl::OkStatus(); });
+  return Exchange(tables, "PUSH", build, [&](const Request& request, Message& reply) {
+    NoteVersions(request, reply.header().push_reply().versions(), /*lowest=*/false, versions);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace eps

@@ -53,16 +53,30 @@ class PsClient {
   // Version of the installed map (0: none).
   uint64_t map_version() const { return placement_ ? placement_->version() : 0; }
 
+  // Dense tensors' versions (the pushes a server applied to its chunks of
+  // one): per table of a call, per server of the placement (by index; 0
+  // where that server holds none of it, and for embedding tables).
+  using Versions = std::vector<std::vector<uint64_t>>;
+
   // Pulls the rows of tables[i].keys into (*out)[i], resized to
-  // keys x dim. kDeadlineExceeded when a server does not answer; the
-  // server's error otherwise.
-  Status Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out);
+  // keys x dim; and, given `versions`, each server's version of what it
+  // sent (the lowest when it sent a table in several messages).
+  // kDeadlineExceeded when a server does not answer; the server's error
+  // otherwise.
+  Status Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
+              Versions* versions = nullptr);
 
   // Pushes grads[i] (keys x dim floats) for tables[i].keys; the servers
-  // apply them at `lr_scale` times the learning rate.
+  // apply them at `lr_scale` times the learning rate. `based_on` (when
+  // given) tells each server the versions the gradients were computed
+  // from (a Pull's; a table with no entries: not known), so it measures
+  // their staleness; `versions` (when
+  // given) gets each server's versions once the push is applied (the
+  // highest when it took a table in several messages).
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
   Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
-              float lr_scale = 1.0f);
+              float lr_scale = 1.0f, const Versions* based_on = nullptr,
+              Versions* versions = nullptr);
 
   const proto::TableSpec& table(uint32_t id) const { return job_.tables(static_cast<int>(id)); }
 
@@ -97,6 +111,12 @@ class PsClient {
   std::vector<Request> Plan(std::span<const Keys> tables,
                             const std::vector<std::vector<uint32_t>>& positions) const;
   Status Refresh();
+  // Records `reply_versions` (one per piece of `request`, as a reply
+  // carries them) into `versions`, keeping the lower (`lowest`) or the
+  // higher of what a server said in several messages.
+  void NoteVersions(const Request& request,
+                    const google::protobuf::RepeatedField<uint64_t>& reply_versions,
+                    bool lowest, Versions* versions) const;
   // Sends every key of `tables` to its server, in rounds: `build` makes a
   // request's message, `on_reply` takes its successful reply. Requests
   // answered WRONG_OWNER or NOT_READY are re-routed and re-sent; the first

@@ -3,10 +3,14 @@
 //   register -> loop { get shard -> parse -> batch -> unique keys -> pull
 //   from all servers in parallel -> forward/backward -> push -> commit }
 //
-// A loader thread reads, parses and pulls the next batches while the
-// calling thread trains the current one (worker.prefetch_batches ahead). A
-// batch's progress is committed to the master only after its pushes were
-// acknowledged, so a worker dying at any moment loses no committed record.
+// Three threads share the loop. A loader thread reads, parses and pulls the
+// next batches' embedding rows (worker.prefetch_batches ahead); the calling
+// thread computes steps; the step pipeline's thread (worker/step_pipeline.h)
+// pushes each step's gradients, pulls the dense tensors again and commits
+// the batch, while the next step computes from a copy of the dense tensors
+// at most worker.max_staleness updates old. A batch's progress is committed
+// to the master only after its pushes were acknowledged, so a worker dying
+// at any moment loses no committed record.
 // Malformed lines are counted, skipped and reported as FILE:LINE; they never
 // stop the job. A file that cannot be read is reported to the master
 // (SHARD_UNREADABLE), which skips the shard or stops the job. A batch

@@ -439,6 +439,60 @@ TEST(JobConfig, OptimizerDefaults) {
   StatusOr<std::map<std::string, JobConfig::Optimizer>> overrides = config.OptimizerOverrides();
   ASSERT_TRUE(overrides.ok()) << overrides.status();
   EXPECT_TRUE(overrides->empty());
+  // MLP layers: Adam at 0.001 over the section's other settings.
+  StatusOr<JobConfig::Optimizer> mlp = config.MlpOptimizer();
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  EXPECT_EQ(mlp->type, "adam");
+  EXPECT_DOUBLE_EQ(mlp->learning_rate, 0.001);
+  EXPECT_DOUBLE_EQ(mlp->epsilon, config.optimizer.epsilon);
+  EXPECT_EQ(mlp->mlp, "");
+}
+
+TEST(JobConfig, MlpSettingsApplyOverTheSection) {
+  JobConfig config = ValidConfig();
+  config.optimizer.l2 = 0.25;
+  config.optimizer.mlp = " type = sgd , learning_rate = 0.3 ";
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  StatusOr<JobConfig::Optimizer> mlp = config.MlpOptimizer();
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  EXPECT_EQ(mlp->type, "sgd");
+  EXPECT_DOUBLE_EQ(mlp->learning_rate, 0.3);
+  EXPECT_DOUBLE_EQ(mlp->l2, 0.25);
+
+  config.optimizer.mlp = "";
+  mlp = config.MlpOptimizer();
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  EXPECT_EQ(mlp->type, config.optimizer.type);
+  EXPECT_DOUBLE_EQ(mlp->learning_rate, config.optimizer.learning_rate);
+
+  // A per_table entry for a table said to be an MLP layer applies over them.
+  config.optimizer.mlp = "type=adam,learning_rate=0.002";
+  config.optimizer.per_table = "mlp.w:beta1=0.5;emb:learning_rate=0.1";
+  StatusOr<std::map<std::string, JobConfig::Optimizer>> overrides =
+      config.OptimizerOverrides([](absl::string_view name) { return name == "mlp.w"; });
+  ASSERT_TRUE(overrides.ok()) << overrides.status();
+  EXPECT_EQ(overrides->at("mlp.w").type, "adam");
+  EXPECT_DOUBLE_EQ(overrides->at("mlp.w").learning_rate, 0.002);
+  EXPECT_DOUBLE_EQ(overrides->at("mlp.w").beta1, 0.5);
+  EXPECT_EQ(overrides->at("emb").type, config.optimizer.type);
+  EXPECT_DOUBLE_EQ(overrides->at("emb").learning_rate, 0.1);
+}
+
+TEST(JobConfig, BadMlpSettingsNameTheOption) {
+  for (const std::string bad : {"type=rmsprop", "learning_rate=0", "momentum=0.9", "adam",
+                                "learning_rate=1,learning_rate=2"}) {
+    SCOPED_TRACE(bad);
+    JobConfig config = ValidConfig();
+    config.optimizer.mlp = bad;
+    const Status status = config.Validate();
+    ASSERT_FALSE(status.ok());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("optimizer.mlp"));
+    absl::optional<absl::Cord> payload = status.GetPayload(kOptionPayload);
+    ASSERT_TRUE(payload.has_value());
+    EXPECT_EQ(std::string(payload->Flatten()), "optimizer.mlp");
+    EXPECT_EQ(config.MlpOptimizer().status(), status);
+  }
 }
 
 TEST(JobConfig, PerTableOverridesApplyOverTheSection) {
@@ -555,7 +609,7 @@ TEST(JobConfig, SharedOptionsAreTheOnesEveryProcessMustAgreeOn) {
                            "model.embedding_dim", "model.init_scale", "optimizer.type",
                            "optimizer.learning_rate", "optimizer.per_table", "ps.partitions",
                            "ps.num_servers", "ps.dense_chunk_floats", "ps.durability",
-                           "master.heartbeat_ms", "master.lease_ms"}) {
+                           "master.heartbeat_ms", "master.lease_ms", "worker.max_staleness"}) {
     EXPECT_TRUE(shared.contains(name)) << name;
   }
   // A process's own settings, and the master's alone.

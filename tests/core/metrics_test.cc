@@ -69,6 +69,23 @@ TEST(LatencyHistogram, SnapshotCountsAndSums) {
   EXPECT_DOUBLE_EQ(snapshot.sum, 20.00035);
 }
 
+TEST(CountHistogram, CountsZeroOneTwoThenDoublingBuckets) {
+  EXPECT_THAT(CountHistogram::Bounds(),
+              ElementsAre(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024));
+  CountHistogram histogram;
+  for (uint64_t value : {0, 0, 1, 2, 3, 4, 5, 1024, 1025, 1 << 30}) histogram.Observe(value);
+  const HistogramSnapshot snapshot = histogram.Snapshot();
+  ASSERT_EQ(snapshot.counts.size(), 13u);
+  // 0 | 1 | 2 | (2,4] | (4,8] | ... | (512,1024] | +Inf
+  EXPECT_THAT(snapshot.counts, ElementsAre(2, 1, 1, 2, 1, 0, 0, 0, 0, 0, 0, 1, 2));
+  EXPECT_EQ(snapshot.count, 10u);
+  EXPECT_DOUBLE_EQ(snapshot.sum, 0 + 1 + 2 + 3 + 4 + 5 + 1024 + 1025 + (1 << 30));
+  // It travels and checks as any histogram does.
+  proto::Histogram wire;
+  HistogramToProto(snapshot, &wire);
+  ASSERT_TRUE(HistogramFromProto(wire).ok());
+}
+
 TEST(LatencyHistogram, ConcurrentObservationsAreAllCounted) {
   LatencyHistogram histogram;
   std::vector<std::thread> threads;

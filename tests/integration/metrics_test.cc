@@ -141,11 +141,18 @@ std::string WriteJobConfig(const TempDir& dir) {
             "progress_interval_s = 1\n"
             "[data]\n"
             "shard_records = 5000\n"
+            // A small MLP: its dense tensors travel through the workers'
+            // step pipeline, whose staleness the test reads.
+            "[model]\n"
+            "type = wdl\n"
+            "embedding_dim = 4\n"
+            "mlp = 16,1\n"
             "[ps]\n"
             "num_servers = 2\n"
             "partitions = 16\n"
             "[worker]\n"
             "batch_size = 512\n"
+            "max_staleness = 1\n"
             "master_wait_s = 20\n"
             // About 5 s per epoch with two workers: room for two scrapes.
             "max_records_per_s = 6000\n"
@@ -238,6 +245,36 @@ TEST(Metrics, ScrapesDuringAJobPassPromtoolAndMove) {
     EXPECT_EQ(scrape->Value("eps_workers{state=\"alive\"}"), 2);
     EXPECT_EQ(scrape->Value("eps_servers{state=\"alive\"}"), 2);
   }
+  // Bounded staleness, seen from outside: every step of each worker
+  // started from a dense copy missing at most worker.max_staleness = 1
+  // updates it knew of, and the servers measured what pushes missed.
+  for (const char* worker : {"0", "1"}) {
+    const std::string label = absl::StrCat("{worker=\"", worker, "\"");
+    const double steps = second->Value("eps_worker_dense_staleness_count" + label + "}");
+    EXPECT_GT(steps, 0) << label;
+    EXPECT_EQ(second->Value("eps_worker_dense_staleness_bucket" + label + ",le=\"1\"}"), steps)
+        << label;
+    EXPECT_TRUE(second->Has("eps_worker_staleness_wait_seconds_sum" + label + "}")) << label;
+  }
+  EXPECT_GT(SumOf(*second, "eps_server_dense_staleness_count"), 0) << second->text;
+  StatusOr<json> status = job.LiveStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  double measured_by_servers = 0;
+  for (const json& server : (*status)["servers"]) {
+    measured_by_servers += server["dense_staleness"]["pushes"].get<double>();
+  }
+  EXPECT_GT(measured_by_servers, 0) << status->dump();
+  int workers_seen = 0;
+  for (const json& worker : (*status)["workers"]) {
+    if (worker["state"] != "alive") continue;
+    ++workers_seen;
+    const json& trained = worker["dense_staleness"];
+    EXPECT_GT(trained["steps"].get<double>(), 0) << worker.dump();
+    EXPECT_LE(trained["max"].get<double>(), 1) << worker.dump();
+    EXPECT_LE(trained["p99"].get<double>(), 1) << worker.dump();
+    EXPECT_GE(trained["wait_s"].get<double>(), 0) << worker.dump();
+  }
+  EXPECT_EQ(workers_seen, 2) << status->dump();
   // Known once an epoch is over and a checkpoint written.
   EXPECT_TRUE(second->Has("eps_train_loss")) << second->text;
   EXPECT_TRUE(second->Has("eps_checkpoint_last_pause_seconds")) << second->text;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cluster/job_spec_check.h"
 #include "core/flags.h"
@@ -128,6 +129,7 @@ TEST(BuildJobSpec, OptimizerComesFromTheOptimizerSection) {
   config.optimizer.initial_accumulator = 0.5;
   config.optimizer.epsilon = 1e-6;
   config.optimizer.l2 = 0.125;
+  config.optimizer.mlp = "";  // dense tensors too
   StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
   ASSERT_TRUE(spec.ok()) << spec.status();
   for (const proto::TableSpec& table : spec->tables()) {
@@ -159,6 +161,7 @@ TEST(BuildJobSpec, EveryOptimizerFieldReachesTheSpec) {
   config.optimizer.ftrl_beta = 2.0;
   config.optimizer.l1 = 0.125;
   config.optimizer.clip = 4.5;
+  config.optimizer.mlp = "";  // dense tensors too
   StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
   ASSERT_TRUE(spec.ok()) << spec.status();
   for (const proto::TableSpec& table : spec->tables()) {
@@ -207,13 +210,84 @@ TEST(BuildJobSpec, PerTableOptimizersOverrideTheSection) {
   EXPECT_FLOAT_EQ(w->optimizer().l1(), 1.0f);
   EXPECT_FLOAT_EQ(w->optimizer().ftrl_beta(), 1.0f);
 
-  // A table without an entry keeps the section.
+  // A table without an entry keeps the section: lr has no MLP.
   config.optimizer.per_table = "lr.w:type=sgd";
   spec = BuildJobSpec(config);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(FindTable(*spec, "lr.w")->optimizer().kind(), proto::OptimizerSpec::SGD);
   EXPECT_EQ(FindTable(*spec, "lr.dense")->optimizer().kind(), proto::OptimizerSpec::ADAGRAD);
   EXPECT_FLOAT_EQ(FindTable(*spec, "lr.dense")->optimizer().learning_rate(), 0.05f);
+}
+
+TEST(BuildJobSpec, PerTableEntriesForMlpLayersApplyOverOptimizerMlp) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.model.type = "wdl";
+  config.model.mlp = "8,1";
+  config.optimizer.l2 = 0.5;
+  config.optimizer.per_table = "wdl.mlp.0:learning_rate=0.01";
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const proto::OptimizerSpec& named = FindTable(*spec, "wdl.mlp.0")->optimizer();
+  EXPECT_EQ(named.kind(), proto::OptimizerSpec::ADAM);
+  EXPECT_FLOAT_EQ(named.learning_rate(), 0.01f);
+  EXPECT_FLOAT_EQ(named.l2(), 0.5f);  // the section's, under both
+  const proto::OptimizerSpec& other = FindTable(*spec, "wdl.mlp.1")->optimizer();
+  EXPECT_EQ(other.kind(), proto::OptimizerSpec::ADAM);
+  EXPECT_FLOAT_EQ(other.learning_rate(), 0.001f);
+  EXPECT_FLOAT_EQ(other.l2(), 0.5f);
+}
+
+// The split a PyTorch user trains with: Adagrad at 0.05 for the embedding
+// tables and the linear weights of the dense features, Adam at 0.001 for
+// every MLP layer.
+TEST(BuildJobSpec, MlpLayersGetAdamAndEverythingElseAdagradByDefault) {
+  for (const std::string type : {"lr", "wdl", "deepfm", "dlrm"}) {
+    SCOPED_TRACE(type);
+    JobConfig config;
+    config.data.train = "unused";
+    config.model.type = type;
+    ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+    StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    int mlp_layers = 0;
+    for (const proto::TableSpec& table : spec->tables()) {
+      SCOPED_TRACE(table.name());
+      const bool mlp = absl::StrContains(table.name(), ".mlp.") ||
+                       absl::StrContains(table.name(), ".bottom.") ||
+                       absl::StrContains(table.name(), ".top.");
+      if (mlp) {
+        ++mlp_layers;
+        EXPECT_EQ(table.kind(), proto::DENSE);
+        EXPECT_EQ(table.optimizer().kind(), proto::OptimizerSpec::ADAM);
+        EXPECT_FLOAT_EQ(table.optimizer().learning_rate(), 0.001f);
+        EXPECT_FLOAT_EQ(table.optimizer().beta1(), 0.9f);
+        EXPECT_FLOAT_EQ(table.optimizer().beta2(), 0.999f);
+      } else {
+        EXPECT_EQ(table.optimizer().kind(), proto::OptimizerSpec::ADAGRAD);
+        EXPECT_FLOAT_EQ(table.optimizer().learning_rate(), 0.05f);
+      }
+    }
+    EXPECT_EQ(mlp_layers > 0, type != "lr");
+  }
+}
+
+TEST(BuildJobSpec, EmptyMlpSettingsGiveMlpLayersTheSection) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.model.type = "wdl";
+  config.optimizer.type = "sgd";
+  config.optimizer.learning_rate = 0.2;
+  config.optimizer.mlp = "";
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const proto::TableSpec& table : spec->tables()) {
+    SCOPED_TRACE(table.name());
+    EXPECT_EQ(table.optimizer().kind(), proto::OptimizerSpec::SGD);
+    EXPECT_FLOAT_EQ(table.optimizer().learning_rate(), 0.2f);
+  }
 }
 
 TEST(BuildJobSpec, PerTableNamingAnUnknownTableListsTheModelsTables) {

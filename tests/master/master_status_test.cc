@@ -160,6 +160,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
   pulls.Observe(absl::Milliseconds(300));
   LatencyHistogram pushes;
   pushes.Observe(absl::Microseconds(50));
+  CountHistogram staleness;  // 0, 1, 1, 3 updates missed
+  for (uint64_t missed : {0, 1, 1, 3}) staleness.Observe(missed);
   {
     Message beat;
     proto::ServerStats* stats = beat.header().mutable_heartbeat_request()->mutable_server();
@@ -175,6 +177,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
     stats->set_updates_refused(5);
     HistogramToProto(pulls.Snapshot(), stats->mutable_pull_latency());
     HistogramToProto(pushes.Snapshot(), stats->mutable_push_latency());
+    HistogramToProto(staleness.Snapshot(), stats->mutable_dense_staleness());
     ASSERT_TRUE(servers_[0]->Call(proto::HEARTBEAT, std::move(beat)).ok());
   }
   {
@@ -184,6 +187,9 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
     stats->set_batch_size(512);
     HistogramToProto(pulls.Snapshot(), stats->mutable_pull_latency());
     HistogramToProto(pushes.Snapshot(), stats->mutable_push_latency());
+    HistogramToProto(staleness.Snapshot(), stats->mutable_dense_staleness());
+    stats->set_dense_staleness_max(3);
+    HistogramToProto(pulls.Snapshot(), stats->mutable_staleness_wait());
     ASSERT_TRUE(worker->Call(proto::HEARTBEAT, std::move(beat)).ok());
   }
 
@@ -215,6 +221,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            {"eps_worker_batch_size", "gauge"},
            {"eps_worker_pull_seconds", "histogram"},
            {"eps_worker_push_seconds", "histogram"},
+           {"eps_worker_dense_staleness", "histogram"},
+           {"eps_worker_staleness_wait_seconds", "histogram"},
            {"eps_server_rows", "gauge"},
            {"eps_server_rows_on_disk", "gauge"},
            {"eps_server_memory_bytes", "gauge"},
@@ -226,6 +234,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            {"eps_server_updates_refused_total", "counter"},
            {"eps_server_pull_seconds", "histogram"},
            {"eps_server_push_seconds", "histogram"},
+           {"eps_server_dense_staleness", "histogram"},
            {"eps_checkpoints_written_total", "counter"},
            {"eps_checkpoints_failed_total", "counter"},
            {"eps_checkpoint_pause_seconds_total", "counter"},
@@ -256,6 +265,9 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            std::string("\neps_servers{state=\"alive\"} 2\n"),
            absl::StrCat("\neps_worker_records_per_second", w, "} 12.5\n"),
            absl::StrCat("\neps_worker_batch_size", w, "} 512\n"),
+           absl::StrCat("\neps_worker_dense_staleness_bucket", w, ",le=\"1\"} 3\n"),
+           absl::StrCat("\neps_worker_dense_staleness_count", w, "} 4\n"),
+           absl::StrCat("\neps_worker_staleness_wait_seconds_count", w, "} 3\n"),
            absl::StrCat("\neps_worker_records_committed_total", w, "} 2\n"),
            absl::StrCat("\neps_worker_pull_seconds_bucket", w, ",le=\"0.0016\"} 0\n"),
            absl::StrCat("\neps_worker_pull_seconds_bucket", w, ",le=\"0.0032\"} 2\n"),
@@ -280,6 +292,9 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            std::string("\neps_server_pull_seconds_bucket{server=\"0\",le=\"0.0032\"} 2\n"),
            std::string("\neps_server_pull_seconds_count{server=\"0\"} 3\n"),
            std::string("\neps_server_push_seconds_bucket{server=\"0\",le=\"0.0001\"} 1\n"),
+           std::string("\neps_server_dense_staleness_bucket{server=\"0\",le=\"1\"} 3\n"),
+           std::string("\neps_server_dense_staleness_bucket{server=\"0\",le=\"4\"} 4\n"),
+           std::string("\neps_server_dense_staleness_sum{server=\"0\"} 5\n"),
            std::string("\neps_recoveries_total 0\n"),
        }) {
     EXPECT_THAT(text, HasSubstr(sample)) << sample;
@@ -295,7 +310,20 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
   EXPECT_EQ(doc["servers"][0]["updates_refused"], 5);
   EXPECT_EQ(doc["servers"][0]["pushes_fenced"], 2);
   EXPECT_EQ(doc["servers"][1]["updates_refused"], 0);
+  const json& missed = doc["servers"][0]["dense_staleness"];
+  EXPECT_EQ(missed["pushes"], 4);
+  EXPECT_DOUBLE_EQ(missed["mean"].get<double>(), 1.25);
+  EXPECT_EQ(missed["p50"], 1);  // 3 of 4 missed at most 1
+  EXPECT_EQ(missed["p99"], 4);
+  EXPECT_TRUE(doc["servers"][1]["dense_staleness"]["mean"].is_null());  // none measured
   EXPECT_EQ(doc["workers"][0]["batch_size"], 512);
+  const json& trained = doc["workers"][0]["dense_staleness"];
+  EXPECT_EQ(trained["steps"], 4);
+  EXPECT_DOUBLE_EQ(trained["mean"].get<double>(), 1.25);
+  EXPECT_EQ(trained["p50"], 1);
+  EXPECT_EQ(trained["p99"], 4);
+  EXPECT_EQ(trained["max"], 3);
+  EXPECT_NEAR(trained["wait_s"].get<double>(), 0.306, 1e-6);  // the pulls histogram's sum
 
   // The worker goes silent and its lease runs out: it counts as dead, its
   // rate drops to 0, its counters and histograms stay.

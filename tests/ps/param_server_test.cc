@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/metrics.h"
 #include "tests/ps/param_server_fixture.h"
 
 namespace eps {
@@ -93,6 +94,60 @@ TEST_F(ParamServerTest, HeartbeatsCarryStats) {
   EXPECT_EQ(stats.pushes(), 1u);
   EXPECT_GE(stats.pulls(), 1u);
   EXPECT_GE(stats.rows(), keys.size());
+}
+
+// Dense tensors carry versions: the pushes this server applied to them.
+// Pulls report them (embedding tables 0), pushes answer the version after
+// them, and a push that says what it was computed from (PushRequest
+// .based_on, 1 + the version) is counted in dense_staleness by the pushes
+// applied in between; a repeated push changes nothing.
+TEST_F(ParamServerTest, DenseVersionsCountPushesAndPushesReportTheirStaleness) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> chunks = DenseKeysHere();
+  ASSERT_FALSE(chunks.empty());
+  const std::vector<uint64_t> rows = EmbKeys(2, /*here=*/true);
+  auto pull_versions = [&]() -> std::vector<uint64_t> {
+    StatusOr<Message> reply = Call(PullRequest({kEmb, kDense}, {rows, chunks}));
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    if (!reply.ok()) return {};
+    const auto& versions = reply->header().pull_reply().versions();
+    return {versions.begin(), versions.end()};
+  };
+  // A push to both tables, computed from dense version `based_on - 1`
+  // (0: not said); the versions it answers.
+  auto push = [&](uint64_t based_on, uint64_t seq) -> std::vector<uint64_t> {
+    Message request = PushRequest({kEmb, kDense}, {rows, chunks},
+                                  {Grads(rows.size()), Grads(chunks.size())}, seq);
+    if (based_on > 0) {
+      request.header().mutable_push_request()->add_based_on(0);
+      request.header().mutable_push_request()->add_based_on(based_on);
+    }
+    StatusOr<Message> reply = Call(std::move(request));
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    if (!reply.ok()) return {};
+    const auto& versions = reply->header().push_reply().versions();
+    return {versions.begin(), versions.end()};
+  };
+  EXPECT_THAT(pull_versions(), ::testing::ElementsAre(0, 0));
+  const uint64_t seq = NextSeq();
+  EXPECT_THAT(push(/*based_on=*/0, seq), ::testing::ElementsAre(0, 1));  // not measured
+  EXPECT_THAT(push(/*based_on=*/1, NextSeq()), ::testing::ElementsAre(0, 2));  // missed 1
+  EXPECT_THAT(push(/*based_on=*/3, NextSeq()), ::testing::ElementsAre(0, 3));  // missed 0
+  EXPECT_THAT(push(/*based_on=*/1, NextSeq()), ::testing::ElementsAre(0, 4));  // missed 3
+  // A retry is acknowledged with the current version and counts nothing.
+  EXPECT_THAT(push(/*based_on=*/1, seq), ::testing::ElementsAre(0, 4));
+  EXPECT_THAT(pull_versions(), ::testing::ElementsAre(0, 4));
+  const proto::ServerStats stats = master_->AwaitStats(
+      [](const proto::ServerStats& s) { return s.dense_staleness().count() >= 3; },
+      absl::Seconds(3));
+  StatusOr<HistogramSnapshot> staleness = HistogramFromProto(stats.dense_staleness());
+  ASSERT_TRUE(staleness.ok()) << staleness.status();
+  EXPECT_EQ(staleness->count, 3u);
+  EXPECT_EQ(staleness->sum, 0 + 1 + 3);
+  EXPECT_EQ(staleness->counts[0], 1u);  // 0
+  EXPECT_EQ(staleness->counts[1], 1u);  // 1
+  EXPECT_EQ(staleness->counts[3], 1u);  // (2, 4]
 }
 
 // ps.max_new_rows_per_worker_s: a worker that created more rows than its

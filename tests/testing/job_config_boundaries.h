@@ -74,6 +74,8 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
        [](JobConfig& c) -> int64_t& { return c.optimizer.lr_warmup_batches; }, 0, 1'000'000},
       {"worker.prefetch_batches",
        [](JobConfig& c) -> int64_t& { return c.worker.prefetch_batches; }, 1, 1024},
+      {"worker.max_staleness",
+       [](JobConfig& c) -> int64_t& { return c.worker.max_staleness; }, 0, 1024},
       {"worker.master_wait_s", [](JobConfig& c) -> int64_t& { return c.worker.master_wait_s; }, 0,
        kWeekS},
       {"worker.max_records_per_s",

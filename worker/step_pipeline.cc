@@ -1,0 +1,204 @@
+#include "worker/step_pipeline.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/logging.h"
+
+namespace eps {
+namespace {
+
+// How often waits look at `abandoned`.
+constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
+
+// Raises `known` to at least `seen`, entry by entry.
+void RaiseTo(const PsClient::Versions& seen, PsClient::Versions* known) {
+  if (known->size() < seen.size()) known->resize(seen.size());
+  for (size_t t = 0; t < seen.size(); ++t) {
+    std::vector<uint64_t>& per_server = (*known)[t];
+    if (per_server.size() < seen[t].size()) per_server.resize(seen[t].size(), 0);
+    for (size_t s = 0; s < seen[t].size(); ++s) {
+      per_server[s] = std::max(per_server[s], seen[t][s]);
+    }
+  }
+}
+
+}  // namespace
+
+StepPipeline::StepPipeline(int64_t max_staleness, Hooks hooks)
+    : max_staleness_(static_cast<uint64_t>(max_staleness)), hooks_(std::move(hooks)) {
+  CHECK_GE(max_staleness, 0);
+  CHECK(hooks_.make_lane && hooks_.abandoned);
+  thread_ = std::thread([this] { Run(); });
+}
+
+StepPipeline::~StepPipeline() { Stop(); }
+
+uint64_t StepPipeline::Lag(const DenseCopy& copy) const {
+  uint64_t behind = 0;
+  // Only the tensors the copy holds: pushes also answer for dense tensors
+  // pulled with the batches instead (ParamSpec::pull_each_step false).
+  for (size_t t = 0; t < known_.size() && t < copy.versions.size(); ++t) {
+    for (size_t s = 0; s < known_[t].size() && s < copy.versions[t].size(); ++s) {
+      if (known_[t][s] > copy.versions[t][s]) {
+        behind = std::max(behind, known_[t][s] - copy.versions[t][s]);
+      }
+    }
+  }
+  return behind + pushes_pending_;
+}
+
+Status StepPipeline::AwaitLocked(const std::function<bool()>& ready) {
+  while (true) {
+    if (!failure_.ok()) return failure_;
+    if (ready()) return absl::OkStatus();
+    if (stop_ || hooks_.abandoned()) return absl::CancelledError("the worker's session ended");
+    changed_.WaitWithTimeout(&mu_, kPollInterval);
+  }
+}
+
+StatusOr<std::shared_ptr<const StepPipeline::DenseCopy>> StepPipeline::AwaitDense() {
+  if (!hooks_.pull_dense) return std::shared_ptr<const DenseCopy>();
+  const absl::Time started = absl::Now();
+  absl::MutexLock lock(&mu_);
+  // What held the step back when it had to wait: no copy yet, or the
+  // updates the newest one missed.
+  const std::string why = copy_ == nullptr
+                              ? std::string("no copy pulled yet")
+                              : absl::StrCat("the copy missed ", Lag(*copy_), " updates");
+  RETURN_IF_ERROR(AwaitLocked([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return copy_ != nullptr && Lag(*copy_) <= max_staleness_;
+  }));
+  const absl::Duration waited = absl::Now() - started;
+  if (waited > absl::Seconds(1)) {
+    LOG(WARNING) << "a step waited " << absl::FormatDuration(waited)
+                 << " for the dense tensors (worker.max_staleness = " << max_staleness_ << "; "
+                 << why << ")";
+  }
+  if (hooks_.stats != nullptr) {
+    const uint64_t lag = Lag(*copy_);
+    hooks_.stats->staleness.Observe(lag);
+    uint64_t max = hooks_.stats->max_staleness.load(std::memory_order_relaxed);
+    while (lag > max &&
+           !hooks_.stats->max_staleness.compare_exchange_weak(max, lag, std::memory_order_relaxed)) {
+    }
+    hooks_.stats->waits.Observe(waited);
+  }
+  return copy_;
+}
+
+Status StepPipeline::Enqueue(Step step) {
+  Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    refused = AwaitLocked([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return queue_.size() <= max_staleness_;
+    });
+    if (refused.ok()) {
+      pushes_pending_ += step.pushes.size();
+      queue_.push_back(std::move(step));
+      changed_.SignalAll();
+      return absl::OkStatus();
+    }
+  }
+  if (step.on_end) step.on_end();
+  return refused;
+}
+
+Status StepPipeline::Drain() {
+  absl::MutexLock lock(&mu_);
+  return AwaitLocked(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !running_step_; });
+}
+
+void StepPipeline::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    changed_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+Status StepPipeline::status() const {
+  absl::MutexLock lock(&mu_);
+  return failure_;
+}
+
+Status StepPipeline::Refresh(Lane& lane) {
+  auto copy = std::make_shared<DenseCopy>();
+  RETURN_IF_ERROR(hooks_.pull_dense(lane, copy.get()));
+  absl::MutexLock lock(&mu_);
+  RaiseTo(copy->versions, &known_);
+  copy_ = std::move(copy);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+Status StepPipeline::RunStep(Lane& lane, Step& step) {
+  const auto abandoned = [this] {
+    return hooks_.abandoned() ? absl::CancelledError("the worker's session ended")
+                              : absl::OkStatus();
+  };
+  for (Step::Push& push : step.pushes) {
+    // A fenced session pushes nothing more, not even a step's second half.
+    RETURN_IF_ERROR(abandoned());
+    PsClient::Versions applied;
+    RETURN_IF_ERROR(push(lane, &applied));
+    absl::MutexLock lock(&mu_);
+    RaiseTo(applied, &known_);
+    --pushes_pending_;
+  }
+  RETURN_IF_ERROR(abandoned());
+  // The step changed the dense tensors: the next steps want them back. Its
+  // pushes are applied, so it is committed even when that pull fails (the
+  // pipeline stops on the failure after the commit): otherwise its records
+  // would be trained and pushed again.
+  const Status refreshed =
+      !step.pushes.empty() && hooks_.pull_dense ? Refresh(lane) : absl::OkStatus();
+  RETURN_IF_ERROR(step.commit(lane));
+  return refreshed;
+}
+
+void StepPipeline::Run() {
+  Lane lane = hooks_.make_lane();
+  Status status = hooks_.pull_dense ? Refresh(lane) : absl::OkStatus();
+  while (status.ok()) {
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      while (!ready()) changed_.WaitWithTimeout(&mu_, kPollInterval);
+      if (stop_) break;
+      step = std::move(queue_.front());
+      queue_.pop_front();
+      running_step_ = true;
+    }
+    status = RunStep(lane, step);
+    if (step.on_end) step.on_end();
+    absl::MutexLock lock(&mu_);
+    // The failure shows before the step ends: a Drain that sees no step
+    // running must see it too.
+    if (!status.ok() && failure_.ok()) failure_ = status;
+    running_step_ = false;
+    changed_.SignalAll();
+  }
+  std::deque<Step> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok() && failure_.ok()) failure_ = status;
+    // Whatever is queued is never pushed nor committed. The loop ended on
+    // a failure or stop_, so Enqueue refuses from now on.
+    dropped.swap(queue_);
+    changed_.SignalAll();
+  }
+  for (Step& step : dropped) {
+    if (step.on_end) step.on_end();
+  }
+}
+
+}  // namespace eps

@@ -1,0 +1,286 @@
+// Worker::Impl's steps (worker_impl.h): the pulls a batch needs, its
+// forward and backward pass, and the push and commit it hands to the step
+// pipeline.
+
+#include <cmath>
+#include <limits>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "core/logging.h"
+#include "models/batch.h"
+#include "rpc/message.h"
+#include "worker/worker_impl.h"
+
+namespace eps {
+
+Status Worker::Impl::PullParams(Session& session, PsClient& ps, bool at_step,
+                                std::span<const uint64_t> keys, ParamBuffers* params,
+                                PsClient::Versions* versions) {
+  const std::vector<ParamSpec>& specs = model_->params();
+  std::vector<PsClient::Keys> tables(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tables[i].table_id = session.table_ids[i];
+    if (specs[i].pull_each_step != at_step) continue;  // no keys: nothing pulled
+    tables[i].keys = specs[i].kind == ParamSpec::Kind::kEmbedding
+                         ? keys
+                         : std::span<const uint64_t>(session.dense_keys[i]);
+  }
+  std::vector<std::vector<float>> pulled;
+  RETURN_IF_ERROR_CTX(ps.Pull(tables, &pulled, versions),
+                      at_step ? "pull of the dense tensors" : "pull");
+  params->resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].pull_each_step != at_step) continue;
+    (*params)[i] = std::move(pulled[i]);
+    // Dense tensors arrive as whole chunks; the model sees the tensor.
+    if (specs[i].kind == ParamSpec::Kind::kDense) (*params)[i].resize(specs[i].size);
+  }
+  return absl::OkStatus();
+}
+
+Status Worker::Impl::Train(Session& session, const std::shared_ptr<PreparedBatch>& prepared,
+                           StepResult* result) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const StepPipeline::DenseCopy> copy,
+                   session.pipeline->AwaitDense());
+  if (copy != nullptr) {
+    const std::vector<ParamSpec>& specs = model_->params();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].pull_each_step) prepared->params[i] = copy->values[i];
+    }
+  }
+  const float lr_scale =
+      prepared->shard.phase() == proto::EVAL ? 1.0f : batch_size_.LrScale(prepared->batch.size());
+  return Step(session, *prepared, std::shared_ptr<const Batch>(prepared, &prepared->batch),
+              prepared->params, copy, lr_scale, result);
+}
+
+Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
+                          std::shared_ptr<const Batch> batch, const ParamBuffers& params,
+                          const std::shared_ptr<const StepPipeline::DenseCopy>& copy,
+                          float lr_scale, StepResult* result) {
+  const bool eval = prepared.shard.phase() == proto::EVAL;
+  ParamBuffers grads;
+  std::vector<float> batch_predictions;
+  double loss = 0;
+  // The failpoint worker.oom_above stands for a device that holds fewer.
+  bool out_of_memory =
+      oom_above_.has_value() && static_cast<uint64_t>(batch->size()) > *oom_above_;
+  try {
+    if (!out_of_memory) {
+      loss = model_->ForwardBackward(*batch, params, &batch_predictions, eval ? nullptr : &grads);
+    }
+  } catch (const std::bad_alloc&) {
+    out_of_memory = true;
+  }
+  if (out_of_memory) {
+    if (batch->size() <= 1) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("a step of one record of ", prepared.shard.path(), " from byte ",
+                       prepared.begin, " ran out of memory: the model does not fit"));
+    }
+    LOG(WARNING) << "a step of " << batch->size() << " records ran out of memory; training it "
+                 << "in two halves";
+    if (std::optional<BatchSizer::Change> change = batch_size_.OutOfMemory(batch->size())) {
+      session.loader->SetBatchSize(change->to);
+    }
+    const int half = batch->size() / 2;
+    for (const auto& [begin, end] : {std::pair{0, half}, std::pair{half, batch->size()}}) {
+      std::vector<uint32_t> from;
+      auto piece = std::make_shared<const Batch>(SliceBatch(*batch, begin, end, &from));
+      const float share = lr_scale * static_cast<float>(end - begin) / batch->size();
+      RETURN_IF_ERROR(Step(session, prepared, piece, model_->SliceParams(params, from), copy,
+                           share, result));
+      if (!std::isfinite(result->loss_sum)) break;  // diverged: nothing more of it is pushed
+    }
+    return absl::OkStatus();
+  }
+  result->loss_sum += loss;
+  result->predictions.insert(result->predictions.end(), batch_predictions.begin(),
+                             batch_predictions.end());
+  if (eval) return absl::OkStatus();
+  // A diverged model: push nothing of it. The commit carries the
+  // non-finite loss, and the master stops the job (resumably) on it.
+  const bool loss_finite = std::isfinite(loss);
+  if (!loss_finite || !AllFinite(grads)) {
+    LOG(ERROR) << "the model diverged: "
+               << (loss_finite ? std::string("a non-finite gradient") : absl::StrCat("loss ", loss))
+               << " on the batch of " << prepared.shard.path() << " from byte " << prepared.begin
+               << "; pushing nothing of it, telling the master";
+    result->loss_sum = std::numeric_limits<double>::quiet_NaN();
+    result->pushes.clear();
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (model_->params()[i].kind == ParamSpec::Kind::kEmbedding) continue;
+    // Pad the gradient to whole chunks.
+    grads[i].resize(session.dense_keys[i].size() * session.job.tables(session.table_ids[i]).dim(),
+                    0.0f);
+  }
+  // Pushed by the pipeline, from its thread, while the next step computes.
+  result->pushes.push_back([this, &session, batch = std::move(batch), copy,
+                            grads = std::move(grads), lr_scale](
+                               StepPipeline::Lane& lane, PsClient::Versions* applied) -> Status {
+    const std::vector<ParamSpec>& specs = model_->params();
+    std::vector<PsClient::Keys> keys(specs.size());
+    std::vector<std::span<const float>> values(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      keys[i].table_id = session.table_ids[i];
+      keys[i].keys = specs[i].kind == ParamSpec::Kind::kEmbedding
+                         ? std::span<const uint64_t>(batch->keys)
+                         : std::span<const uint64_t>(session.dense_keys[i]);
+      values[i] = grads[i];
+    }
+    // A worker that was frozen past its lease must not push: its shard may
+    // be another worker's by now.
+    RETURN_IF_ERROR(CheckLease(session));
+    RETURN_IF_ERROR(Annotate(
+        lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr, applied), "push"));
+    records_pushed_.fetch_add(static_cast<uint64_t>(batch->size()));
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+Status Worker::Impl::ReportUnreadable(Session& session, RpcChannel& master,
+                                      const PreparedBatch& marker) {
+  // The master decides for the whole job once; a repeat gets the same answer.
+  StatusOr<Message> reply = CallMaster(session, master, [&] {
+    Message request;
+    request.header().set_method(proto::SHARD_UNREADABLE);
+    proto::ShardUnreadableRequest* body = request.header().mutable_shard_unreadable_request();
+    body->set_shard_id(marker.shard.shard_id());
+    body->set_epoch(marker.shard.epoch());
+    body->set_phase(marker.shard.phase());
+    body->set_offset(marker.begin);
+    body->set_line(marker.unreadable_line);
+    body->set_error(marker.unreadable);
+    return request;
+  });
+  if (!reply.ok()) {
+    return Annotate(reply.status(), absl::StrCat("cannot read ", marker.shard.path(), " (",
+                                                 marker.unreadable, ")"));
+  }
+  if (reply->header().shard_unreadable_reply().skipped()) {
+    LOG(WARNING) << "the master skipped the rest of shard " << marker.shard.shard_id() << " ("
+                 << marker.shard.path() << " from line " << marker.unreadable_line
+                 << "): data.on_unreadable = skip";
+  }
+  return absl::OkStatus();
+}
+
+Status Worker::Impl::Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
+                            double loss_sum, const std::vector<float>& predictions) {
+  // A repeated commit is acknowledged without effect, so retrying is safe.
+  StatusOr<Message> reply = CallMaster(session, master, [&] {
+    Message request;
+    request.header().set_method(proto::COMMIT_PROGRESS);
+    proto::CommitProgressRequest* body = request.header().mutable_commit_progress_request();
+    body->set_shard_id(prepared.shard.shard_id());
+    body->set_epoch(prepared.shard.epoch());
+    body->set_phase(prepared.shard.phase());
+    body->set_begin_offset(prepared.begin);
+    body->set_end_offset(prepared.end);
+    body->set_lines(prepared.lines);
+    body->set_malformed(prepared.malformed);
+    body->set_loss_sum(loss_sum);
+    for (const std::string& example : prepared.malformed_examples) {
+      body->add_malformed_examples(example);
+    }
+    if (prepared.shard.phase() == proto::EVAL) {
+      request.AddArray(prepared.batch.labels);
+      request.AddArray(predictions);
+    }
+    return request;
+  });
+  RETURN_IF_ERROR_CTX(reply.status(), absl::StrCat("commit of shard ", prepared.shard.shard_id()));
+  const proto::CommitProgressReply& answer = reply->header().commit_progress_reply();
+  if (answer.has_split_shard()) session.loader->RequestSplit(answer.split_shard());
+  if (answer.pause_for_checkpoint() != 0) {
+    absl::MutexLock lock(&session.mu);
+    session.pause_for = answer.pause_for_checkpoint();
+  }
+  return absl::OkStatus();
+}
+
+StepPipeline::Step Worker::Impl::MakeStep(Session& session,
+                                          std::shared_ptr<PreparedBatch> prepared,
+                                          StepResult result) {
+  StepPipeline::Step step;
+  step.pushes = std::move(result.pushes);
+  step.commit = [this, &session, prepared = std::move(prepared), loss_sum = result.loss_sum,
+                 predictions = std::move(result.predictions)](StepPipeline::Lane& lane) {
+    RETURN_IF_ERROR(CheckLease(session));
+    RETURN_IF_ERROR(Commit(session, *lane.master, *prepared, loss_sum, predictions));
+    batches_.fetch_add(1);
+    malformed_.fetch_add(prepared->malformed);
+    if (prepared->shard.phase() == proto::TRAIN) {
+      records_committed_.fetch_add(static_cast<uint64_t>(prepared->batch.size()));
+    }
+    return absl::OkStatus();
+  };
+  // Committed, failed or dropped: the step is no longer in flight.
+  step.on_end = [&session] { EndStep(session); };
+  return step;
+}
+
+StepPipeline::Hooks Worker::Impl::PipelineHooks(Session& session) {
+  StepPipeline::Hooks hooks;
+  hooks.make_lane = [this, &session] {
+    StepPipeline::Lane lane;
+    lane.master = std::make_unique<RpcChannel>(&factory_, session.self);
+    lane.ps = MakePsClient(session, lane.master.get());
+    return lane;
+  };
+  if (has_step_params_) {
+    hooks.pull_dense = [this, &session](StepPipeline::Lane& lane, StepPipeline::DenseCopy* copy) {
+      return PullParams(session, *lane.ps, /*at_step=*/true, {}, &copy->values,
+                        &copy->versions);
+    };
+  }
+  // A fenced or failed session's steps are moot; a stopping worker's are
+  // committed first (Drain).
+  hooks.abandoned = [&session] { return session.over.load(); };
+  hooks.stats = &session.staleness;
+  return hooks;
+}
+
+bool Worker::Impl::BeginStep(Session& session) {
+  absl::Time paused;
+  uint64_t checkpoint = 0;  // the pause in progress, once seen
+  while (true) {
+    bool newly_paused = false;
+    {
+      absl::MutexLock lock(&session.mu);
+      if (session.pause_for == 0) {
+        ++session.steps_in_flight;
+        if (checkpoint != 0) {
+          VLOG(1) << "checkpoint " << checkpoint << ": resumed after "
+                  << absl::FormatDuration(absl::Now() - paused);
+        }
+        return true;
+      }
+      if (checkpoint == 0) {
+        checkpoint = session.pause_for;
+        paused = absl::Now();
+        newly_paused = true;
+      }
+    }
+    if (newly_paused) {
+      VLOG(1) << "paused for checkpoint " << checkpoint;
+      session.member->HeartbeatNow();  // tell the master without waiting for the next beat
+    }
+    // A failed pipeline commits nothing more: the session ends on its
+    // failure instead of waiting out the pause.
+    if (StoppingOrOver(session) || !session.pipeline->status().ok()) return false;
+    // Timed: a stop or the end of the session does not signal pause_changed.
+    absl::MutexLock lock(&session.mu);
+    if (session.pause_for != 0) {
+      session.pause_changed.WaitWithTimeout(&session.mu, absl::Milliseconds(50));
+    }
+  }
+}
+
+}  // namespace eps
