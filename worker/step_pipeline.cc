@@ -96,7 +96,7 @@ Status StepPipeline::Enqueue(Step step) {
   {
     absl::MutexLock lock(&mu_);
     refused = AwaitLocked([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return queue_.size() <= max_staleness_;
+      return queue_.size() < std::min(max_staleness_ + 1, kMaxQueuedSteps);
     });
     if (refused.ok()) {
       pushes_pending_ += step.pushes.size();

@@ -108,8 +108,12 @@ class StepPipeline {
   // kCancelled when abandoned meanwhile.
   StatusOr<std::shared_ptr<const DenseCopy>> AwaitDense();
 
-  // Queues `step`, waiting while max_staleness + 1 steps are queued
-  // already. The pipeline's failure (the step is not queued: its on_end
+  // At most this many steps wait in the queue whatever the bound: each
+  // holds a batch and its gradients.
+  static constexpr uint64_t kMaxQueuedSteps = 16;
+
+  // Queues `step`, waiting while min(max_staleness + 1, kMaxQueuedSteps)
+  // steps are queued already. The pipeline's failure (the step is not queued: its on_end
   // has run), kCancelled when abandoned.
   Status Enqueue(Step step);
 

@@ -405,5 +405,29 @@ TEST(StepPipeline, TheQueueHoldsAtMostStalenessPlusOneSteps) {
                                         "commit c", "push d", "commit d"));
 }
 
+// However loose the bound, the queue holds at most kMaxQueuedSteps steps
+// (each holds a batch and its gradients).
+TEST(StepPipeline, ALooseBoundStillCapsTheQueue) {
+  Script script;
+  StepPipeline pipeline(/*max_staleness=*/1024, script.Hooks(/*dense=*/false));
+  ASSERT_TRUE(pipeline.Enqueue(script.Step("first")).ok());
+  script.AwaitPushesStarted(1);  // taken by the thread: the queue is empty
+  for (uint64_t i = 0; i < StepPipeline::kMaxQueuedSteps; ++i) {
+    ASSERT_TRUE(pipeline.Enqueue(script.Step(absl::StrCat(i))).ok());
+  }
+  absl::Notification queued;
+  std::thread one_more([&] {
+    EXPECT_TRUE(pipeline.Enqueue(script.Step("last")).ok());
+    queued.Notify();
+  });
+  EXPECT_FALSE(queued.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  script.Release();  // first is done, the next is taken: room for one
+  EXPECT_TRUE(queued.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  one_more.join();
+  script.Release(static_cast<int>(StepPipeline::kMaxQueuedSteps) + 1);
+  ASSERT_TRUE(pipeline.Drain().ok());
+  EXPECT_EQ(script.log().size(), 2 * (StepPipeline::kMaxQueuedSteps + 2));
+}
+
 }  // namespace
 }  // namespace eps
