@@ -10,8 +10,9 @@
 #   bench/models_vs_reference.sh [--rows N] [--seed S] [--models "lr wdl deepfm dlrm"]
 #                                [--runs R] [--workers W] [--section.key=value ...]
 #
-# Prints a Markdown table: eps eval AUC (the mean of R runs, and their
-# range: asynchronous training varies from run to run), PyTorch eval AUC,
+# Prints a Markdown table: eps eval AUC (the mean of R runs, run r with
+# job.seed r, and their range: initialization and asynchronous training
+# vary from run to run), PyTorch eval AUC,
 # the difference. Needs /usr/bin/python3 with torch.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -76,8 +77,12 @@ for model in $models; do
   [ -z "$mlp" ] && { mlp_type=adagrad; mlp_lr="$lr"; }
   aucs=()
   for run in $(seq 1 "$runs"); do
+    # Run r initializes with job.seed r (unless --job.seed=... is given).
+    seed_flag=(--job.seed="$run")
+    [[ " ${overrides[*]-} " == *" --job.seed="* ]] && seed_flag=()
     EPS_RUN_DIR="$work/$model-$run" "$root/scripts/run_local.sh" "$config" --workers "$workers" \
-      --data.train="$data/train" --data.eval="$data/eval" ${overrides[@]+"${overrides[@]}"} \
+      --data.train="$data/train" --data.eval="$data/eval" ${seed_flag[@]+"${seed_flag[@]}"} \
+      ${overrides[@]+"${overrides[@]}"} \
       >"$work/$model-$run.eps.txt" 2>"$work/$model-$run.eps.log"
     aucs+=("$(sed -n 's/^eval_auc *//p' "$work/$model-$run.eps.txt")")
   done
