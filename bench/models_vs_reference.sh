@@ -4,8 +4,10 @@
 # PyTorch script (bench/reference_models.py train) on the same eps-datagen
 # data with the same schedule: one epoch in batches of 1024, Adagrad at the
 # example config's optimizer.learning_rate on the tables and the linear
-# weights, and its optimizer.mlp (eps's default: Adam at 0.001) on the MLP
-# layers, as a PyTorch user trains them.
+# weights, and its optimizer.mlp's type and learning rate (eps's default:
+# Adam at 0.001) on the MLP layers, as a PyTorch user trains them (Adam
+# with PyTorch's betas: eps's default beta1 of 0.5 answers its asynchronous
+# workers, which the single process has not).
 #
 #   bench/models_vs_reference.sh [--rows N] [--seed S] [--models "lr wdl deepfm dlrm"]
 #                                [--runs R] [--workers W] [--section.key=value ...]
@@ -63,7 +65,7 @@ for model in $models; do
          END { exit !found }' "$config"; then
     mlp="$(config_value "$config" optimizer mlp)"
   else
-    mlp="type=adam,learning_rate=0.001"
+    mlp="type=adam,learning_rate=0.001,beta1=0.5"
   fi
   # The same overrides reach the reference.
   for override in ${overrides[@]+"${overrides[@]}"}; do

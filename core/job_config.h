@@ -162,11 +162,12 @@ struct JobConfig {
     // "key=value[,key=value...]", keys as in per_table. Empty: the MLPs
     // take the settings above, as embedding tables and the linear weights
     // of the dense features (lr.dense, wdl.wide_dense, deepfm.first_dense)
-    // always do. Default "type=adam,learning_rate=0.001": what the PyTorch
-    // references (and PyTorch users) train MLPs with, while the tables keep
-    // Adagrad at 0.05; Adagrad at a table's rate over-steps an MLP
-    // (docs/models.md, "Optimizers").
-    std::string mlp = "type=adam,learning_rate=0.001";
+    // always do. Default "type=adam,learning_rate=0.001,beta1=0.5": Adam
+    // at 0.001 is what the PyTorch references (and PyTorch users) train
+    // MLPs with, while the tables keep Adagrad; Adagrad at a table's rate
+    // over-steps an MLP. beta1 0.5 rather than Adam's 0.9: asynchronous
+    // workers add momentum of their own (docs/models.md, "Optimizers").
+    std::string mlp = "type=adam,learning_rate=0.001,beta1=0.5";
     // Per-table settings over the ones above (over optimizer.mlp's for an
     // MLP layer):
     // "TABLE:key=value[,key=value...][;TABLE:...]", keys as above without

@@ -439,11 +439,13 @@ TEST(JobConfig, OptimizerDefaults) {
   StatusOr<std::map<std::string, JobConfig::Optimizer>> overrides = config.OptimizerOverrides();
   ASSERT_TRUE(overrides.ok()) << overrides.status();
   EXPECT_TRUE(overrides->empty());
-  // MLP layers: Adam at 0.001 over the section's other settings.
+  // MLP layers: Adam at 0.001 with beta1 0.5 over the section's other settings.
   StatusOr<JobConfig::Optimizer> mlp = config.MlpOptimizer();
   ASSERT_TRUE(mlp.ok()) << mlp.status();
   EXPECT_EQ(mlp->type, "adam");
   EXPECT_DOUBLE_EQ(mlp->learning_rate, 0.001);
+  EXPECT_DOUBLE_EQ(mlp->beta1, 0.5);
+  EXPECT_DOUBLE_EQ(mlp->beta2, config.optimizer.beta2);
   EXPECT_DOUBLE_EQ(mlp->epsilon, config.optimizer.epsilon);
   EXPECT_EQ(mlp->mlp, "");
 }

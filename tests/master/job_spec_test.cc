@@ -241,7 +241,7 @@ TEST(BuildJobSpec, PerTableEntriesForMlpLayersApplyOverOptimizerMlp) {
 
 // The split a PyTorch user trains with: Adagrad at 0.05 for the embedding
 // tables and the linear weights of the dense features, Adam at 0.001 for
-// every MLP layer.
+// every MLP layer (beta1 0.5: asynchronous workers add momentum).
 TEST(BuildJobSpec, MlpLayersGetAdamAndEverythingElseAdagradByDefault) {
   for (const std::string type : {"lr", "wdl", "deepfm", "dlrm"}) {
     SCOPED_TRACE(type);
@@ -262,7 +262,7 @@ TEST(BuildJobSpec, MlpLayersGetAdamAndEverythingElseAdagradByDefault) {
         EXPECT_EQ(table.kind(), proto::DENSE);
         EXPECT_EQ(table.optimizer().kind(), proto::OptimizerSpec::ADAM);
         EXPECT_FLOAT_EQ(table.optimizer().learning_rate(), 0.001f);
-        EXPECT_FLOAT_EQ(table.optimizer().beta1(), 0.9f);
+        EXPECT_FLOAT_EQ(table.optimizer().beta1(), 0.5f);
         EXPECT_FLOAT_EQ(table.optimizer().beta2(), 0.999f);
       } else {
         EXPECT_EQ(table.optimizer().kind(), proto::OptimizerSpec::ADAGRAD);
