@@ -6,7 +6,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -657,10 +656,10 @@ StatusOr<JobConfig::Optimizer> JobConfig::MlpOptimizer() const {
 StatusOr<std::map<std::string, JobConfig::Optimizer>> JobConfig::OptimizerOverrides(
     const std::function<bool(absl::string_view)>& is_mlp) const {
   std::map<std::string, Optimizer> overrides;
-  Optimizer embedding_base = optimizer;
-  embedding_base.per_table.clear();
-  embedding_base.mlp.clear();
-  std::optional<Optimizer> mlp_base;  // made at the first MLP layer named
+  Optimizer section = optimizer;
+  section.per_table.clear();
+  section.mlp.clear();
+  ASSIGN_OR_RETURN(const Optimizer mlp_base, MlpOptimizer());
   for (absl::string_view entry : absl::StrSplit(optimizer.per_table, ';')) {
     entry = absl::StripAsciiWhitespace(entry);
     // Tolerates "a:...;" and "a:...;;b:...".
@@ -680,14 +679,7 @@ StatusOr<std::map<std::string, JobConfig::Optimizer>> JobConfig::OptimizerOverri
     const absl::string_view settings = absl::StripAsciiWhitespace(entry.substr(colon + 1));
     if (settings.empty()) return bad_entry("sets nothing after ':'");
 
-    Optimizer table_optimizer = embedding_base;
-    if (is_mlp && is_mlp(table)) {
-      if (!mlp_base.has_value()) {
-        ASSIGN_OR_RETURN(Optimizer made, MlpOptimizer());
-        mlp_base = std::move(made);
-      }
-      table_optimizer = *mlp_base;
-    }
+    Optimizer table_optimizer = is_mlp && is_mlp(table) ? mlp_base : section;
     RETURN_IF_ERROR(ApplyOptimizerSettings(settings, bad_entry, &table_optimizer));
     overrides.emplace(table, std::move(table_optimizer));
   }

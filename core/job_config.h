@@ -413,9 +413,9 @@ struct JobConfig {
   // empty). Table names are not checked against a model here. Errors,
   // kInvalidArgument naming optimizer.per_table and the bad piece (with the
   // kOptionPayload payload as for Validate): a malformed entry, an unknown
-  // key, a key set twice, a table named twice, a bad value.
-  // `is_mlp` (when given) says which named tables are MLP layers: their
-  // entries apply over MlpOptimizer() instead.
+  // key, a key set twice, a table named twice, a bad value; and
+  // MlpOptimizer()'s. `is_mlp` (when given) says which named tables are MLP
+  // layers: their entries apply over MlpOptimizer() instead.
   StatusOr<std::map<std::string, Optimizer>> OptimizerOverrides(
       const std::function<bool(absl::string_view)>& is_mlp = nullptr) const;
 

@@ -64,15 +64,22 @@ Status StepPipeline::AwaitLocked(const std::function<bool()>& ready) {
 StatusOr<std::shared_ptr<const StepPipeline::DenseCopy>> StepPipeline::AwaitDense() {
   if (!hooks_.pull_dense) return std::shared_ptr<const DenseCopy>();
   const absl::Time started = absl::Now();
-  absl::MutexLock lock(&mu_);
-  // What held the step back when it had to wait: no copy yet, or the
-  // updates the newest one missed.
-  const std::string why = copy_ == nullptr
-                              ? std::string("no copy pulled yet")
-                              : absl::StrCat("the copy missed ", Lag(*copy_), " updates");
-  RETURN_IF_ERROR(AwaitLocked([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return copy_ != nullptr && Lag(*copy_) <= max_staleness_;
-  }));
+  std::shared_ptr<const DenseCopy> copy;
+  uint64_t lag = 0;
+  std::string why;  // what held the step back, when it had to wait
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return copy_ != nullptr && Lag(*copy_) <= max_staleness_;
+    };
+    if (!ready()) {
+      why = copy_ == nullptr ? std::string("no copy pulled yet")
+                             : absl::StrCat("the copy missed ", Lag(*copy_), " updates");
+    }
+    RETURN_IF_ERROR(AwaitLocked(ready));
+    copy = copy_;
+    lag = Lag(*copy_);
+  }
   const absl::Duration waited = absl::Now() - started;
   if (waited > absl::Seconds(1)) {
     LOG(WARNING) << "a step waited " << absl::FormatDuration(waited)
@@ -80,15 +87,14 @@ StatusOr<std::shared_ptr<const StepPipeline::DenseCopy>> StepPipeline::AwaitDens
                  << why << ")";
   }
   if (hooks_.stats != nullptr) {
-    const uint64_t lag = Lag(*copy_);
     hooks_.stats->staleness.Observe(lag);
-    uint64_t max = hooks_.stats->max_staleness.load(std::memory_order_relaxed);
-    while (lag > max &&
-           !hooks_.stats->max_staleness.compare_exchange_weak(max, lag, std::memory_order_relaxed)) {
+    // The trainer is the only writer; heartbeats read it.
+    if (lag > hooks_.stats->max_staleness.load(std::memory_order_relaxed)) {
+      hooks_.stats->max_staleness.store(lag, std::memory_order_relaxed);
     }
     hooks_.stats->waits.Observe(waited);
   }
-  return copy_;
+  return copy;
 }
 
 Status StepPipeline::Enqueue(Step step) {

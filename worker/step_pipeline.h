@@ -69,8 +69,8 @@ class StepPipeline {
     // committed, failed, dropped or refused by Enqueue. May be null.
     std::function<void()> on_end;
   };
-  // What the trainer's steps trained with, for heartbeats (safe to read
-  // from any thread): per step started from a dense copy, the updates the
+  // What the trainer's steps trained with, for heartbeats (written by the
+  // trainer's AwaitDense only, safe to read from any thread): per step started from a dense copy, the updates the
   // copy missed as the worker knew them, their largest, and the time the
   // step waited for a copy within the bound.
   struct Stats {

@@ -32,7 +32,6 @@ Status WorkerOptions::Validate() const {
   return job.Validate();
 }
 
-
 namespace {
 
 // The autoscaler's launch id of this process (EPS_LAUNCH_ID, set by its

@@ -208,6 +208,10 @@ Status Worker::Impl::Commit(Session& session, RpcChannel& master, const Prepared
 StepPipeline::Step Worker::Impl::MakeStep(Session& session,
                                           std::shared_ptr<PreparedBatch> prepared,
                                           StepResult result) {
+  // Computed: neither its pushes nor its commit read the batch's parameters
+  // (embedding rows and the dense copy), which would otherwise stay in memory
+  // while the step waits in the pipeline.
+  ParamBuffers().swap(prepared->params);
   StepPipeline::Step step;
   step.pushes = std::move(result.pushes);
   step.commit = [this, &session, prepared = std::move(prepared), loss_sum = result.loss_sum,
