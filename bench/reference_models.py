@@ -56,6 +56,14 @@ Subcommands:
       tensors gathered with the slots, as in crosscheck (the C++ model's work).
       Prints one JSON line {"model", "batch", "threads", "samples_per_s"}.
 
+  predict --model-dir DIR --data PATHS [--out FILE] [--batch 1024] [--threads 1]
+      Rebuilds the model of an eps model export (docs/model-format.md, read with
+      scripts/eps_model.py) in PyTorch and scores Criteo-format files with it in
+      float32, the records in file order, eps's feature ids (XXH3, needs
+      python3-xxhash) and its dense transform; ids the export lacks read as the
+      servers' initializer makes them. Writes one prediction per line to --out
+      and prints one JSON line {"records", "auc", "logloss", "unseen_ids"}.
+
 PATHS: comma-separated files, directories or globs. Needs Debian's
 python3-torch and python3-numpy (/usr/bin/python3); libopenblas0-pthread makes
 the CPU matmuls fast.
@@ -597,6 +605,71 @@ def speed(args, parser):
     return 0
 
 
+def predict(args, parser):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+    from eps_model import EpsModel, ExportError
+
+    try:
+        export = EpsModel(args.model_dir)
+    except (ExportError, OSError, ValueError) as e:
+        parser.error(str(e))
+    m = export.manifest["model"]
+    if export.manifest["data"]["format"] != "criteo":
+        parser.error("predict reads data.format = criteo exports only")
+    spec = ModelSpec(m["type"], m["num_dense"], m["num_fields"], m["embedding_dim"], m["mlp"],
+                     m["bottom_mlp"], m["top_mlp"], m["activation"])
+    set_threads(args.threads)
+    values = {p.name: torch.from_numpy(export.dense(p.name).copy())
+              for p in spec.params if p.kind == "dense"}
+    tables = [p.name for p in spec.params if p.kind == "embedding"]
+    D, F = spec.num_dense, spec.num_fields
+    out = open(args.out, "w") if args.out else None
+    predictions, labels = [], []
+    unseen = 0
+
+    def score(batch):
+        nonlocal unseen
+        keys, slots = {}, np.empty((len(batch), F), dtype=np.int64)
+        for i, (_, _, ids) in enumerate(batch):
+            for f, key in enumerate(ids):
+                slots[i, f] = keys.setdefault(key, len(keys))
+        key_array = np.fromiter(keys.keys(), dtype=np.uint64, count=len(keys))
+        for name in tables:
+            values[name] = torch.from_numpy(export.rows(name, key_array))
+        unseen += export.unseen
+        x = torch.from_numpy(np.array([dense for _, dense, _ in batch], dtype=np.float32))
+        with torch.no_grad():
+            p = torch.sigmoid(forward(spec, values, x, torch.from_numpy(slots))).numpy()
+        predictions.append(p)
+        labels.extend(label for label, _, _ in batch)
+        if out:
+            out.write("".join(f"{v:.9g}\n" for v in p))
+
+    batch = []
+    for path in expand(args.data):
+        with open(path, "rb") as f:
+            for raw in f:
+                columns = raw.rstrip(b"\r\n").split(b"\t")
+                if len(columns) != 1 + D + F:
+                    continue  # malformed, as eps skips it
+                dense = [math.log1p(v) if v > 0 else 0.0
+                         for v in (float(c) if c else 0.0 for c in columns[1:1 + D])]
+                ids = [EpsModel.feature_id(f, c) for f, c in enumerate(columns[1 + D:])]
+                batch.append((float(columns[0]), dense, ids))
+                if len(batch) == args.batch:
+                    score(batch)
+                    batch = []
+    if batch:
+        score(batch)
+    if out:
+        out.close()
+    p = np.concatenate(predictions) if predictions else np.zeros(0, np.float32)
+    y = np.array(labels, dtype=np.float64)
+    print(json.dumps({"records": len(p), "auc": auc(p, y), "logloss": logloss(p, y),
+                      "unseen_ids": unseen}))
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -633,6 +706,13 @@ def main():
     sp.add_argument("--seconds", type=float, default=5.0)
     sp.add_argument("--num-keys", type=int, default=0, help="unique rows K (default batch*26/2)")
 
+    pr = sub.add_parser("predict", help="rebuild an eps model export and score Criteo files")
+    pr.add_argument("--model-dir", required=True)
+    pr.add_argument("--data", required=True)
+    pr.add_argument("--out", default="")
+    pr.add_argument("--batch", type=int, default=1024)
+    pr.add_argument("--threads", type=int, default=1)
+
     args = parser.parse_args()
     if getattr(args, "batch", 1) < 1 or getattr(args, "threads", 1) < 1 \
             or getattr(args, "epochs", 1) < 1:
@@ -641,6 +721,8 @@ def main():
         return crosscheck(args)
     if args.command == "train":
         return train(args, parser)
+    if args.command == "predict":
+        return predict(args, parser)
     return speed(args, parser)
 
 

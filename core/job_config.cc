@@ -318,6 +318,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("job.divergence_factor", &job.divergence_factor,
           "stop when the recent loss stays past this times epoch 1's (at most ln 2) for 64 "
           "batches; 0 never");
+  v.Visit("job.export_dir", &job.export_dir,
+          "where servers and master write the trained model at the end; empty: no export");
 
   v.Visit("data.train", &data.train, "training files, globs or directories, comma-separated");
   v.Visit("data.eval", &data.eval, "evaluation files, globs or directories; empty: no eval");

@@ -63,6 +63,12 @@ struct JobConfig {
     // 0 = never (a non-finite loss stops it all the same). 0 or in
     // (1, 1e6]. Default 2.
     double divergence_factor = 2.0;
+    // Where the trained model goes (docs/model-format.md): once the last
+    // pass is done, every server writes its rows there and the master the
+    // manifest, before the job counts as finished. A directory every server
+    // and the master can write (shared storage when they run on several
+    // machines). Empty: no export. Default empty.
+    std::string export_dir;
   } job;
 
   struct Data {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/data_paths.h"
 #include "core/status.h"
 #include "proto/eps.pb.h"
 
@@ -37,13 +38,6 @@ struct DataSet {
   uint64_t lines = 0;  // stored as DataSetRecord.records
   uint64_t bytes = 0;
 };
-
-// Expands a comma-separated list of files, globs and directories (a
-// directory means the regular files directly in it, hidden files skipped)
-// into a sorted, de-duplicated list of absolute paths. kNotFound names the first entry
-// that matches no file; `option` (e.g. "data.train") prefixes messages.
-StatusOr<std::vector<std::string>> ExpandDataPaths(const std::string& spec,
-                                                   const std::string& option);
 
 // Called during a scan (after every read of a few MiB) with (bytes scanned,
 // total bytes). Returning false stops the scan.

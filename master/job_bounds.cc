@@ -108,6 +108,14 @@ std::vector<std::string> JobControl::Waits(absl::Time now) const {
         absl::StrCat("checkpoint ", *round, ": ",
                      checkpoints_.writing() ? "the servers to write it" : "the workers to pause"));
   }
+  if (export_due_) {
+    waits.push_back(absl::StrCat(
+        "the servers to export the model to ", job_.job.export_dir, " for ",
+        FormatSeconds(now - export_due_since_), " (attempt ", export_attempts_ + 1, " of ",
+        kMaxExportAttempts,
+        export_error_.empty() ? std::string() : absl::StrCat("; the last failed: ", export_error_),
+        ")"));
+  }
   if (no_workers_since_ != absl::InfiniteFuture()) {
     waits.push_back(absl::StrCat("workers: none alive for ", FormatSeconds(now - no_workers_since_),
                                  " (master.worker_wait_s = ", job_.master.worker_wait_s, " s)"));

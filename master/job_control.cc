@@ -402,7 +402,7 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
   if (progress_.LossPastFactor()) {
     checkpoints_.AbandonPausing("the recent loss is past job.divergence_factor", now);
   }
-  if (progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) Finish(now);
+  if (progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) PassesDone(now);
   return absl::OkStatus();
 }
 
@@ -450,7 +450,7 @@ Status JobControl::ShardUnreadable(const proto::NodeId& sender,
   if (job_.data.on_unreadable == "skip") {
     RETURN_IF_ERROR(progress_.SkipUnread(sender.id(), request, reason));
     reply->set_skipped(true);
-    if (progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) Finish(now);
+    if (progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) PassesDone(now);
     return absl::OkStatus();
   }
   Stop(absl::StrCat("data file ", range.path, " cannot be read (", reason, "; ", lines,
@@ -491,9 +491,15 @@ void JobControl::Tick(absl::Time now) {
   ExpireLeases(now);
   EnforceBounds(now);
   SampleProgress(now);
+  // A master restarted while the export was due finds the last pass done
+  // (its commit and the export's start are one step): it exports again.
+  if (!job_.job.export_dir.empty() && !export_due_ && !over() && !recovery_.active() &&
+      progress_.AdvanceIfPassDone() == TrainingProgress::PassEnd::kFinished) {
+    PassesDone(now);
+  }
   // A model whose loss is past the divergence factor is not saved: the
   // checkpoint to resume a diverged job from is one taken before.
-  checkpoints_.MaybeStart(now, !recovery_.active() && !over() &&
+  checkpoints_.MaybeStart(now, !recovery_.active() && !over() && !export_due_ &&
                                    progress_.phase() == JobPhase::kTraining &&
                                    membership_.placed() && !progress_.LossPastFactor());
 }
@@ -508,6 +514,9 @@ void JobControl::StartRecovery(uint32_t server, const std::string& why, absl::Ti
     return;
   }
   const bool rollback = job_.checkpoint.on_server_failure == "rollback";
+  // A rollback may take the passes back; the export is due again once they
+  // are done (Tick).
+  export_due_ = false;
   if (recovery_.Start(why, rollback, server, now)) {
     LOG(WARNING) << why << ": restoring "
                  << (rollback ? "the job" : absl::StrCat("ps[", server, "]"))
@@ -688,6 +697,79 @@ bool JobControl::Done(absl::Time now) const {
 // (which should not happen).
 static absl::Time ShutdownDeadline(const JobConfig& job, absl::Time now) {
   return now + 3 * absl::Milliseconds(job.master.lease_ms) + absl::Seconds(10);
+}
+
+void JobControl::PassesDone(absl::Time now) {
+  if (job_.job.export_dir.empty()) {
+    Finish(now);
+    return;
+  }
+  // Finish's checks come first: a model that diverged is not exported.
+  const std::optional<double> auc = progress_.eval_auc();
+  const std::optional<double> logloss = progress_.eval_logloss();
+  const double factor = job_.job.divergence_factor;
+  if ((auc && !std::isfinite(*auc)) || (logloss && !std::isfinite(*logloss)) ||
+      (logloss && factor > 0 && *logloss > factor * kKnowNothingLogLoss)) {
+    Finish(now);
+    return;
+  }
+  export_due_ = true;
+  if (export_due_since_ == absl::InfiniteFuture()) export_due_since_ = now;
+  LOG(INFO) << "the last pass is done: exporting the model to " << job_.job.export_dir;
+}
+
+std::optional<JobControl::ExportWrite> JobControl::NextExport(absl::Time now) {
+  if (!export_due_ || over() || recovery_.active() || !membership_.MissingServers().empty()) {
+    return std::nullopt;
+  }
+  ExportWrite write{.dir = job_.job.export_dir,
+                    .servers = membership_.LiveServers(),
+                    .attempt = export_attempts_ + 1};
+  if (write.servers.empty()) return std::nullopt;
+  events_->Record("export_started", {{"dir", write.dir}, {"attempt", write.attempt}});
+  return write;
+}
+
+void JobControl::Exported(const ExportWrite& write,
+                          const std::vector<StatusOr<proto::ExportReply>>& parts,
+                          const Status& manifest, absl::Time now) {
+  if (over() || !export_due_) return;
+  std::string error;
+  uint64_t rows = 0;
+  uint64_t bytes = 0;
+  for (const StatusOr<proto::ExportReply>& part : parts) {
+    if (!part.ok()) {
+      absl::StrAppend(&error, error.empty() ? "" : "; ", part.status().message());
+      continue;
+    }
+    rows += part->rows();
+    bytes += part->bytes();
+  }
+  if (error.empty() && !manifest.ok()) error = std::string(manifest.message());
+  if (error.empty()) {
+    LOG(INFO) << "exported the model to " << write.dir << ": " << rows << " rows, "
+              << absl::StrFormat("%.1f", bytes / double{1 << 20}) << " MiB in "
+              << FormatSeconds(now - export_due_since_);
+    events_->Record("model_exported", {{"dir", write.dir},
+                                       {"rows", rows},
+                                       {"bytes", bytes},
+                                       {"seconds", absl::ToDoubleSeconds(now - export_due_since_)}});
+    export_due_ = false;
+    Finish(now);
+    return;
+  }
+  export_attempts_ = write.attempt;
+  export_error_ = error;
+  LOG(WARNING) << "export " << write.attempt << " of " << kMaxExportAttempts << " to " << write.dir
+               << " failed: " << error;
+  events_->Record("export_failed", {{"dir", write.dir}, {"attempt", write.attempt}, {"error", error}});
+  if (export_attempts_ >= kMaxExportAttempts) {
+    Stop(absl::StrCat("the model could not be exported to ", write.dir, " (", kMaxExportAttempts,
+                      " attempts): ", error,
+                      "; fix the cause, then eps-master --resume trains on from the last "
+                      "checkpoint and exports again"),
+         now);
+  }
 }
 
 void JobControl::Finish(absl::Time now) {

@@ -147,6 +147,26 @@ class JobControl {
   void CheckpointRecorded(const proto::CheckpointRecord& record, const Status& written,
                           absl::Time now);
 
+  // The model export (job.export_dir), due once the last pass is done: the
+  // job finishes only when it is written. Nothing pushes then, so every
+  // server writes what it holds.
+  struct ExportWrite {
+    std::string dir;
+    std::vector<ServerAddress> servers;
+    uint32_t attempt = 0;  // 1 for the first
+  };
+  // The export to write now: nullopt while none is due or while a recovery
+  // runs or a slot has no live server (the export waits for them).
+  std::optional<ExportWrite> NextExport(absl::Time now);
+  // The servers answered (`parts`, one per server) and the master wrote
+  // the manifest, or could not (`manifest`; not attempted when a server
+  // failed). Finishes the job when all succeeded; otherwise tries again on
+  // a later tick, and after kMaxExportAttempts stops the job resumably
+  // naming the error.
+  void Exported(const ExportWrite& write, const std::vector<StatusOr<proto::ExportReply>>& parts,
+                const Status& manifest, absl::Time now);
+  static constexpr uint32_t kMaxExportAttempts = 3;
+
   // The recovery's restores, when every slot is filled and fenced.
   std::optional<Recovery::Step> NextRestore(absl::Time now);
   // The servers answered the restores (bytes restored, per target).
@@ -211,6 +231,8 @@ class JobControl {
   // Places the servers and starts training once both are ready.
   void MaybeStartTraining(absl::Time now);
   void AfterCommit(absl::Time now);
+  // The last pass is done: the export, if one is asked for, then Finish.
+  void PassesDone(absl::Time now);
   void Finish(absl::Time now);
   void SampleProgress(absl::Time now);
   void FillJobProgress(proto::HeartbeatReply* reply) const;
@@ -239,6 +261,13 @@ class JobControl {
   absl::Time held_until_ = absl::InfinitePast();
   absl::Time done_at_ = absl::InfiniteFuture();
   bool ended_ = false;  // the job ended since the last TakeChanges
+  // The export (PassesDone): due since, and the attempts that failed. Not
+  // persisted: a restarted master finds the last pass done (Tick) and
+  // exports again.
+  bool export_due_ = false;
+  absl::Time export_due_since_ = absl::InfiniteFuture();
+  uint32_t export_attempts_ = 0;
+  std::string export_error_;
   std::string saved_record_;  // the master record last taken, serialized
 };
 

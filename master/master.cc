@@ -34,6 +34,7 @@
 #include "master/job_control.h"
 #include "master/job_record.h"
 #include "master/job_spec.h"
+#include "master/model_export.h"
 #include "master/server_calls.h"
 #include "master/state_store.h"
 #include "master/status_page.h"
@@ -110,6 +111,8 @@ class Master::Impl {
   void PropagateFences(ServerCalls& calls);
   void AdvanceCheckpoint(ServerCalls& calls);
   void AdvanceRecovery(ServerCalls& calls);
+  // The model export (job.export_dir) once the last pass is done.
+  void AdvanceExport(ServerCalls& calls);
   // While servers work, leases run on: a server that dies meanwhile is not
   // waited for.
   bool Serving(const ServerAddress& server) ABSL_LOCKS_EXCLUDED(mu_);
@@ -448,6 +451,7 @@ void Master::Impl::JobLoop() {
     PropagateFences(calls);
     AdvanceCheckpoint(calls);
     AdvanceRecovery(calls);
+    AdvanceExport(calls);
     // A failed write fails the job (Persist says why): the loop winds down.
     (void)Persist();
     Status flushed = events_->Flush();
@@ -542,6 +546,31 @@ void Master::Impl::AdvanceRecovery(ServerCalls& calls) {
     changed_.SignalAll();
   }
   (void)Persist();  // a failure fails the job
+}
+
+void Master::Impl::AdvanceExport(ServerCalls& calls) {
+  std::optional<JobControl::ExportWrite> write;
+  StatusOr<ExportManifest> manifest = absl::UnknownError("no manifest");
+  {
+    absl::MutexLock lock(&mu_);
+    write = control_->NextExport(clock_->Now());
+    if (!write.has_value()) return;
+    std::vector<uint32_t> slots;
+    for (const ServerAddress& server : write->servers) slots.push_back(server.first);
+    manifest = MakeExportManifest(control_->job(), control_->job_spec(), control_->progress(),
+                                  slots);
+  }
+  // Nothing pushes: every pass is done, and no worker gets a shard.
+  std::vector<StatusOr<proto::ExportReply>> parts = calls.Export(
+      write->dir, write->servers, [this](const ServerAddress& server) { return Serving(server); });
+  Status written = manifest.status();
+  bool parts_ok = true;
+  for (const StatusOr<proto::ExportReply>& part : parts) parts_ok = parts_ok && part.ok();
+  // The manifest last: a directory with one holds a whole export.
+  if (parts_ok && written.ok()) written = WriteExportManifest(write->dir, *manifest);
+  absl::MutexLock lock(&mu_);
+  control_->Exported(*write, parts, written, clock_->Now());
+  changed_.SignalAll();
 }
 
 Status Master::Impl::Handle(Message& request, Message* reply) {

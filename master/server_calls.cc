@@ -138,4 +138,26 @@ std::vector<StatusOr<uint64_t>> ServerCalls::Restore(
   return results;
 }
 
+std::vector<StatusOr<proto::ExportReply>> ServerCalls::Export(
+    const std::string& dir, const std::vector<ServerAddress>& servers, const Serving& serving) {
+  std::vector<StatusOr<Message>> replies = CallAll(
+      servers,
+      [&](size_t) {
+        Message request;
+        request.header().set_method(proto::EXPORT);
+        request.header().mutable_export_request()->set_dir(dir);
+        return request;
+      },
+      kSlowCallTimeout, serving);
+  std::vector<StatusOr<proto::ExportReply>> results;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (!replies[i].ok()) {
+      results.push_back(Annotate(replies[i].status(), absl::StrCat("ps[", servers[i].first, "]")));
+    } else {
+      results.push_back(replies[i]->header().export_reply());
+    }
+  }
+  return results;
+}
+
 }  // namespace eps

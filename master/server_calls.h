@@ -1,5 +1,5 @@
 // ServerCalls: the master's one fan-out to its servers: FENCE_WORKERS,
-// CHECKPOINT and RESTORE. A call goes to every server at once and the
+// CHECKPOINT, RESTORE and EXPORT. A call goes to every server at once and the
 // replies are awaited together; the wait watches the servers meanwhile, so
 // a call to a server that dies (or is replaced) is given up instead of
 // waiting out its timeout.
@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -50,6 +51,11 @@ class ServerCalls {
   std::vector<StatusOr<uint64_t>> Restore(uint64_t id,
                                           const std::vector<Recovery::RestoreTarget>& targets,
                                           const Serving& serving);
+  // Has every server write its rows into the model export in `dir`. One
+  // result per server: its reply, or the error naming it.
+  std::vector<StatusOr<proto::ExportReply>> Export(const std::string& dir,
+                                                   const std::vector<ServerAddress>& servers,
+                                                   const Serving& serving);
 
  private:
   std::vector<StatusOr<Message>> CallAll(const std::vector<ServerAddress>& servers,

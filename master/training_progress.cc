@@ -416,6 +416,26 @@ TrainingProgress::PassEnd TrainingProgress::AdvanceIfPassDone() {
   return PassEnd::kFinished;
 }
 
+void TrainingProgress::EvalInDataOrder(std::vector<float>* labels,
+                                       std::vector<float>* predictions) const {
+  labels->clear();
+  predictions->clear();
+  if (phase_ != JobPhase::kEvaluating && phase_ != JobPhase::kFinished) return;
+  if (!tracker_) return;
+  // Shards of a split keep their file; a commit's begin orders it within.
+  std::vector<std::pair<std::pair<uint32_t, uint64_t>, const EvalResult*>> order;
+  for (const auto& [key, result] : eval_results_) {
+    if (key.first >= tracker_->num_shards()) continue;
+    order.push_back({{tracker_->shard(key.first).spec.file, key.second}, &result});
+  }
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [where, result] : order) {
+    labels->insert(labels->end(), result->first.begin(), result->first.end());
+    predictions->insert(predictions->end(), result->second.begin(), result->second.end());
+  }
+}
+
 void TrainingProgress::Finish() {
   ClosePass();
   phase_ = JobPhase::kFinished;

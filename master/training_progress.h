@@ -207,6 +207,10 @@ class TrainingProgress {
   uint64_t records_retrained() const { return records_retrained_; }
   uint64_t records_malformed() const { return records_malformed_; }
   const std::vector<std::string>& malformed_examples() const { return malformed_examples_; }
+  // The evaluation's labels and predictions in the order of the eval data
+  // (by file, then offset), malformed lines left out: what eps-predict
+  // gives for the same files. Empty before the evaluation pass.
+  void EvalInDataOrder(std::vector<float>* labels, std::vector<float>* predictions) const;
   std::optional<double> eval_auc() const { return eval_auc_; }
   std::optional<double> eval_logloss() const { return eval_logloss_; }
   uint64_t eval_records() const { return eval_records_; }
@@ -267,8 +271,8 @@ class TrainingProgress {
   std::vector<std::string> malformed_examples_;
   std::vector<proto::EpochLedger> ledger_;
   // Eval commits by (shard, begin offset): labels, predictions.
-  std::map<std::pair<uint64_t, uint64_t>, std::pair<std::vector<float>, std::vector<float>>>
-      eval_results_;
+  using EvalResult = std::pair<std::vector<float>, std::vector<float>>;
+  std::map<std::pair<uint64_t, uint64_t>, EvalResult> eval_results_;
   uint64_t eval_records_ = 0;
   uint64_t eval_lines_skipped_ = 0;
   std::vector<std::string> eval_skipped_;

@@ -15,6 +15,7 @@
 #define EPS_PS_KV_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,6 +58,15 @@ class KvStore {
   // kNotFound for an unknown table (nothing is written); kUnavailable on I/O
   // errors.
   virtual Status Write(std::span<const KvWrite> writes, bool sync) = 0;
+
+  // Calls visit(key, value) for every row of `table`, in key order, from
+  // one consistent snapshot of it (writes made meanwhile are not seen).
+  // Streams: RocksDB reads block by block without filling its cache, so a
+  // table far larger than memory scans in bounded memory. Stops at the
+  // first error `visit` returns and returns it. kNotFound for an unknown
+  // table; kDataLoss/kUnavailable as MultiGet.
+  virtual Status Scan(uint32_t table,
+                      const std::function<Status(uint64_t key, absl::string_view value)>& visit) = 0;
 
   // Writes a consistent snapshot of every table into `dir`, which must not
   // exist (its parent must). Blocks while the memtables are flushed.

@@ -7,6 +7,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -59,6 +63,20 @@ class MemoryKvStore final : public KvStore {
     for (const KvWrite& write : writes) {
       tables_[write.table][write.key].assign(write.value.data(), write.value.size());
     }
+    return absl::OkStatus();
+  }
+
+  Status Scan(uint32_t table,
+              const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+    std::vector<std::pair<uint64_t, std::string>> rows;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = tables_.find(table);
+      if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table ", table));
+      rows.assign(it->second.begin(), it->second.end());
+    }
+    std::sort(rows.begin(), rows.end());
+    for (const auto& [key, value] : rows) RETURN_IF_ERROR(visit(key, value));
     return absl::OkStatus();
   }
 

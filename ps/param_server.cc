@@ -107,6 +107,8 @@ class ParamServer::Impl {
   Status HandlePush(const Message& request, Message* reply)
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   Status HandleFenceWorkers(const Message& request, Message* reply);
+  // Writes this server's rows into a model export (from the master).
+  Status HandleExport(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);
   // Writes checkpoint N (from the master or an operator's tool).
   Status HandleCheckpoint(const Message& request, Message* reply)
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
@@ -496,6 +498,7 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
   // made).
   if (method == proto::FENCE_WORKERS) return HandleFenceWorkers(request, reply);
   if (method == proto::RESTORE) return HandleRestore(request, reply);
+  if (method == proto::EXPORT) return HandleExport(request, reply);
   if (method != proto::PULL && method != proto::PUSH && method != proto::CHECKPOINT) {
     return absl::UnimplementedError(
         absl::StrCat("a parameter server does not serve ", proto::Method_Name(method)));
@@ -533,6 +536,36 @@ Status ParamServer::Impl::HandleCheckpoint(const Message& request, Message* repl
   out->set_path(info.path);
   out->set_bytes(info.bytes);
   out->set_duration_ms(absl::ToDoubleMilliseconds(info.duration));
+  return absl::OkStatus();
+}
+
+Status ParamServer::Impl::HandleExport(const Message& request, Message* reply) {
+  if (!request.header().has_export_request() || request.header().export_request().dir().empty()) {
+    return absl::InvalidArgumentError("EXPORT without its directory");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!tables_ready_) {
+      return ErrorWithReason(absl::StatusCode::kUnavailable, "still starting: no tables yet",
+                             proto::NOT_READY);
+    }
+  }
+  const std::string& dir = request.header().export_request().dir();
+  StatusOr<ExportInfo> info = absl::UnknownError("not exported");
+  {
+    // Not while a restore swaps the tables.
+    absl::ReaderMutexLock restore_lock(&restore_mu_);
+    info = storage_->Export(dir);
+  }
+  RETURN_IF_ERROR_CTX(info.status(), absl::StrCat("export to ", dir));
+  LOG(INFO) << "exported " << info->rows << " rows ("
+            << absl::StrFormat("%.1f", info->bytes / double{1 << 20}) << " MiB) to " << dir
+            << " in " << absl::StrFormat("%.0f", absl::ToDoubleMilliseconds(info->duration))
+            << " ms";
+  proto::ExportReply* out = reply->header().mutable_export_reply();
+  out->set_rows(info->rows);
+  out->set_bytes(info->bytes);
+  out->set_duration_ms(absl::ToDoubleMilliseconds(info->duration));
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -14,6 +15,8 @@
 #include "absl/time/clock.h"
 #include "core/failpoint.h"
 #include "core/file_util.h"
+#include "core/npy.h"
+#include "cluster/placement.h"
 #include "core/logging.h"
 
 namespace eps {
@@ -230,6 +233,109 @@ void ServerStorage::FlushLoop() {
     Status flushed = Flush();
     if (!flushed.ok()) LOG(ERROR) << "flush: " << flushed;
   }
+}
+
+namespace {
+
+// One table's part of an export: its keys and rows, written in pieces.
+class ExportPart {
+ public:
+  static StatusOr<ExportPart> Create(const std::string& dir, const Table& table,
+                                     uint32_t server_id) {
+    const fs::path tables = fs::path(dir) / "params" / table.spec().name();
+    std::error_code error;
+    fs::create_directories(tables, error);
+    if (error) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create export dir ", tables.string(), ": ", error.message()));
+    }
+    const std::string stem = (tables / absl::StrCat("part-", server_id)).string();
+    ExportPart part;
+    part.dense_ = table.spec().kind() == proto::DENSE;
+    part.row_floats_ = table.row_floats();
+    ASSIGN_OR_RETURN(part.keys_, NpyWriter::Create(stem + ".keys.npy", "<u8", {}));
+    ASSIGN_OR_RETURN(part.rows_, NpyWriter::Create(stem + ".rows.npy", "<f4", {part.row_floats_}));
+    return part;
+  }
+
+  Status Add(uint64_t key, const float* row) {
+    keys_buffer_.push_back(dense_ ? DecodeDenseChunkKey(key).chunk : key);
+    rows_buffer_.insert(rows_buffer_.end(), row, row + row_floats_);
+    return keys_buffer_.size() >= kRowsPerWrite ? Write() : absl::OkStatus();
+  }
+
+  // Returns the rows written.
+  StatusOr<uint64_t> Close() {
+    RETURN_IF_ERROR(Write());
+    RETURN_IF_ERROR(keys_->Close());
+    RETURN_IF_ERROR(rows_->Close());
+    return keys_->rows();
+  }
+
+ private:
+  static constexpr size_t kRowsPerWrite = 4096;
+
+  Status Write() {
+    RETURN_IF_ERROR(keys_->Append(keys_buffer_.data(), keys_buffer_.size()));
+    RETURN_IF_ERROR(rows_->Append(rows_buffer_.data(), keys_buffer_.size()));
+    keys_buffer_.clear();
+    rows_buffer_.clear();
+    return absl::OkStatus();
+  }
+
+  bool dense_ = false;
+  uint32_t row_floats_ = 0;
+  std::unique_ptr<NpyWriter> keys_;
+  std::unique_ptr<NpyWriter> rows_;
+  std::vector<uint64_t> keys_buffer_;
+  std::vector<float> rows_buffer_;
+};
+
+}  // namespace
+
+StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir) {
+  std::optional<uint32_t> server_id;
+  {
+    absl::MutexLock lock(&mu_);
+    server_id = server_id_;
+  }
+  if (!server_id.has_value()) {
+    return absl::FailedPreconditionError("no server id yet: nothing to export");
+  }
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  if (!broken_.ok()) return broken_;
+  if (tables_.empty()) return absl::FailedPreconditionError("no tables yet: nothing to export");
+  const absl::Time start = absl::Now();
+  if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked());
+  ExportInfo info;
+  for (const std::unique_ptr<Table>& table : tables_) {
+    ASSIGN_OR_RETURN(ExportPart part, ExportPart::Create(dir, *table, *server_id));
+    if (store_ != nullptr) {
+      // Every row is in the store once flushed; rows in memory are the same.
+      const size_t row_bytes = sizeof(float) * table->row_floats();
+      std::vector<float> row(table->row_floats());
+      RETURN_IF_ERROR(store_->Scan(table->spec().id(), [&](uint64_t key, absl::string_view value) {
+        if (value.size() != row_bytes) {
+          return absl::DataLossError(absl::StrCat("key ", key, " of table '", table->spec().name(),
+                                                  "' holds ", value.size(), " bytes, expected ",
+                                                  row_bytes));
+        }
+        std::memcpy(row.data(), value.data(), row_bytes);
+        return part.Add(key, row.data());
+      }));
+    } else {
+      Status added;
+      table->VisitResident([&](uint64_t key, const float* row) {
+        if (added.ok()) added = part.Add(key, row);
+      });
+      RETURN_IF_ERROR(added);
+    }
+    ASSIGN_OR_RETURN(uint64_t rows, part.Close());
+    info.rows += rows;
+    info.bytes += rows * (sizeof(uint64_t) + sizeof(float) * table->row_floats());
+  }
+  info.duration = absl::Now() - start;
+  return info;
 }
 
 StatusOr<std::string> ServerStorage::CheckpointRoot() const {

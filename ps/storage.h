@@ -106,6 +106,12 @@ struct CheckpointInfo {
   absl::Duration duration;
 };
 
+struct ExportInfo {
+  uint64_t rows = 0;   // rows written, every table
+  uint64_t bytes = 0;  // bytes of the files written
+  absl::Duration duration;
+};
+
 class ServerStorage {
  public:
   // Opens the store (restoring a checkpoint first if asked). kInvalidArgument
@@ -141,6 +147,18 @@ class ServerStorage {
   // on I/O errors. Failpoint ps.crash_in_checkpoint=`id` (core/failpoint.h)
   // kills the process once the checkpoint is written, before returning.
   StatusOr<CheckpointInfo> Checkpoint(uint64_t id, std::span<const uint64_t> keep_ids = {});
+
+  // Writes every row this server holds into the model export in `dir`
+  // (docs/model-format.md): for each table, DIR/params/<table name>/
+  // part-<server id>.keys.npy (uint64: feature ids, or a dense tensor's
+  // chunk indices) and .rows.npy (float32, rows x row_floats: the weights,
+  // then the optimizer state), in key order with a store. Flushes first and then streams
+  // the store's rows (bounded memory, whatever the table's size); without a
+  // store, writes the rows in memory. Consistent only while nothing pushes
+  // (the master exports at the end of the job). Files appear whole or not
+  // at all. kFailedPrecondition before SetServerId or CreateTables;
+  // kUnavailable naming the file on I/O errors; the store's errors.
+  StatusOr<ExportInfo> Export(const std::string& dir);
 
   // Replaces every parameter by the checkpoint in directory `checkpoint`
   // (a CheckpointInfo.path): drops the tables and their changed rows

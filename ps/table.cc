@@ -18,7 +18,7 @@
 #include "cluster/job_spec_check.h"
 #include "core/hashing.h"
 #include "core/logging.h"
-#include "ps/initializer.h"
+#include "cluster/initializer.h"
 #include "ps/kv_store.h"
 #include "ps/optimizer.h"
 #include "ps/write_queue.h"
@@ -128,6 +128,8 @@ class StripedTable final : public Table {
   uint64_t EvictToBudget() override;
   TableStats stats() const override;
   uint64_t bytes_per_row() const override { return bytes_per_row_; }
+  uint32_t row_floats() const override { return row_floats_; }
+  void VisitResident(const std::function<void(uint64_t, const float*)>& visit) override;
 
  private:
   // Counts `rows` refused updates; warns on the first and then whenever the
@@ -484,6 +486,18 @@ uint64_t StripedTable::QueueDirtyRows() {
     stripe.dirty.clear();
   }
   return max_seq;
+}
+
+void StripedTable::VisitResident(const std::function<void(uint64_t, const float*)>& visit) {
+  for (uint32_t s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    for (uint32_t i = 0; i < stripe.index_capacity; ++i) {
+      const uint32_t slot = stripe.index[i].slot;
+      if (slot == kEmptySlot) continue;
+      visit(MetaLocked(stripe, slot).key, RowLocked(stripe, slot));
+    }
+  }
 }
 
 TableStats StripedTable::stats() const {

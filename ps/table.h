@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -130,6 +131,14 @@ class Table {
   // could not leave memory while dirty leave now. Does no I/O; no-op
   // without a budget.
   virtual uint64_t EvictToBudget() = 0;
+
+  // Floats per stored row: dim() weights, then the optimizer's state.
+  virtual uint32_t row_floats() const = 0;
+  // Calls visit(key, row) (row_floats() floats) for every row held in
+  // memory, stripe by stripe under each stripe's lock: rows pushed to
+  // meanwhile may be seen before or after the push. Rows only in the store
+  // are not visited (a table without a store holds every row in memory).
+  virtual void VisitResident(const std::function<void(uint64_t key, const float* row)>& visit) = 0;
 
   // Rows held in memory.
   uint64_t num_rows() const { return stats().rows_in_memory; }

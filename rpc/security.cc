@@ -287,6 +287,7 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
     case proto::FENCE_WORKERS:
     case proto::CHECKPOINT:
     case proto::RESTORE:
+    case proto::EXPORT:
       allowed = caller == proto::ROLE_MASTER;
       who = "the master";
       break;

@@ -14,8 +14,12 @@
 set -euo pipefail
 # promtool validates /metrics; matplotlib runs scripts/plot_run.py; Slurm's
 # daemons and munge run the autoscaler's Slurm test; PyYAML reads the
-# Kubernetes manifests.
-EXTRA_PACKAGES=(prometheus python3-matplotlib python3-yaml slurm-wlm munge)
+# Kubernetes manifests; numpy reads a model export (scripts/eps_model.py) and
+# xxhash gives its feature ids. The PyTorch rebuild of an export
+# (export_test) runs where python3-torch is installed and skips visibly
+# elsewhere.
+EXTRA_PACKAGES=(prometheus python3-matplotlib python3-yaml python3-numpy python3-xxhash slurm-wlm
+  munge)
 for arg in "$@"; do
   if [[ "$arg" == *browser* ]]; then EXTRA_PACKAGES+=(chromium); fi
 done

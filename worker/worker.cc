@@ -265,8 +265,14 @@ ShardLoader::Hooks Worker::Impl::LoaderHooks(Session& session) {
     return CallMaster(session, master, make);
   };
   hooks.prepare = [this, &session](PsClient& ps, PreparedBatch& prepared) {
-    return PullParams(session, ps, /*at_step=*/false, prepared.batch.keys, &prepared.params,
-                      nullptr);
+    RETURN_IF_ERROR(PullParams(session, ps, /*at_step=*/false, prepared.batch.keys,
+                               &prepared.params, nullptr));
+    if (prepared.shard.phase() != proto::EVAL || !has_step_params_) return absl::OkStatus();
+    // The evaluation reads the model as the servers hold it. Its pass
+    // starts only once every training push was applied, so these are the
+    // final dense tensors; the worker's dense copy may miss the last pushes
+    // of other workers.
+    return PullParams(session, ps, /*at_step=*/true, {}, &prepared.params, nullptr);
   };
   hooks.stopping = [this, &session] { return StoppingOrOver(session); };
   hooks.sleep = [this](absl::Duration duration) { SleepUnlessStopping(duration); };

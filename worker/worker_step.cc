@@ -43,16 +43,19 @@ Status Worker::Impl::PullParams(Session& session, PsClient& ps, bool at_step,
 
 Status Worker::Impl::Train(Session& session, const std::shared_ptr<PreparedBatch>& prepared,
                            StepResult* result) {
-  ASSIGN_OR_RETURN(std::shared_ptr<const StepPipeline::DenseCopy> copy,
-                   session.pipeline->AwaitDense());
+  // An evaluation batch was prepared with the final dense tensors.
+  const bool eval = prepared->shard.phase() == proto::EVAL;
+  std::shared_ptr<const StepPipeline::DenseCopy> copy;
+  if (!eval) {
+    ASSIGN_OR_RETURN(copy, session.pipeline->AwaitDense());
+  }
   if (copy != nullptr) {
     const std::vector<ParamSpec>& specs = model_->params();
     for (size_t i = 0; i < specs.size(); ++i) {
       if (specs[i].pull_each_step) prepared->params[i] = copy->values[i];
     }
   }
-  const float lr_scale =
-      prepared->shard.phase() == proto::EVAL ? 1.0f : batch_size_.LrScale(prepared->batch.size());
+  const float lr_scale = eval ? 1.0f : batch_size_.LrScale(prepared->batch.size());
   return Step(session, *prepared, std::shared_ptr<const Batch>(prepared, &prepared->batch),
               prepared->params, copy, lr_scale, result);
 }

@@ -117,6 +117,80 @@ TEST_F(JobControlTest, RunsASmallJobToTheEnd) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Worker 0 takes and commits every shard of the pass, whole.
+void CommitEveryShard(JobControlTest& test, const std::function<proto::GetShardReply()>& get,
+                      const std::function<Status(const proto::CommitProgressRequest&)>& commit) {
+  while (true) {
+    const proto::GetShardReply reply = get();
+    if (reply.action() != proto::GetShardReply::ASSIGNED) return;
+    const uint64_t lines = (reply.shard().end() - reply.shard().start()) / kLineBytes;
+    ASSERT_TRUE(commit(CommitOf(reply.shard(), reply.shard().start(), lines)).ok());
+  }
+}
+
+TEST_F(JobControlTest, AJobWithAnExportFinishesOnlyOnceEveryServerWroteIt) {
+  job_.job.export_dir = "/models/tiny";
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  EXPECT_FALSE(control_->NextExport(At(10)).has_value()) << "nothing to export yet";
+  ASSERT_NO_FATAL_FAILURE(CommitEveryShard(
+      *this, [&] { return GetShard(0, At(10)); },
+      [&](const proto::CommitProgressRequest& commit) { return Commit(0, commit, At(10)); }));
+  // The last pass is done: the job waits for the export, and says so.
+  EXPECT_FALSE(control_->over());
+  EXPECT_EQ(GetShard(1, At(20)).action(), proto::GetShardReply::WAIT);
+  const std::vector<std::string> waits = control_->Waits(At(20));
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_THAT(waits[0], HasSubstr("export the model to /models/tiny"));
+  // No checkpoint round starts meanwhile.
+  Beat(At(61'000), {0, 1}, {0, 1});
+  control_->Tick(At(61'000));
+  EXPECT_FALSE(control_->recovery().active());
+  EXPECT_FALSE(control_->checkpoints().round_id().has_value());
+
+  std::optional<JobControl::ExportWrite> write = control_->NextExport(At(61'030));
+  ASSERT_TRUE(write.has_value());
+  EXPECT_EQ(write->dir, "/models/tiny");
+  EXPECT_EQ(write->servers.size(), 2u);
+  EXPECT_EQ(write->attempt, 1u);
+  proto::ExportReply part;
+  part.set_rows(10);
+  part.set_bytes(1000);
+  // One server failed: the export is tried again.
+  control_->Exported(*write, {part, absl::UnavailableError("ps[1]: disk full")}, absl::OkStatus(),
+                     At(61'040));
+  EXPECT_FALSE(control_->over());
+  EXPECT_THAT(control_->Waits(At(61'040))[0], HasSubstr("disk full"));
+  write = control_->NextExport(At(61'050));
+  ASSERT_TRUE(write.has_value());
+  EXPECT_EQ(write->attempt, 2u);
+  control_->Exported(*write, {part, part}, absl::OkStatus(), At(61'060));
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kFinished);
+  ASSERT_EQ(events_.Count("model_exported"), 1u);
+  EXPECT_EQ(events_.Named("model_exported")[0]["rows"], 20);
+  EXPECT_EQ(events_.Count("export_failed"), 1u);
+}
+
+TEST_F(JobControlTest, AnExportThatKeepsFailingStopsTheJobResumably) {
+  job_.job.export_dir = "/models/tiny";
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_NO_FATAL_FAILURE(CommitEveryShard(
+      *this, [&] { return GetShard(0, At(10)); },
+      [&](const proto::CommitProgressRequest& commit) { return Commit(0, commit, At(10)); }));
+  for (uint32_t attempt = 1; attempt <= JobControl::kMaxExportAttempts; ++attempt) {
+    std::optional<JobControl::ExportWrite> write = control_->NextExport(At(20 * attempt));
+    ASSERT_TRUE(write.has_value()) << attempt;
+    proto::ExportReply part;
+    control_->Exported(*write, {part, part},
+                       absl::UnavailableError("cannot write /models/tiny/manifest.json"),
+                       At(20 * attempt + 10));
+  }
+  EXPECT_TRUE(control_->over());
+  EXPECT_TRUE(control_->progress().stopped());
+  EXPECT_THAT(control_->progress().failure(), HasSubstr("could not be exported to /models/tiny"));
+  EXPECT_THAT(control_->progress().failure(), HasSubstr("manifest.json"));
+  EXPECT_THAT(control_->progress().failure(), HasSubstr("--resume"));
+}
+
 TEST_F(JobControlTest, ServerLostBeforeTrainingOnlyFreesItsSlot) {
   control_->StartNew("job-1");
   ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());

@@ -160,6 +160,39 @@ TEST_P(KvStoreConformance, WrittenValuesReadBack) {
   }
 }
 
+TEST_P(KvStoreConformance, ScanVisitsEveryRowInKeyOrderFromOneSnapshot) {
+  ASSERT_TRUE(store().CreateTable(1).ok());
+  ASSERT_TRUE(store().CreateTable(2).ok());
+  const std::vector<uint64_t> keys = {std::numeric_limits<uint64_t>::max(), 256, 0, 1ull << 40, 255};
+  std::vector<std::string> values;
+  for (uint64_t key : keys) values.push_back(ValueFor(key, 3, 16));
+  ASSERT_TRUE(store().Write(WritesFor(1, keys, values), /*sync=*/false).ok());
+  ASSERT_TRUE(store().Write(WritesFor(2, {9}, {ValueFor(9, 3, 16)}), /*sync=*/false).ok());
+  std::vector<uint64_t> seen;
+  const Status scanned = store().Scan(1, [&](uint64_t key, absl::string_view value) {
+    EXPECT_EQ(value, ValueFor(key, 3, 16)) << "key " << key;
+    seen.push_back(key);
+    if (seen.size() == 1) {
+      // Written during the scan: not in its snapshot.
+      EXPECT_TRUE(store().Write(WritesFor(1, {7}, {ValueFor(7, 3, 16)}), false).ok());
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(scanned.ok()) << scanned;
+  EXPECT_EQ(seen, (std::vector<uint64_t>{0, 255, 256, 1ull << 40,
+                                         std::numeric_limits<uint64_t>::max()}));
+  // The first error of the visitor ends the scan and is returned.
+  int visits = 0;
+  const Status stopped = store().Scan(1, [&](uint64_t, absl::string_view) {
+    ++visits;
+    return absl::UnavailableError("disk full");
+  });
+  EXPECT_TRUE(absl::IsUnavailable(stopped));
+  EXPECT_EQ(visits, 1);
+  EXPECT_TRUE(absl::IsNotFound(
+      store().Scan(5, [](uint64_t, absl::string_view) { return absl::OkStatus(); })));
+}
+
 TEST_P(KvStoreConformance, LaterWritesOfAKeyInOneBatchWin) {
   ASSERT_TRUE(store().CreateTable(1).ok());
   ASSERT_TRUE(store()

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/logging.h"
+#include "core/npy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
@@ -205,6 +206,72 @@ TEST(ServerStorage, RowsSurviveGracefulReopenEveryPush) {
   options.every_push = true;
   options.memory_budget_mb = 1;
   ExpectRowsSurviveReopen(options);
+}
+
+// Exports `storage` (server id 4) and expects table `table` to hold exactly
+// `keys`, every weight `want`.
+void ExpectExported(ServerStorage& storage, const std::string& dir, uint32_t table,
+                    const std::vector<uint64_t>& keys, float want) {
+  const Table& t = *storage.table(table);
+  const std::string stem = dir + "/params/" + t.spec().name() + "/part-4";
+  StatusOr<NpyArray> ids = ReadNpy(stem + ".keys.npy");
+  StatusOr<NpyArray> rows = ReadNpy(stem + ".rows.npy");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(ids->rows(), keys.size());
+  ASSERT_EQ(rows->rows(), keys.size());
+  ASSERT_EQ(rows->row_size(), t.row_floats());
+  std::vector<uint64_t> got(ids->as<uint64_t>(), ids->as<uint64_t>() + keys.size());
+  std::sort(got.begin(), got.end());
+  std::vector<uint64_t> sorted = keys;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(got, sorted);
+  for (uint64_t i = 0; i < keys.size() * t.row_floats(); ++i) {
+    ASSERT_EQ(rows->as<float>()[i], want) << "table " << table << " value " << i;
+  }
+}
+
+TEST(ServerStorage, ExportWritesEveryRowEvictedOrNot) {
+  TempDir dir;
+  StorageOptions options;
+  options.data_dir = dir.Join("data");
+  options.memory_budget_mb = 1;
+  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  ASSERT_NE(storage, nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(storage->Export(dir.Join("model")).status()));
+  ASSERT_TRUE(storage->SetServerId(4).ok());
+  const std::vector<uint64_t> keys = Keys(1, 30000);
+  PushAll(*storage, 0, keys, 2.0f);
+  PushAll(*storage, 1, Keys(2, 20000), -4.0f);
+  // Some rows are only in the store: the export streams them from there.
+  ASSERT_TRUE(storage->Flush().ok());
+  ASSERT_GT(storage->stats().evictions, 0u);
+  StatusOr<ExportInfo> info = storage->Export(dir.Join("model"));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->rows, 50000u);
+  ExpectExported(*storage, dir.Join("model"), 0, keys, -1.0f);
+  ExpectExported(*storage, dir.Join("model"), 1, Keys(2, 20000), 2.0f);
+  // Exported again (a retried export) over the same files.
+  PushAll(*storage, 0, keys, 2.0f);
+  ASSERT_TRUE(storage->Export(dir.Join("model")).ok());
+  ExpectExported(*storage, dir.Join("model"), 0, keys, -2.0f);
+}
+
+TEST(ServerStorage, ExportOfAMemoryOnlyServerWritesItsRows) {
+  TempDir dir;
+  std::unique_ptr<ServerStorage> storage = MustOpen(StorageOptions{});
+  ASSERT_NE(storage, nullptr);
+  ASSERT_TRUE(storage->SetServerId(4).ok());
+  PushAll(*storage, 0, Keys(1, 500), 2.0f);
+  StatusOr<ExportInfo> info = storage->Export(dir.Join("model"));
+  ASSERT_TRUE(info.ok()) << info.status();
+  ExpectExported(*storage, dir.Join("model"), 0, Keys(1, 500), -1.0f);
+  ExpectExported(*storage, dir.Join("model"), 1, {}, 0.0f);
+  // A directory that cannot be made names itself.
+  std::ofstream(dir.Join("file")) << "x";
+  const Status refused = storage->Export(dir.Join("file")).status();
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr(dir.Join("file")));
 }
 
 TEST(ServerStorage, FlusherWritesChangedRows) {

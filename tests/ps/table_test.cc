@@ -11,7 +11,7 @@
 #include "cluster/placement.h"
 #include "core/hashing.h"
 #include "gtest/gtest.h"
-#include "ps/initializer.h"
+#include "cluster/initializer.h"
 #include "ps/optimizer.h"
 
 namespace eps {

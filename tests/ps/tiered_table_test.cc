@@ -33,7 +33,7 @@
 #include "core/logging.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
-#include "ps/initializer.h"
+#include "cluster/initializer.h"
 #include "ps/kv_store.h"
 #include "ps/table.h"
 #include "ps/write_queue.h"
@@ -95,6 +95,11 @@ class FailingKvStore final : public KvStore {
     ++writes;
     if (fail_writes) return absl::UnavailableError("injected write failure");
     return base_->Write(batch, sync);
+  }
+  Status Scan(uint32_t table,
+              const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+    if (fail_reads) return absl::UnavailableError("injected read failure");
+    return base_->Scan(table, visit);
   }
   Status Checkpoint(const std::string& dir) override { return base_->Checkpoint(dir); }
   uint64_t ApproximateRows(uint32_t table) override { return base_->ApproximateRows(table); }

@@ -122,7 +122,8 @@ TEST(AuthorizeCall, FollowsTheRoles) {
   const proto::Role server = proto::ROLE_SERVER;
   const proto::Role worker = proto::ROLE_WORKER;
   const proto::Role tool = proto::ROLE_TOOL;
-  for (proto::Method method : {proto::RESTORE, proto::FENCE_WORKERS, proto::CHECKPOINT}) {
+  for (proto::Method method :
+       {proto::RESTORE, proto::FENCE_WORKERS, proto::CHECKPOINT, proto::EXPORT}) {
     EXPECT_TRUE(AuthorizeCall(method, master).ok());
     for (proto::Role other : {server, worker, tool, proto::ROLE_UNSPECIFIED}) {
       EXPECT_EQ(AuthorizeCall(method, other).code(), absl::StatusCode::kPermissionDenied)

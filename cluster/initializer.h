@@ -6,8 +6,8 @@
 //
 // Thread-safety: pure function, safe for concurrent use.
 
-#ifndef EPS_PS_INITIALIZER_H_
-#define EPS_PS_INITIALIZER_H_
+#ifndef EPS_CLUSTER_INITIALIZER_H_
+#define EPS_CLUSTER_INITIALIZER_H_
 
 #include <cstdint>
 
@@ -24,4 +24,4 @@ void InitializeRow(const proto::InitializerSpec& spec, uint64_t seed, uint32_t t
 
 }  // namespace eps
 
-#endif  // EPS_PS_INITIALIZER_H_
+#endif  // EPS_CLUSTER_INITIALIZER_H_

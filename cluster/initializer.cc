@@ -1,4 +1,4 @@
-#include "ps/initializer.h"
+#include "cluster/initializer.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,0 +1,179 @@
+#include "core/npy.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace eps {
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+constexpr size_t kMagicBytes = 6;
+// The whole preamble (magic, version, header length, header): fixed, so
+// that the final header fits where the first one was written; a multiple of
+// 64 as numpy writes them.
+constexpr size_t kPreambleBytes = 128;
+
+StatusOr<size_t> DtypeBytes(const std::string& descr) {
+  if (descr == "<f4") return 4;
+  if (descr == "<u8") return 8;
+  return absl::InvalidArgumentError(
+      absl::StrCat("npy dtype '", descr, "' is not one eps writes (<f4, <u8)"));
+}
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  if (shape.size() == 1) return absl::StrCat("(", shape[0], ",)");
+  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
+}
+
+Status IoError(const std::string& what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+uint64_t NpyArray::row_size() const {
+  uint64_t size = 1;
+  for (size_t i = 1; i < shape.size(); ++i) size *= shape[i];
+  return size;
+}
+
+NpyWriter::NpyWriter(std::string path, std::string descr, std::vector<uint64_t> row_shape,
+                     size_t row_bytes, std::FILE* file)
+    : path_(std::move(path)),
+      descr_(std::move(descr)),
+      row_shape_(std::move(row_shape)),
+      row_bytes_(row_bytes),
+      file_(file) {}
+
+StatusOr<std::unique_ptr<NpyWriter>> NpyWriter::Create(const std::string& path,
+                                                        const std::string& descr,
+                                                        std::vector<uint64_t> row_shape) {
+  ASSIGN_OR_RETURN(size_t bytes, DtypeBytes(descr));
+  for (uint64_t dim : row_shape) bytes *= dim;
+  std::FILE* file = std::fopen((path + ".tmp").c_str(), "wb");
+  if (file == nullptr) return IoError("cannot create", path + ".tmp");
+  std::unique_ptr<NpyWriter> writer(
+      new NpyWriter(path, descr, std::move(row_shape), bytes, file));
+  RETURN_IF_ERROR(writer->WriteHeader());
+  return writer;
+}
+
+NpyWriter::~NpyWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+  if (!closed_) std::remove((path_ + ".tmp").c_str());
+}
+
+Status NpyWriter::WriteHeader() {
+  std::vector<uint64_t> shape = {rows_};
+  shape.insert(shape.end(), row_shape_.begin(), row_shape_.end());
+  std::string header = absl::StrCat("{'descr': '", descr_, "', 'fortran_order': False, 'shape': ",
+                                    ShapeText(shape), ", }");
+  const size_t header_bytes = kPreambleBytes - kMagicBytes - 4;
+  header.resize(header_bytes - 1, ' ');
+  header.push_back('\n');
+  std::string preamble(kMagic, kMagicBytes);
+  preamble += '\x01';
+  preamble += '\x00';
+  preamble += static_cast<char>(header_bytes & 0xff);
+  preamble += static_cast<char>(header_bytes >> 8);
+  preamble += header;
+  if (std::fseek(file_, 0, SEEK_SET) != 0 ||
+      std::fwrite(preamble.data(), 1, preamble.size(), file_) != preamble.size()) {
+    return IoError("cannot write", path_ + ".tmp");
+  }
+  return std::fseek(file_, 0, SEEK_END) == 0 ? absl::OkStatus()
+                                              : IoError("cannot write", path_ + ".tmp");
+}
+
+Status NpyWriter::Append(const void* data, uint64_t rows) {
+  const size_t bytes = rows * row_bytes_;
+  if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes) {
+    return IoError("cannot write", path_ + ".tmp");
+  }
+  rows_ += rows;
+  return absl::OkStatus();
+}
+
+Status NpyWriter::Close() {
+  RETURN_IF_ERROR(WriteHeader());
+  const std::string tmp = path_ + ".tmp";
+  if (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0) return IoError("cannot write", tmp);
+  const int closed = std::fclose(file_);
+  file_ = nullptr;
+  if (closed != 0) return IoError("cannot write", tmp);
+  if (std::rename(tmp.c_str(), path_.c_str()) != 0) return IoError("cannot rename", tmp);
+  closed_ = true;
+  return absl::OkStatus();
+}
+
+StatusOr<NpyArray> ReadNpy(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) {
+    return absl::NotFoundError(absl::StrCat("no file ", path));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError("cannot open", path);
+  const auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(path, " is not an array eps can read: ", why));
+  };
+  char preamble[10];
+  if (!in.read(preamble, sizeof(preamble)) ||
+      std::memcmp(preamble, kMagic, kMagicBytes) != 0) {
+    return bad("no .npy magic");
+  }
+  size_t header_bytes = static_cast<unsigned char>(preamble[8]) |
+                        (static_cast<size_t>(static_cast<unsigned char>(preamble[9])) << 8);
+  if (preamble[6] != 1) {
+    // Versions 2 and 3 have a 4-byte header length.
+    char more[2];
+    if (!in.read(more, 2)) return bad("truncated header");
+    header_bytes |= (static_cast<size_t>(static_cast<unsigned char>(more[0])) << 16) |
+                    (static_cast<size_t>(static_cast<unsigned char>(more[1])) << 24);
+  }
+  std::string header(header_bytes, '\0');
+  if (!in.read(header.data(), header_bytes)) return bad("truncated header");
+  const auto field = [&](absl::string_view key) -> std::string {
+    const size_t at = header.find(absl::StrCat("'", key, "':"));
+    if (at == std::string::npos) return "";
+    size_t begin = at + key.size() + 3;
+    while (begin < header.size() && header[begin] == ' ') ++begin;
+    const char open = header[begin];
+    const char close = open == '\'' ? '\'' : open == '(' ? ')' : ',';
+    const size_t end = header.find(close, begin + 1);
+    if (end == std::string::npos) return "";
+    return header.substr(begin, end - begin + (close == ',' ? 0 : 1));
+  };
+  NpyArray array;
+  array.descr = std::string(absl::StripSuffix(absl::StripPrefix(field("descr"), "'"), "'"));
+  StatusOr<size_t> value_bytes_or = DtypeBytes(array.descr);
+  if (!value_bytes_or.ok()) return bad(std::string(value_bytes_or.status().message()));
+  const size_t value_bytes = *value_bytes_or;
+  if (field("fortran_order") != "False") return bad("not in C order");
+  std::string shape(absl::StripSuffix(absl::StripPrefix(field("shape"), "("), ")"));
+  uint64_t values = 1;
+  for (absl::string_view piece : absl::StrSplit(shape, ',', absl::SkipWhitespace())) {
+    uint64_t dim = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(piece), &dim)) return bad("bad shape");
+    array.shape.push_back(dim);
+    values *= dim;
+  }
+  array.data.resize(values * value_bytes);
+  if (!in.read(array.data.data(), static_cast<std::streamsize>(array.data.size()))) {
+    return bad(absl::StrCat("truncated: shape ", ShapeText(array.shape), " needs ",
+                            array.data.size(), " bytes of data"));
+  }
+  return array;
+}
+
+}  // namespace eps

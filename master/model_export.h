@@ -1,0 +1,47 @@
+// The master's part of a model export (docs/model-format.md): the
+// manifest, the job's config and the evaluation's predictions. The servers
+// write the rows (EXPORT, ServerStorage::Export); the manifest is written
+// last, so a directory with a manifest.json holds a whole export.
+//
+// Thread-safety: MakeExportManifest reads the job's state (call it under the
+// master's mutex); WriteExportManifest does the I/O (call it without).
+
+#ifndef EPS_MASTER_MODEL_EXPORT_H_
+#define EPS_MASTER_MODEL_EXPORT_H_
+
+#include <string>
+#include <vector>
+
+#include "core/job_config.h"
+#include "core/status.h"
+#include "master/training_progress.h"
+#include "nlohmann/json.hpp"
+#include "proto/eps.pb.h"
+
+namespace eps {
+
+// The format's version: readers refuse a major version they do not know.
+inline constexpr int kModelFormatVersion = 1;
+
+struct ExportManifest {
+  nlohmann::json manifest;
+  std::string config_ini;  // job.ini: every option, as the master has them
+  // The evaluation in data order (TrainingProgress::EvalInDataOrder).
+  std::vector<float> eval_labels;
+  std::vector<float> eval_predictions;
+};
+
+// The manifest of the job as it is now; `servers`: the slots whose parts
+// the export holds. kInvalidArgument when the config cannot be written as a
+// job file (JobConfig::ToIni) or names no model.
+StatusOr<ExportManifest> MakeExportManifest(const JobConfig& job, const proto::JobSpec& spec,
+                                            const TrainingProgress& progress,
+                                            const std::vector<uint32_t>& servers);
+
+// Writes job.ini, eval_labels.npy and eval_predictions.npy, then
+// manifest.json, each whole or not at all. kUnavailable naming the file.
+Status WriteExportManifest(const std::string& dir, const ExportManifest& manifest);
+
+}  // namespace eps
+
+#endif  // EPS_MASTER_MODEL_EXPORT_H_

@@ -1,0 +1,246 @@
+// A trained model leaves the servers: a job with job.export_dir writes its
+// export when the last pass is done, and eps-predict scores the eval data
+// with it exactly as the job evaluated it (issue 17).
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/npy.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/process.h"
+
+namespace eps::testing {
+namespace {
+
+using nlohmann::json;
+
+// A small job of model `type` (small MLPs) on 2 servers.
+std::string WriteConfig(const TempDir& dir, const std::string& type = "wdl") {
+  const std::string path = dir.Join("job-" + type + ".ini");
+  WriteFile(path,
+            "[job]\n"
+            "name = export\n"
+            "progress_interval_s = 2\n"
+            "[data]\n"
+            "shard_records = 10000\n"
+            "[model]\n"
+            "type = " + type + "\n"
+            "mlp = 32,16,1\n"
+            "bottom_mlp = 32,16\n"
+            "top_mlp = 32,1\n"
+            "[ps]\n"
+            "num_servers = 2\n"
+            "partitions = 16\n"
+            "[worker]\n"
+            "batch_size = 512\n"
+            "compute_threads = 1\n"
+            "master_wait_s = 20\n"
+            "[master]\n"
+            "heartbeat_ms = 200\n"
+            "lease_ms = 3000\n");
+  return path;
+}
+
+// The value after `key ` on a line of eps-predict's output.
+double Reported(const std::string& output, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (absl::StartsWith(line, key + " ")) {
+      double value = 0;
+      if (absl::SimpleAtod(line.substr(key.size() + 1), &value)) return value;
+    }
+  }
+  ADD_FAILURE() << "eps-predict printed no " << key << ":\n" << output;
+  return NAN;
+}
+
+// Runs eps-predict with `args`; its exit code and output.
+std::pair<std::optional<int>, std::string> RunPredict(const TempDir& dir,
+                                                      std::vector<std::string> args) {
+  args.insert(args.begin(), BinaryPath("eps-predict"));
+  StatusOr<std::unique_ptr<Process>> process = Process::Start(args, dir.Join("predict.log"));
+  if (!process.ok()) return {std::nullopt, std::string(process.status().message())};
+  const std::optional<int> code = (*process)->Wait(absl::Seconds(120));
+  return {code, (*process)->Log()};
+}
+
+// Trains model `type` on DIR/data (2 servers, 2 workers) with its export
+// in DIR/<type>; the final status in *status and the master's dir in
+// *master_dir.
+void TrainAndExport(const TempDir& dir, const std::string& type, json* status,
+                    std::string* master_dir = nullptr) {
+  std::filesystem::create_directories(dir.Join("run-" + type));
+  LocalJob job(dir.Join("run-" + type), WriteConfig(dir, type),
+               {"--data.train=" + dir.Join("data/train"), "--data.eval=" + dir.Join("data/eval"),
+                "--job.export_dir=" + dir.Join(type)});
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  StatusOr<int> master_exit = job.WaitForMaster(absl::Seconds(180));
+  ASSERT_TRUE(master_exit.ok() && *master_exit == 0) << job.Logs();
+  StatusOr<json> final_status = job.FinalStatus();
+  ASSERT_TRUE(final_status.ok()) << final_status.status();
+  ASSERT_EQ((*final_status)["state"], "finished") << final_status->dump();
+  *status = *final_status;
+  if (master_dir != nullptr) *master_dir = job.master_dir();
+}
+
+// Predictions, one per line of `path`.
+std::vector<double> ReadPredictions(const std::string& path) {
+  std::vector<double> values;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    double value = 0;
+    EXPECT_TRUE(absl::SimpleAtod(line, &value)) << path << ": " << line;
+    values.push_back(value);
+  }
+  return values;
+}
+
+// Runs `command` through the shell; its exit code and output.
+std::pair<int, std::string> Shell(const std::string& command) {
+  std::string output;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(Export, EpsPredictGivesTheJobsEvaluationRecordByRecord) {
+  TempDir dir;
+  ASSERT_TRUE(GenerateData(dir.Join("data"), 60000, /*seed=*/5, /*files=*/2).ok());
+  json final_status;
+  std::string master_dir;
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, "wdl", &final_status, &master_dir));
+  const json* status = &final_status;
+  const std::string model = dir.Join("wdl");
+  const double auc = (*status)["metrics"]["eval_auc"].get<double>();
+  const double log_loss = (*status)["metrics"]["eval_logloss"].get<double>();
+  const std::vector<json> exported = EventsNamed(ReadEvents(master_dir), "model_exported");
+  ASSERT_EQ(exported.size(), 1u);
+  EXPECT_GT(exported[0]["rows"].get<uint64_t>(), 1000u);
+
+  // The manifest: the model, every parameter with a part per server, the
+  // job's evaluation.
+  std::ifstream manifest_file(model + "/manifest.json");
+  ASSERT_TRUE(manifest_file.good());
+  const json manifest = json::parse(manifest_file);
+  EXPECT_EQ(manifest["format"], "eps-model");
+  EXPECT_EQ(manifest["version"], 1);
+  EXPECT_EQ(manifest["model"]["type"], "wdl");
+  EXPECT_EQ(manifest["eval"]["auc"].get<double>(), auc);
+  ASSERT_GE(manifest["params"].size(), 4u);
+  for (const json& param : manifest["params"]) {
+    ASSERT_EQ(param["parts"].size(), 2u) << param.dump();
+    for (const json& part : param["parts"]) {
+      EXPECT_TRUE(std::filesystem::exists(model + "/" + part.get<std::string>() + ".rows.npy"))
+          << part;
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(model + "/job.ini"));
+
+  // eps-predict on the eval data: the job's AUC and log loss, and each
+  // record's prediction.
+  const auto [code, output] =
+      RunPredict(dir, {"--model", model, "--data", dir.Join("data/eval"), "--out",
+                       dir.Join("predictions.txt"), "--device", "cpu"});
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_NEAR(Reported(output, "auc"), auc, 1e-6) << output;
+  EXPECT_NEAR(Reported(output, "log_loss"), log_loss, 1e-6) << output;
+  EXPECT_EQ(Reported(output, "records"), (*status)["metrics"]["eval_records"].get<double>())
+      << output;
+  // Ids only ever pulled (never trained: those first seen in the eval data)
+  // have no row on the servers' stores; they read as their initializer
+  // makes them, on the servers as in eps-predict.
+  EXPECT_GT(Reported(output, "unseen_ids"), 0) << output;
+  StatusOr<NpyArray> evaluated = ReadNpy(model + "/eval_predictions.npy");
+  ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+  std::ifstream predictions(dir.Join("predictions.txt"));
+  std::string line;
+  uint64_t n = 0;
+  double worst = 0;
+  while (std::getline(predictions, line)) {
+    ASSERT_LT(n, evaluated->rows());
+    double value = 0;
+    ASSERT_TRUE(absl::SimpleAtod(line, &value)) << line;
+    worst = std::max(worst, std::abs(value - evaluated->as<float>()[n]));
+    ++n;
+  }
+  EXPECT_EQ(n, evaluated->rows());
+  EXPECT_LE(worst, 1e-6) << "the largest difference from the job's evaluation";
+
+  // Readable without eps: the numpy reader lists every parameter.
+  const auto [reader_code, listing] =
+      Shell("/usr/bin/python3 " EPS_SOURCE_DIR "/scripts/eps_model.py " + model);
+  ASSERT_EQ(reader_code, 0) << listing;
+  for (const json& param : manifest["params"]) {
+    EXPECT_NE(listing.find(param["name"].get<std::string>()), std::string::npos) << listing;
+  }
+}
+
+// The model rebuilt in PyTorch from an export (bench/reference_models.py
+// predict, reading it with scripts/eps_model.py) predicts what eps-predict
+// does, for wdl and dlrm.
+TEST(Export, APyTorchRebuildPredictsAsEpsPredict) {
+  const auto [probe, missing] =
+      Shell("/usr/bin/python3 -c 'import numpy, torch, xxhash'");
+  if (probe != 0) {
+    GTEST_SKIP() << "no PyTorch rebuild check: /usr/bin/python3 lacks numpy, torch or xxhash "
+                    "(apt-get install python3-torch python3-xxhash): "
+                 << missing;
+  }
+  TempDir dir;
+  ASSERT_TRUE(GenerateData(dir.Join("data"), 40000, /*seed=*/9, /*files=*/1).ok());
+  for (const std::string type : {"wdl", "dlrm"}) {
+    SCOPED_TRACE(type);
+    json status;
+    ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, type, &status));
+    const auto [code, output] =
+        RunPredict(dir, {"--model", dir.Join(type), "--data", dir.Join("data/eval"), "--out",
+                         dir.Join(type + ".eps"), "--device", "cpu"});
+    ASSERT_EQ(code, 0) << output;
+    const auto [torch_code, torch_output] = Shell(
+        "/usr/bin/python3 " EPS_SOURCE_DIR "/bench/reference_models.py predict --model-dir " +
+        dir.Join(type) + " --data " + dir.Join("data/eval") + " --out " +
+        dir.Join(type + ".torch"));
+    ASSERT_EQ(torch_code, 0) << torch_output;
+    const std::vector<double> ours = ReadPredictions(dir.Join(type + ".eps"));
+    const std::vector<double> theirs = ReadPredictions(dir.Join(type + ".torch"));
+    ASSERT_EQ(ours.size(), theirs.size());
+    ASSERT_GT(ours.size(), 1000u);
+    double worst = 0;
+    for (size_t i = 0; i < ours.size(); ++i) worst = std::max(worst, std::abs(ours[i] - theirs[i]));
+    std::cout << type << ": PyTorch rebuild against eps-predict, largest difference " << worst
+              << "; " << torch_output;
+    EXPECT_LE(worst, 1e-5);
+  }
+}
+
+TEST(Export, EpsPredictRefusesWhatIsNotAnExport) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.Join("empty"));
+  WriteFile(dir.Join("empty/job.ini"), "[data]\ntrain = x\n");
+  WriteFile(dir.Join("data.txt"), "1\t1\n");
+  const auto [code, output] =
+      RunPredict(dir, {"--model", dir.Join("empty"), "--data", dir.Join("data.txt")});
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_NE(output.find("manifest.json"), std::string::npos) << output;
+  const auto [usage_code, usage] = RunPredict(dir, {"--data", dir.Join("data.txt")});
+  EXPECT_EQ(usage_code, 2) << usage;
+  EXPECT_NE(usage.find("--model"), std::string::npos) << usage;
+}
+
+}  // namespace
+}  // namespace eps::testing
