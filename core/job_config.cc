@@ -320,6 +320,10 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "batches; 0 never");
   v.Visit("job.export_dir", &job.export_dir,
           "where servers and master write the trained model at the end; empty: no export");
+  v.Visit("job.init_from", &job.init_from,
+          "a model export to start from (warm start); empty: new rows");
+  v.Visit("job.init_optimizer_state", &job.init_optimizer_state,
+          "with job.init_from: load the optimizer state too");
 
   v.Visit("data.train", &data.train, "training files, globs or directories, comma-separated");
   v.Visit("data.eval", &data.eval, "evaluation files, globs or directories; empty: no eval");

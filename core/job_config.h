@@ -69,6 +69,17 @@ struct JobConfig {
     // and the master can write (shared storage when they run on several
     // machines). Empty: no export. Default empty.
     std::string export_dir;
+    // A warm start: the model export (job.export_dir of an earlier job,
+    // docs/model-format.md) the job starts from instead of new rows. Its
+    // tables are loaded into this job's servers before training starts,
+    // placed by this job's cluster map (the server count may differ); a
+    // model of another type or size is refused by name. Empty: none.
+    // Default empty.
+    std::string init_from;
+    // With job.init_from: load the rows' optimizer state too (Adagrad's
+    // accumulators, ...), which needs the same optimizer; false starts it
+    // afresh. Default true.
+    bool init_optimizer_state = true;
   } job;
 
   struct Data {

@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -117,18 +116,19 @@ Status NpyWriter::Close() {
   return absl::OkStatus();
 }
 
-StatusOr<NpyArray> ReadNpy(const std::string& path) {
+StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(const std::string& path) {
   std::error_code error;
   if (!std::filesystem::exists(path, error)) {
     return absl::NotFoundError(absl::StrCat("no file ", path));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return IoError("cannot open", path);
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return IoError("cannot open", path);
+  std::unique_ptr<NpyReader> reader(new NpyReader(path, file));
   const auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat(path, " is not an array eps can read: ", why));
   };
   char preamble[10];
-  if (!in.read(preamble, sizeof(preamble)) ||
+  if (std::fread(preamble, 1, sizeof(preamble), file) != sizeof(preamble) ||
       std::memcmp(preamble, kMagic, kMagicBytes) != 0) {
     return bad("no .npy magic");
   }
@@ -136,13 +136,14 @@ StatusOr<NpyArray> ReadNpy(const std::string& path) {
                         (static_cast<size_t>(static_cast<unsigned char>(preamble[9])) << 8);
   if (preamble[6] != 1) {
     // Versions 2 and 3 have a 4-byte header length.
-    char more[2];
-    if (!in.read(more, 2)) return bad("truncated header");
-    header_bytes |= (static_cast<size_t>(static_cast<unsigned char>(more[0])) << 16) |
-                    (static_cast<size_t>(static_cast<unsigned char>(more[1])) << 24);
+    unsigned char more[2];
+    if (std::fread(more, 1, 2, file) != 2) return bad("truncated header");
+    header_bytes |= (static_cast<size_t>(more[0]) << 16) | (static_cast<size_t>(more[1]) << 24);
   }
   std::string header(header_bytes, '\0');
-  if (!in.read(header.data(), header_bytes)) return bad("truncated header");
+  if (std::fread(header.data(), 1, header_bytes, file) != header_bytes) {
+    return bad("truncated header");
+  }
   const auto field = [&](absl::string_view key) -> std::string {
     const size_t at = header.find(absl::StrCat("'", key, "':"));
     if (at == std::string::npos) return "";
@@ -154,25 +155,48 @@ StatusOr<NpyArray> ReadNpy(const std::string& path) {
     if (end == std::string::npos) return "";
     return header.substr(begin, end - begin + (close == ',' ? 0 : 1));
   };
-  NpyArray array;
-  array.descr = std::string(absl::StripSuffix(absl::StripPrefix(field("descr"), "'"), "'"));
-  StatusOr<size_t> value_bytes_or = DtypeBytes(array.descr);
-  if (!value_bytes_or.ok()) return bad(std::string(value_bytes_or.status().message()));
-  const size_t value_bytes = *value_bytes_or;
+  reader->descr_ = std::string(absl::StripSuffix(absl::StripPrefix(field("descr"), "'"), "'"));
+  StatusOr<size_t> value_bytes = DtypeBytes(reader->descr_);
+  if (!value_bytes.ok()) return bad(std::string(value_bytes.status().message()));
+  reader->value_bytes_ = *value_bytes;
   if (field("fortran_order") != "False") return bad("not in C order");
   std::string shape(absl::StripSuffix(absl::StripPrefix(field("shape"), "("), ")"));
-  uint64_t values = 1;
   for (absl::string_view piece : absl::StrSplit(shape, ',', absl::SkipWhitespace())) {
     uint64_t dim = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(piece), &dim)) return bad("bad shape");
-    array.shape.push_back(dim);
-    values *= dim;
+    reader->shape_.push_back(dim);
   }
-  array.data.resize(values * value_bytes);
-  if (!in.read(array.data.data(), static_cast<std::streamsize>(array.data.size()))) {
-    return bad(absl::StrCat("truncated: shape ", ShapeText(array.shape), " needs ",
-                            array.data.size(), " bytes of data"));
+  return reader;
+}
+
+NpyReader::~NpyReader() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+uint64_t NpyReader::row_size() const {
+  uint64_t size = 1;
+  for (size_t i = 1; i < shape_.size(); ++i) size *= shape_[i];
+  return size;
+}
+
+StatusOr<uint64_t> NpyReader::Read(uint64_t max_rows, std::vector<char>* out) {
+  const uint64_t n = std::min(max_rows, rows() - rows_read_);
+  out->resize(n * row_bytes());
+  if (n > 0 && std::fread(out->data(), 1, out->size(), file_) != out->size()) {
+    return absl::DataLossError(absl::StrCat(path_, " is not an array eps can read: truncated: shape ",
+                                            ShapeText(shape_), " needs ", rows() * row_bytes(),
+                                            " bytes of data"));
   }
+  rows_read_ += n;
+  return n;
+}
+
+StatusOr<NpyArray> ReadNpy(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<NpyReader> reader, NpyReader::Open(path));
+  NpyArray array;
+  array.descr = reader->descr();
+  array.shape = reader->shape();
+  RETURN_IF_ERROR(reader->Read(reader->rows(), &array.data).status());
   return array;
 }
 

@@ -78,6 +78,38 @@ struct NpyArray {
   }
 };
 
+// Reads an array row by row (rows along its first dimension), so that an
+// array larger than memory is read in pieces.
+class NpyReader {
+ public:
+  // Opens `path` and reads its header. Errors as ReadNpy's, but a file too
+  // short for its shape is found by Read.
+  static StatusOr<std::unique_ptr<NpyReader>> Open(const std::string& path);
+  ~NpyReader();
+  NpyReader(const NpyReader&) = delete;
+  NpyReader& operator=(const NpyReader&) = delete;
+
+  const std::string& descr() const { return descr_; }
+  const std::vector<uint64_t>& shape() const { return shape_; }
+  uint64_t rows() const { return shape_.empty() ? 1 : shape_[0]; }
+  // Values per row (the product of shape[1:]) and bytes per row.
+  uint64_t row_size() const;
+  size_t row_bytes() const { return row_size() * value_bytes_; }
+  // Reads the next min(max_rows, rows left) rows into `out` (resized);
+  // returns how many (0 at the end). kDataLoss naming the file when it ends
+  // early.
+  StatusOr<uint64_t> Read(uint64_t max_rows, std::vector<char>* out);
+
+ private:
+  NpyReader(std::string path, std::FILE* file) : path_(std::move(path)), file_(file) {}
+  const std::string path_;
+  std::FILE* file_;
+  std::string descr_;
+  std::vector<uint64_t> shape_;
+  size_t value_bytes_ = 0;
+  uint64_t rows_read_ = 0;
+};
+
 // Reads the array at `path`. kNotFound naming a missing file; kDataLoss
 // naming the file for one that is not a complete .npy array of a dtype
 // above (truncated, Fortran order, big-endian, ...); kUnavailable on other

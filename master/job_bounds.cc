@@ -108,6 +108,13 @@ std::vector<std::string> JobControl::Waits(absl::Time now) const {
         absl::StrCat("checkpoint ", *round, ": ",
                      checkpoints_.writing() ? "the servers to write it" : "the workers to pause"));
   }
+  if (import_due_) {
+    waits.push_back(absl::StrCat(
+        "the servers to load the model in ", job_.job.init_from, " (attempt ",
+        import_attempts_ + 1, " of ", kMaxExportAttempts,
+        import_error_.empty() ? std::string() : absl::StrCat("; the last failed: ", import_error_),
+        ")"));
+  }
   if (export_due_) {
     waits.push_back(absl::StrCat(
         "the servers to export the model to ", job_.job.export_dir, " for ",

@@ -135,9 +135,19 @@ void JobControl::MaybeStartTraining(absl::Time now) {
       !membership_.placed() || !membership_.all_servers_alive()) {
     return;
   }
+  if (!job_.job.init_from.empty() && !import_done_ && !checkpoints_.last().has_value()) {
+    // The servers load the export first (NextImport); then training starts.
+    if (!import_due_) {
+      LOG(INFO) << "loading the model in " << job_.job.init_from << " into the servers"
+                << (job_.job.init_optimizer_state ? " with its optimizer state" : "");
+    }
+    import_due_ = true;
+    return;
+  }
   progress_.StartEpoch(0);
   if (checkpoints_.last().has_value()) return;
-  // Checkpoint 0: nothing trained, every server empty.
+  // Checkpoint 0: nothing trained; every server empty, or holding the
+  // rows of job.init_from.
   checkpoints_.RecordStart(CheckpointRecordNow(/*id=*/0, now));
 }
 
@@ -697,6 +707,53 @@ bool JobControl::Done(absl::Time now) const {
 // (which should not happen).
 static absl::Time ShutdownDeadline(const JobConfig& job, absl::Time now) {
   return now + 3 * absl::Milliseconds(job.master.lease_ms) + absl::Seconds(10);
+}
+
+std::optional<JobControl::ImportWrite> JobControl::NextImport(absl::Time now) {
+  if (!import_due_ || over() || !membership_.placed() || !membership_.all_servers_alive()) {
+    return std::nullopt;
+  }
+  ImportWrite write{.servers = membership_.LiveServers(), .attempt = import_attempts_ + 1};
+  if (write.servers.empty()) return std::nullopt;
+  return write;
+}
+
+void JobControl::Imported(const ImportWrite& write, const std::vector<StatusOr<uint64_t>>& replies,
+                          absl::Time now) {
+  if (over() || !import_due_) return;
+  std::string error;
+  uint64_t rows = 0;
+  bool starting = false;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (replies[i].ok()) {
+      rows += *replies[i];
+      continue;
+    }
+    // A server that has no tables or map yet loads on a later tick; its
+    // lease bounds how long it may take.
+    starting |= ReasonOf(replies[i].status()) == proto::NOT_READY;
+    absl::StrAppend(&error, error.empty() ? "" : "; ", "ps[",
+                    i < write.servers.size() ? write.servers[i].first : 0, "]: ",
+                    replies[i].status().message());
+  }
+  if (error.empty()) {
+    LOG(INFO) << "the servers loaded " << rows << " rows of " << job_.job.init_from;
+    events_->Record("model_loaded", {{"dir", job_.job.init_from}, {"rows", rows}});
+    import_due_ = false;
+    import_done_ = true;
+    MaybeStartTraining(now);
+    return;
+  }
+  import_error_ = error;
+  if (starting) return;
+  import_attempts_ = write.attempt;
+  LOG(WARNING) << "loading " << job_.job.init_from << " (attempt " << write.attempt << " of "
+               << kMaxExportAttempts << ") failed: " << error;
+  if (import_attempts_ >= kMaxExportAttempts) {
+    Fail(absl::StrCat("job.init_from: the servers could not load ", job_.job.init_from, ": ",
+                      error),
+         /*stopped=*/false, now);
+  }
 }
 
 void JobControl::PassesDone(absl::Time now) {

@@ -167,6 +167,21 @@ class JobControl {
                 const Status& manifest, absl::Time now);
   static constexpr uint32_t kMaxExportAttempts = 3;
 
+  // The warm start (job.init_from), due once the servers are placed and
+  // the data scanned, before training starts: checkpoint 0 is the export's
+  // rows. The live servers to load it; nullopt while none is due or a slot
+  // has no live server.
+  struct ImportWrite {
+    std::vector<ServerAddress> servers;
+    uint32_t attempt = 0;  // 1 for the first
+  };
+  std::optional<ImportWrite> NextImport(absl::Time now);
+  // The servers answered (rows loaded, or the error). Training starts when
+  // all succeeded; otherwise tried again, and after kMaxExportAttempts the
+  // job fails naming the error.
+  void Imported(const ImportWrite& write, const std::vector<StatusOr<uint64_t>>& replies,
+                absl::Time now);
+
   // The recovery's restores, when every slot is filled and fenced.
   std::optional<Recovery::Step> NextRestore(absl::Time now);
   // The servers answered the restores (bytes restored, per target).
@@ -264,6 +279,13 @@ class JobControl {
   // The export (PassesDone): due since, and the attempts that failed. Not
   // persisted: a restarted master finds the last pass done (Tick) and
   // exports again.
+  // The warm start (NextImport): due, done, and the attempts that failed.
+  // Not persisted: a master restarted before training starts loads it
+  // again (a load replaces what the servers hold).
+  bool import_due_ = false;
+  bool import_done_ = false;
+  uint32_t import_attempts_ = 0;
+  std::string import_error_;
   bool export_due_ = false;
   absl::Time export_due_since_ = absl::InfiniteFuture();
   uint32_t export_attempts_ = 0;

@@ -113,6 +113,8 @@ class Master::Impl {
   void AdvanceRecovery(ServerCalls& calls);
   // The model export (job.export_dir) once the last pass is done.
   void AdvanceExport(ServerCalls& calls);
+  // The warm start (job.init_from) before training starts.
+  void AdvanceImport(ServerCalls& calls);
   // While servers work, leases run on: a server that dies meanwhile is not
   // waited for.
   bool Serving(const ServerAddress& server) ABSL_LOCKS_EXCLUDED(mu_);
@@ -452,6 +454,7 @@ void Master::Impl::JobLoop() {
     AdvanceCheckpoint(calls);
     AdvanceRecovery(calls);
     AdvanceExport(calls);
+    AdvanceImport(calls);
     // A failed write fails the job (Persist says why): the loop winds down.
     (void)Persist();
     Status flushed = events_->Flush();
@@ -539,7 +542,8 @@ void Master::Impl::AdvanceRecovery(ServerCalls& calls) {
   if (!Persist().ok()) return;
   const absl::Time restoring = clock_->Now();
   std::vector<StatusOr<uint64_t>> replies = calls.Restore(
-      checkpoint, step->targets, [this](const ServerAddress& server) { return Serving(server); });
+      checkpoint, step->targets, [this](const ServerAddress& server) { return Serving(server); },
+      options_.job.job.init_from, options_.job.job.init_optimizer_state);
   {
     absl::MutexLock lock(&mu_);
     control_->Restored(*step, replies, restoring, clock_->Now());
@@ -570,6 +574,27 @@ void Master::Impl::AdvanceExport(ServerCalls& calls) {
   if (parts_ok && written.ok()) written = WriteExportManifest(write->dir, *manifest);
   absl::MutexLock lock(&mu_);
   control_->Exported(*write, parts, written, clock_->Now());
+  changed_.SignalAll();
+}
+
+void Master::Impl::AdvanceImport(ServerCalls& calls) {
+  std::optional<JobControl::ImportWrite> write;
+  {
+    absl::MutexLock lock(&mu_);
+    write = control_->NextImport(clock_->Now());
+  }
+  if (!write.has_value()) return;
+  std::vector<Recovery::RestoreTarget> targets;
+  for (const ServerAddress& server : write->servers) {
+    targets.push_back({.slot = server.first, .endpoint = server.second});
+  }
+  // Checkpoint 0 of a warm start: each server empties its store and loads
+  // the export's rows of its partitions.
+  std::vector<StatusOr<uint64_t>> replies = calls.Restore(
+      0, targets, [this](const ServerAddress& server) { return Serving(server); },
+      options_.job.job.init_from, options_.job.job.init_optimizer_state);
+  absl::MutexLock lock(&mu_);
+  control_->Imported(*write, replies, clock_->Now());
   changed_.SignalAll();
 }
 

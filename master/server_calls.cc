@@ -111,7 +111,8 @@ std::vector<StatusOr<proto::ServerCheckpoint>> ServerCalls::WriteCheckpoint(
 }
 
 std::vector<StatusOr<uint64_t>> ServerCalls::Restore(
-    uint64_t id, const std::vector<Recovery::RestoreTarget>& targets, const Serving& serving) {
+    uint64_t id, const std::vector<Recovery::RestoreTarget>& targets, const Serving& serving,
+    const std::string& init_from, bool init_state) {
   std::vector<ServerAddress> servers;
   for (const Recovery::RestoreTarget& target : targets) {
     servers.emplace_back(target.slot, target.endpoint);
@@ -124,6 +125,10 @@ std::vector<StatusOr<uint64_t>> ServerCalls::Restore(
         proto::RestoreRequest* body = request.header().mutable_restore_request();
         body->set_checkpoint_id(id);
         body->set_path(targets[i].path);
+        if (id == 0 && !init_from.empty()) {
+          body->set_init_from(init_from);
+          body->set_init_optimizer_state(init_state);
+        }
         return request;
       },
       kSlowCallTimeout, serving);
@@ -132,7 +137,8 @@ std::vector<StatusOr<uint64_t>> ServerCalls::Restore(
     if (!reply.ok()) {
       results.push_back(reply.status());
     } else {
-      results.push_back(reply->header().restore_reply().bytes());
+      const proto::RestoreReply& body = reply->header().restore_reply();
+      results.push_back(id == 0 && !init_from.empty() ? body.rows_imported() : body.bytes());
     }
   }
   return results;

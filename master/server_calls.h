@@ -46,11 +46,15 @@ class ServerCalls {
   std::vector<StatusOr<proto::ServerCheckpoint>> WriteCheckpoint(
       uint64_t id, const std::vector<uint64_t>& keep, const std::vector<ServerAddress>& servers,
       const Serving& serving);
-  // Has every target restore checkpoint `id` (its path). One result per
-  // target: the bytes restored, or the error.
+  // Has every target restore checkpoint `id` (its path); checkpoint 0 of
+  // a warm-started job loads `init_from` (with the optimizer state when
+  // `init_state`). One result per target: the bytes restored (or, with
+  // init_from, the rows loaded), or the error.
   std::vector<StatusOr<uint64_t>> Restore(uint64_t id,
                                           const std::vector<Recovery::RestoreTarget>& targets,
-                                          const Serving& serving);
+                                          const Serving& serving,
+                                          const std::string& init_from = "",
+                                          bool init_state = true);
   // Has every server write its rows into the model export in `dir`. One
   // result per server: its reply, or the error naming it.
   std::vector<StatusOr<proto::ExportReply>> Export(const std::string& dir,

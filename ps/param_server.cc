@@ -574,34 +574,50 @@ Status ParamServer::Impl::HandleRestore(const Message& request, Message* reply) 
     return absl::InvalidArgumentError("RESTORE without its body");
   }
   const proto::RestoreRequest& body = request.header().restore_request();
-  // Checkpoint 0 is the job as training starts: no rows anywhere.
+  // Checkpoint 0 is the job as training starts: no rows anywhere, or those
+  // of the model export it starts from.
   if (body.path().empty() && body.checkpoint_id() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("RESTORE of checkpoint ", body.checkpoint_id(), " names no path"));
   }
-  if (options_.storage.data_dir.empty()) {
+  const bool import = body.checkpoint_id() == 0 && !body.init_from().empty();
+  if (options_.storage.data_dir.empty() && !import) {
     return absl::FailedPreconditionError(
         "this server keeps no store to restore a checkpoint into (no data dir)");
   }
+  std::vector<bool> owned;
   {
     absl::MutexLock lock(&mu_);
     if (!tables_ready_) {
       return ErrorWithReason(absl::StatusCode::kUnavailable, "still starting: no tables yet",
                              proto::NOT_READY);
     }
+    if (import && placement_ == nullptr) {
+      return ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet",
+                             proto::NOT_READY);
+    }
+    owned = owned_;
   }
-  StatusOr<CheckpointInfo> info = absl::UnknownError("not restored");
+  StatusOr<CheckpointInfo> info = CheckpointInfo{};
+  StatusOr<ImportInfo> imported = ImportInfo{};
   {
     // Waits for the pulls, pushes and checkpoints in progress; later ones
     // wait for the restore.
     absl::WriterMutexLock restore_lock(&restore_mu_);
-    info = storage_->Restore(body.path());
+    if (!options_.storage.data_dir.empty()) info = storage_->Restore(body.path());
     // A missing or broken checkpoint is refused before anything changes;
     // otherwise the pushes applied so far are gone (even after a failure:
     // the store then holds its last flushed state).
     if (!absl::IsNotFound(info.status()) && !absl::IsDataLoss(info.status())) {
       absl::MutexLock fence_lock(&fence_mu_);
       dedup_ = std::make_unique<PushDeduplicator>();
+    }
+    if (info.ok() && import) {
+      const uint32_t partitions = static_cast<uint32_t>(owned.size());
+      imported = storage_->Import(
+          body.init_from(),
+          [&owned, partitions](uint64_t key) { return owned[PartitionOf(key, partitions)]; },
+          body.init_optimizer_state());
     }
   }
   if (!info.ok()) {
@@ -612,12 +628,21 @@ Status ParamServer::Impl::HandleRestore(const Message& request, Message* reply) 
     }
     return Annotate(info.status(), absl::StrCat("restore of checkpoint ", body.checkpoint_id()));
   }
-  LOG(INFO) << "restored checkpoint " << body.checkpoint_id() << " from " << info->path << ": "
-            << absl::StrFormat("%.1f", info->bytes / double{1 << 20}) << " MiB in "
-            << absl::StrFormat("%.0f", absl::ToDoubleMilliseconds(info->duration)) << " ms";
+  RETURN_IF_ERROR_CTX(imported.status(), absl::StrCat("import of ", body.init_from()));
+  if (import) {
+    LOG(INFO) << "checkpoint 0 is the model in " << body.init_from() << ": loaded "
+              << imported->rows << " rows of its partitions"
+              << (body.init_optimizer_state() ? " with their optimizer state" : "") << " in "
+              << absl::StrFormat("%.0f", absl::ToDoubleMilliseconds(imported->duration)) << " ms";
+  } else {
+    LOG(INFO) << "restored checkpoint " << body.checkpoint_id() << " from " << info->path << ": "
+              << absl::StrFormat("%.1f", info->bytes / double{1 << 20}) << " MiB in "
+              << absl::StrFormat("%.0f", absl::ToDoubleMilliseconds(info->duration)) << " ms";
+  }
   proto::RestoreReply* out = reply->header().mutable_restore_reply();
   out->set_bytes(info->bytes);
-  out->set_duration_ms(absl::ToDoubleMilliseconds(info->duration));
+  out->set_duration_ms(absl::ToDoubleMilliseconds(info->duration + imported->duration));
+  out->set_rows_imported(imported->rows);
   return absl::OkStatus();
 }
 

@@ -37,6 +37,7 @@
 #define EPS_PS_STORAGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -106,6 +107,11 @@ struct CheckpointInfo {
   absl::Duration duration;
 };
 
+struct ImportInfo {
+  uint64_t rows = 0;  // rows loaded, every table
+  absl::Duration duration;
+};
+
 struct ExportInfo {
   uint64_t rows = 0;   // rows written, every table
   uint64_t bytes = 0;  // bytes of the files written
@@ -159,6 +165,21 @@ class ServerStorage {
   // at all. kFailedPrecondition before SetServerId or CreateTables;
   // kUnavailable naming the file on I/O errors; the store's errors.
   StatusOr<ExportInfo> Export(const std::string& dir);
+
+  // A warm start: loads the rows of the model export in `dir` that
+  // `owned` accepts (by their key in this job: the feature id, or the
+  // dense chunk's DenseChunkKey) into the tables of the same names, as
+  // changed rows, then flushes. With `with_state`, the rows' optimizer
+  // state comes too; without, each starts with a new row's state. Reads
+  // the parts in pieces (bounded memory). Idempotent: rows of the export
+  // overwrite what the tables hold. kNotFound naming manifest.json or a
+  // part (an unfinished export); kInvalidArgument naming the table when
+  // the export lacks one of this job's tables or has it with another
+  // kind or dim, or, with `with_state`, another optimizer state width;
+  // kDataLoss naming a part that does not fit its manifest; the store's
+  // errors. kFailedPrecondition before CreateTables.
+  StatusOr<ImportInfo> Import(const std::string& dir,
+                              const std::function<bool(uint64_t key)>& owned, bool with_state);
 
   // Replaces every parameter by the checkpoint in directory `checkpoint`
   // (a CheckpointInfo.path): drops the tables and their changed rows

@@ -124,6 +124,8 @@ class StripedTable final : public Table {
   using Table::Push;
   Status Push(std::span<const uint64_t> keys, std::span<const float> grads, float lr_scale,
               uint64_t* created) override;
+  Status Put(std::span<const uint64_t> keys, std::span<const float> values,
+             uint32_t width) override;
   uint64_t QueueDirtyRows() override;
   uint64_t EvictToBudget() override;
   TableStats stats() const override;
@@ -463,6 +465,21 @@ Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float>
   // Rows updated before a store error count too.
   if (refused > 0) CountRefused(refused);
   RETURN_IF_ERROR(applied);
+  if (max_seq == 0) return absl::OkStatus();
+  return Annotate(storage_.queue->WaitDurable(max_seq, storage_.durability_timeout),
+                  absl::StrCat("writing rows of table '", spec_.name(), "'"));
+}
+
+Status StripedTable::Put(std::span<const uint64_t> keys, std::span<const float> values,
+                         uint32_t width) {
+  CHECK(width == row_floats_ || width == static_cast<uint32_t>(dim_)) << "Put to table " << spec_.id();
+  CHECK_EQ(values.size(), keys.size() * width) << "Put to table " << spec_.id();
+  uint64_t max_seq = 0;
+  uint64_t created = 0;
+  RETURN_IF_ERROR(ForEachRow(keys, /*modify=*/true, &max_seq, &created, [&](uint32_t i, float* row) {
+    std::memcpy(row, values.data() + size_t{i} * width, sizeof(float) * width);
+    if (width < row_floats_) optimizer_->InitState(row + dim_, dim_);
+  }));
   if (max_seq == 0) return absl::OkStatus();
   return Annotate(storage_.queue->WaitDurable(max_seq, storage_.durability_timeout),
                   absl::StrCat("writing rows of table '", spec_.name(), "'"));

@@ -119,6 +119,14 @@ class Table {
     return Push(keys, grads, 1.0f, nullptr);
   }
 
+  // Sets the rows of `keys`, as changed rows (a warm start's import): each
+  // to its `width` floats of `values`, the weights and then, with width ==
+  // row_floats(), the optimizer state; with width == dim(), the state a new
+  // row starts with. Errors as Push. REQUIRES: width is dim() or
+  // row_floats(), values.size() == keys.size() * width, keys distinct.
+  virtual Status Put(std::span<const uint64_t> keys, std::span<const float> values,
+                     uint32_t width) = 0;
+
   // Queues every changed row for the store; returns the sequence number to
   // wait for (WriteQueue::WaitDurable), 0 when nothing was queued. Without
   // a store, does nothing and returns 0.

@@ -63,6 +63,28 @@ TEST(Npy, OneDimensionalAndEmptyArrays) {
   EXPECT_TRUE(none.data.empty());
 }
 
+TEST(Npy, AReaderReadsRowsInPieces) {
+  testing::TempDir dir;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<NpyWriter> writer,
+                       NpyWriter::Create(dir.Join("rows.npy"), "<f4", {2}));
+  std::vector<float> values(14);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  ASSERT_TRUE(writer->Append(values.data(), 7).ok());
+  ASSERT_TRUE(writer->Close().ok());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<NpyReader> reader, NpyReader::Open(dir.Join("rows.npy")));
+  EXPECT_EQ(reader->rows(), 7u);
+  EXPECT_EQ(reader->row_bytes(), 8u);
+  std::vector<float> read;
+  std::vector<char> piece;
+  for (uint64_t expected : {3u, 3u, 1u, 0u}) {
+    ASSERT_OK_AND_ASSIGN(uint64_t n, reader->Read(3, &piece));
+    EXPECT_EQ(n, expected);
+    const float* floats = reinterpret_cast<const float*>(piece.data());
+    read.insert(read.end(), floats, floats + 2 * n);
+  }
+  EXPECT_EQ(read, values);
+}
+
 TEST(Npy, AWriterNotClosedLeavesNoFile) {
   testing::TempDir dir;
   {

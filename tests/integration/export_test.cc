@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -78,13 +79,22 @@ std::pair<std::optional<int>, std::string> RunPredict(const TempDir& dir,
 // Trains model `type` on DIR/data (2 servers, 2 workers) with its export
 // in DIR/<type>; the final status in *status and the master's dir in
 // *master_dir.
+// `extra` flags and `servers` servers change the job; `run` names its dir.
 void TrainAndExport(const TempDir& dir, const std::string& type, json* status,
-                    std::string* master_dir = nullptr) {
-  std::filesystem::create_directories(dir.Join("run-" + type));
-  LocalJob job(dir.Join("run-" + type), WriteConfig(dir, type),
-               {"--data.train=" + dir.Join("data/train"), "--data.eval=" + dir.Join("data/eval"),
-                "--job.export_dir=" + dir.Join(type)});
-  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+                    std::string* master_dir = nullptr, std::vector<std::string> extra = {},
+                    int servers = 2, const std::string& run = "") {
+  const std::string run_dir = dir.Join("run-" + (run.empty() ? type : run));
+  std::filesystem::create_directories(run_dir);
+  std::vector<std::string> flags = {"--data.eval=" + dir.Join("data/eval"),
+                                    "--job.export_dir=" + dir.Join(run.empty() ? type : run)};
+  if (std::none_of(extra.begin(), extra.end(),
+                   [](const std::string& flag) { return flag.starts_with("--data.train="); })) {
+    flags.push_back("--data.train=" + dir.Join("data/train"));
+  }
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  flags.push_back("--ps.num_servers=" + std::to_string(servers));
+  LocalJob job(run_dir, WriteConfig(dir, type), flags);
+  ASSERT_TRUE(job.Start(servers, /*workers=*/2).ok()) << job.Logs();
   StatusOr<int> master_exit = job.WaitForMaster(absl::Seconds(180));
   ASSERT_TRUE(master_exit.ok() && *master_exit == 0) << job.Logs();
   StatusOr<json> final_status = job.FinalStatus();
@@ -226,6 +236,61 @@ TEST(Export, APyTorchRebuildPredictsAsEpsPredict) {
               << "; " << torch_output;
     EXPECT_LE(worst, 1e-5);
   }
+}
+
+// Day by day: a job warm-started from the export of one trained on day 1
+// (with another server count) and trained on day 2 does better than day 2
+// alone, and as well as days 1 and 2 in one job.
+TEST(Export, AWarmStartedJobTrainsOnFromTheExport) {
+  TempDir dir;
+  ASSERT_TRUE(GenerateData(dir.Join("data"), 120000, /*seed=*/11, /*files=*/2).ok());
+  std::vector<std::string> days;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.Join("data/train"))) {
+    days.push_back(entry.path().string());
+  }
+  std::sort(days.begin(), days.end());
+  ASSERT_EQ(days.size(), 2u);
+  json day1, warm, day2_alone, both;
+  ASSERT_NO_FATAL_FAILURE(
+      TrainAndExport(dir, "dlrm", &day1, nullptr, {"--data.train=" + days[0]}, 2, "day1"));
+  std::string warm_master;
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(
+      dir, "dlrm", &warm, &warm_master,
+      {"--data.train=" + days[1], "--job.init_from=" + dir.Join("day1")}, /*servers=*/1, "warm"));
+  ASSERT_NO_FATAL_FAILURE(
+      TrainAndExport(dir, "dlrm", &day2_alone, nullptr, {"--data.train=" + days[1]}, 2, "day2"));
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, "dlrm", &both, nullptr, {}, 2, "both"));
+  const std::vector<json> loaded = EventsNamed(ReadEvents(warm_master), "model_loaded");
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_GT(loaded[0]["rows"].get<uint64_t>(), 10000u);
+  const auto auc = [](const json& status) { return status["metrics"]["eval_auc"].get<double>(); };
+  std::cout << "eval AUC: day 1 " << auc(day1) << ", day 2 warm-started from day 1 (1 server) "
+            << auc(warm) << ", day 2 alone " << auc(day2_alone) << ", days 1 and 2 in one job "
+            << auc(both) << "\n";
+  EXPECT_GT(auc(warm), auc(day2_alone) + 0.003);
+  EXPECT_NEAR(auc(warm), auc(both), 0.005);
+}
+
+// A warm start from a model of another size is refused by name.
+TEST(Export, AWarmStartFromAnotherModelFailsNamingTheTable) {
+  TempDir dir;
+  ASSERT_TRUE(GenerateData(dir.Join("data"), 20000, /*seed=*/3, /*files=*/1).ok());
+  json first;
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, "wdl", &first));
+  std::filesystem::create_directories(dir.Join("run-other"));
+  LocalJob job(dir.Join("run-other"), WriteConfig(dir, "wdl"),
+               {"--data.train=" + dir.Join("data/train"), "--model.embedding_dim=8",
+                "--job.init_from=" + dir.Join("wdl")});
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/1).ok()) << job.Logs();
+  StatusOr<int> master_exit = job.WaitForMaster(absl::Seconds(60));
+  ASSERT_TRUE(master_exit.ok()) << job.Logs();
+  EXPECT_EQ(*master_exit, 1) << job.Logs();
+  StatusOr<json> status = job.FinalStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ((*status)["state"], "failed");
+  const std::string error = status->dump();
+  EXPECT_NE(error.find("job.init_from"), std::string::npos) << error;
+  EXPECT_NE(error.find("wdl.emb"), std::string::npos) << error;
 }
 
 TEST(Export, EpsPredictRefusesWhatIsNotAnExport) {

@@ -191,6 +191,59 @@ TEST_F(JobControlTest, AnExportThatKeepsFailingStopsTheJobResumably) {
   EXPECT_THAT(control_->progress().failure(), HasSubstr("--resume"));
 }
 
+TEST_F(JobControlTest, AWarmStartLoadsTheExportBeforeTrainingStarts) {
+  job_.job.init_from = "/models/day1";
+  control_->StartNew("job-1");
+  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+  control_->DataScanned(TinyData(), t0_);
+  // Placed and scanned, but not training: the servers load the model first.
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kScanning);
+  EXPECT_FALSE(control_->checkpoints().last().has_value());
+  EXPECT_THAT(control_->Waits(At(10))[0], HasSubstr("load the model in /models/day1"));
+  std::optional<JobControl::ImportWrite> write = control_->NextImport(At(10));
+  ASSERT_TRUE(write.has_value());
+  EXPECT_EQ(write->servers.size(), 2u);
+  // A server still starting is not a failed attempt.
+  control_->Imported(*write,
+                     {uint64_t{5}, ErrorWithReason(absl::StatusCode::kUnavailable,
+                                                   "no cluster map yet", proto::NOT_READY)},
+                     At(20));
+  write = control_->NextImport(At(30));
+  ASSERT_TRUE(write.has_value());
+  EXPECT_EQ(write->attempt, 1u);
+  control_->Imported(*write, {absl::UnavailableError("disk"), uint64_t{5}}, At(40));
+  write = control_->NextImport(At(50));
+  ASSERT_TRUE(write.has_value());
+  EXPECT_EQ(write->attempt, 2u);
+  control_->Imported(*write, {uint64_t{7}, uint64_t{5}}, At(60));
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kTraining);
+  ASSERT_TRUE(control_->checkpoints().last().has_value());
+  EXPECT_EQ(control_->checkpoints().last()->id(), 0u);
+  EXPECT_FALSE(control_->NextImport(At(70)).has_value());
+  ASSERT_EQ(events_.Count("model_loaded"), 1u);
+  EXPECT_EQ(events_.Named("model_loaded")[0]["rows"], 12);
+}
+
+TEST_F(JobControlTest, AWarmStartThatCannotLoadFailsTheJobNamingTheCause) {
+  job_.job.init_from = "/models/day1";
+  control_->StartNew("job-1");
+  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+  control_->DataScanned(TinyData(), t0_);
+  for (uint32_t attempt = 1; attempt <= JobControl::kMaxExportAttempts; ++attempt) {
+    std::optional<JobControl::ImportWrite> write = control_->NextImport(At(10 * attempt));
+    ASSERT_TRUE(write.has_value());
+    control_->Imported(*write,
+                       {absl::InvalidArgumentError("job.init_from: no embedding table 'emb'"),
+                        uint64_t{0}},
+                       At(10 * attempt + 5));
+  }
+  EXPECT_TRUE(control_->over());
+  EXPECT_FALSE(control_->progress().stopped());
+  EXPECT_THAT(control_->progress().failure(), HasSubstr("ps[0]: job.init_from: no embedding table"));
+}
+
 TEST_F(JobControlTest, ServerLostBeforeTrainingOnlyFreesItsSlot) {
   control_->StartNew("job-1");
   ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,7 @@
 #include "absl/time/time.h"
 #include "core/logging.h"
 #include "core/npy.h"
+#include "nlohmann/json.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
@@ -272,6 +274,108 @@ TEST(ServerStorage, ExportOfAMemoryOnlyServerWritesItsRows) {
   const Status refused = storage->Export(dir.Join("file")).status();
   EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
   EXPECT_THAT(refused.message(), HasSubstr(dir.Join("file")));
+}
+
+// Every row of `table` in export `dir` (all parts): key -> its floats.
+std::map<uint64_t, std::vector<float>> ExportedRows(const std::string& dir, const std::string& table,
+                                                    const std::vector<uint32_t>& parts) {
+  std::map<uint64_t, std::vector<float>> rows;
+  for (uint32_t part : parts) {
+    const std::string stem = dir + "/params/" + table + "/part-" + std::to_string(part);
+    StatusOr<NpyArray> ids = ReadNpy(stem + ".keys.npy");
+    StatusOr<NpyArray> values = ReadNpy(stem + ".rows.npy");
+    EXPECT_TRUE(ids.ok() && values.ok()) << stem;
+    if (!ids.ok() || !values.ok()) return rows;
+    for (uint64_t i = 0; i < ids->rows(); ++i) {
+      const float* row = values->as<float>() + i * values->row_size();
+      rows[ids->as<uint64_t>()[i]].assign(row, row + values->row_size());
+    }
+  }
+  return rows;
+}
+
+// Writes the manifest a model export of TwoTables()-shaped `job` from
+// server 4 would have.
+void WriteManifest(const std::string& dir, const proto::JobSpec& job) {
+  nlohmann::json params = nlohmann::json::array();
+  for (const proto::TableSpec& table : job.tables()) {
+    params.push_back({{"name", table.name()},
+                      {"kind", "embedding"},
+                      {"dim", table.dim()},
+                      {"size", 0},
+                      {"parts", {"params/" + table.name() + "/part-4"}}});
+  }
+  std::ofstream(dir + "/manifest.json")
+      << nlohmann::json({{"format", "eps-model"}, {"version", 1}, {"params", params}}).dump();
+}
+
+TEST(ServerStorage, ImportLoadsTheRowsItOwnsWithOrWithoutTheirState) {
+  TempDir dir;
+  proto::JobSpec job = TwoTables();
+  job.mutable_tables(1)->mutable_optimizer()->set_kind(proto::OptimizerSpec::ADAGRAD);
+  job.mutable_tables(1)->mutable_optimizer()->set_epsilon(1e-8f);
+  StorageOptions options;
+  options.data_dir = dir.Join("source");
+  std::unique_ptr<ServerStorage> source = MustOpen(options, job);
+  ASSERT_NE(source, nullptr);
+  ASSERT_TRUE(source->SetServerId(4).ok());
+  PushAll(*source, 0, Keys(1, 3000), 2.0f);
+  PushAll(*source, 1, Keys(2, 2000), -4.0f);
+  ASSERT_TRUE(source->Export(dir.Join("model")).ok());
+  WriteManifest(dir.Join("model"), job);
+
+  // Two servers of a job placed otherwise: each takes the rows it owns,
+  // one of them over a memory budget.
+  std::vector<std::unique_ptr<ServerStorage>> targets;
+  for (uint32_t slot : {0u, 1u}) {
+    StorageOptions target_options;
+    target_options.data_dir = dir.Join("target-" + std::to_string(slot));
+    target_options.memory_budget_mb = slot == 0 ? 1 : 0;
+    targets.push_back(MustOpen(target_options, job));
+    ASSERT_NE(targets.back(), nullptr);
+    ASSERT_TRUE(targets.back()->SetServerId(slot).ok());
+    StatusOr<ImportInfo> imported = targets.back()->Import(
+        dir.Join("model"), [slot](uint64_t key) { return key % 2 == slot; }, /*with_state=*/true);
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    EXPECT_GT(imported->rows, 1000u);
+    ASSERT_TRUE(targets.back()->Export(dir.Join("again")).ok());
+  }
+  for (const std::string table : {"emb", "wide"}) {
+    const auto before = ExportedRows(dir.Join("model"), table, {4});
+    const auto after = ExportedRows(dir.Join("again"), table, {0, 1});
+    EXPECT_EQ(after, before) << table;
+  }
+  // Pushes after the import start from the imported rows.
+  ExpectAll(*targets[0], 0, {Keys(1, 3000)[1]}, -1.0f, "imported (an even key)");
+
+  // Without the state: Adagrad's accumulators start afresh.
+  std::unique_ptr<ServerStorage> fresh = MustOpen(StorageOptions{}, job);
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_TRUE(fresh->SetServerId(7).ok());
+  ASSERT_TRUE(fresh->Import(dir.Join("model"), [](uint64_t) { return true; }, false).ok());
+  ASSERT_TRUE(fresh->Export(dir.Join("weights")).ok());
+  const auto weights = ExportedRows(dir.Join("weights"), "wide", {7});
+  const auto with_state = ExportedRows(dir.Join("model"), "wide", {4});
+  ASSERT_EQ(weights.size(), with_state.size());
+  for (const auto& [key, row] : weights) {
+    const std::vector<float>& original = with_state.at(key);
+    EXPECT_TRUE(std::equal(row.begin(), row.begin() + 16, original.begin())) << key;
+    EXPECT_TRUE(std::all_of(row.begin() + 16, row.end(), [](float v) { return v == 0.0f; }))
+        << "accumulators of " << key << " start at optimizer.initial_accumulator (0)";
+    ASSERT_FALSE(std::all_of(original.begin() + 16, original.end(), [](float v) { return v == 0; }));
+  }
+
+  // Another model: named, and nothing loaded.
+  proto::JobSpec other = job;
+  other.mutable_tables(0)->set_dim(8);
+  std::unique_ptr<ServerStorage> wrong = MustOpen(StorageOptions{}, other);
+  ASSERT_NE(wrong, nullptr);
+  const Status refused =
+      wrong->Import(dir.Join("model"), [](uint64_t) { return true; }, true).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("'emb'"));
+  EXPECT_TRUE(absl::IsNotFound(
+      wrong->Import(dir.Join("nothing"), [](uint64_t) { return true; }, true).status()));
 }
 
 TEST(ServerStorage, FlusherWritesChangedRows) {
