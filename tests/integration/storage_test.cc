@@ -82,6 +82,7 @@ struct JobRun {
   json server;               // its servers[0]
   uint64_t server_peak = 0;  // the server's peak resident bytes
   double seconds = 0;
+  std::string master_dir;
 };
 
 // Runs the job in `dir` with 1 server and 1 worker to the end, sampling the
@@ -93,6 +94,7 @@ void RunJob(const std::string& dir, const std::string& config, std::vector<std::
   LocalJob job(dir, config, std::move(flags));
   ASSERT_TRUE(job.Start(/*servers=*/1, /*workers=*/1).ok()) << job.Logs();
   Process& server = *job.servers()[0];
+  run->master_dir = job.master_dir();
   auto sample = [&] {
     if (std::optional<uint64_t> peak = server.PeakResidentBytes()) {
       run->server_peak = std::max(run->server_peak, *peak);
@@ -128,7 +130,8 @@ double Mib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<dou
 
 // A table at least 10x the hot-tier budget trains to the eval AUC of an
 // unlimited budget (within 0.002), with rows leaving memory and coming back
-// from RocksDB, while the server's peak RSS stays under budget + overhead.
+// from RocksDB, and is exported at the end (job.export_dir), while the
+// server's peak RSS, the export's included, stays under budget + overhead.
 TEST(Storage, TableTenTimesTheBudgetTrainsLikeUnlimitedInBoundedMemory) {
   // 1M records hold ~930k distinct ids: a 40 MiB LR table (weight and
   // Adagrad accumulator, 8 bytes, plus metadata and index: ~45 bytes a
@@ -158,7 +161,9 @@ TEST(Storage, TableTenTimesTheBudgetTrainsLikeUnlimitedInBoundedMemory) {
   JobRun unlimited;
   ASSERT_NO_FATAL_FAILURE(RunJob(dir.Join("unlimited"), config, flags(0), &unlimited));
   JobRun budget;
-  ASSERT_NO_FATAL_FAILURE(RunJob(dir.Join("budget"), config, flags(kBudgetMiB), &budget));
+  std::vector<std::string> budget_flags = flags(kBudgetMiB);
+  budget_flags.push_back("--job.export_dir=" + dir.Join("model"));
+  ASSERT_NO_FATAL_FAILURE(RunJob(dir.Join("budget"), config, budget_flags, &budget));
 
   for (const JobRun* run : {&unlimited, &budget}) {
     EXPECT_EQ(run->status["records_trained"].get<uint64_t>(), train_records);
@@ -204,6 +209,15 @@ TEST(Storage, TableTenTimesTheBudgetTrainsLikeUnlimitedInBoundedMemory) {
   EXPECT_LT(budget.server_peak, bound);
   EXPECT_GT(unlimited.server_peak, bound)
       << "the table is too small for this test: without a budget it fits in the bound too";
+  // The export streamed the whole table (every trained row) from the store.
+  const std::vector<json> exported = EventsNamed(ReadEvents(budget.master_dir), "model_exported");
+  ASSERT_EQ(exported.size(), 1u);
+  const uint64_t exported_rows = exported[0]["rows"].get<uint64_t>();
+  std::cout << "export: " << exported_rows << " rows, "
+            << Mib(exported[0]["bytes"].get<uint64_t>()) << " MiB in "
+            << exported[0]["seconds"].get<double>() << " s\n";
+  EXPECT_GE(exported_rows * table_bytes / table_rows, 10 * budget_bytes);
+  EXPECT_TRUE(std::filesystem::exists(dir.Join("model/manifest.json")));
 }
 
 // POST /checkpoint on the master during a job: every server flushes and
