@@ -99,6 +99,10 @@ Status ValidateTableSpec(const proto::TableSpec& spec) {
                                                        ": must be in [1, dim * 2^", kDenseChunkBits,
                                                        "]"));
       }
+      if (spec.admission_min_count() > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": admission applies to embedding tables only"));
+      }
       break;
     }
     default:

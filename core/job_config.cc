@@ -378,6 +378,10 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("ps.dense_chunk_floats", &ps.dense_chunk_floats, "floats per dense-tensor chunk");
   v.Visit("ps.max_new_rows_per_worker_s", &ps.max_new_rows_per_worker_s,
           "rows one worker may create per second on a server, 0 unlimited");
+  v.Visit("ps.admission_min_count", &ps.admission_min_count,
+          "pushes an id needs before it gets an embedding row; 0 or 1 every id at once");
+  v.Visit("ps.admission_memory_mb", &ps.admission_memory_mb,
+          "memory per table for counting ids not admitted yet, MiB");
 
   v.Visit("worker.batch_size", &worker.batch_size,
           "records per batch, or auto (min_batch_size..max_batch_size by throughput)");
@@ -545,6 +549,8 @@ Status JobConfig::Validate() const {
       CheckRange("ps.dense_chunk_floats", ps.dense_chunk_floats, 1, 1 << 20, "4 MiB chunks"));
   RETURN_IF_ERROR(CheckRange("ps.max_new_rows_per_worker_s", ps.max_new_rows_per_worker_s, 0,
                              int64_t{1} << 40));
+  RETURN_IF_ERROR(CheckRange("ps.admission_min_count", ps.admission_min_count, 0, 65535));
+  RETURN_IF_ERROR(CheckRange("ps.admission_memory_mb", ps.admission_memory_mb, 1, 65536));
 
   if (worker.batch_size.automatic) {
     RETURN_IF_ERROR(CheckRange("worker.max_batch_size", worker.max_batch_size, 1, 1 << 20));

@@ -223,6 +223,15 @@ struct JobConfig {
     // unlimited. A worker over it is told to slow down (ps/row_quota.h).
     // Default 4000000.
     int64_t max_new_rows_per_worker_s = 4'000'000;
+    // Admission: a feature id gets a row in an embedding table only at its
+    // admission_min_count-th push (until then it reads as its initializer
+    // makes it and its gradients are dropped); 0 or 1 = every id at once.
+    // In [0, 65535]. Default 0.
+    int64_t admission_min_count = 0;
+    // Memory a server's admission counts may take per table, in MiB, in
+    // [1, 65536]: ids counted at once, beyond which a full shard forgets
+    // its candidates (ps/admission.h). Default 32.
+    int64_t admission_memory_mb = 32;
   } ps;
 
   struct Worker {

@@ -91,6 +91,7 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
       *table->mutable_initializer() = MakeInitializer(
           automatic ? param.default_initializer : config.model.initializer,
           automatic ? param.default_init_scale : config.model.init_scale);
+      table->set_admission_min_count(static_cast<uint32_t>(config.ps.admission_min_count));
     } else {
       table->set_kind(proto::DENSE);
       table->set_dim(static_cast<uint32_t>(

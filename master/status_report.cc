@@ -187,6 +187,9 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"pushes_fenced", server.stats.pushes_fenced()},
          {"pushes_deduplicated", server.stats.pushes_deduplicated()},
          {"updates_refused", server.stats.updates_refused()},
+         {"admission", {{"rows_admitted", server.stats.rows_admitted()},
+                        {"updates_rejected", server.stats.updates_rejected()},
+                        {"candidates", server.stats.admission_candidates()}}},
          {"requests_refused", server.stats.requests_refused()},
          {"requests_unauthenticated", server.stats.requests_unauthenticated()},
          {"requests_limited", server.stats.requests_limited()},
@@ -441,6 +444,15 @@ std::string MetricsText(const JobControl& control) {
              "Row updates a server refused because they would have made a weight or an optimizer "
              "state non-finite (the row kept its values).",
              [](const ServerEntry& s) { return static_cast<double>(s.stats.updates_refused()); });
+  per_server("eps_server_rows_admitted_total", MetricType::kCounter,
+             "Embedding rows a server made for a feature id at its ps.admission_min_count-th push.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.rows_admitted()); });
+  per_server("eps_server_updates_rejected_total", MetricType::kCounter,
+             "Pushed rows a server dropped because their feature id was not admitted yet.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.updates_rejected()); });
+  per_server("eps_server_admission_candidates", MetricType::kGauge,
+             "Feature ids a server counts toward admission now.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.admission_candidates()); });
   out.Family("eps_server_requests_refused_total", MetricType::kCounter,
              "Requests a server refused: for their sender's role (reason permission_denied), "
              "for carrying no key the job trusts (unauthenticated; refused CURVE handshakes "

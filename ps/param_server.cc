@@ -41,6 +41,7 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   options.rpc_timeout = absl::Milliseconds(config.worker.rpc_timeout_ms);
   options.progress_interval = absl::Seconds(config.job.progress_interval_s);
   options.storage.memory_budget_mb = config.ps.memory_budget_mb;
+  options.storage.admission_memory_mb = config.ps.admission_memory_mb;
   options.max_new_rows_per_worker_s = static_cast<uint64_t>(config.ps.max_new_rows_per_worker_s);
   options.storage.flush_interval = absl::Milliseconds(config.ps.flush_interval_ms);
   options.storage.every_push = config.ps.durability == "every_push";
@@ -449,6 +450,9 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_pushes_fenced(pushes_fenced_.load());
   stats.set_pushes_deduplicated(pushes_deduplicated_.load());
   stats.set_updates_refused(storage.updates_refused);
+  stats.set_rows_admitted(storage.rows_admitted);
+  stats.set_updates_rejected(storage.updates_rejected);
+  stats.set_admission_candidates(storage.admission_candidates);
   if (rpc_ != nullptr) {
     stats.set_requests_refused(rpc_->refused());
     stats.set_requests_unauthenticated(rpc_->unauthenticated() + factory_.handshakes_refused());

@@ -16,6 +16,7 @@
 #include "core/failpoint.h"
 #include "core/file_util.h"
 #include "core/npy.h"
+#include "ps/admission.h"
 #include "nlohmann/json.hpp"
 #include "cluster/placement.h"
 #include "core/logging.h"
@@ -62,6 +63,8 @@ StatusOr<std::vector<std::unique_ptr<Table>>> MakeTables(const proto::JobSpec& j
   storage.budget = budget;
   storage.write_every_push = options.every_push && store != nullptr;
   storage.durability_timeout = options.durability_timeout;
+  storage.admission_candidates = static_cast<uint64_t>(options.admission_memory_mb << 20) /
+                                 AdmissionFilter::kBytesPerCandidate;
   std::vector<std::unique_ptr<Table>> tables;
   for (const proto::TableSpec& spec : job.tables()) {
     if (spec.id() != tables.size()) {
@@ -696,6 +699,9 @@ StorageStats ServerStorage::stats() const {
     stats.misses += t.misses;
     stats.evictions += t.evictions;
     stats.updates_refused += t.updates_refused;
+    stats.rows_admitted += t.rows_admitted;
+    stats.updates_rejected += t.updates_rejected;
+    stats.admission_candidates += t.admission_candidates;
     if (store_ != nullptr) stats.rows_on_disk += store_->ApproximateRows(table->spec().id());
   }
   if (store_ != nullptr) {

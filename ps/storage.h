@@ -81,6 +81,8 @@ struct StorageOptions {
   std::string restore_checkpoint;
   // Longest wait of a push for durability. Default 30 s.
   absl::Duration durability_timeout = absl::Seconds(30);
+  // Memory each table's admission counts may take (ps.admission_memory_mb).
+  int64_t admission_memory_mb = 32;
 
   Status Validate() const;
 };
@@ -97,6 +99,10 @@ struct StorageStats {
   // Row updates refused (TableStats.updates_refused) by every table since
   // the storage opened, tables a Restore replaced included.
   uint64_t updates_refused = 0;
+  // Admission (TableStats), every table; since the tables were made.
+  uint64_t rows_admitted = 0;
+  uint64_t updates_rejected = 0;
+  uint64_t admission_candidates = 0;
   double last_flush_ms = 0;   // queueing + writing of the last flush
   uint64_t flushes = 0;
 };

@@ -19,6 +19,7 @@
 #include "core/hashing.h"
 #include "core/logging.h"
 #include "cluster/initializer.h"
+#include "ps/admission.h"
 #include "ps/kv_store.h"
 #include "ps/optimizer.h"
 #include "ps/write_queue.h"
@@ -167,9 +168,15 @@ class StripedTable final : public Table {
   // with write_every_push are queued at once (*max_seq gets the highest
   // sequence number queued). *created counts the rows created (read from
   // neither memory nor the store).
+  // Whether a row may be made for a key in neither memory nor the store.
+  enum class Creation {
+    kAlways,  // made by the initializer
+    kNever,   // not made: visited with a null row
+    kAdmit,   // made when admission_ admits it (Sight); else visited with null
+  };
   template <typename Visit>
   Status ForEachRow(std::span<const uint64_t> keys, bool modify, uint64_t* max_seq,
-                    uint64_t* created, Visit&& visit);
+                    uint64_t* created, Visit&& visit, Creation creation = Creation::kAlways);
 
   // The slot holding `key`, or kEmptySlot.
   uint32_t FindLocked(const Stripe& stripe, uint64_t key, uint64_t hash) const
@@ -228,6 +235,10 @@ class StripedTable final : public Table {
   std::atomic<uint64_t> misses_{0};
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> updates_refused_{0};
+  // Null unless spec_.admission_min_count() >= 2.
+  std::unique_ptr<AdmissionFilter> admission_;
+  std::atomic<uint64_t> admitted_{0};
+  std::atomic<uint64_t> rejected_{0};
 };
 
 StripedTable::StripedTable(const proto::TableSpec& spec, uint64_t seed,
@@ -247,6 +258,10 @@ StripedTable::StripedTable(const proto::TableSpec& spec, uint64_t seed,
   max_block_rows_log2_ = std::countr_zero(max_block_rows_);
   doubling_blocks_ = static_cast<uint32_t>(max_block_rows_log2_ - min_block_rows_log2_);
   doubling_rows_ = max_block_rows_ - min_block_rows_;
+  if (spec.admission_min_count() >= 2) {
+    admission_ = std::make_unique<AdmissionFilter>(spec.admission_min_count(),
+                                                   storage.admission_candidates);
+  }
 }
 
 Status StripedTable::Fetch(const std::vector<uint64_t>& keys, std::vector<float>* images,
@@ -260,7 +275,7 @@ Status StripedTable::Fetch(const std::vector<uint64_t>& keys, std::vector<float>
 
 template <typename Visit>
 Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uint64_t* max_seq,
-                                uint64_t* created, Visit&& visit) {
+                                uint64_t* created, Visit&& visit, Creation creation) {
   const size_t n = keys.size();
   if (n == 0) return absl::OkStatus();
   CHECK_LT(n, size_t{std::numeric_limits<uint32_t>::max()}) << "request too large";
@@ -283,6 +298,18 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
   const size_t row_bytes = sizeof(float) * row_floats_;
   uint64_t hits = 0;
   uint64_t misses = 0;
+  // Positions j whose key got no row (Creation kNever or not admitted):
+  // visited with a null row.
+  std::vector<bool> rowless;
+  if (creation != Creation::kAlways) rowless.assign(n, false);
+  const auto may_create = [&](uint64_t key) {
+    switch (creation) {
+      case Creation::kAlways: return true;
+      case Creation::kNever: return false;
+      case Creation::kAdmit: return admission_->Sight(key);
+    }
+    return true;
+  };
 
   // With a store: first find, stripe by stripe, which rows are not in
   // memory, and read them all with one MultiGet without holding any lock.
@@ -340,7 +367,7 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
           __builtin_prefetch(&stripe.index[ahead & (stripe.index_capacity - 1)]);
         }
         slots[j] = FindLocked(stripe, keys[order[j]], hashes[order[j]]);
-        if (slots[j] == kEmptySlot) absent.push_back(j);
+        if (slots[j] == kEmptySlot && (rowless.empty() || !rowless[j])) absent.push_back(j);
       }
       if (round == 0) {
         misses += absent.size();
@@ -352,6 +379,10 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
           const uint32_t i = order[j];
           slots[j] = FindLocked(stripe, keys[i], hashes[i]);  // a duplicate inserted just now
           if (slots[j] == kEmptySlot) {
+            if (!may_create(keys[i])) {
+              rowless[j] = true;
+              continue;
+            }
             slots[j] = InsertLocked(stripe, keys[i], hashes[i], nullptr);
             ++*created;
           }
@@ -366,6 +397,10 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
           if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;  // a duplicate
           const uint32_t f = prefetched[j];
           CHECK_NE(f, kEmptySlot);
+          if (!found[f] && !may_create(keys[i])) {
+            rowless[j] = true;
+            continue;
+          }
           InsertLocked(stripe, keys[i], hashes[i],
                        found[f] ? images.data() + size_t{f} * row_floats_ : nullptr);
           *created += !found[f];
@@ -391,6 +426,10 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       for (size_t a = 0; a < absent.size(); ++a) {
         const uint32_t i = order[absent[a]];
         if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;  // inserted meanwhile
+        if (!refetch_found[a] && !may_create(keys[i])) {
+          rowless[absent[a]] = true;
+          continue;
+        }
         InsertLocked(stripe, keys[i], hashes[i],
                      refetch_found[a] ? refetch_images.data() + a * row_floats_ : nullptr);
         *created += !refetch_found[a];
@@ -401,7 +440,11 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
     uint32_t inserted_or_touched = last - first;
     for (uint32_t j = first; j < last; ++j) {
       const uint32_t slot = slots[j];
-      if (j + kRowPrefetchDistance < last) {
+      if (slot == kEmptySlot) {
+        visit(order[j], static_cast<float*>(nullptr));  // rowless
+        continue;
+      }
+      if (j + kRowPrefetchDistance < last && slots[j + kRowPrefetchDistance] != kEmptySlot) {
         const float* ahead = RowLocked(stripe, slots[j + kRowPrefetchDistance]);
         __builtin_prefetch(ahead);
         __builtin_prefetch(ahead + row_floats_ - 1);
@@ -440,10 +483,19 @@ Status StripedTable::Pull(std::span<const uint64_t> keys, std::span<float> out,
   float* const dst = out.data();
   uint64_t max_seq = 0;
   uint64_t new_rows = 0;
-  const Status pulled = ForEachRow(keys, /*modify=*/false, &max_seq, &new_rows,
-                                   [&](uint32_t i, const float* row) {
-                                     std::memcpy(dst + size_t{i} * dim_, row, row_bytes);
-                                   });
+  // Under admission a pull makes no row: an id without one reads as its
+  // initializer makes it.
+  const Status pulled = ForEachRow(
+      keys, /*modify=*/false, &max_seq, &new_rows,
+      [&](uint32_t i, const float* row) {
+        if (row != nullptr) {
+          std::memcpy(dst + size_t{i} * dim_, row, row_bytes);
+        } else {
+          InitializeRow(spec_.initializer(), seed_, spec_.id(), keys[i], dst + size_t{i} * dim_,
+                        dim_);
+        }
+      },
+      admission_ != nullptr ? Creation::kNever : Creation::kAlways);
   if (created != nullptr) *created = new_rows;
   return pulled;
 }
@@ -457,11 +509,22 @@ Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float>
   uint64_t max_seq = 0;
   uint64_t refused = 0;
   uint64_t new_rows = 0;
-  const Status applied =
-      ForEachRow(keys, /*modify=*/true, &max_seq, &new_rows, [&](uint32_t i, float* row) {
+  uint64_t rejected = 0;
+  const Status applied = ForEachRow(
+      keys, /*modify=*/true, &max_seq, &new_rows,
+      [&](uint32_t i, float* row) {
+        if (row == nullptr) {
+          ++rejected;  // not admitted (yet): the gradient is dropped
+          return;
+        }
         refused += !optimizer.Apply(row, row + dim, src + size_t{i} * dim, dim, lr_scale);
-      });
+      },
+      admission_ != nullptr ? Creation::kAdmit : Creation::kAlways);
   if (created != nullptr) *created = new_rows;
+  if (admission_ != nullptr) {
+    admitted_.fetch_add(new_rows, std::memory_order_relaxed);
+    rejected_.fetch_add(rejected, std::memory_order_relaxed);
+  }
   // Rows updated before a store error count too.
   if (refused > 0) CountRefused(refused);
   RETURN_IF_ERROR(applied);
@@ -525,6 +588,9 @@ TableStats StripedTable::stats() const {
   stats.misses = misses_.load(std::memory_order_relaxed);
   stats.evictions = evictions_.load(std::memory_order_relaxed);
   stats.updates_refused = updates_refused_.load(std::memory_order_relaxed);
+  stats.rows_admitted = admitted_.load(std::memory_order_relaxed);
+  stats.updates_rejected = rejected_.load(std::memory_order_relaxed);
+  if (admission_ != nullptr) stats.admission_candidates = admission_->candidates();
   return stats;
 }
 

@@ -2,7 +2,10 @@
 //
 // Rows are keyed by the exact 64-bit key (feature id, or DenseChunkKey for
 // dense chunks), created on first touch by the table's initializer, and
-// updated by the table's optimizer. A row is its weights followed by its
+// updated by the table's optimizer. Under admission
+// (TableSpec.admission_min_count >= 2) a row is made only by the push that
+// admits its id (ps/admission.h): pulls of an id without a row read its
+// initializer's values, and pushes to it are dropped until then. A row is its weights followed by its
 // optimizer state.
 //
 // Hot tier: 64 lock stripes (by key hash), each an open-addressing index
@@ -65,6 +68,9 @@ struct TableStorage {
   bool write_every_push = false;
   // How long a push waits for durability before failing.
   absl::Duration durability_timeout = absl::Seconds(30);
+  // Under admission (TableSpec.admission_min_count): the new ids counted at
+  // most (ps/admission.h).
+  uint64_t admission_candidates = uint64_t{1} << 20;
 };
 
 struct TableStats {
@@ -76,6 +82,12 @@ struct TableStats {
   // Row updates refused because they would have made a weight or an
   // optimizer state non-finite (the row kept its values; ps/optimizer.h).
   uint64_t updates_refused = 0;
+  // Under admission (TableSpec.admission_min_count): rows made by a push
+  // that admitted their id, pushed rows dropped because their id was not
+  // admitted (yet), and the ids being counted now.
+  uint64_t rows_admitted = 0;
+  uint64_t updates_rejected = 0;
+  uint64_t admission_candidates = 0;
 };
 
 class Table {

@@ -293,6 +293,39 @@ TEST(Export, AWarmStartFromAnotherModelFailsNamingTheTable) {
   EXPECT_NE(error.find("wdl.emb"), std::string::npos) << error;
 }
 
+// Admission (ps.admission_min_count = 2) on eps-datagen's long-tailed ids:
+// the model keeps far fewer rows (counted in its export) at the same AUC,
+// and /status and /metrics show what was admitted and dropped.
+TEST(Export, AdmissionKeepsFewerRowsAtTheSameAccuracy) {
+  TempDir dir;
+  ASSERT_TRUE(GenerateData(dir.Join("data"), 200000, /*seed=*/13, /*files=*/2).ok());
+  json all_ids, admitted;
+  std::string all_master, admitted_master;
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, "wdl", &all_ids, &all_master, {}, 2, "all"));
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, "wdl", &admitted, &admitted_master,
+                                         {"--ps.admission_min_count=2"}, 2, "admitted"));
+  const auto rows = [](const std::string& master_dir) {
+    const std::vector<json> exported = EventsNamed(ReadEvents(master_dir), "model_exported");
+    return exported.size() == 1 ? exported[0]["rows"].get<uint64_t>() : 0;
+  };
+  const auto auc = [](const json& status) { return status["metrics"]["eval_auc"].get<double>(); };
+  uint64_t rows_admitted = 0;
+  uint64_t updates_rejected = 0;
+  for (const json& server : admitted["servers"]) {
+    rows_admitted += server["admission"]["rows_admitted"].get<uint64_t>();
+    updates_rejected += server["admission"]["updates_rejected"].get<uint64_t>();
+  }
+  std::cout << "rows exported: every id " << rows(all_master) << ", admission_min_count 2 "
+            << rows(admitted_master) << " (" << rows_admitted << " admitted, "
+            << updates_rejected << " pushed rows dropped); eval AUC " << auc(all_ids) << " against "
+            << auc(admitted) << "\n";
+  ASSERT_GT(rows(all_master), 0u);
+  EXPECT_LE(rows(admitted_master), rows(all_master) * 6 / 10);
+  EXPECT_GT(rows_admitted, 0u);
+  EXPECT_GT(updates_rejected, 0u);
+  EXPECT_NEAR(auc(admitted), auc(all_ids), 0.002);
+}
+
 TEST(Export, EpsPredictRefusesWhatIsNotAnExport) {
   TempDir dir;
   std::filesystem::create_directories(dir.Join("empty"));

@@ -378,6 +378,31 @@ TEST(ServerStorage, ImportLoadsTheRowsItOwnsWithOrWithoutTheirState) {
       wrong->Import(dir.Join("nothing"), [](uint64_t) { return true; }, true).status()));
 }
 
+// Admission over a store and a memory budget: rows are made at the second
+// push only, leave memory, and come back from the store as admitted rows.
+TEST(ServerStorage, AdmittedRowsAreStoredAndReadBackOverBudget) {
+  TempDir dir;
+  proto::JobSpec job = TwoTables();
+  job.mutable_tables(0)->set_admission_min_count(2);
+  StorageOptions options;
+  options.data_dir = dir.Join("data");
+  options.memory_budget_mb = 1;
+  std::unique_ptr<ServerStorage> storage = MustOpen(options, job);
+  ASSERT_NE(storage, nullptr);
+  const std::vector<uint64_t> keys = Keys(1, 30000);
+  PushAll(*storage, 0, keys, 2.0f);
+  ExpectAll(*storage, 0, keys, 0.0f, "not admitted: the initializer's zeros");
+  EXPECT_EQ(storage->table(0)->num_rows(), 0u);
+  PushAll(*storage, 0, keys, 2.0f);
+  ASSERT_TRUE(storage->Flush().ok());
+  EXPECT_GT(storage->stats().evictions, 0u);
+  PushAll(*storage, 0, keys, 2.0f);
+  ExpectAll(*storage, 0, keys, -2.0f, "admitted at the second push, pushed once more");
+  const StorageStats stats = storage->stats();
+  EXPECT_EQ(stats.rows_admitted, keys.size()) << "rows read back from the store are not new";
+  EXPECT_EQ(stats.updates_rejected, keys.size());
+}
+
 TEST(ServerStorage, FlusherWritesChangedRows) {
   TempDir temp;
   StorageOptions options;

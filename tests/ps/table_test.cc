@@ -12,6 +12,7 @@
 #include "core/hashing.h"
 #include "gtest/gtest.h"
 #include "cluster/initializer.h"
+#include "ps/admission.h"
 #include "ps/optimizer.h"
 
 namespace eps {
@@ -338,6 +339,64 @@ TEST(Table, ConcurrentPushAndPull) {
     for (float w : PullAll(*table, own)) ASSERT_EQ(w, -static_cast<float>(kRounds));
   }
   EXPECT_EQ(table->num_rows(), kThreads * kOwnKeys + kSharedKeys);
+}
+
+// Admission (TableSpec.admission_min_count): no row until an id's
+// min_count-th push, which makes it and applies its gradient; before that
+// pulls read the initializer's values and pushes are dropped.
+TEST(TableAdmission, AnIdGetsARowOnlyAtItsMinCountthPush) {
+  proto::TableSpec spec = MakeSpec(4, proto::OptimizerSpec::SGD, proto::InitializerSpec::NORMAL);
+  spec.set_admission_min_count(3);
+  std::unique_ptr<Table> table = MustCreate(spec);
+  ASSERT_NE(table, nullptr);
+  const std::vector<uint64_t> keys = {11, 12};
+  EXPECT_EQ(PullAll(*table, keys), [&] {
+    std::vector<float> both = InitialRow(spec, 42, 11);
+    const std::vector<float> second = InitialRow(spec, 42, 12);
+    both.insert(both.end(), second.begin(), second.end());
+    return both;
+  }());
+  EXPECT_EQ(table->num_rows(), 0u) << "a pull makes no row";
+  const std::vector<float> grad = {1, 2, 3, 4};
+  const std::vector<uint64_t> key = {11};
+  for (int push = 1; push <= 2; ++push) {
+    ASSERT_TRUE(table->Push(key, grad).ok());
+    EXPECT_EQ(table->num_rows(), 0u) << "push " << push;
+    EXPECT_EQ(PullAll(*table, {11}), InitialRow(spec, 42, 11)) << "dropped push " << push;
+  }
+  uint64_t created = 0;
+  ASSERT_TRUE(table->Push(key, grad, 1.0f, &created).ok());
+  EXPECT_EQ(created, 1u);
+  EXPECT_EQ(table->num_rows(), 1u);
+  // Made by the initializer, then the admitting push's gradient applied.
+  EXPECT_EQ(PullAll(*table, {11}), ReferenceRow(spec, 42, 11, {grad}));
+  ASSERT_TRUE(table->Push(key, grad).ok());
+  EXPECT_EQ(PullAll(*table, {11}), ReferenceRow(spec, 42, 11, {grad, grad}));
+  const TableStats stats = table->stats();
+  EXPECT_EQ(stats.rows_admitted, 1u);
+  EXPECT_EQ(stats.updates_rejected, 2u);
+  EXPECT_EQ(stats.admission_candidates, 0u) << "an admitted id is no longer counted";
+}
+
+TEST(TableAdmission, DenseTablesCannotUseIt) {
+  proto::TableSpec spec = MakeSpec(4, proto::OptimizerSpec::SGD, proto::InitializerSpec::ZEROS);
+  spec.set_kind(proto::DENSE);
+  spec.set_dense_size(8);
+  spec.set_admission_min_count(2);
+  EXPECT_TRUE(absl::IsInvalidArgument(Table::Create(spec, 1).status()));
+}
+
+TEST(AdmissionFilter, CountsExactlyAndForgetsAFullShard) {
+  AdmissionFilter filter(/*min_count=*/2, /*max_candidates=*/64 * 4);
+  EXPECT_FALSE(filter.Sight(7));
+  EXPECT_EQ(filter.candidates(), 1u);
+  EXPECT_TRUE(filter.Sight(7));
+  EXPECT_EQ(filter.candidates(), 0u);
+  EXPECT_FALSE(filter.Sight(7)) << "counting starts again (the table made its row meanwhile)";
+  // Far more candidates than fit: shards forget, none is admitted early.
+  for (uint64_t key = 1000; key < 11000; ++key) EXPECT_FALSE(filter.Sight(key));
+  EXPECT_LE(filter.candidates(), 64u * 5);
+  EXPECT_GT(filter.forgotten(), 9000u);
 }
 
 }  // namespace
