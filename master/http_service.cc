@@ -63,7 +63,7 @@ std::optional<std::pair<int, std::string>> MutationRefusal(const httplib::Reques
 // that is no route.
 const char* AllowedMethods(const std::string& path) {
   if (path == "/" || path == "/status" || path == "/metrics") return "GET, HEAD";
-  if (path == "/checkpoint") return "POST";
+  if (path == "/checkpoint" || path == "/export") return "POST";
   return nullptr;
 }
 
@@ -226,19 +226,35 @@ void HttpService::AddRoutes() {
   server_->Get("/", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(routes_.page, "text/html; charset=utf-8");
   });
-  server_->Post("/checkpoint", [this](const httplib::Request& request,
-                                      httplib::Response& response) {
-    if (auto refusal = MutationRefusal(request, routes_.bearer_token)) {
-      Refused(refusal->first == 401 ? HttpRefusal::kUnauthorized : HttpRefusal::kForeignOrigin);
-      response.status = refusal->first;
-      if (refusal->first == 401) response.set_header("WWW-Authenticate", "Bearer realm=\"eps\"");
-      response.set_content(DumpJson({{"error", refusal->second}}), "application/json");
-      return;
-    }
-    auto [status, body] = routes_.checkpoint();
-    response.status = status;
-    response.set_content(body, "application/json");
-  });
+  // The mutating routes: the job's token and no foreign origin, or refused
+  // and counted.
+  const auto mutating = [this](std::function<std::pair<int, std::string>(const httplib::Request&)>
+                                   route) {
+    return [this, route = std::move(route)](const httplib::Request& request,
+                                            httplib::Response& response) {
+      if (auto refusal = MutationRefusal(request, routes_.bearer_token)) {
+        Refused(refusal->first == 401 ? HttpRefusal::kUnauthorized
+                                      : HttpRefusal::kForeignOrigin);
+        response.status = refusal->first;
+        if (refusal->first == 401) {
+          response.set_header("WWW-Authenticate", "Bearer realm=\"eps\"");
+        }
+        response.set_content(DumpJson({{"error", refusal->second}}), "application/json");
+        return;
+      }
+      auto [status, body] = route(request);
+      response.status = status;
+      response.set_content(body, "application/json");
+    };
+  };
+  server_->Post("/checkpoint", mutating([this](const httplib::Request&) {
+                  return routes_.checkpoint();
+                }));
+  if (routes_.export_model) {
+    server_->Post("/export", mutating([this](const httplib::Request& request) {
+                    return routes_.export_model(request.get_param_value("dir"));
+                  }));
+  }
   // Every answer of 400 and up passes here: the library's 400 (a request
   // it cannot parse) is counted, its 404 for a route that exists becomes
   // 405. Handled: the answer now has a body the library must measure.

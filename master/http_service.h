@@ -72,6 +72,9 @@ struct HttpRoutes {
   std::string page;  // the HTML of "/"
   // POST /checkpoint: the HTTP status and the JSON answer.
   std::function<std::pair<int, std::string>()> checkpoint;
+  // POST /export?dir=DIR: the HTTP status and the JSON answer; `dir` empty
+  // when the request names none.
+  std::function<std::pair<int, std::string>(const std::string& dir)> export_model;
   // What mutating requests must carry as their bearer token; empty: none.
   std::string bearer_token;
 };

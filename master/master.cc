@@ -113,6 +113,10 @@ class Master::Impl {
   void AdvanceRecovery(ServerCalls& calls);
   // The model export (job.export_dir) once the last pass is done.
   void AdvanceExport(ServerCalls& calls);
+  // POST /export?dir=DIR: a checkpoint round whose servers also export
+  // their rows while the workers are paused; the master then writes the
+  // manifest. Waits up to 10 minutes for the result.
+  std::pair<int, std::string> PostExport(std::string dir) ABSL_LOCKS_EXCLUDED(mu_);
   // The warm start (job.init_from) before training starts.
   void AdvanceImport(ServerCalls& calls);
   // While servers work, leases run on: a server that dies meanwhile is not
@@ -144,6 +148,10 @@ class Master::Impl {
   std::atomic<bool> stop_scan_{false};
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<EventLog> events_;
+  // POST /export: the export directory of each checkpoint round asked for
+  // one, and each one's result once written (or failed).
+  std::map<uint64_t, std::string> export_requests_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, json> export_results_ ABSL_GUARDED_BY(mu_);
   // Set by Start when [autoscale] is on; stopped before the RPC server.
   std::unique_ptr<Autoscaler> autoscaler_;
   // Orders whole Persist() calls, so writes land in the order of changes.
@@ -306,6 +314,7 @@ Status Master::Impl::StartServing() {
           },
       .page = StatusPage(job.job.name),
       .checkpoint = [this] { return PostCheckpoint(); },
+      .export_model = [this](const std::string& dir) { return PostExport(dir); },
       .bearer_token = options_.security.http_token,
   };
   if (options_.security.http_token.empty()) {
@@ -353,6 +362,50 @@ std::pair<int, std::string> Master::Impl::PostCheckpoint() {
                                                   control.recovery().why(), ")")}}
                     : json{{"checkpoint", id},
                            {"error", "not complete after 10 minutes; see the master's log"}};
+  return {result.contains("error") ? 500 : 200, DumpJson(result)};
+}
+
+std::pair<int, std::string> Master::Impl::PostExport(std::string dir) {
+  absl::MutexLock lock(&mu_);
+  if (dir.empty() && options_.job.job.export_dir.empty()) {
+    return {400, DumpJson({{"error", "name the directory: POST /export?dir=DIR (or set "
+                                     "job.export_dir, under which checkpoint-N is the default)"}})};
+  }
+  StatusOr<uint64_t> requested = control_->RequestCheckpoint();
+  if (!requested.ok()) {
+    return {409, DumpJson({{"error", std::string(requested.status().message())}})};
+  }
+  const uint64_t id = *requested;
+  if (dir.empty()) {
+    dir = (std::filesystem::path(options_.job.job.export_dir) / absl::StrCat("checkpoint-", id))
+              .string();
+  }
+  export_requests_[id] = dir;
+  changed_.SignalAll();
+  const absl::Time deadline = clock_->Now() + absl::Minutes(10);
+  const JobControl& control = *control_;
+  // A round abandoned before it wrote (a recovery) has a result with its
+  // error and no export result.
+  auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const json* round = control.checkpoints().Result(id);
+    return !export_results_.contains(id) && !(round != nullptr && round->contains("error")) &&
+           !control.over() && clock_->Now() < deadline;
+  };
+  while (waiting()) changed_.WaitWithDeadline(&mu_, deadline);
+  json result;
+  if (auto it = export_results_.find(id); it != export_results_.end()) {
+    result = it->second;
+  } else if (const json* round = control.checkpoints().Result(id);
+             round != nullptr && round->contains("error")) {
+    result = {{"checkpoint", id}, {"dir", dir}, {"error", (*round)["error"]}};
+  } else {
+    result = {{"checkpoint", id},
+              {"dir", dir},
+              {"error", control.over() ? "the job ended first"
+                                       : "not complete after 10 minutes; see the master's log"}};
+  }
+  export_requests_.erase(id);
+  export_results_.erase(id);
   return {result.contains("error") ? 500 : 200, DumpJson(result)};
 }
 
@@ -500,9 +553,15 @@ void Master::Impl::PropagateFences(ServerCalls& calls) {
 void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
   const absl::Time writing = clock_->Now();
   std::optional<JobControl::CheckpointWrite> write;
+  std::string export_dir;
   {
     absl::MutexLock lock(&mu_);
     write = control_->NextCheckpointWrite(clock_->Now());
+    if (write.has_value()) {
+      if (auto it = export_requests_.find(write->write.id); it != export_requests_.end()) {
+        export_dir = it->second;
+      }
+    }
     changed_.SignalAll();
   }
   if (!write.has_value()) return;
@@ -510,22 +569,75 @@ void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
   // never starts a round of an id a server may hold a partial copy of.
   if (!Persist().ok()) return;
   // No push is in flight: the servers' state is the ledger's.
-  std::vector<StatusOr<proto::ServerCheckpoint>> parts =
-      calls.WriteCheckpoint(write->write.id, write->write.keep, write->servers,
-                            [this](const ServerAddress& server) { return Serving(server); });
+  std::vector<StatusOr<proto::ServerCheckpoint>> parts = calls.WriteCheckpoint(
+      write->write.id, write->write.keep, write->servers,
+      [this](const ServerAddress& server) { return Serving(server); }, export_dir);
+  // POST /export: what the servers exported, before the parts go to the record.
+  std::string export_error;
+  uint64_t export_rows = 0;
+  std::vector<uint32_t> export_slots;
+  for (const StatusOr<proto::ServerCheckpoint>& part : parts) {
+    if (!part.ok()) continue;
+    export_rows += part->export_rows();
+    export_slots.push_back(part->server_id());
+    if (!part->export_error().empty()) {
+      absl::StrAppend(&export_error, export_error.empty() ? "" : "; ", "ps[", part->server_id(),
+                      "]: ", part->export_error());
+    }
+  }
   StateUpdate update;
   std::optional<proto::CheckpointRecord> record;
+  StatusOr<ExportManifest> manifest = absl::UnknownError("no export");
   {
     absl::MutexLock lock(&mu_);
     record = control_->CheckpointWritten(*write, std::move(parts), writing, clock_->Now(), &update);
+    if (!export_dir.empty()) {
+      if (!record.has_value()) {
+        const json* round = control_->checkpoints().Result(write->write.id);
+        export_results_[write->write.id] = {
+            {"checkpoint", write->write.id},
+            {"dir", export_dir},
+            {"error", round != nullptr && round->contains("error") ? (*round)["error"]
+                                                                   : json("the checkpoint failed")}};
+      } else {
+        // The job as the checkpoint has it: the workers are still paused.
+        manifest = MakeExportManifest(control_->job(), control_->job_spec(), control_->progress(),
+                                      export_slots);
+      }
+    }
     changed_.SignalAll();
   }
   if (!record.has_value()) return;
   // The record makes the checkpoint complete; written before the workers
   // go on, so that what they train next is never part of it.
   Status written = store_->Write(update);
+  {
+    absl::MutexLock lock(&mu_);
+    control_->CheckpointRecorded(*record, written, clock_->Now());
+    changed_.SignalAll();
+  }
+  if (export_dir.empty()) return;
+  Status exported = !export_error.empty() ? absl::UnavailableError(export_error)
+                    : !written.ok()       ? written
+                                          : manifest.status();
+  if (exported.ok()) {
+    manifest->manifest["job"]["checkpoint"] = write->write.id;
+    // The manifest last: a directory with one holds a whole export.
+    exported = WriteExportManifest(export_dir, *manifest);
+  }
   absl::MutexLock lock(&mu_);
-  control_->CheckpointRecorded(*record, written, clock_->Now());
+  json result = {{"checkpoint", write->write.id}, {"dir", export_dir}, {"rows", export_rows}};
+  if (!exported.ok()) {
+    result["error"] = std::string(exported.message());
+    LOG(WARNING) << "export with checkpoint " << write->write.id << " to " << export_dir
+                 << " failed: " << exported.message();
+  } else {
+    LOG(INFO) << "exported the model of checkpoint " << write->write.id << " to " << export_dir
+              << ": " << export_rows << " rows";
+  }
+  events_->Record(exported.ok() ? "model_exported" : "export_failed",
+                  {{"dir", export_dir}, {"checkpoint", write->write.id}, {"rows", export_rows}});
+  export_results_[write->write.id] = std::move(result);
   changed_.SignalAll();
 }
 

@@ -540,6 +540,19 @@ Status ParamServer::Impl::HandleCheckpoint(const Message& request, Message* repl
   out->set_path(info.path);
   out->set_bytes(info.bytes);
   out->set_duration_ms(absl::ToDoubleMilliseconds(info.duration));
+  if (!body.export_dir().empty()) {
+    // POST /export: the workers are still paused, so the rows are those of
+    // the checkpoint just written.
+    StatusOr<ExportInfo> exported = storage_->Export(body.export_dir());
+    if (exported.ok()) {
+      out->set_export_rows(exported->rows);
+      LOG(INFO) << "exported " << exported->rows << " rows with checkpoint "
+                << body.checkpoint_id() << " to " << body.export_dir();
+    } else {
+      out->set_export_error(std::string(
+          Annotate(exported.status(), absl::StrCat("export to ", body.export_dir())).message()));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "core/npy.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/process.h"
 
@@ -324,6 +325,53 @@ TEST(Export, AdmissionKeepsFewerRowsAtTheSameAccuracy) {
   EXPECT_GT(rows_admitted, 0u);
   EXPECT_GT(updates_rejected, 0u);
   EXPECT_NEAR(auc(admitted), auc(all_ids), 0.002);
+}
+
+// POST /export while the job trains: a checkpoint round whose servers
+// export their rows while the workers are paused; the export scores, and
+// the job goes on to the end.
+TEST(Export, PostExportWritesTheModelOfACheckpointWhileTheJobRuns) {
+  TempDir dir;
+  ASSERT_TRUE(GenerateData(dir.Join("data"), 40000, /*seed=*/17, /*files=*/2).ok());
+  LocalJob job(dir.path(), WriteConfig(dir, "wdl"),
+               {"--data.train=" + dir.Join("data/train"), "--data.eval=" + dir.Join("data/eval"),
+                "--data.shard_records=2000", "--worker.max_records_per_s=4000"});
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/1).ok()) << job.Logs();
+  ASSERT_TRUE(job.WaitForStatus([](const json& status) {
+    return status["records_trained"].get<uint64_t>() > 0;
+  }));
+  httplib::Client client(job.http());
+  client.set_connection_timeout(2);
+  client.set_read_timeout(120);
+  httplib::Result refused = client.Post("/export?dir=" + dir.Join("hourly"));
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 401) << refused->body;
+  client.set_bearer_token_auth(job.HttpToken().c_str());
+  httplib::Result unnamed = client.Post("/export");
+  ASSERT_TRUE(unnamed);
+  EXPECT_EQ(unnamed->status, 400) << unnamed->body;
+  EXPECT_NE(unnamed->body.find("dir="), std::string::npos) << unnamed->body;
+  httplib::Result result = client.Post("/export?dir=" + dir.Join("hourly"));
+  ASSERT_TRUE(result) << httplib::to_string(result.error()) << job.Logs();
+  ASSERT_EQ(result->status, 200) << result->body << "\n" << job.Logs();
+  const json reply = json::parse(result->body);
+  std::cout << "POST /export: " << reply.dump() << "\n";
+  EXPECT_GT(reply["rows"].get<uint64_t>(), 1000u);
+  std::ifstream manifest_file(dir.Join("hourly/manifest.json"));
+  ASSERT_TRUE(manifest_file.good());
+  const json manifest = json::parse(manifest_file);
+  EXPECT_EQ(manifest["job"]["checkpoint"], reply["checkpoint"]);
+  EXPECT_TRUE(manifest["eval"].is_null()) << "no evaluation yet";
+  EXPECT_GT(manifest["job"]["records_trained"].get<uint64_t>(), 0u);
+  const auto [code, output] =
+      RunPredict(dir, {"--model", dir.Join("hourly"), "--data", dir.Join("data/eval")});
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_GT(Reported(output, "auc"), 0.55) << output;
+
+  StatusOr<int> master_exit = job.WaitForMaster(absl::Seconds(180));
+  ASSERT_TRUE(master_exit.ok()) << job.Logs();
+  EXPECT_EQ(*master_exit, 0) << job.Logs();
+  ExpectFinishedExactlyOnce(job, absl::Seconds(1), CountLines(dir.Join("data/train")));
 }
 
 TEST(Export, EpsPredictRefusesWhatIsNotAnExport) {

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "nlohmann/json.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -131,6 +132,10 @@ class HttpServiceTest : public ::testing::Test {
         .metrics_text = [] { return std::string("eps_up 1\n"); },
         .page = "<html>eps</html>",
         .checkpoint = [] { return std::make_pair(200, std::string(R"({"checkpoint":1})")); },
+        .export_model =
+            [](const std::string& dir) {
+              return std::make_pair(200, nlohmann::json({{"dir", dir}}).dump());
+            },
         .bearer_token = kToken,
     };
     StatusOr<int> port = service_->Start("127.0.0.1", 0, std::move(routes));
@@ -205,8 +210,17 @@ TEST_F(HttpServiceTest, ReadsAreOpenAndCheckpointKeepsItsChecks) {
   ASSERT_TRUE(ordered);
   EXPECT_EQ(ordered->status, 200);
   EXPECT_EQ(ordered->body, R"({"checkpoint":1})");
+  // POST /export keeps the same checks, and passes its dir on.
+  httplib::Result exported = client.Post("/export?dir=/models/x");
+  ASSERT_TRUE(exported);
+  EXPECT_EQ(exported->status, 200);
+  EXPECT_EQ(exported->body, R"({"dir":"/models/x"})");
+  exported = client.Post("/export", {{"Origin", "http://evil.example"}}, "", "text/plain");
+  ASSERT_TRUE(exported);
+  EXPECT_EQ(exported->status, 403);
+  EXPECT_EQ(client.Get("/export")->status, 405);
   EXPECT_EQ(service_->refused(HttpRefusal::kUnauthorized), 1u);
-  EXPECT_EQ(service_->refused(HttpRefusal::kForeignOrigin), 1u);
+  EXPECT_EQ(service_->refused(HttpRefusal::kForeignOrigin), 2u);
 }
 
 // Requests on one connection, pipelined in one write, a GET with a body
