@@ -189,9 +189,12 @@ std::vector<Chunk> PlanChunks(int64_t train_rows, int64_t files, int64_t eval_ro
 // calling thread) in order, with at most `window` chunks in flight.
 class ChunkPipeline {
  public:
+  // `eval_day`: the day the eval rows are drawn on (training file i is
+  // day i).
   ChunkPipeline(const PlantedModel& model, const std::vector<Chunk>& chunks, int threads,
-                float* eval_predictions, float* eval_labels)
+                float* eval_predictions, float* eval_labels, int eval_day)
       : model_(model),
+        eval_day_(eval_day),
         chunks_(chunks),
         window_(2 * static_cast<size_t>(threads) + 2),
         eval_predictions_(eval_predictions),
@@ -252,7 +255,8 @@ class ChunkPipeline {
     out.text.reserve((chunk.end - chunk.begin) * kBytesPerRowHint);
     Row row;
     for (int64_t i = chunk.begin; i < chunk.end; ++i) {
-      model_.GenerateRow(chunk.split, i, &row);
+      model_.GenerateRow(chunk.split, i, &row,
+                         chunk.split == Split::kTrain ? static_cast<int>(chunk.file) : eval_day_);
       model_.AppendCriteoLine(row, &out.text);
       out.positives += row.label;
       if (chunk.split == Split::kEval) {
@@ -265,6 +269,7 @@ class ChunkPipeline {
   }
 
   const PlantedModel& model_;
+  const int eval_day_;
   const std::vector<Chunk>& chunks_;
   const size_t window_;
   float* const eval_predictions_;
@@ -360,8 +365,10 @@ StatusOr<DatagenResult> GenerateDataset(const DatagenOptions& options,
   int64_t train_positives = 0;
   int64_t eval_positives = 0;
   {
+    // With drift, the eval rows are the day after the last training file.
     ChunkPipeline pipeline(model, chunks, result.threads, eval_predictions.data(),
-                           eval_labels.data());
+                           eval_labels.data(),
+                           options.model.drift > 0 ? static_cast<int>(options.files) : 0);
     AtomicFile file;
     Clock::time_point last_report = Clock::now();
     for (size_t i = 0; i < chunks.size(); ++i) {

@@ -39,6 +39,9 @@ po::options_description Flags() {
       ("seed", po::value<std::string>(), "seed of the planted model and the rows (default 1)")
       ("files", po::value<int64_t>(), "number of training part files (default 1)")
       ("eval-rows", po::value<int64_t>(), "number of eval rows (default max(1000, rows/10))")
+      ("drift", po::value<double>(),
+       "radians a day the per-id weights turn by: training file i is day i, the eval rows the "
+       "day after the last (default 0: no drift)")
       ("threads", po::value<int>(), "generator threads; 0 = all cores (default 0)");
   // clang-format on
   return flags;
@@ -47,7 +50,7 @@ po::options_description Flags() {
 std::string Usage(const po::options_description& flags) {
   std::ostringstream out;
   out << "usage: " << kProgram
-      << " --rows N --out DIR [--seed S] [--files K] [--eval-rows M] [--threads T]\n\n"
+      << " --rows N --out DIR [--seed S] [--files K] [--eval-rows M] [--drift R] [--threads T]\n\n"
       << "Writes Criteo-format data (label, I1-I13, C1-C26; tab-separated) drawn from a\n"
       << "planted model: DIR/train/part-*.txt, DIR/eval/part-00000.txt, and DIR/truth.json\n"
       << "with the planted model's optimal AUC and log loss on the eval rows. The output\n"
@@ -107,6 +110,7 @@ int main(int argc, char** argv) {
   if (vm.count("files")) options.files = vm["files"].as<int64_t>();
   if (vm.count("eval-rows")) options.eval_rows = vm["eval-rows"].as<int64_t>();
   if (vm.count("threads")) options.threads = vm["threads"].as<int>();
+  if (vm.count("drift")) options.model.drift = vm["drift"].as<double>();
   if (eps::Status status = options.Validate(); !status.ok()) {
     return UsageError(std::string(status.message()));
   }

@@ -168,6 +168,10 @@ Status PlantedModelOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("planted model calibration_rows must be >= 100 (got ", calibration_rows, ")"));
   }
+  if (!(drift >= 0 && drift <= 1.5707963267948966)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--drift must be in [0, pi/2] radians per day (got ", drift, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -182,6 +186,7 @@ PlantedModel::PlantedModel(uint64_t seed, const PlantedModelOptions& options)
     : seed_(seed),
       options_(options),
       weight_key_(Hash3(seed, kParamSalt, kWeightStream)),
+      drift_key_(Hash3(seed, kParamSalt, kWeightStream + 0x6472696674ULL)),
       latent_key_(Hash3(seed, kParamSalt, kLatentStream)) {
   samplers_.reserve(kNumCatColumns);
   for (int f = 0; f < kNumCatColumns; ++f) {
@@ -233,9 +238,14 @@ void PlantedModel::DrawFeatures(Split split, uint64_t index, Row* row) const {
 
 PlantedModel::Terms PlantedModel::ComputeTerms(const Row& row) const {
   Terms terms;
+  const double angle = options_.drift * row.day;
   for (int f = 0; f < kNumCatColumns; ++f) {
     if (row.ranks[f] == 0) continue;
-    terms.id += kFieldSigma[f] * Normal(Hash3(weight_key_, f, row.ranks[f]));
+    double z = Normal(Hash3(weight_key_, f, row.ranks[f]));
+    if (angle != 0) {
+      z = std::cos(angle) * z + std::sin(angle) * Normal(Hash3(drift_key_, f, row.ranks[f]));
+    }
+    terms.id += kFieldSigma[f] * z;
   }
   for (int j = 0; j < kNumIntColumns; ++j) {
     if (row.int_present[j]) terms.dense += dense_weights_[j] * DenseTransform(row.ints[j]);
@@ -313,8 +323,9 @@ void PlantedModel::Calibrate() {
   bias_ = (lo + hi) / 2;
 }
 
-void PlantedModel::GenerateRow(Split split, uint64_t index, Row* row) const {
+void PlantedModel::GenerateRow(Split split, uint64_t index, Row* row, int day) const {
   DrawFeatures(split, index, row);
+  row->day = day;
   row->probability = Sigmoid(Logit(*row));
   const uint64_t row_key = Hash3(seed_, static_cast<uint64_t>(split), index);
   row->label = Unit(Hash3(row_key, kLabelColumn, 0)) < row->probability ? 1 : 0;
@@ -376,6 +387,7 @@ nlohmann::json PlantedModel::Describe() const {
         {"interaction", options_.interaction_variance},
         {"nonlinear", options_.nonlinear_variance}}},
       {"calibration_rows", options_.calibration_rows},
+      {"drift", options_.drift},
       {"categorical", fields},
       {"integer", ints},
       {"interactions", {{"dim", kLatentDim}, {"scale", interaction_scale_}, {"pairs", pairs}}},

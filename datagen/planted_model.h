@@ -77,6 +77,12 @@ struct PlantedModelOptions {
   // Rows drawn (from their own split) to fix the scales and the bias.
   // Default 20000.
   int calibration_rows = 20000;
+  // Drift, in radians per day, in [0, pi/2]: on day d an id's weight is
+  // cos(d * drift) z0(f, id) + sin(d * drift) z1(f, id) (still N(0, 1)), so
+  // days d and d + k share cos(k * drift) of their id signal. Day 0 is the
+  // model without drift. eps-datagen makes training file i day i and the
+  // eval rows the day after the last file. Default 0.
+  double drift = 0;
 
   // kInvalidArgument naming the field when a variance is negative or not
   // finite, positive_rate is outside (0, 1) or calibration_rows < 100.
@@ -91,6 +97,7 @@ struct Row {
   std::array<int64_t, kNumIntColumns> ints{};    // valid where int_present
   std::array<uint64_t, kNumCatColumns> ranks{};  // Zipf rank >= 1; 0 = missing
   std::array<uint32_t, kNumCatColumns> cats{};   // the hex id; valid where rank > 0
+  int day = 0;  // which day's weights (PlantedModelOptions.drift)
 };
 
 class PlantedModel {
@@ -101,7 +108,7 @@ class PlantedModel {
 
   // Fills *row with row `index` of `split`. Pure: the same arguments give the
   // same row on every call, thread and run.
-  void GenerateRow(Split split, uint64_t index, Row* row) const;
+  void GenerateRow(Split split, uint64_t index, Row* row, int day = 0) const;
 
   // Appends `row` as one Criteo line (40 tab-separated fields and '\n').
   void AppendCriteoLine(const Row& row, std::string* out) const;
@@ -136,6 +143,7 @@ class PlantedModel {
   uint64_t seed_;
   PlantedModelOptions options_;
   uint64_t weight_key_;                              // keys the per-id weights
+  uint64_t drift_key_;                               // keys the weights they drift to
   uint64_t latent_key_;                              // keys the latent vectors
   std::array<uint64_t, kNumCatColumns> hex_keys_{};  // keys rank -> hex maps
   std::vector<ZipfSampler> samplers_;                // one per categorical field

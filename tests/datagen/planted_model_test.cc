@@ -125,6 +125,36 @@ TEST(PlantedModel, ProbabilityIsSigmoidOfLogit) {
   }
 }
 
+// Drift turns the per-id weights from day to day: day 0 is the model
+// without drift, the features of a row stay, and its logit moves more the
+// further the day.
+TEST(PlantedModel, DriftChangesTheWeightsDayByDay) {
+  PlantedModelOptions options;
+  options.drift = 0.3;
+  StatusOr<PlantedModel> drifting = PlantedModel::Create(3, options);
+  ASSERT_TRUE(drifting.ok()) << drifting.status();
+  const PlantedModel still = MakeModel(/*seed=*/3);
+  double moved_1 = 0;
+  double moved_3 = 0;
+  Row row;
+  Row base;
+  for (int i = 0; i < 2000; ++i) {
+    still.GenerateRow(Split::kTrain, i, &base);
+    drifting->GenerateRow(Split::kTrain, i, &row, /*day=*/0);
+    ASSERT_EQ(row.probability, base.probability) << "day 0 is the model without drift";
+    ASSERT_EQ(row.ranks, base.ranks);
+    const double logit_0 = drifting->Logit(row);
+    row.day = 1;
+    moved_1 += std::abs(drifting->Logit(row) - logit_0);
+    row.day = 3;
+    moved_3 += std::abs(drifting->Logit(row) - logit_0);
+  }
+  EXPECT_GT(moved_1, 0.1 * 2000);
+  EXPECT_GT(moved_3, 2 * moved_1);
+  options.drift = 2;
+  EXPECT_TRUE(absl::IsInvalidArgument(options.Validate()));
+}
+
 TEST(PlantedModel, CalibratesThePositiveRate) {
   for (uint64_t seed : {1ULL, 2ULL}) {
     const PlantedModel model = MakeModel(seed);

@@ -239,12 +239,14 @@ TEST(Export, APyTorchRebuildPredictsAsEpsPredict) {
   }
 }
 
-// Day by day: a job warm-started from the export of one trained on day 1
-// (with another server count) and trained on day 2 does better than day 2
-// alone, and as well as days 1 and 2 in one job.
+// Day by day on drifting data (eps-datagen --drift: training file i is day
+// i, the eval rows day 3): a job warm-started from the export of one
+// trained on day 1 (with another server count) and trained on day 2 does
+// better on day 3 than day 2 alone, and as well as days 1 and 2 in one job.
 TEST(Export, AWarmStartedJobTrainsOnFromTheExport) {
   TempDir dir;
-  ASSERT_TRUE(GenerateData(dir.Join("data"), 120000, /*seed=*/11, /*files=*/2).ok());
+  ASSERT_TRUE(
+      GenerateData(dir.Join("data"), 120000, /*seed=*/11, /*files=*/2, {"--drift", "0.15"}).ok());
   std::vector<std::string> days;
   for (const auto& entry : std::filesystem::directory_iterator(dir.Join("data/train"))) {
     days.push_back(entry.path().string());
@@ -269,7 +271,9 @@ TEST(Export, AWarmStartedJobTrainsOnFromTheExport) {
             << auc(warm) << ", day 2 alone " << auc(day2_alone) << ", days 1 and 2 in one job "
             << auc(both) << "\n";
   EXPECT_GT(auc(warm), auc(day2_alone) + 0.003);
-  EXPECT_NEAR(auc(warm), auc(both), 0.005);
+  // Days 1 and 2 in one job mix the days (shards are shuffled): on drifting
+  // data the warm start, which sees day 2 last, does at least as well.
+  EXPECT_GE(auc(warm), auc(both) - 0.002);
 }
 
 // A warm start from a model of another size is refused by name.

@@ -125,12 +125,13 @@ void WriteFile(const std::string& path, const std::string& text) {
   out << text;
 }
 
-Status GenerateData(const std::string& out, int rows, int seed, int files) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Process> datagen,
-                   Process::Start({BinaryPath("eps-datagen"), "--rows", std::to_string(rows),
+Status GenerateData(const std::string& out, int rows, int seed, int files,
+                    const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {BinaryPath("eps-datagen"), "--rows", std::to_string(rows),
                                    "--out", out, "--seed", std::to_string(seed), "--files",
-                                   std::to_string(files)},
-                                  out + ".log"));
+                                   std::to_string(files)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  ASSIGN_OR_RETURN(std::unique_ptr<Process> datagen, Process::Start(argv, out + ".log"));
   std::optional<int> code = datagen->Wait(absl::Seconds(120));
   if (code != 0) return absl::InternalError(absl::StrCat("eps-datagen failed: ", datagen->Log()));
   return absl::OkStatus();

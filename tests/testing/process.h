@@ -83,8 +83,10 @@ std::string WriteFaultJobConfig(const std::string& dir, const std::string& name,
                                 const std::string& extra = "");
 
 // Runs eps-datagen: `rows` training rows in `files` files (and the default
-// eval split) into `out`. Its output goes to `out` + ".log".
-Status GenerateData(const std::string& out, int rows, int seed, int files);
+// eval split) into `out`, with `extra` flags (--drift R). Its output goes
+// to `out` + ".log".
+Status GenerateData(const std::string& out, int rows, int seed, int files,
+                    const std::vector<std::string>& extra = {});
 // Lines in every file of directory `dir`.
 uint64_t CountLines(const std::string& dir);
 // The master's events log (DATA_DIR/events.jsonl), one object per line.
