@@ -550,6 +550,15 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckRange("ps.max_new_rows_per_worker_s", ps.max_new_rows_per_worker_s, 0,
                              int64_t{1} << 40));
   RETURN_IF_ERROR(CheckRange("ps.admission_min_count", ps.admission_min_count, 0, 65535));
+  for (const auto& [option, path] : {std::pair<const char*, const std::string*>{"job.export_dir",
+                                                                               &job.export_dir},
+                                     {"job.init_from", &job.init_from}}) {
+    if (!path->empty() && (*path)[0] != '/') {
+      return OptionError(option, absl::StrCat("'", *path,
+                                              "' is not an absolute path: the servers and the "
+                                              "master each read it from their own directory"));
+    }
+  }
   RETURN_IF_ERROR(CheckRange("ps.admission_memory_mb", ps.admission_memory_mb, 1, 65536));
 
   if (worker.batch_size.automatic) {

@@ -113,7 +113,13 @@ Status NpyWriter::Close() {
   if (closed != 0) return IoError("cannot write", tmp);
   if (std::rename(tmp.c_str(), path_.c_str()) != 0) return IoError("cannot rename", tmp);
   closed_ = true;
-  return absl::OkStatus();
+  // The rename itself survives a machine crash once the directory is synced.
+  const std::string parent = std::filesystem::path(path_).parent_path().string();
+  const int dir = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir < 0) return IoError("cannot open", parent);
+  const int synced = ::fsync(dir);
+  ::close(dir);
+  return synced == 0 ? absl::OkStatus() : IoError("cannot sync", parent);
 }
 
 StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(const std::string& path) {

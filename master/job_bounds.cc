@@ -61,7 +61,9 @@ void JobControl::EnforceBounds(absl::Time now) {
   }
 
   // Workers to train: the job stops (resumably) when none came for long.
-  if (membership_.alive_workers() > 0 || recovery_.active() || job_.master.worker_wait_s == 0) {
+  // (An export due needs no worker.)
+  if (membership_.alive_workers() > 0 || recovery_.active() || export_due_ ||
+      job_.master.worker_wait_s == 0) {
     no_workers_since_ = absl::InfiniteFuture();
   } else if (no_workers_since_ == absl::InfiniteFuture()) {
     no_workers_since_ = now;

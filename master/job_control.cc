@@ -525,8 +525,11 @@ void JobControl::StartRecovery(uint32_t server, const std::string& why, absl::Ti
   }
   const bool rollback = job_.checkpoint.on_server_failure == "rollback";
   // A rollback may take the passes back; the export is due again once they
-  // are done (Tick).
+  // are done (Tick), afresh.
   export_due_ = false;
+  export_due_since_ = absl::InfiniteFuture();
+  export_attempts_ = 0;
+  export_error_.clear();
   if (recovery_.Start(why, rollback, server, now)) {
     LOG(WARNING) << why << ": restoring "
                  << (rollback ? "the job" : absl::StrCat("ps[", server, "]"))

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -117,6 +118,8 @@ class Master::Impl {
   // their rows while the workers are paused; the master then writes the
   // manifest. Waits up to 10 minutes for the result.
   std::pair<int, std::string> PostExport(std::string dir) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes DIR/manifest.json before an export rewrites DIR's parts.
+  static Status ClearExport(const std::string& dir);
   // The warm start (job.init_from) before training starts.
   void AdvanceImport(ServerCalls& calls);
   // While servers work, leases run on: a server that dies meanwhile is not
@@ -151,6 +154,9 @@ class Master::Impl {
   // POST /export: the export directory of each checkpoint round asked for
   // one, and each one's result once written (or failed).
   std::map<uint64_t, std::string> export_requests_ ABSL_GUARDED_BY(mu_);
+  // The rounds whose write took up an export request and whose export
+  // result is not in export_results_ yet.
+  std::set<uint64_t> exports_taken_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, json> export_results_ ABSL_GUARDED_BY(mu_);
   // Set by Start when [autoscale] is on; stopped before the RPC server.
   std::unique_ptr<Autoscaler> autoscaler_;
@@ -371,42 +377,75 @@ std::pair<int, std::string> Master::Impl::PostExport(std::string dir) {
     return {400, DumpJson({{"error", "name the directory: POST /export?dir=DIR (or set "
                                      "job.export_dir, under which checkpoint-N is the default)"}})};
   }
-  StatusOr<uint64_t> requested = control_->RequestCheckpoint();
-  if (!requested.ok()) {
-    return {409, DumpJson({{"error", std::string(requested.status().message())}})};
+  if (!dir.empty() && !std::filesystem::path(dir).is_absolute()) {
+    return {400, DumpJson({{"error", absl::StrCat("dir = ", dir, ": give an absolute path (the "
+                                                  "servers and the master write it from their "
+                                                  "own working directories)")}})};
   }
-  const uint64_t id = *requested;
-  if (dir.empty()) {
-    dir = (std::filesystem::path(options_.job.job.export_dir) / absl::StrCat("checkpoint-", id))
-              .string();
-  }
-  export_requests_[id] = dir;
-  changed_.SignalAll();
   const absl::Time deadline = clock_->Now() + absl::Minutes(10);
   const JobControl& control = *control_;
-  // A round abandoned before it wrote (a recovery) has a result with its
-  // error and no export result.
-  auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const json* round = control.checkpoints().Result(id);
-    return !export_results_.contains(id) && !(round != nullptr && round->contains("error")) &&
-           !control.over() && clock_->Now() < deadline;
-  };
-  while (waiting()) changed_.WaitWithDeadline(&mu_, deadline);
   json result;
-  if (auto it = export_results_.find(id); it != export_results_.end()) {
-    result = it->second;
-  } else if (const json* round = control.checkpoints().Result(id);
-             round != nullptr && round->contains("error")) {
-    result = {{"checkpoint", id}, {"dir", dir}, {"error", (*round)["error"]}};
-  } else {
-    result = {{"checkpoint", id},
-              {"dir", dir},
-              {"error", control.over() ? "the job ended first"
-                                       : "not complete after 10 minutes; see the master's log"}};
+  // A round that was already writing when asked for wrote no export: the
+  // next one does.
+  while (result.is_null()) {
+    StatusOr<uint64_t> requested = control_->RequestCheckpoint();
+    if (!requested.ok()) {
+      return {409, DumpJson({{"error", std::string(requested.status().message())}})};
+    }
+    const uint64_t id = *requested;
+    const std::string target =
+        !dir.empty() ? dir
+                     : (std::filesystem::path(options_.job.job.export_dir) /
+                        absl::StrCat("checkpoint-", id))
+                           .string();
+    export_requests_[id] = target;
+    changed_.SignalAll();
+    auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (export_results_.contains(id) || control.over() || clock_->Now() >= deadline) {
+        return false;
+      }
+      // The round took the export (AdvanceCheckpoint): its result comes.
+      if (exports_taken_.contains(id)) return true;
+      // Done without it, or failed; or abandoned by a recovery, which also
+      // keeps a requested round from starting.
+      return control.checkpoints().Result(id) == nullptr &&
+             !(control.recovery().active() && !control.checkpoints().round_id().has_value());
+    };
+    while (waiting()) changed_.WaitWithDeadline(&mu_, deadline);
+    export_requests_.erase(id);
+    if (auto it = export_results_.find(id); it != export_results_.end()) {
+      result = it->second;
+      export_results_.erase(it);
+    } else if (const json* round = control.checkpoints().Result(id); round != nullptr) {
+      if (round->contains("error")) {
+        result = {{"checkpoint", id}, {"dir", target}, {"error", (*round)["error"]}};
+      } else if (clock_->Now() >= deadline) {
+        result = {{"checkpoint", id}, {"dir", target}, {"error", "not complete after 10 minutes"}};
+      }
+      // Otherwise written before the export was asked for: ask again.
+    } else {
+      result = {{"checkpoint", id},
+                {"dir", target},
+                {"error", control.over() ? "the job ended first"
+                          : control.recovery().active()
+                              ? absl::StrCat("not taken: the job is being restored (",
+                                             control.recovery().why(), ")")
+                              : "not complete after 10 minutes; see the master's log"}};
+    }
   }
-  export_requests_.erase(id);
-  export_results_.erase(id);
   return {result.contains("error") ? 500 : 200, DumpJson(result)};
+}
+
+Status Master::Impl::ClearExport(const std::string& dir) {
+  // A manifest of an earlier export must not stand for parts being
+  // rewritten: it goes first, and comes back last.
+  std::error_code error;
+  std::filesystem::remove(std::filesystem::path(dir) / "manifest.json", error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("cannot remove ", dir, "/manifest.json: ",
+                                               error.message()));
+  }
+  return absl::OkStatus();
 }
 
 Status Master::Impl::Persist() {
@@ -560,6 +599,7 @@ void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
     if (write.has_value()) {
       if (auto it = export_requests_.find(write->write.id); it != export_requests_.end()) {
         export_dir = it->second;
+        exports_taken_.insert(write->write.id);
       }
     }
     changed_.SignalAll();
@@ -569,21 +609,32 @@ void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
   // never starts a round of an id a server may hold a partial copy of.
   if (!Persist().ok()) return;
   // No push is in flight: the servers' state is the ledger's.
-  std::vector<StatusOr<proto::ServerCheckpoint>> parts = calls.WriteCheckpoint(
-      write->write.id, write->write.keep, write->servers,
-      [this](const ServerAddress& server) { return Serving(server); }, export_dir);
-  // POST /export: what the servers exported, before the parts go to the record.
-  std::string export_error;
+  std::vector<StatusOr<proto::ServerCheckpoint>> parts =
+      calls.WriteCheckpoint(write->write.id, write->write.keep, write->servers,
+                            [this](const ServerAddress& server) { return Serving(server); });
+  // POST /export: the workers stay paused until the record is written, so
+  // the servers' rows are still the checkpoint's. A failed export fails
+  // only the export.
+  bool written_everywhere = !parts.empty();
+  for (const StatusOr<proto::ServerCheckpoint>& part : parts) written_everywhere &= part.ok();
+  Status exported = absl::OkStatus();
   uint64_t export_rows = 0;
-  std::vector<uint32_t> export_slots;
-  for (const StatusOr<proto::ServerCheckpoint>& part : parts) {
-    if (!part.ok()) continue;
-    export_rows += part->export_rows();
-    export_slots.push_back(part->server_id());
-    if (!part->export_error().empty()) {
-      absl::StrAppend(&export_error, export_error.empty() ? "" : "; ", "ps[", part->server_id(),
-                      "]: ", part->export_error());
+  if (!export_dir.empty() && written_everywhere) {
+    exported = ClearExport(export_dir);
+    std::vector<StatusOr<proto::ExportReply>> replies;
+    if (exported.ok()) {
+      replies = calls.Export(export_dir, write->servers,
+                             [this](const ServerAddress& server) { return Serving(server); });
     }
+    std::string error;
+    for (const StatusOr<proto::ExportReply>& reply : replies) {
+      if (reply.ok()) {
+        export_rows += reply->rows();
+      } else {
+        absl::StrAppend(&error, error.empty() ? "" : "; ", reply.status().message());
+      }
+    }
+    if (!error.empty()) exported = absl::UnavailableError(error);
   }
   StateUpdate update;
   std::optional<proto::CheckpointRecord> record;
@@ -599,10 +650,13 @@ void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
             {"dir", export_dir},
             {"error", round != nullptr && round->contains("error") ? (*round)["error"]
                                                                    : json("the checkpoint failed")}};
-      } else {
+        exports_taken_.erase(write->write.id);
+      } else if (exported.ok()) {
         // The job as the checkpoint has it: the workers are still paused.
+        std::vector<uint32_t> slots;
+        for (const ServerAddress& server : write->servers) slots.push_back(server.first);
         manifest = MakeExportManifest(control_->job(), control_->job_spec(), control_->progress(),
-                                      export_slots);
+                                      slots);
       }
     }
     changed_.SignalAll();
@@ -617,9 +671,7 @@ void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
     changed_.SignalAll();
   }
   if (export_dir.empty()) return;
-  Status exported = !export_error.empty() ? absl::UnavailableError(export_error)
-                    : !written.ok()       ? written
-                                          : manifest.status();
+  if (exported.ok()) exported = !written.ok() ? written : manifest.status();
   if (exported.ok()) {
     manifest->manifest["job"]["checkpoint"] = write->write.id;
     // The manifest last: a directory with one holds a whole export.
@@ -638,6 +690,7 @@ void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
   events_->Record(exported.ok() ? "model_exported" : "export_failed",
                   {{"dir", export_dir}, {"checkpoint", write->write.id}, {"rows", export_rows}});
   export_results_[write->write.id] = std::move(result);
+  exports_taken_.erase(write->write.id);
   changed_.SignalAll();
 }
 
@@ -677,8 +730,13 @@ void Master::Impl::AdvanceExport(ServerCalls& calls) {
                                   slots);
   }
   // Nothing pushes: every pass is done, and no worker gets a shard.
-  std::vector<StatusOr<proto::ExportReply>> parts = calls.Export(
-      write->dir, write->servers, [this](const ServerAddress& server) { return Serving(server); });
+  std::vector<StatusOr<proto::ExportReply>> parts;
+  if (Status cleared = ClearExport(write->dir); !cleared.ok()) {
+    parts.push_back(cleared);
+  } else {
+    parts = calls.Export(write->dir, write->servers,
+                         [this](const ServerAddress& server) { return Serving(server); });
+  }
   Status written = manifest.status();
   bool parts_ok = true;
   for (const StatusOr<proto::ExportReply>& part : parts) parts_ok = parts_ok && part.ok();
@@ -698,7 +756,7 @@ void Master::Impl::AdvanceImport(ServerCalls& calls) {
   if (!write.has_value()) return;
   std::vector<Recovery::RestoreTarget> targets;
   for (const ServerAddress& server : write->servers) {
-    targets.push_back({.slot = server.first, .endpoint = server.second});
+    targets.push_back({.slot = server.first, .endpoint = server.second, .path = ""});
   }
   // Checkpoint 0 of a warm start: each server empties its store and loads
   // the export's rows of its partitions.

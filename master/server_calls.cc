@@ -81,7 +81,7 @@ std::vector<ServerAddress> ServerCalls::SendFences(const Membership::FenceRound&
 
 std::vector<StatusOr<proto::ServerCheckpoint>> ServerCalls::WriteCheckpoint(
     uint64_t id, const std::vector<uint64_t>& keep, const std::vector<ServerAddress>& servers,
-    const Serving& serving, const std::string& export_dir) {
+    const Serving& serving) {
   std::vector<StatusOr<Message>> replies = CallAll(
       servers,
       [&](size_t) {
@@ -90,7 +90,6 @@ std::vector<StatusOr<proto::ServerCheckpoint>> ServerCalls::WriteCheckpoint(
         proto::CheckpointRequest* body = request.header().mutable_checkpoint_request();
         body->set_checkpoint_id(id);
         for (uint64_t kept : keep) body->add_keep_ids(kept);
-        body->set_export_dir(export_dir);
         return request;
       },
       kSlowCallTimeout, serving);
@@ -106,8 +105,6 @@ std::vector<StatusOr<proto::ServerCheckpoint>> ServerCalls::WriteCheckpoint(
     part.set_path(body.path());
     part.set_bytes(body.bytes());
     part.set_duration_ms(body.duration_ms());
-    part.set_export_rows(body.export_rows());
-    part.set_export_error(body.export_error());
     results.push_back(part);
   }
   return results;

@@ -43,11 +43,9 @@ class ServerCalls {
                                         absl::Duration timeout);
   // Has every server write checkpoint `id`, keeping `keep` besides it. One
   // result per server: its part, or the error naming it.
-  // With `export_dir`, each also exports its rows there once written
-  // (POST /export; the part's export_rows or export_error).
   std::vector<StatusOr<proto::ServerCheckpoint>> WriteCheckpoint(
       uint64_t id, const std::vector<uint64_t>& keep, const std::vector<ServerAddress>& servers,
-      const Serving& serving, const std::string& export_dir = "");
+      const Serving& serving);
   // Has every target restore checkpoint `id` (its path); checkpoint 0 of
   // a warm-started job loads `init_from` (with the optimizer state when
   // `init_state`). One result per target: the bytes restored (or, with

@@ -540,19 +540,6 @@ Status ParamServer::Impl::HandleCheckpoint(const Message& request, Message* repl
   out->set_path(info.path);
   out->set_bytes(info.bytes);
   out->set_duration_ms(absl::ToDoubleMilliseconds(info.duration));
-  if (!body.export_dir().empty()) {
-    // POST /export: the workers are still paused, so the rows are those of
-    // the checkpoint just written.
-    StatusOr<ExportInfo> exported = storage_->Export(body.export_dir());
-    if (exported.ok()) {
-      out->set_export_rows(exported->rows);
-      LOG(INFO) << "exported " << exported->rows << " rows with checkpoint "
-                << body.checkpoint_id() << " to " << body.export_dir();
-    } else {
-      out->set_export_error(std::string(
-          Annotate(exported.status(), absl::StrCat("export to ", body.export_dir())).message()));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -598,7 +585,10 @@ Status ParamServer::Impl::HandleRestore(const Message& request, Message* reply) 
         absl::StrCat("RESTORE of checkpoint ", body.checkpoint_id(), " names no path"));
   }
   const bool import = body.checkpoint_id() == 0 && !body.init_from().empty();
-  if (options_.storage.data_dir.empty() && !import) {
+  if (options_.storage.data_dir.empty() &&
+      (!import || storage_->stats().rows_in_memory > 0)) {
+    // Without a store nothing can be emptied: a warm start only loads into
+    // a server that holds nothing yet.
     return absl::FailedPreconditionError(
         "this server keeps no store to restore a checkpoint into (no data dir)");
   }

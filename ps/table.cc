@@ -540,6 +540,7 @@ Status StripedTable::Put(std::span<const uint64_t> keys, std::span<const float> 
   uint64_t max_seq = 0;
   uint64_t created = 0;
   RETURN_IF_ERROR(ForEachRow(keys, /*modify=*/true, &max_seq, &created, [&](uint32_t i, float* row) {
+    if (row == nullptr) return;  // never: Put makes every row
     std::memcpy(row, values.data() + size_t{i} * width, sizeof(float) * width);
     if (width < row_floats_) optimizer_->InitState(row + dim_, dim_);
   }));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cluster/initializer.h"
+#include "cluster/job_spec_check.h"
 #include "cluster/placement.h"
 #include "core/data_paths.h"
 #include "core/data_schema.h"
@@ -40,6 +41,10 @@ Status ExportedModel::LoadParam(const std::string& dir, const nlohmann::json& en
     return absl::DataLossError(absl::StrCat(dir, "/manifest.json: parameter '", name,
                                             "' has no readable spec (", parsed.ToString(),
                                             "): ", spec_text));
+  }
+  if (Status valid = ValidateTableSpec(param->table); !valid.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(dir, "/manifest.json: parameter '", name, "': ", valid.message()));
   }
   const bool dense = param->spec.kind == ParamSpec::Kind::kDense;
   const uint32_t dim = param->table.dim();
@@ -100,6 +105,17 @@ Status ExportedModel::LoadParam(const std::string& dir, const nlohmann::json& en
 }
 
 StatusOr<std::unique_ptr<ExportedModel>> ExportedModel::Load(
+    const std::string& dir, const std::vector<ParamSpec>& params) {
+  // A manifest of the wrong shape is an error, not a crash.
+  try {
+    return LoadUnchecked(dir, params);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(dir, "/manifest.json does not have the shape of a model export: ", e.what()));
+  }
+}
+
+StatusOr<std::unique_ptr<ExportedModel>> ExportedModel::LoadUnchecked(
     const std::string& dir, const std::vector<ParamSpec>& params) {
   const std::string manifest_path = (std::filesystem::path(dir) / "manifest.json").string();
   std::ifstream in(manifest_path);

@@ -63,6 +63,9 @@ class ExportedModel {
     std::vector<float> values;
   };
   ExportedModel() = default;
+  // Load, letting nlohmann::json's exceptions out.
+  static StatusOr<std::unique_ptr<ExportedModel>> LoadUnchecked(
+      const std::string& dir, const std::vector<ParamSpec>& params);
   static Status LoadParam(const std::string& dir, const nlohmann::json& entry, uint64_t seed,
                           Param* param);
 

@@ -51,6 +51,24 @@ TEST(JobConfig, DefaultsWithTrainingDataAreValid) {
   EXPECT_TRUE(ValidConfig().Validate().ok()) << ValidConfig().Validate();
 }
 
+// Servers and the master each resolve a path from their own directory: the
+// model export's paths must be absolute.
+TEST(JobConfig, ModelExportPathsMustBeAbsolute) {
+  for (const char* option : {"export_dir", "init_from"}) {
+    JobConfig config;
+    config.data.train = "/data/train";
+    (std::string(option) == "export_dir" ? config.job.export_dir : config.job.init_from) =
+        "models/day1";
+    const Status status = config.Validate();
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << option;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(std::string("job.") + option));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("absolute"));
+    (std::string(option) == "export_dir" ? config.job.export_dir : config.job.init_from) =
+        "/models/day1";
+    EXPECT_TRUE(config.Validate().ok()) << option;
+  }
+}
+
 TEST(JobConfig, OptionNamesAreUniqueAndSectioned) {
   JobConfig config;
   NameCollector collector;

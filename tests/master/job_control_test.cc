@@ -170,6 +170,24 @@ TEST_F(JobControlTest, AJobWithAnExportFinishesOnlyOnceEveryServerWroteIt) {
   EXPECT_EQ(events_.Count("export_failed"), 1u);
 }
 
+// An export needs no worker: workers gone while it is due do not stop the
+// job (master.worker_wait_s).
+TEST_F(JobControlTest, AnExportDueNeedsNoWorker) {
+  job_.job.export_dir = "/models/tiny";
+  job_.master.worker_wait_s = 5;
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_NO_FATAL_FAILURE(CommitEveryShard(
+      *this, [&] { return GetShard(0, At(10)); },
+      [&](const proto::CommitProgressRequest& commit) { return Commit(0, commit, At(10)); }));
+  for (int64_t ms = 1000; ms <= 30'000; ms += 1000) {
+    Beat(At(ms), {0, 1}, {});
+    control_->Tick(At(ms));
+  }
+  EXPECT_EQ(control_->membership().alive_workers(), 0u);
+  EXPECT_FALSE(control_->over()) << control_->progress().failure();
+  EXPECT_TRUE(control_->NextExport(At(30'000)).has_value());
+}
+
 TEST_F(JobControlTest, AnExportThatKeepsFailingStopsTheJobResumably) {
   job_.job.export_dir = "/models/tiny";
   ASSERT_NO_FATAL_FAILURE(StartTraining());
