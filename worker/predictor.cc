@@ -59,36 +59,47 @@ Status ExportedModel::LoadParam(const std::string& dir, const nlohmann::json& en
   if (dense) param->values.assign(param->spec.size, 0.0f);
   for (const nlohmann::json& part : entry.value("parts", nlohmann::json::array())) {
     const std::string stem = (std::filesystem::path(dir) / part.get<std::string>()).string();
-    ASSIGN_OR_RETURN(NpyArray keys, ReadNpy(stem + ".keys.npy"));
-    ASSIGN_OR_RETURN(NpyArray rows, ReadNpy(stem + ".rows.npy"));
-    if (keys.descr != "<u8" || keys.shape.size() != 1 || rows.descr != "<f4" ||
-        rows.shape.size() != 2 || rows.rows() != keys.rows() || rows.row_size() < dim) {
+    ASSIGN_OR_RETURN(std::unique_ptr<NpyReader> keys, NpyReader::Open(stem + ".keys.npy"));
+    ASSIGN_OR_RETURN(std::unique_ptr<NpyReader> rows, NpyReader::Open(stem + ".rows.npy"));
+    if (keys->descr() != "<u8" || keys->shape().size() != 1 || rows->descr() != "<f4" ||
+        rows->shape().size() != 2 || rows->rows() != keys->rows() || rows->row_size() < dim) {
       return absl::DataLossError(absl::StrCat(stem, ".{keys,rows}.npy do not hold ", name,
                                               "'s ids and rows of at least ", dim, " floats"));
     }
-    const uint64_t* ids = keys.as<uint64_t>();
-    const float* values = rows.as<float>();
-    const uint64_t stride = rows.row_size();
-    for (uint64_t r = 0; r < keys.rows(); ++r) {
-      const float* row = values + r * stride;
-      if (dense) {
-        if (ids[r] >= dense_chunks) {
-          return absl::DataLossError(absl::StrCat(stem, ".keys.npy: chunk ", ids[r], " of ", name,
-                                                  ", which has ", dense_chunks));
+    const uint64_t stride = rows->row_size();
+    if (!dense) param->values.reserve(param->values.size() + keys->rows() * dim);
+    // In pieces: the optimizer state is read and dropped, never held whole.
+    std::vector<char> key_bytes;
+    std::vector<char> row_bytes;
+    while (true) {
+      constexpr uint64_t kRowsPerRead = 4096;
+      ASSIGN_OR_RETURN(uint64_t n, keys->Read(kRowsPerRead, &key_bytes));
+      ASSIGN_OR_RETURN(uint64_t m, rows->Read(kRowsPerRead, &row_bytes));
+      if (n == 0) break;
+      if (m != n) return absl::DataLossError(absl::StrCat(stem, ".rows.npy ends early"));
+      const uint64_t* ids = reinterpret_cast<const uint64_t*>(key_bytes.data());
+      const float* values = reinterpret_cast<const float*>(row_bytes.data());
+      for (uint64_t r = 0; r < n; ++r) {
+        const float* row = values + r * stride;
+        if (dense) {
+          if (ids[r] >= dense_chunks) {
+            return absl::DataLossError(absl::StrCat(stem, ".keys.npy: chunk ", ids[r], " of ",
+                                                    name, ", which has ", dense_chunks));
+          }
+          const uint64_t begin = ids[r] * dim;
+          const uint64_t count = std::min<uint64_t>(dim, param->spec.size - begin);
+          std::copy(row, row + count, param->values.begin() + begin);
+          have_chunk[ids[r]] = true;
+          continue;
         }
-        const uint64_t begin = ids[r] * dim;
-        const uint64_t n = std::min<uint64_t>(dim, param->spec.size - begin);
-        std::copy(row, row + n, param->values.begin() + begin);
-        have_chunk[ids[r]] = true;
-        continue;
+        const auto [it, inserted] =
+            param->index.try_emplace(ids[r], static_cast<uint32_t>(param->index.size()));
+        if (!inserted) {
+          return absl::DataLossError(
+              absl::StrCat(stem, ".keys.npy: id ", ids[r], " of ", name, " is in two parts"));
+        }
+        param->values.insert(param->values.end(), row, row + dim);
       }
-      const auto [it, inserted] =
-          param->index.try_emplace(ids[r], static_cast<uint32_t>(param->index.size()));
-      if (!inserted) {
-        return absl::DataLossError(
-            absl::StrCat(stem, ".keys.npy: id ", ids[r], " of ", name, " is in two parts"));
-      }
-      param->values.insert(param->values.end(), row, row + dim);
     }
   }
   // A chunk no server held is what a server would have made of it.
