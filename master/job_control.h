@@ -246,8 +246,12 @@ class JobControl {
   // Places the servers and starts training once both are ready.
   void MaybeStartTraining(absl::Time now);
   void AfterCommit(absl::Time now);
-  // The last pass is done: the export, if one is asked for, then Finish.
+  // The last pass is done: the export, if one is asked for, then Finish
+  // (job_export.cc).
   void PassesDone(absl::Time now);
+  // Why the job must not finish with its evaluation (not finite, or worse
+  // than knowing nothing past job.divergence_factor); nullopt when it may.
+  std::optional<std::string> RuinedEvaluation() const;
   void Finish(absl::Time now);
   void SampleProgress(absl::Time now);
   void FillJobProgress(proto::HeartbeatReply* reply) const;

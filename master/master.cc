@@ -6,6 +6,7 @@
 // that depends on them leaves.
 
 #include "master/master.h"
+#include "master/master_impl.h"
 
 #include <unistd.h>
 
@@ -62,113 +63,6 @@ Status MasterOptions::Validate() const {
   if (data_dir.empty()) return absl::InvalidArgumentError("--data-dir must not be empty");
   return absl::OkStatus();
 }
-
-class Master::Impl {
- public:
-  explicit Impl(const MasterOptions& options) : options_(options) {}
-
-  ~Impl() {
-    if (rpc_ != nullptr) RequestStop("master shutting down");
-    StopThreads();
-  }
-
-  Status Start();
-  Status Wait();
-  void RequestStop(const std::string& reason);
-  std::string StatusJson() const {
-    absl::MutexLock lock(&mu_);
-    return DumpJson(Document());
-  }
-  const std::string& rpc_endpoint() const { return rpc_endpoint_; }
-  const std::string& http_url() const { return http_url_; }
-  bool Resumable() const {
-    absl::MutexLock lock(&mu_);
-    return control_->progress().stopped();
-  }
-
- private:
-  Status StartServing();
-  // The /status document: JobControl's, and the autoscaler's section.
-  json Document() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // With [autoscale] on: DATA_DIR/worker.ini for the workers it starts,
-  // its source and launcher, and its thread.
-  Status StartAutoscaler();
-  // The autoscaler's view of the workers it launched.
-  std::map<uint64_t, WorkerFleet::Seen> LaunchedWorkers() const ABSL_LOCKS_EXCLUDED(mu_);
-  Status Handle(Message& request, Message* reply);
-  // SHARD_UNREADABLE: JobControl judges the report around the master's own
-  // read of the file, done without mu_ (one shard: a few MiB; the RPC
-  // thread waits for it).
-  Status HandleShardUnreadable(const Message& request, Message* reply);
-  // POST /checkpoint: a coordinated round now (or the one in progress);
-  // answers when it is complete or has failed.
-  std::pair<int, std::string> PostCheckpoint();
-
-  // Background: scans the data, then runs the job loop until the job is
-  // over and every peer has heard.
-  void JobLoop();
-  StatusOr<std::pair<DataSet, DataSet>> ScanData();
-  // The job loop's fan-outs, each without mu_ across the calls.
-  void PropagateFences(ServerCalls& calls);
-  void AdvanceCheckpoint(ServerCalls& calls);
-  void AdvanceRecovery(ServerCalls& calls);
-  // The model export (job.export_dir) once the last pass is done.
-  void AdvanceExport(ServerCalls& calls);
-  // POST /export?dir=DIR: a checkpoint round whose servers also export
-  // their rows while the workers are paused; the master then writes the
-  // manifest. Waits up to 10 minutes for the result.
-  std::pair<int, std::string> PostExport(std::string dir) ABSL_LOCKS_EXCLUDED(mu_);
-  // Removes DIR/manifest.json before an export rewrites DIR's parts.
-  static Status ClearExport(const std::string& dir);
-  // The warm start (job.init_from) before training starts.
-  void AdvanceImport(ServerCalls& calls);
-  // While servers work, leases run on: a server that dies meanwhile is not
-  // waited for.
-  bool Serving(const ServerAddress& server) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Writes what changed (and final_status.json once the job ended) before
-  // any reply that depends on it goes out. A failed write fails the job and
-  // is returned (kUnavailable): the reply must not acknowledge what is not
-  // on disk.
-  Status Persist() ABSL_LOCKS_EXCLUDED(mu_);
-  void StopThreads();
-
-  const MasterOptions options_;
-  const Clock* const clock_ = Clock::Real();
-  SocketFactory factory_{TransportOptions{.security = options_.security}};
-  std::unique_ptr<RpcServer> rpc_;
-  // Under CURVE: what the master issues workers and hands servers; set by
-  // StartServing, then read-only.
-  std::optional<WorkerCredentials> worker_credentials_;
-  HttpService http_{clock_};
-  std::thread job_thread_;
-  std::string rpc_endpoint_;
-  std::string http_url_;
-  // The expanded data.train and data.eval; set by Start, then read-only.
-  std::vector<std::string> train_files_;
-  std::vector<std::string> eval_files_;
-  // Set by RequestStop: a scan in progress stops.
-  std::atomic<bool> stop_scan_{false};
-  std::unique_ptr<StateStore> store_;
-  std::unique_ptr<EventLog> events_;
-  // POST /export: the export directory of each checkpoint round asked for
-  // one, and each one's result once written (or failed).
-  std::map<uint64_t, std::string> export_requests_ ABSL_GUARDED_BY(mu_);
-  // The rounds whose write took up an export request and whose export
-  // result is not in export_results_ yet.
-  std::set<uint64_t> exports_taken_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, json> export_results_ ABSL_GUARDED_BY(mu_);
-  // Set by Start when [autoscale] is on; stopped before the RPC server.
-  std::unique_ptr<Autoscaler> autoscaler_;
-  // Orders whole Persist() calls, so writes land in the order of changes.
-  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-
-  mutable absl::Mutex mu_;
-  absl::CondVar changed_;
-  std::unique_ptr<JobControl> control_ ABSL_GUARDED_BY(mu_);
-  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
-  bool threads_done_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 Status Master::Impl::Start() {
   RETURN_IF_ERROR(options_.Validate());
@@ -371,83 +265,6 @@ std::pair<int, std::string> Master::Impl::PostCheckpoint() {
   return {result.contains("error") ? 500 : 200, DumpJson(result)};
 }
 
-std::pair<int, std::string> Master::Impl::PostExport(std::string dir) {
-  absl::MutexLock lock(&mu_);
-  if (dir.empty() && options_.job.job.export_dir.empty()) {
-    return {400, DumpJson({{"error", "name the directory: POST /export?dir=DIR (or set "
-                                     "job.export_dir, under which checkpoint-N is the default)"}})};
-  }
-  if (!dir.empty() && !std::filesystem::path(dir).is_absolute()) {
-    return {400, DumpJson({{"error", absl::StrCat("dir = ", dir, ": give an absolute path (the "
-                                                  "servers and the master write it from their "
-                                                  "own working directories)")}})};
-  }
-  const absl::Time deadline = clock_->Now() + absl::Minutes(10);
-  const JobControl& control = *control_;
-  json result;
-  // A round that was already writing when asked for wrote no export: the
-  // next one does.
-  while (result.is_null()) {
-    StatusOr<uint64_t> requested = control_->RequestCheckpoint();
-    if (!requested.ok()) {
-      return {409, DumpJson({{"error", std::string(requested.status().message())}})};
-    }
-    const uint64_t id = *requested;
-    const std::string target =
-        !dir.empty() ? dir
-                     : (std::filesystem::path(options_.job.job.export_dir) /
-                        absl::StrCat("checkpoint-", id))
-                           .string();
-    export_requests_[id] = target;
-    changed_.SignalAll();
-    auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (export_results_.contains(id) || control.over() || clock_->Now() >= deadline) {
-        return false;
-      }
-      // The round took the export (AdvanceCheckpoint): its result comes.
-      if (exports_taken_.contains(id)) return true;
-      // Done without it, or failed; or abandoned by a recovery, which also
-      // keeps a requested round from starting.
-      return control.checkpoints().Result(id) == nullptr &&
-             !(control.recovery().active() && !control.checkpoints().round_id().has_value());
-    };
-    while (waiting()) changed_.WaitWithDeadline(&mu_, deadline);
-    export_requests_.erase(id);
-    if (auto it = export_results_.find(id); it != export_results_.end()) {
-      result = it->second;
-      export_results_.erase(it);
-    } else if (const json* round = control.checkpoints().Result(id); round != nullptr) {
-      if (round->contains("error")) {
-        result = {{"checkpoint", id}, {"dir", target}, {"error", (*round)["error"]}};
-      } else if (clock_->Now() >= deadline) {
-        result = {{"checkpoint", id}, {"dir", target}, {"error", "not complete after 10 minutes"}};
-      }
-      // Otherwise written before the export was asked for: ask again.
-    } else {
-      result = {{"checkpoint", id},
-                {"dir", target},
-                {"error", control.over() ? "the job ended first"
-                          : control.recovery().active()
-                              ? absl::StrCat("not taken: the job is being restored (",
-                                             control.recovery().why(), ")")
-                              : "not complete after 10 minutes; see the master's log"}};
-    }
-  }
-  return {result.contains("error") ? 500 : 200, DumpJson(result)};
-}
-
-Status Master::Impl::ClearExport(const std::string& dir) {
-  // A manifest of an earlier export must not stand for parts being
-  // rewritten: it goes first, and comes back last.
-  std::error_code error;
-  std::filesystem::remove(std::filesystem::path(dir) / "manifest.json", error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot remove ", dir, "/manifest.json: ",
-                                               error.message()));
-  }
-  return absl::OkStatus();
-}
-
 Status Master::Impl::Persist() {
   absl::MutexLock persist_lock(&persist_mu_);
   StateUpdate update;
@@ -612,53 +429,15 @@ void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
   std::vector<StatusOr<proto::ServerCheckpoint>> parts =
       calls.WriteCheckpoint(write->write.id, write->write.keep, write->servers,
                             [this](const ServerAddress& server) { return Serving(server); });
-  // POST /export: the workers stay paused until the record is written, so
-  // the servers' rows are still the checkpoint's. A failed export fails
-  // only the export.
-  bool written_everywhere = !parts.empty();
-  for (const StatusOr<proto::ServerCheckpoint>& part : parts) written_everywhere &= part.ok();
-  Status exported = absl::OkStatus();
-  uint64_t export_rows = 0;
-  if (!export_dir.empty() && written_everywhere) {
-    exported = ClearExport(export_dir);
-    std::vector<StatusOr<proto::ExportReply>> replies;
-    if (exported.ok()) {
-      replies = calls.Export(export_dir, write->servers,
-                             [this](const ServerAddress& server) { return Serving(server); });
-    }
-    std::string error;
-    for (const StatusOr<proto::ExportReply>& reply : replies) {
-      if (reply.ok()) {
-        export_rows += reply->rows();
-      } else {
-        absl::StrAppend(&error, error.empty() ? "" : "; ", reply.status().message());
-      }
-    }
-    if (!error.empty()) exported = absl::UnavailableError(error);
-  }
+  // POST /export: written while the workers are still paused.
+  std::optional<CheckpointExport> exported;
+  if (!export_dir.empty()) exported = ExportAtCheckpoint(calls, *write, export_dir, parts);
   StateUpdate update;
   std::optional<proto::CheckpointRecord> record;
-  StatusOr<ExportManifest> manifest = absl::UnknownError("no export");
   {
     absl::MutexLock lock(&mu_);
     record = control_->CheckpointWritten(*write, std::move(parts), writing, clock_->Now(), &update);
-    if (!export_dir.empty()) {
-      if (!record.has_value()) {
-        const json* round = control_->checkpoints().Result(write->write.id);
-        export_results_[write->write.id] = {
-            {"checkpoint", write->write.id},
-            {"dir", export_dir},
-            {"error", round != nullptr && round->contains("error") ? (*round)["error"]
-                                                                   : json("the checkpoint failed")}};
-        exports_taken_.erase(write->write.id);
-      } else if (exported.ok()) {
-        // The job as the checkpoint has it: the workers are still paused.
-        std::vector<uint32_t> slots;
-        for (const ServerAddress& server : write->servers) slots.push_back(server.first);
-        manifest = MakeExportManifest(control_->job(), control_->job_spec(), control_->progress(),
-                                      slots);
-      }
-    }
+    if (exported.has_value()) TakeCheckpointExport(record.has_value(), &*exported);
     changed_.SignalAll();
   }
   if (!record.has_value()) return;
@@ -670,28 +449,7 @@ void Master::Impl::AdvanceCheckpoint(ServerCalls& calls) {
     control_->CheckpointRecorded(*record, written, clock_->Now());
     changed_.SignalAll();
   }
-  if (export_dir.empty()) return;
-  if (exported.ok()) exported = !written.ok() ? written : manifest.status();
-  if (exported.ok()) {
-    manifest->manifest["job"]["checkpoint"] = write->write.id;
-    // The manifest last: a directory with one holds a whole export.
-    exported = WriteExportManifest(export_dir, *manifest);
-  }
-  absl::MutexLock lock(&mu_);
-  json result = {{"checkpoint", write->write.id}, {"dir", export_dir}, {"rows", export_rows}};
-  if (!exported.ok()) {
-    result["error"] = std::string(exported.message());
-    LOG(WARNING) << "export with checkpoint " << write->write.id << " to " << export_dir
-                 << " failed: " << exported.message();
-  } else {
-    LOG(INFO) << "exported the model of checkpoint " << write->write.id << " to " << export_dir
-              << ": " << export_rows << " rows";
-  }
-  events_->Record(exported.ok() ? "model_exported" : "export_failed",
-                  {{"dir", export_dir}, {"checkpoint", write->write.id}, {"rows", export_rows}});
-  export_results_[write->write.id] = std::move(result);
-  exports_taken_.erase(write->write.id);
-  changed_.SignalAll();
+  if (exported.has_value()) FinishCheckpointExport(written, std::move(*exported));
 }
 
 void Master::Impl::AdvanceRecovery(ServerCalls& calls) {
@@ -715,57 +473,6 @@ void Master::Impl::AdvanceRecovery(ServerCalls& calls) {
     changed_.SignalAll();
   }
   (void)Persist();  // a failure fails the job
-}
-
-void Master::Impl::AdvanceExport(ServerCalls& calls) {
-  std::optional<JobControl::ExportWrite> write;
-  StatusOr<ExportManifest> manifest = absl::UnknownError("no manifest");
-  {
-    absl::MutexLock lock(&mu_);
-    write = control_->NextExport(clock_->Now());
-    if (!write.has_value()) return;
-    std::vector<uint32_t> slots;
-    for (const ServerAddress& server : write->servers) slots.push_back(server.first);
-    manifest = MakeExportManifest(control_->job(), control_->job_spec(), control_->progress(),
-                                  slots);
-  }
-  // Nothing pushes: every pass is done, and no worker gets a shard.
-  std::vector<StatusOr<proto::ExportReply>> parts;
-  if (Status cleared = ClearExport(write->dir); !cleared.ok()) {
-    parts.push_back(cleared);
-  } else {
-    parts = calls.Export(write->dir, write->servers,
-                         [this](const ServerAddress& server) { return Serving(server); });
-  }
-  Status written = manifest.status();
-  bool parts_ok = true;
-  for (const StatusOr<proto::ExportReply>& part : parts) parts_ok = parts_ok && part.ok();
-  // The manifest last: a directory with one holds a whole export.
-  if (parts_ok && written.ok()) written = WriteExportManifest(write->dir, *manifest);
-  absl::MutexLock lock(&mu_);
-  control_->Exported(*write, parts, written, clock_->Now());
-  changed_.SignalAll();
-}
-
-void Master::Impl::AdvanceImport(ServerCalls& calls) {
-  std::optional<JobControl::ImportWrite> write;
-  {
-    absl::MutexLock lock(&mu_);
-    write = control_->NextImport(clock_->Now());
-  }
-  if (!write.has_value()) return;
-  std::vector<Recovery::RestoreTarget> targets;
-  for (const ServerAddress& server : write->servers) {
-    targets.push_back({.slot = server.first, .endpoint = server.second, .path = ""});
-  }
-  // Checkpoint 0 of a warm start: each server empties its store and loads
-  // the export's rows of its partitions.
-  std::vector<StatusOr<uint64_t>> replies = calls.Restore(
-      0, targets, [this](const ServerAddress& server) { return Serving(server); },
-      options_.job.job.init_from, options_.job.job.init_optimizer_state);
-  absl::MutexLock lock(&mu_);
-  control_->Imported(*write, replies, clock_->Now());
-  changed_.SignalAll();
 }
 
 Status Master::Impl::Handle(Message& request, Message* reply) {

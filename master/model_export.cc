@@ -59,7 +59,7 @@ StatusOr<ExportManifest> MakeExportManifest(const JobConfig& job, const proto::J
             {"predictions", "eval_predictions.npy"}};
   }
   out.manifest = {
-      {"format", "eps-model"},
+      {"format", kModelFormat},
       {"version", kModelFormatVersion},
       {"job", {{"name", spec.name()},
                {"job_id", spec.job_id()},
@@ -84,6 +84,19 @@ StatusOr<ExportManifest> MakeExportManifest(const JobConfig& job, const proto::J
       {"params", params},
       {"eval", eval}};
   return out;
+}
+
+ExportTally TallyExport(const std::vector<StatusOr<proto::ExportReply>>& replies) {
+  ExportTally tally;
+  for (const StatusOr<proto::ExportReply>& reply : replies) {
+    if (!reply.ok()) {
+      absl::StrAppend(&tally.error, tally.error.empty() ? "" : "; ", reply.status().message());
+      continue;
+    }
+    tally.rows += reply->rows();
+    tally.bytes += reply->bytes();
+  }
+  return tally;
 }
 
 Status WriteExportManifest(const std::string& dir, const ExportManifest& manifest) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/model_format.h"
 #include "core/job_config.h"
 #include "core/status.h"
 #include "master/training_progress.h"
@@ -19,9 +20,6 @@
 #include "proto/eps.pb.h"
 
 namespace eps {
-
-// The format's version: readers refuse a major version they do not know.
-inline constexpr int kModelFormatVersion = 1;
 
 struct ExportManifest {
   nlohmann::json manifest;
@@ -37,6 +35,15 @@ struct ExportManifest {
 StatusOr<ExportManifest> MakeExportManifest(const JobConfig& job, const proto::JobSpec& spec,
                                             const TrainingProgress& progress,
                                             const std::vector<uint32_t>& servers);
+
+// What the servers' EXPORT replies add up to: rows and bytes written, and
+// the errors (each naming its server) joined by "; ", empty when none.
+struct ExportTally {
+  uint64_t rows = 0;
+  uint64_t bytes = 0;
+  std::string error;
+};
+ExportTally TallyExport(const std::vector<StatusOr<proto::ExportReply>>& replies);
 
 // Writes job.ini, eval_labels.npy and eval_predictions.npy, then
 // manifest.json, each whole or not at all. kUnavailable naming the file.

@@ -13,13 +13,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cluster/model_format.h"
+#include "cluster/placement.h"
 #include "core/failpoint.h"
 #include "core/file_util.h"
+#include "core/logging.h"
 #include "core/npy.h"
 #include "ps/admission.h"
-#include "nlohmann/json.hpp"
-#include "cluster/placement.h"
-#include "core/logging.h"
 
 namespace eps {
 namespace {
@@ -262,9 +262,12 @@ class ExportPart {
     return part;
   }
 
-  Status Add(uint64_t key, const float* row) {
+  // `row`: row_floats floats, not necessarily aligned (a store's value).
+  Status Add(uint64_t key, const void* row) {
     keys_buffer_.push_back(dense_ ? DecodeDenseChunkKey(key).chunk : key);
-    rows_buffer_.insert(rows_buffer_.end(), row, row + row_floats_);
+    const size_t at = rows_buffer_.size();
+    rows_buffer_.resize(at + row_floats_);
+    std::memcpy(rows_buffer_.data() + at, row, sizeof(float) * row_floats_);
     return keys_buffer_.size() >= kRowsPerWrite ? Write() : absl::OkStatus();
   }
 
@@ -317,15 +320,13 @@ StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir) {
     if (store_ != nullptr) {
       // Every row is in the store once flushed; rows in memory are the same.
       const size_t row_bytes = sizeof(float) * table->row_floats();
-      std::vector<float> row(table->row_floats());
       RETURN_IF_ERROR(store_->Scan(table->spec().id(), [&](uint64_t key, absl::string_view value) {
         if (value.size() != row_bytes) {
           return absl::DataLossError(absl::StrCat("key ", key, " of table '", table->spec().name(),
                                                   "' holds ", value.size(), " bytes, expected ",
                                                   row_bytes));
         }
-        std::memcpy(row.data(), value.data(), row_bytes);
-        return part.Add(key, row.data());
+        return part.Add(key, value.data());
       }));
     } else {
       Status added;
@@ -345,101 +346,65 @@ StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir) {
 StatusOr<ImportInfo> ServerStorage::Import(const std::string& dir,
                                            const std::function<bool(uint64_t)>& owned,
                                            bool with_state) {
-  // A manifest of the wrong shape must not take the server down.
-  try {
-    const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
-    std::ifstream in(manifest_path);
-    if (!in) {
-      return absl::NotFoundError(absl::StrCat("no ", manifest_path,
-                                              ": not a model export, or one that did not finish"));
+  ASSIGN_OR_RETURN(const nlohmann::json manifest, ReadModelManifest(dir));
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  if (!broken_.ok()) return broken_;
+  if (tables_.empty()) return absl::FailedPreconditionError("no tables yet to import into");
+  const absl::Time start = absl::Now();
+  ImportInfo info;
+  for (const std::unique_ptr<Table>& table : tables_) {
+    const proto::TableSpec& spec = table->spec();
+    const nlohmann::json* entry = FindModelParam(manifest, spec.name());
+    const bool dense = spec.kind() == proto::DENSE;
+    const uint64_t size = dense ? spec.dense_size() : 0;
+    const auto number = [&](const char* key) {
+      return entry->contains(key) && (*entry)[key].is_number_unsigned()
+                 ? (*entry)[key].get<uint64_t>()
+                 : ~uint64_t{0};
+    };
+    if (entry == nullptr || entry->value("kind", "") != (dense ? "dense" : "embedding") ||
+        number("dim") != spec.dim() || number("size") != size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job.init_from: ", dir, " has no ", dense ? "dense tensor" : "embedding table", " '",
+          spec.name(), "' of ", dense ? absl::StrCat(size, " floats in chunks of ") : "",
+          spec.dim(), dense ? "" : " floats per row",
+          ", which this job's model has: a model of another type or size"));
     }
-    const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (manifest.is_discarded() || !manifest.is_object() || !manifest.contains("params") ||
-        manifest.value("format", "") != "eps-model") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(manifest_path, " is not the manifest of an eps model export"));
-    }
-    absl::ReaderMutexLock state_lock(&state_mu_);
-    if (!broken_.ok()) return broken_;
-    if (tables_.empty()) return absl::FailedPreconditionError("no tables yet to import into");
-    const absl::Time start = absl::Now();
-    ImportInfo info;
-    for (const std::unique_ptr<Table>& table : tables_) {
-      const proto::TableSpec& spec = table->spec();
-      const nlohmann::json* entry = nullptr;
-      for (const nlohmann::json& param : manifest["params"]) {
-        if (param.value("name", "") == spec.name()) entry = &param;
-      }
-      const bool dense = spec.kind() == proto::DENSE;
-      const uint64_t size = dense ? spec.dense_size() : 0;
-      if (entry == nullptr || entry->value("kind", "") != (dense ? "dense" : "embedding") ||
-          entry->value("dim", uint64_t{0}) != spec.dim() || entry->value("size", uint64_t{0}) != size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "job.init_from: ", dir, " has no ", dense ? "dense tensor" : "embedding table", " '",
-            spec.name(), "' of ", dense ? absl::StrCat(size, " floats in chunks of ") : "",
-            spec.dim(), dense ? "" : " floats per row",
-            ", which this job's model has: a model of another type or size"));
-      }
-      const uint32_t width = with_state ? table->row_floats() : spec.dim();
-      std::vector<uint64_t> keys;
-      std::vector<float> values;
-      std::vector<char> key_bytes;
-      std::vector<char> row_bytes;
-      for (const nlohmann::json& part : entry->value("parts", nlohmann::json::array())) {
-        const std::string stem = (fs::path(dir) / part.get<std::string>()).string();
-        ASSIGN_OR_RETURN(std::unique_ptr<NpyReader> key_reader, NpyReader::Open(stem + ".keys.npy"));
-        ASSIGN_OR_RETURN(std::unique_ptr<NpyReader> row_reader, NpyReader::Open(stem + ".rows.npy"));
-        if (key_reader->descr() != "<u8" || key_reader->shape().size() != 1 ||
-            row_reader->descr() != "<f4" || row_reader->shape().size() != 2 ||
-            row_reader->rows() != key_reader->rows() || row_reader->row_size() < spec.dim()) {
-          return absl::DataLossError(absl::StrCat(stem, ".{keys,rows}.npy do not hold the ids and "
-                                                  "rows of '", spec.name(), "'"));
-        }
-        const uint64_t stride = row_reader->row_size();
-        if (with_state && stride != table->row_floats()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "job.init_from: the rows of '", spec.name(), "' in ", dir, " hold ", stride - spec.dim(),
-              " floats of optimizer state, this job's optimizer keeps ",
-              table->row_floats() - spec.dim(),
-              ": another optimizer; set job.init_optimizer_state = false to start it afresh"));
-        }
-        while (true) {
-          constexpr uint64_t kRowsPerRead = 4096;
-          ASSIGN_OR_RETURN(uint64_t n, key_reader->Read(kRowsPerRead, &key_bytes));
-          ASSIGN_OR_RETURN(uint64_t m, row_reader->Read(kRowsPerRead, &row_bytes));
-          if (n == 0) break;
-          if (m != n) return absl::DataLossError(absl::StrCat(stem, ".rows.npy ends early"));
+    const uint32_t width = with_state ? table->row_floats() : spec.dim();
+    std::vector<uint64_t> keys;
+    std::vector<float> values;
+    RETURN_IF_ERROR(ReadModelParam(
+        dir, *entry, spec.dim(),
+        [&](const uint64_t* ids, const float* rows, uint64_t n, uint64_t stride) -> Status {
+          if (with_state && stride != table->row_floats()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "job.init_from: the rows of '", spec.name(), "' in ", dir, " hold ",
+                stride - spec.dim(), " floats of optimizer state, this job's optimizer keeps ",
+                table->row_floats() - spec.dim(),
+                ": another optimizer; set job.init_optimizer_state = false to start it afresh"));
+          }
           keys.clear();
           values.clear();
           for (uint64_t r = 0; r < n; ++r) {
-            uint64_t id = 0;
-            std::memcpy(&id, key_bytes.data() + r * sizeof(uint64_t), sizeof(uint64_t));
-            if (dense && id >= DenseChunkCount(size, spec.dim())) {
-              return absl::DataLossError(absl::StrCat(stem, ".keys.npy: chunk ", id, " of '",
-                                                      spec.name(), "'"));
+            if (dense && ids[r] >= DenseChunkCount(size, spec.dim())) {
+              return absl::DataLossError(absl::StrCat(dir, ": chunk ", ids[r], " of '",
+                                                      spec.name(), "' is past its end"));
             }
-            const uint64_t key = dense ? DenseChunkKey(spec.id(), id) : id;
+            const uint64_t key = dense ? DenseChunkKey(spec.id(), ids[r]) : ids[r];
             if (!owned(key)) continue;
             keys.push_back(key);
-            const char* row = row_bytes.data() + r * stride * sizeof(float);
-            const size_t at = values.size();
-            values.resize(at + width);
-            std::memcpy(values.data() + at, row, width * sizeof(float));
+            values.insert(values.end(), rows + r * stride, rows + r * stride + width);
           }
           RETURN_IF_ERROR(table->Put(keys, values, width));
           info.rows += keys.size();
           // Changed rows leave memory only once written.
           if (budget_ != nullptr && budget_->over()) RETURN_IF_ERROR(FlushLocked());
-        }
-      }
-    }
-    if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked());
-    info.duration = absl::Now() - start;
-    return info;
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat(dir, "/manifest.json does not have the shape of a model export: ", e.what()));
+          return absl::OkStatus();
+        }));
   }
+  if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked());
+  info.duration = absl::Now() - start;
+  return info;
 }
 
 StatusOr<std::string> ServerStorage::CheckpointRoot() const {

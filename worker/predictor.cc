@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "cluster/initializer.h"
 #include "cluster/job_spec_check.h"
+#include "cluster/model_format.h"
 #include "cluster/placement.h"
 #include "core/data_paths.h"
 #include "core/data_schema.h"
@@ -26,12 +27,6 @@
 #include "worker/record_parser.h"
 
 namespace eps {
-namespace {
-
-constexpr int kFormatMajor = 1;
-
-}  // namespace
-
 Status ExportedModel::LoadParam(const std::string& dir, const nlohmann::json& entry,
                                 uint64_t seed, Param* param) {
   const std::string name = param->spec.name;
@@ -57,51 +52,33 @@ Status ExportedModel::LoadParam(const std::string& dir, const nlohmann::json& en
   const uint64_t dense_chunks = dense ? (param->spec.size + dim - 1) / dim : 0;
   std::vector<bool> have_chunk(dense_chunks, false);
   if (dense) param->values.assign(param->spec.size, 0.0f);
-  for (const nlohmann::json& part : entry.value("parts", nlohmann::json::array())) {
-    const std::string stem = (std::filesystem::path(dir) / part.get<std::string>()).string();
-    ASSIGN_OR_RETURN(std::unique_ptr<NpyReader> keys, NpyReader::Open(stem + ".keys.npy"));
-    ASSIGN_OR_RETURN(std::unique_ptr<NpyReader> rows, NpyReader::Open(stem + ".rows.npy"));
-    if (keys->descr() != "<u8" || keys->shape().size() != 1 || rows->descr() != "<f4" ||
-        rows->shape().size() != 2 || rows->rows() != keys->rows() || rows->row_size() < dim) {
-      return absl::DataLossError(absl::StrCat(stem, ".{keys,rows}.npy do not hold ", name,
-                                              "'s ids and rows of at least ", dim, " floats"));
-    }
-    const uint64_t stride = rows->row_size();
-    if (!dense) param->values.reserve(param->values.size() + keys->rows() * dim);
-    // In pieces: the optimizer state is read and dropped, never held whole.
-    std::vector<char> key_bytes;
-    std::vector<char> row_bytes;
-    while (true) {
-      constexpr uint64_t kRowsPerRead = 4096;
-      ASSIGN_OR_RETURN(uint64_t n, keys->Read(kRowsPerRead, &key_bytes));
-      ASSIGN_OR_RETURN(uint64_t m, rows->Read(kRowsPerRead, &row_bytes));
-      if (n == 0) break;
-      if (m != n) return absl::DataLossError(absl::StrCat(stem, ".rows.npy ends early"));
-      const uint64_t* ids = reinterpret_cast<const uint64_t*>(key_bytes.data());
-      const float* values = reinterpret_cast<const float*>(row_bytes.data());
-      for (uint64_t r = 0; r < n; ++r) {
-        const float* row = values + r * stride;
-        if (dense) {
-          if (ids[r] >= dense_chunks) {
-            return absl::DataLossError(absl::StrCat(stem, ".keys.npy: chunk ", ids[r], " of ",
-                                                    name, ", which has ", dense_chunks));
+  RETURN_IF_ERROR(ReadModelParam(
+      dir, entry, dim,
+      [&](const uint64_t* ids, const float* rows, uint64_t n, uint64_t stride) -> Status {
+        // The optimizer state past `dim` is dropped.
+        for (uint64_t r = 0; r < n; ++r) {
+          const float* row = rows + r * stride;
+          if (dense) {
+            if (ids[r] >= dense_chunks) {
+              return absl::DataLossError(absl::StrCat(dir, ": chunk ", ids[r], " of ", name,
+                                                      ", which has ", dense_chunks));
+            }
+            const uint64_t begin = ids[r] * dim;
+            const uint64_t count = std::min<uint64_t>(dim, param->spec.size - begin);
+            std::copy(row, row + count, param->values.begin() + begin);
+            have_chunk[ids[r]] = true;
+            continue;
           }
-          const uint64_t begin = ids[r] * dim;
-          const uint64_t count = std::min<uint64_t>(dim, param->spec.size - begin);
-          std::copy(row, row + count, param->values.begin() + begin);
-          have_chunk[ids[r]] = true;
-          continue;
+          const auto [it, inserted] =
+              param->index.try_emplace(ids[r], static_cast<uint32_t>(param->index.size()));
+          if (!inserted) {
+            return absl::DataLossError(
+                absl::StrCat(dir, ": id ", ids[r], " of ", name, " is in two parts"));
+          }
+          param->values.insert(param->values.end(), row, row + dim);
         }
-        const auto [it, inserted] =
-            param->index.try_emplace(ids[r], static_cast<uint32_t>(param->index.size()));
-        if (!inserted) {
-          return absl::DataLossError(
-              absl::StrCat(stem, ".keys.npy: id ", ids[r], " of ", name, " is in two parts"));
-        }
-        param->values.insert(param->values.end(), row, row + dim);
-      }
-    }
-  }
+        return absl::OkStatus();
+      }));
   // A chunk no server held is what a server would have made of it.
   std::vector<float> initial(dim);
   for (uint64_t chunk = 0; chunk < dense_chunks; ++chunk) {
@@ -128,36 +105,15 @@ StatusOr<std::unique_ptr<ExportedModel>> ExportedModel::Load(
 
 StatusOr<std::unique_ptr<ExportedModel>> ExportedModel::LoadUnchecked(
     const std::string& dir, const std::vector<ParamSpec>& params) {
-  const std::string manifest_path = (std::filesystem::path(dir) / "manifest.json").string();
-  std::ifstream in(manifest_path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "no ", manifest_path, ": not a model export, or one that did not finish"));
-  }
   std::unique_ptr<ExportedModel> model(new ExportedModel());
-  model->manifest_ = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSIGN_OR_RETURN(model->manifest_, ReadModelManifest(dir));
   const nlohmann::json& manifest = model->manifest_;
-  if (manifest.is_discarded() || !manifest.is_object() ||
-      manifest.value("format", "") != "eps-model") {
-    return absl::FailedPreconditionError(
-        absl::StrCat(manifest_path, " is not the manifest of an eps model export"));
-  }
-  const int version = manifest.value("version", 0);
-  if (version < 1 || version > kFormatMajor) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        manifest_path, " is format version ", version, "; this eps reads version ", kFormatMajor));
-  }
   model->seed_ = manifest.contains("job") ? manifest["job"].value("seed", uint64_t{0}) : 0;
-  static const nlohmann::json kNone = nlohmann::json::array();
-  const nlohmann::json& entries = manifest.contains("params") ? manifest["params"] : kNone;
   for (const ParamSpec& spec : params) {
-    const nlohmann::json* entry = nullptr;
-    for (const nlohmann::json& param : entries) {
-      if (param.value("name", "") == spec.name) entry = &param;
-    }
+    const nlohmann::json* entry = FindModelParam(manifest, spec.name);
     if (entry == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          manifest_path, " has no parameter '", spec.name, "', which the model needs"));
+          dir, "/manifest.json has no parameter '", spec.name, "', which the model needs"));
     }
     Param& param = model->params_.emplace_back();
     param.spec = spec;
@@ -166,16 +122,18 @@ StatusOr<std::unique_ptr<ExportedModel>> ExportedModel::LoadUnchecked(
   return model;
 }
 
-ParamBuffers ExportedModel::ParamsFor(const Batch& batch, uint64_t* unseen) const {
-  ParamBuffers buffers(params_.size());
+void ExportedModel::FillParams(const Batch& batch, ParamBuffers* buffers,
+                               uint64_t* unseen) const {
+  buffers->resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& param = params_[i];
     if (param.spec.kind == ParamSpec::Kind::kDense) {
-      buffers[i] = param.values;
+      // The same for every batch: copied once.
+      if ((*buffers)[i].empty()) (*buffers)[i] = param.values;
       continue;
     }
     const uint32_t dim = param.table.dim();
-    std::vector<float>& rows = buffers[i];
+    std::vector<float>& rows = (*buffers)[i];
     rows.resize(batch.keys.size() * dim);
     for (size_t k = 0; k < batch.keys.size(); ++k) {
       float* out = rows.data() + k * dim;
@@ -189,7 +147,6 @@ ParamBuffers ExportedModel::ParamsFor(const Batch& batch, uint64_t* unseen) cons
                     static_cast<int>(dim));
     }
   }
-  return buffers;
 }
 
 StatusOr<PredictResult> Predict(const PredictOptions& options, const JobConfig& job,
@@ -243,13 +200,14 @@ StatusOr<PredictResult> Predict(const PredictOptions& options, const JobConfig& 
   std::vector<float> labels;
   std::vector<float> predictions;
   std::vector<float> batch_predictions;
+  ParamBuffers params;  // reused: the dense tensors are copied in once
   uint64_t bytes_done = 0;
   absl::Time next_progress = absl::Now() + absl::Seconds(5);
   std::string text;
   const auto score = [&]() -> Status {
     Batch batch = builder.Finish();
     if (batch.size() == 0) return absl::OkStatus();
-    const ParamBuffers params = exported->ParamsFor(batch, &result.unseen);
+    exported->FillParams(batch, &params, &result.unseen);
     result.ids += batch.keys.size();
     model->ForwardBackward(batch, params, &batch_predictions, nullptr);
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());

@@ -47,10 +47,11 @@ class ExportedModel {
   static StatusOr<std::unique_ptr<ExportedModel>> Load(const std::string& dir,
                                                        const std::vector<ParamSpec>& params);
 
-  // The buffers a step over `batch` reads (Model::ForwardBackward): each
-  // embedding table's rows of batch.keys, each dense tensor whole. Adds the
-  // ids the export lacks to *unseen.
-  ParamBuffers ParamsFor(const Batch& batch, uint64_t* unseen) const;
+  // Fills the buffers a step over `batch` reads (Model::ForwardBackward):
+  // each embedding table's rows of batch.keys, and each dense tensor whole
+  // (only when its buffer is empty: reuse `buffers` across batches). Adds
+  // the ids the export lacks to *unseen.
+  void FillParams(const Batch& batch, ParamBuffers* buffers, uint64_t* unseen) const;
   const nlohmann::json& manifest() const { return manifest_; }
 
  private:

@@ -1,0 +1,178 @@
+// ParamServer::Impl: the server's dispatch, fences and serving
+// (param_server.cc) and its storage handlers: CHECKPOINT, EXPORT and
+// RESTORE (param_server_storage.cc). Private to ps/.
+
+#ifndef EPS_PS_PARAM_SERVER_IMPL_H_
+#define EPS_PS_PARAM_SERVER_IMPL_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "cluster/member_session.h"
+#include "cluster/placement.h"
+#include "core/clock.h"
+#include "core/metrics.h"
+#include "core/status.h"
+#include "ps/param_server.h"
+#include "ps/push_deduplicator.h"
+#include "ps/row_quota.h"
+#include "ps/storage.h"
+#include "ps/table.h"
+#include "rpc/message.h"
+#include "rpc/rpc_server.h"
+#include "rpc/socket_factory.h"
+
+namespace eps {
+
+class ParamServer::Impl {
+ public:
+  explicit Impl(const ParamServerOptions& options)
+      : options_(options), dedup_(std::make_unique<PushDeduplicator>()) {}
+  ~Impl() {
+    RequestStop();
+    if (session_) session_->Stop();
+    if (rpc_) rpc_->Stop();
+  }
+
+  Status Start();
+  Status Wait();
+  void RequestStop() { Stop(absl::OkStatus()); }
+  const std::string& endpoint() const { return endpoint_; }
+  uint32_t id() const { return id_; }
+
+ private:
+  // Ends Wait with `result` (the first non-OK one given wins).
+  void Stop(const Status& result);
+  Status Handle(Message& request, Message* reply);
+  // A worker's quota of rows created (ps.max_new_rows_per_worker_s):
+  // whether it may create rows now (counting a refusal), and what it did.
+  Status AdmitRows(const proto::NodeId& sender);
+  void ChargeRows(const proto::NodeId& sender, uint64_t created);
+  Status HandlePull(const Message& request, Message* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  Status HandlePush(const Message& request, Message* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  Status HandleFenceWorkers(const Message& request, Message* reply);
+  // Writes this server's rows into a model export (from the master).
+  Status HandleExport(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);
+  // Writes checkpoint N (from the master or an operator's tool).
+  Status HandleCheckpoint(const Message& request, Message* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // Replaces every parameter by a checkpoint (from the master or a tool).
+  Status HandleRestore(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);
+  // FENCED when `sender` is a fenced worker (counting a refused push).
+  Status CheckNotFenced(const proto::NodeId& sender, proto::Method method);
+  bool IsFenced(const proto::NodeId& sender) const ABSL_SHARED_LOCKS_REQUIRED(fence_mu_);
+  // The table `table_id` if known; kInvalidArgument otherwise.
+  StatusOr<Table*> FindTable(uint32_t table_id) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // kFailedPrecondition/WRONG_OWNER unless this server owns every key;
+  // kInvalidArgument for a dense key outside its tensor.
+  Status CheckKeys(const Table& table, std::span<const uint64_t> keys);
+  // The version counter of `table` (one that only a dense tensor moves).
+  std::atomic<uint64_t>& DenseVersion(const Table& table) {
+    return dense_versions_[table.spec().id()];
+  }
+
+  // Registration with the master: a session, the REGISTER_SERVER request
+  // (`rejoin`: this process taking its slot back after its lease ran out),
+  // and starting its heartbeats.
+  std::unique_ptr<MemberSession> NewSession();
+  Message RegisterRequest(bool rejoin) const;
+  // Under CURVE: takes the key of workers' credentials from the master's
+  // answer, so that the RPC server checks them (kFailedPrecondition when
+  // the answer has none or a bad one).
+  Status CheckWorkerCredentials(const proto::RegisterServerReply& reply);
+  void StartHeartbeats();
+  // The master refused a heartbeat (FENCED, `why`): registers again as the
+  // same slot. An error when the master gave the slot to another process
+  // (or is gone): the server stops with it.
+  Status Rejoin(const Status& why);
+  // The member session's hooks, on its heartbeat thread.
+  MemberSession::Hooks SessionHooks();
+  void OnHeartbeatReply(const proto::HeartbeatReply& body);
+  Status RefreshClusterMap();
+  proto::ServerStats Stats() const;
+
+  const ParamServerOptions options_;
+  SocketFactory factory_{TransportOptions{.security = options_.security}};
+  // Made by Start and replaced by Rejoin (Wait's thread, once the old one
+  // stopped); heartbeats from the end of a successful Start until Wait
+  // returns.
+  std::unique_ptr<MemberSession> session_;
+  // Heartbeat thread only: the storage's write error was logged.
+  bool write_error_reported_ = false;
+  // Wait's thread: this process registered again (Rejoin) at least once;
+  // and whether a heartbeat was answered since the last registration.
+  bool rejoined_ = false;
+  std::atomic<bool> answered_{false};
+  bool started_ = false;  // Start succeeded
+  std::unique_ptr<RpcServer> rpc_;
+  std::string endpoint_;
+  uint32_t id_ = 0;
+  proto::JobSpec job_;
+  // Set before the port is bound; internally synchronised, but its tables
+  // are replaced by a restore: Table* are used only under restore_mu_.
+  std::unique_ptr<ServerStorage> storage_;
+  // Progress lines: heartbeat thread only.
+  absl::Time last_progress_;
+  uint64_t rows_pulled_before_ = 0;
+  uint64_t rows_pushed_before_ = 0;
+  std::atomic<uint64_t> pulls_{0};
+  std::atomic<uint64_t> pushes_{0};
+  std::atomic<uint64_t> rows_pulled_{0};
+  std::atomic<uint64_t> rows_pushed_{0};
+  std::atomic<uint64_t> pushes_fenced_{0};
+  std::atomic<uint64_t> pushes_deduplicated_{0};
+  RowQuota row_quota_{options_.max_new_rows_per_worker_s, Clock::Real()};
+  std::atomic<uint64_t> rows_limited_{0};  // requests refused by row_quota_
+  // Time from a PULL's or PUSH's arrival in Handle to its reply.
+  LatencyHistogram pull_latency_;
+  LatencyHistogram push_latency_;
+  // Per table id: pushes applied to a dense tensor's chunks here (its
+  // version; not kept across restarts: a worker's copy and its versions
+  // live only as long as its session, which a restart ends). Sized once the
+  // job is known, before any table exists. And the staleness pushes had.
+  std::vector<std::atomic<uint64_t>> dense_versions_;
+  CountHistogram dense_staleness_;
+
+  // Held shared by every PULL, PUSH and CHECKPOINT from validation to
+  // reply, exclusively by a RESTORE: tables are swapped only while no
+  // request uses them, and requests arriving meanwhile wait. Taken before
+  // fence_mu_ and mu_.
+  absl::Mutex restore_mu_;
+
+  // Held shared while a request is checked against the fence and, for a
+  // push, recorded by dedup_; exclusively while workers are fenced. So a
+  // push is either recorded before its worker is fenced (and forgotten with
+  // it) or refused, and dedup_ never keeps state for a fenced worker. A
+  // restore replaces dedup_ (under both locks, exclusively): what was
+  // applied before it is gone, so a retry of it must be applied again.
+  mutable absl::Mutex fence_mu_ ABSL_ACQUIRED_AFTER(restore_mu_);
+  absl::flat_hash_set<uint32_t> fenced_ ABSL_GUARDED_BY(fence_mu_);
+  std::unique_ptr<PushDeduplicator> dedup_ ABSL_GUARDED_BY(fence_mu_);
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> owned_ ABSL_GUARDED_BY(mu_);  // partition -> owned here
+  // Start has made the tables (and recorded the server's id): RESTORE is
+  // served from then on.
+  bool tables_ready_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Status stop_reason_ ABSL_GUARDED_BY(mu_);  // given by Stop, Wait's result
+  // The master refused a heartbeat: Wait registers again (Rejoin).
+  bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
+  Status rejoin_why_ ABSL_GUARDED_BY(mu_);
+  bool summarized_ = false;                  // Wait logged the summary
+};
+
+
+}  // namespace eps
+
+#endif  // EPS_PS_PARAM_SERVER_IMPL_H_
