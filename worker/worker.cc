@@ -265,14 +265,12 @@ ShardLoader::Hooks Worker::Impl::LoaderHooks(Session& session) {
     return CallMaster(session, master, make);
   };
   hooks.prepare = [this, &session](PsClient& ps, PreparedBatch& prepared) {
-    RETURN_IF_ERROR(PullParams(session, ps, /*at_step=*/false, prepared.batch.keys,
-                               &prepared.params, nullptr));
-    if (prepared.shard.phase() != proto::EVAL || !has_step_params_) return absl::OkStatus();
     // The evaluation reads the model as the servers hold it. Its pass
-    // starts only once every training push was applied, so these are the
-    // final dense tensors; the worker's dense copy may miss the last pushes
-    // of other workers.
-    return PullParams(session, ps, /*at_step=*/true, {}, &prepared.params, nullptr);
+    // starts only once every training push was applied, so the dense
+    // tensors pulled with its batches are the final ones; the worker's
+    // dense copy may miss the last pushes of other workers.
+    const Pulled which = prepared.shard.phase() == proto::EVAL ? Pulled::kAll : Pulled::kWithBatch;
+    return PullParams(session, ps, which, prepared.batch.keys, &prepared.params, nullptr);
   };
   hooks.stopping = [this, &session] { return StoppingOrOver(session); };
   hooks.sleep = [this](absl::Duration duration) { SleepUnlessStopping(duration); };

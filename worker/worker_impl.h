@@ -134,11 +134,15 @@ class Worker::Impl {
   void FillHeartbeat(Session& session, proto::HeartbeatRequest* request);
   void OnHeartbeatReply(Session& session, const proto::HeartbeatReply& body);
   ShardLoader::Hooks LoaderHooks(Session& session);
-  // Pulls into *params (and *versions, when given) the parameters the
-  // model wants pulled before each step (at_step: ParamSpec::pull_each_step,
-  // the step pipeline's dense copy) or the others, pulled with the rows of
-  // `keys` when a batch is prepared, ahead of its step.
-  Status PullParams(Session& session, PsClient& ps, bool at_step,
+  // Which parameters a pull asks for: those the model wants pulled with the
+  // rows of a batch's keys when it is prepared, ahead of its step; those
+  // pulled before each step instead (ParamSpec::pull_each_step: the step
+  // pipeline's dense copy); or both (an evaluation batch, which reads the
+  // model as the servers hold it).
+  enum class Pulled { kWithBatch, kAtStep, kAll };
+  // Pulls `which` parameters into *params (and *versions, when given), in
+  // one round of requests.
+  Status PullParams(Session& session, PsClient& ps, Pulled which,
                     std::span<const uint64_t> keys, ParamBuffers* params,
                     PsClient::Versions* versions);
   // What a step computed: its pushes, for the pipeline, its loss and its

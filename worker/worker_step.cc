@@ -16,24 +16,27 @@
 
 namespace eps {
 
-Status Worker::Impl::PullParams(Session& session, PsClient& ps, bool at_step,
+Status Worker::Impl::PullParams(Session& session, PsClient& ps, Pulled which,
                                 std::span<const uint64_t> keys, ParamBuffers* params,
                                 PsClient::Versions* versions) {
   const std::vector<ParamSpec>& specs = model_->params();
+  const auto wanted = [which](const ParamSpec& spec) {
+    return which == Pulled::kAll || spec.pull_each_step == (which == Pulled::kAtStep);
+  };
   std::vector<PsClient::Keys> tables(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     tables[i].table_id = session.table_ids[i];
-    if (specs[i].pull_each_step != at_step) continue;  // no keys: nothing pulled
+    if (!wanted(specs[i])) continue;  // no keys: nothing pulled
     tables[i].keys = specs[i].kind == ParamSpec::Kind::kEmbedding
                          ? keys
                          : std::span<const uint64_t>(session.dense_keys[i]);
   }
   std::vector<std::vector<float>> pulled;
   RETURN_IF_ERROR_CTX(ps.Pull(tables, &pulled, versions),
-                      at_step ? "pull of the dense tensors" : "pull");
+                      which == Pulled::kAtStep ? "pull of the dense tensors" : "pull");
   params->resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].pull_each_step != at_step) continue;
+    if (!wanted(specs[i])) continue;
     (*params)[i] = std::move(pulled[i]);
     // Dense tensors arrive as whole chunks; the model sees the tensor.
     if (specs[i].kind == ParamSpec::Kind::kDense) (*params)[i].resize(specs[i].size);
@@ -243,7 +246,7 @@ StepPipeline::Hooks Worker::Impl::PipelineHooks(Session& session) {
   };
   if (has_step_params_) {
     hooks.pull_dense = [this, &session](StepPipeline::Lane& lane, StepPipeline::DenseCopy* copy) {
-      return PullParams(session, *lane.ps, /*at_step=*/true, {}, &copy->values,
+      return PullParams(session, *lane.ps, Pulled::kAtStep, {}, &copy->values,
                         &copy->versions);
     };
   }
