@@ -103,6 +103,10 @@ Status ValidateTableSpec(const proto::TableSpec& spec) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, ": admission applies to embedding tables only"));
       }
+      if (spec.ttl_passes() > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": expiry (ttl_passes) applies to embedding tables only"));
+      }
       break;
     }
     default:

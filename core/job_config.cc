@@ -382,6 +382,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "pushes an id needs before it gets an embedding row; 0 or 1 every id at once");
   v.Visit("ps.admission_memory_mb", &ps.admission_memory_mb,
           "memory per table for counting ids not admitted yet, MiB");
+  v.Visit("ps.ttl_passes", &ps.ttl_passes,
+          "passes an embedding row may go untrained before it is deleted; 0 keeps every row");
 
   v.Visit("worker.batch_size", &worker.batch_size,
           "records per batch, or auto (min_batch_size..max_batch_size by throughput)");
@@ -560,6 +562,7 @@ Status JobConfig::Validate() const {
     }
   }
   RETURN_IF_ERROR(CheckRange("ps.admission_memory_mb", ps.admission_memory_mb, 1, 65536));
+  RETURN_IF_ERROR(CheckRange("ps.ttl_passes", ps.ttl_passes, 0, 65535));
 
   if (worker.batch_size.automatic) {
     RETURN_IF_ERROR(CheckRange("worker.max_batch_size", worker.max_batch_size, 1, 1 << 20));

@@ -232,6 +232,12 @@ struct JobConfig {
     // [1, 65536]: ids counted at once, beyond which a full shard forgets
     // its candidates (ps/admission.h). Default 32.
     int64_t admission_memory_mb = 32;
+    // Expiry: an embedding row no push touched in the last ttl_passes
+    // training passes (epochs) is deleted, from memory and the store, when
+    // a pass ends and before the export (a warm start's rows count as
+    // trained in the pass before the job's first); 0 keeps every row. In
+    // [0, 65535]. Default 0.
+    int64_t ttl_passes = 0;
   } ps;
 
   struct Worker {

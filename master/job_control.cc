@@ -273,6 +273,10 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
            now);
     }
     told = &membership_.server(sender.id())->told_to_exit;
+    // Rows untrained for ps.ttl_passes passes go once a pass ends.
+    if (std::optional<uint32_t> done = progress_.passes_done(); done.has_value()) {
+      reply->set_training_passes_done(*done);
+    }
   } else {
     return absl::InvalidArgumentError("heartbeat from an unknown role");
   }

@@ -154,6 +154,8 @@ class JobControl {
     std::string dir;
     std::vector<ServerAddress> servers;
     uint32_t attempt = 0;  // 1 for the first
+    // The training passes done: the servers delete what expired with them.
+    std::optional<uint32_t> passes_done;
   };
   // The export to write now: nullopt while none is due or while a recovery
   // runs or a slot has no live server (the export waits for them).

@@ -84,7 +84,8 @@ std::optional<JobControl::ExportWrite> JobControl::NextExport(absl::Time now) {
   }
   ExportWrite write{.dir = job_.job.export_dir,
                     .servers = membership_.LiveServers(),
-                    .attempt = export_attempts_ + 1};
+                    .attempt = export_attempts_ + 1,
+                    .passes_done = progress_.passes_done()};
   if (write.servers.empty()) return std::nullopt;
   events_->Record("export_started", {{"dir", write.dir}, {"attempt", write.attempt}});
   return write;
@@ -106,6 +107,7 @@ void JobControl::Exported(const ExportWrite& write,
     events_->Record("model_exported", {{"dir", write.dir},
                                        {"rows", rows},
                                        {"bytes", bytes},
+                                       {"rows_expired", tally.rows_expired},
                                        {"seconds", absl::ToDoubleSeconds(now - export_due_since_)}});
     export_due_ = false;
     Finish(now);

@@ -92,6 +92,7 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
           automatic ? param.default_initializer : config.model.initializer,
           automatic ? param.default_init_scale : config.model.init_scale);
       table->set_admission_min_count(static_cast<uint32_t>(config.ps.admission_min_count));
+      table->set_ttl_passes(static_cast<uint32_t>(config.ps.ttl_passes));
     } else {
       table->set_kind(proto::DENSE);
       table->set_dim(static_cast<uint32_t>(

@@ -113,8 +113,9 @@ void Master::Impl::AdvanceExport(ServerCalls& calls) {
   if (Status cleared = RemoveManifest(write->dir); !cleared.ok()) {
     parts.push_back(cleared);
   } else {
-    parts = calls.Export(write->dir, write->servers,
-                         [this](const ServerAddress& server) { return Serving(server); });
+    parts = calls.Export(
+        write->dir, write->servers,
+        [this](const ServerAddress& server) { return Serving(server); }, write->passes_done);
   }
   Status written = manifest.status();
   bool parts_ok = true;

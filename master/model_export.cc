@@ -95,6 +95,7 @@ ExportTally TallyExport(const std::vector<StatusOr<proto::ExportReply>>& replies
     }
     tally.rows += reply->rows();
     tally.bytes += reply->bytes();
+    tally.rows_expired += reply->rows_expired();
   }
   return tally;
 }

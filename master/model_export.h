@@ -41,6 +41,7 @@ StatusOr<ExportManifest> MakeExportManifest(const JobConfig& job, const proto::J
 struct ExportTally {
   uint64_t rows = 0;
   uint64_t bytes = 0;
+  uint64_t rows_expired = 0;  // by the servers, before and while exporting
   std::string error;
 };
 ExportTally TallyExport(const std::vector<StatusOr<proto::ExportReply>>& replies);

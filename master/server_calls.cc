@@ -145,13 +145,17 @@ std::vector<StatusOr<uint64_t>> ServerCalls::Restore(
 }
 
 std::vector<StatusOr<proto::ExportReply>> ServerCalls::Export(
-    const std::string& dir, const std::vector<ServerAddress>& servers, const Serving& serving) {
+    const std::string& dir, const std::vector<ServerAddress>& servers, const Serving& serving,
+    std::optional<uint32_t> passes_done) {
   std::vector<StatusOr<Message>> replies = CallAll(
       servers,
       [&](size_t) {
         Message request;
         request.header().set_method(proto::EXPORT);
         request.header().mutable_export_request()->set_dir(dir);
+        if (passes_done.has_value()) {
+          request.header().mutable_export_request()->set_passes_done(*passes_done);
+        }
         return request;
       },
       kSlowCallTimeout, serving);

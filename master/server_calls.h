@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,11 +56,12 @@ class ServerCalls {
                                           const Serving& serving,
                                           const std::string& init_from = "",
                                           bool init_state = true);
-  // Has every server write its rows into the model export in `dir`. One
-  // result per server: its reply, or the error naming it.
-  std::vector<StatusOr<proto::ExportReply>> Export(const std::string& dir,
-                                                   const std::vector<ServerAddress>& servers,
-                                                   const Serving& serving);
+  // Has every server write its rows into the model export in `dir`, first
+  // deleting the rows that expired with `passes_done` passes when given.
+  // One result per server: its reply, or the error naming it.
+  std::vector<StatusOr<proto::ExportReply>> Export(
+      const std::string& dir, const std::vector<ServerAddress>& servers, const Serving& serving,
+      std::optional<uint32_t> passes_done = std::nullopt);
 
  private:
   std::vector<StatusOr<Message>> CallAll(const std::vector<ServerAddress>& servers,

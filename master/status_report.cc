@@ -190,6 +190,7 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"admission", {{"rows_admitted", server.stats.rows_admitted()},
                         {"updates_rejected", server.stats.updates_rejected()},
                         {"candidates", server.stats.admission_candidates()}}},
+         {"rows_expired", server.stats.rows_expired()},
          {"requests_refused", server.stats.requests_refused()},
          {"requests_unauthenticated", server.stats.requests_unauthenticated()},
          {"requests_limited", server.stats.requests_limited()},
@@ -453,6 +454,10 @@ std::string MetricsText(const JobControl& control) {
   per_server("eps_server_admission_candidates", MetricType::kGauge,
              "Feature ids a server counts toward admission now.",
              [](const ServerEntry& s) { return static_cast<double>(s.stats.admission_candidates()); });
+  per_server("eps_server_rows_expired_total", MetricType::kCounter,
+             "Embedding rows a server deleted, from memory and its store, because no push "
+             "touched them for ps.ttl_passes training passes.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.rows_expired()); });
   out.Family("eps_server_requests_refused_total", MetricType::kCounter,
              "Requests a server refused: for their sender's role (reason permission_denied), "
              "for carrying no key the job trusts (unauthenticated; refused CURVE handshakes "

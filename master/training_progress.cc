@@ -436,6 +436,15 @@ void TrainingProgress::EvalInDataOrder(std::vector<float>* labels,
   }
 }
 
+std::optional<uint32_t> TrainingProgress::passes_done() const {
+  switch (phase_) {
+    case JobPhase::kTraining: return epoch_;
+    case JobPhase::kEvaluating:
+    case JobPhase::kFinished: return epoch_ + 1;
+    default: return std::nullopt;
+  }
+}
+
 void TrainingProgress::Finish() {
   ClosePass();
   phase_ = JobPhase::kFinished;

@@ -196,6 +196,9 @@ class TrainingProgress {
 
   JobPhase phase() const { return phase_; }
   uint32_t epoch() const { return epoch_; }
+  // Training passes completed: the epoch in progress while training, all
+  // of them once evaluating or finished; nullopt while scanning or failed.
+  std::optional<uint32_t> passes_done() const;
   const std::string& failure() const { return failure_; }
   bool stopped() const { return stopped_; }
   void set_stopped(bool stopped) { stopped_ = stopped; }

@@ -29,7 +29,8 @@ namespace eps {
 struct KvWrite {
   uint32_t table = 0;
   uint64_t key = 0;
-  absl::string_view value;  // must stay valid during Write
+  absl::string_view value;  // must stay valid during Write; ignored by an erase
+  bool erase = false;       // deletes the key (absent keys too) instead
 };
 
 class KvStore {
@@ -52,9 +53,10 @@ class KvStore {
   virtual Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
                           std::span<char> out, std::vector<bool>* found) = 0;
 
-  // Applies all `writes` atomically (all or none), through the WAL. With
-  // `sync` the WAL is fsynced before returning. Later writes of the same key
-  // in one call win. Values may have any length. An empty `writes` is OK.
+  // Applies all `writes` (puts and erases) atomically (all or none), through
+  // the WAL. With `sync` the WAL is fsynced before returning. Later writes of
+  // the same key in one call win. Values may have any length. An empty
+  // `writes` is OK.
   // kNotFound for an unknown table (nothing is written); kUnavailable on I/O
   // errors.
   virtual Status Write(std::span<const KvWrite> writes, bool sync) = 0;
@@ -67,6 +69,13 @@ class KvStore {
   // table; kDataLoss/kUnavailable as MultiGet.
   virtual Status Scan(uint32_t table,
                       const std::function<Status(uint64_t key, absl::string_view value)>& visit) = 0;
+
+  // Compacts `table` whole, so that the space of erased and overwritten rows
+  // is given back to the file system now rather than when later writes
+  // compact it (RocksDB: CompactRange over the column family, blocking; it
+  // rewrites the table, so callers do it rarely). No-op for the fake.
+  // kNotFound for an unknown table; kUnavailable on I/O errors.
+  virtual Status Compact(uint32_t table) = 0;
 
   // Writes a consistent snapshot of every table into `dir`, which must not
   // exist (its parent must). Blocks while the memtables are flushed.

@@ -61,7 +61,11 @@ class MemoryKvStore final : public KvStore {
       }
     }
     for (const KvWrite& write : writes) {
-      tables_[write.table][write.key].assign(write.value.data(), write.value.size());
+      if (write.erase) {
+        tables_[write.table].erase(write.key);
+      } else {
+        tables_[write.table][write.key].assign(write.value.data(), write.value.size());
+      }
     }
     return absl::OkStatus();
   }
@@ -77,6 +81,12 @@ class MemoryKvStore final : public KvStore {
     }
     std::sort(rows.begin(), rows.end());
     for (const auto& [key, value] : rows) RETURN_IF_ERROR(visit(key, value));
+    return absl::OkStatus();
+  }
+
+  Status Compact(uint32_t table) override {
+    absl::ReaderMutexLock lock(&mu_);
+    if (!tables_.contains(table)) return absl::NotFoundError(absl::StrCat("no table ", table));
     return absl::OkStatus();
   }
 

@@ -313,6 +313,7 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_rows_admitted(storage.rows_admitted);
   stats.set_updates_rejected(storage.updates_rejected);
   stats.set_admission_candidates(storage.admission_candidates);
+  stats.set_rows_expired(storage.rows_expired);
   if (rpc_ != nullptr) {
     stats.set_requests_refused(rpc_->refused());
     stats.set_requests_unauthenticated(rpc_->unauthenticated() + factory_.handshakes_refused());
@@ -330,6 +331,7 @@ void ParamServer::Impl::OnHeartbeatReply(const proto::HeartbeatReply& body) {
               << (body.state() == proto::JOB_FINISHED ? "finished" : "over") << "; exiting";
     return;
   }
+  if (body.has_training_passes_done()) storage_->NotePassesDone(body.training_passes_done());
   const absl::Time now = absl::Now();
   if (now - last_progress_ < options_.progress_interval) return;
   const double seconds = absl::ToDoubleSeconds(now - last_progress_);
@@ -597,7 +599,8 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   Status pushed;
   for (size_t i = 0; i < tables.size() && pushed.ok(); ++i) {
     uint64_t table_created = 0;
-    pushed = tables[i]->Push(keys[i], grads[i], lr_scale, &table_created);
+    pushed = tables[i]->Push(keys[i], grads[i], lr_scale, &table_created,
+                             request.header().push_request().pass());
     created += table_created;
     rows += keys[i].size();
   }

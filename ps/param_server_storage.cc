@@ -45,7 +45,9 @@ Status ParamServer::Impl::HandleExport(const Message& request, Message* reply) {
   {
     // Not while a restore swaps the tables.
     absl::ReaderMutexLock restore_lock(&restore_mu_);
-    info = storage_->Export(dir);
+    const proto::ExportRequest& body = request.header().export_request();
+    info = storage_->Export(dir, body.has_passes_done() ? std::optional<uint32_t>(body.passes_done())
+                                                        : std::nullopt);
   }
   RETURN_IF_ERROR_CTX(info.status(), absl::StrCat("export to ", dir));
   LOG(INFO) << "exported " << info->rows << " rows ("
@@ -56,6 +58,7 @@ Status ParamServer::Impl::HandleExport(const Message& request, Message* reply) {
   out->set_rows(info->rows);
   out->set_bytes(info->bytes);
   out->set_duration_ms(absl::ToDoubleMilliseconds(info->duration));
+  out->set_rows_expired(storage_->stats().rows_expired);
   return absl::OkStatus();
 }
 

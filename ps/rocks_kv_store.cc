@@ -356,8 +356,10 @@ class RocksKvStore final : public KvStore {
       }
       if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", write.table));
       EncodeKey(write.key, key);
-      rocksdb::Status status = batch.Put(family, rocksdb::Slice(key, kKeyBytes),
-                                         rocksdb::Slice(write.value.data(), write.value.size()));
+      rocksdb::Status status =
+          write.erase ? batch.Delete(family, rocksdb::Slice(key, kKeyBytes))
+                      : batch.Put(family, rocksdb::Slice(key, kKeyBytes),
+                                  rocksdb::Slice(write.value.data(), write.value.size()));
       if (!status.ok()) return FromRocks(status, "building a write batch");
     }
     rocksdb::WriteOptions write_options;
@@ -389,6 +391,17 @@ class RocksKvStore final : public KvStore {
       RETURN_IF_ERROR(visit(DecodeKey(key.data()), absl::string_view(value.data(), value.size())));
     }
     if (!it->status().ok()) return FromRocks(it->status(), absl::StrCat("scanning table ", table));
+    return absl::OkStatus();
+  }
+
+  Status Compact(uint32_t table) override {
+    rocksdb::ColumnFamilyHandle* family = Family(table);
+    if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
+    rocksdb::CompactRangeOptions options;
+    // Tombstones at the bottom level go too: the point is the space.
+    options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+    rocksdb::Status status = db_->CompactRange(options, family, nullptr, nullptr);
+    if (!status.ok()) return FromRocks(status, absl::StrCat("compacting table ", table));
     return absl::OkStatus();
   }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cluster/model_format.h"
 #include "cluster/placement.h"
@@ -56,8 +57,10 @@ StatusOr<std::unique_ptr<KvStore>> OpenDatabase(const StorageOptions& options) {
 StatusOr<std::vector<std::unique_ptr<Table>>> MakeTables(const proto::JobSpec& job,
                                                          const StorageOptions& options,
                                                          KvStore* store, WriteQueue* queue,
-                                                         MemoryBudget* budget) {
+                                                         MemoryBudget* budget,
+                                                         const std::atomic<uint32_t>* pass) {
   TableStorage storage;
+  storage.pass = pass;
   storage.store = store;
   storage.queue = queue;
   storage.budget = budget;
@@ -151,7 +154,7 @@ Status ServerStorage::CreateTables(const proto::JobSpec& job) {
   {
     absl::WriterMutexLock lock(&state_mu_);
     ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Table>> tables,
-                     MakeTables(job, options_, store_.get(), queue_.get(), budget_.get()));
+                     MakeTables(job, options_, store_.get(), queue_.get(), budget_.get(), &pass_));
     tables_ = std::move(tables);
     job_ = job;
   }
@@ -196,11 +199,20 @@ Status ServerStorage::FlushLocked() {
 }
 
 void ServerStorage::StartFlusher() {
+  bool store = false;
+  bool expiry = false;
   {
     absl::ReaderMutexLock lock(&state_mu_);
-    if (store_ == nullptr) return;
+    store = store_ != nullptr;
+    for (const proto::TableSpec& spec : job_.tables()) expiry |= spec.ttl_passes() > 0;
   }
-  flusher_ = std::thread([this] { FlushLoop(); });
+  {
+    // New tables: nothing of them was swept yet.
+    absl::MutexLock lock(&mu_);
+    swept_through_.reset();
+  }
+  if (store) flusher_ = std::thread([this] { FlushLoop(); });
+  if (expiry) expirer_ = std::thread([this] { ExpireLoop(); });
 }
 
 void ServerStorage::StopFlusher() {
@@ -209,6 +221,7 @@ void ServerStorage::StopFlusher() {
     stopping_ = true;
   }
   if (flusher_.joinable()) flusher_.join();
+  if (expirer_.joinable()) expirer_.join();
   absl::MutexLock lock(&mu_);
   stopping_ = false;
 }
@@ -300,7 +313,77 @@ class ExportPart {
 
 }  // namespace
 
-StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir) {
+void ServerStorage::NotePassesDone(uint32_t passes_done) {
+  pass_.store(passes_done, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  passes_due_ = passes_done;
+}
+
+void ServerStorage::ExpireLoop() {
+  while (true) {
+    uint32_t due;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || swept_through_ != passes_due_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      due = passes_due_;
+    }
+    absl::ReaderMutexLock state_lock(&state_mu_);
+    const Status swept = ExpireLocked(due);
+    if (swept.ok()) continue;
+    LOG(ERROR) << "deleting expired rows: " << swept;
+    // Again at the next pass (or stop), not in a loop.
+    absl::MutexLock lock(&mu_);
+    swept_through_ = due;
+  }
+}
+
+Status ServerStorage::ExpireLocked(uint32_t passes_done) {
+  absl::MutexLock expire_lock(&expire_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (swept_through_ == passes_done) return absl::OkStatus();
+  }
+  const absl::Time start = absl::Now();
+  uint64_t expired = 0;
+  Status result;
+  for (const std::unique_ptr<Table>& table : tables_) {
+    const uint64_t stored = store_ != nullptr ? store_->ApproximateRows(table->spec().id()) : 0;
+    StatusOr<uint64_t> rows = table->Expire(passes_done);
+    if (!rows.ok()) {
+      result = rows.status();
+      break;
+    }
+    expired += *rows;
+    if (*rows == 0) continue;
+    std::string compacted;
+    if (store_ != nullptr && *rows * 8 >= stored) {
+      const absl::Time compact_start = absl::Now();
+      if (Status done = store_->Compact(table->spec().id()); !done.ok()) {
+        LOG(WARNING) << "compacting table '" << table->spec().name() << "': " << done;
+      } else {
+        compacted = absl::StrFormat("; compacted its store in %.0f ms",
+                                    absl::ToDoubleMilliseconds(absl::Now() - compact_start));
+      }
+    }
+    LOG(INFO) << "table '" << table->spec().name() << "': deleted " << *rows
+              << " rows untrained for " << table->spec().ttl_passes() << " pass(es) after pass "
+              << passes_done << compacted;
+  }
+  absl::MutexLock lock(&mu_);
+  rows_expired_ += expired;
+  if (!result.ok()) return result;
+  swept_through_ = passes_done;
+  VLOG(1) << "expiry after pass " << passes_done << ": " << expired << " rows in "
+          << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
+  return absl::OkStatus();
+}
+
+StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir,
+                                           std::optional<uint32_t> passes_done) {
   std::optional<uint32_t> server_id;
   {
     absl::MutexLock lock(&mu_);
@@ -313,13 +396,18 @@ StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir) {
   if (!broken_.ok()) return broken_;
   if (tables_.empty()) return absl::FailedPreconditionError("no tables yet: nothing to export");
   const absl::Time start = absl::Now();
+  if (passes_done.has_value()) {
+    NotePassesDone(*passes_done);
+    RETURN_IF_ERROR_CTX(ExpireLocked(*passes_done), "deleting expired rows before the export");
+  }
   if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked());
   ExportInfo info;
   for (const std::unique_ptr<Table>& table : tables_) {
     ASSIGN_OR_RETURN(ExportPart part, ExportPart::Create(dir, *table, *server_id));
     if (store_ != nullptr) {
       // Every row is in the store once flushed; rows in memory are the same.
-      const size_t row_bytes = sizeof(float) * table->row_floats();
+      // (A stored row may end in its last pass, which the export leaves out.)
+      const size_t row_bytes = sizeof(float) * table->stored_floats();
       RETURN_IF_ERROR(store_->Scan(table->spec().id(), [&](uint64_t key, absl::string_view value) {
         if (value.size() != row_bytes) {
           return absl::DataLossError(absl::StrCat("key ", key, " of table '", table->spec().name(),
@@ -576,7 +664,7 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
   StatusOr<std::vector<std::unique_ptr<Table>>> tables = absl::UnknownError("not made");
   if (store.ok()) {
     queue = std::make_unique<WriteQueue>(store->get());
-    tables = MakeTables(job, options_, store->get(), queue.get(), budget.get());
+    tables = MakeTables(job, options_, store->get(), queue.get(), budget.get(), &pass_);
   }
   Status reopened = !store.ok() ? store.status() : tables.status();
   {
@@ -683,6 +771,8 @@ StorageStats ServerStorage::stats() const {
   stats.last_flush_ms = last_flush_ms_;
   stats.flushes = flushes_;
   stats.updates_refused += dropped_updates_refused_;
+  stats.rows_expired = rows_expired_;
+  stats.passes_done = passes_due_;
   return stats;
 }
 

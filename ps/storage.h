@@ -22,6 +22,14 @@
 // restore_checkpoint = N replaces its database by DATA_DIR/checkpoints/N
 // before opening it; a running one replaces it with Restore(path).
 //
+// Expiry (TableSpec.ttl_passes): NotePassesDone(D) tells the storage the
+// job completed D training passes (the master's heartbeat says so); an
+// expirer thread then deletes the rows of every table that expired with
+// them (Table::Expire), and compacts a table's store when that deleted at
+// least an eighth of its rows, so that the disk shrinks now rather than as
+// later writes compact it. Rows pushed without naming their pass count as
+// pushed in pass D.
+//
 // The server's identity: SetServerId records the id the master gave this
 // server in DATA_DIR/SERVER, so that a server restarted on its dir asks for
 // the same slot again (stored_server_id).
@@ -36,6 +44,7 @@
 #ifndef EPS_PS_STORAGE_H_
 #define EPS_PS_STORAGE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -103,6 +112,10 @@ struct StorageStats {
   uint64_t rows_admitted = 0;
   uint64_t updates_rejected = 0;
   uint64_t admission_candidates = 0;
+  // Rows expired (TableSpec.ttl_passes), every table, since the storage
+  // opened; and the passes done as last told (NotePassesDone).
+  uint64_t rows_expired = 0;
+  uint32_t passes_done = 0;
   double last_flush_ms = 0;   // queueing + writing of the last flush
   uint64_t flushes = 0;
 };
@@ -170,7 +183,16 @@ class ServerStorage {
   // (the master exports at the end of the job). Files appear whole or not
   // at all. kFailedPrecondition before SetServerId or CreateTables;
   // kUnavailable naming the file on I/O errors; the store's errors.
-  StatusOr<ExportInfo> Export(const std::string& dir);
+  // With `passes_done`, first deletes the rows that expired with those
+  // passes (as NotePassesDone, but before returning).
+  StatusOr<ExportInfo> Export(const std::string& dir,
+                              std::optional<uint32_t> passes_done = std::nullopt);
+
+  // The job completed `passes_done` training passes (see Expiry above):
+  // rows pushed without naming their pass count as pushed in this one, and
+  // the expirer deletes what expired, in the background. Cheap: the
+  // heartbeat thread calls it.
+  void NotePassesDone(uint32_t passes_done) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A warm start: loads the rows of the model export in `dir` that
   // `owned` accepts (by their key in this job: the feature id, or the
@@ -245,6 +267,11 @@ class ServerStorage {
   void StartFlusher() ABSL_LOCKS_EXCLUDED(mu_);
   void StopFlusher() ABSL_LOCKS_EXCLUDED(mu_);
   void FlushLoop();
+  void ExpireLoop();
+  // Deletes what expired once `passes_done` passes are done, unless that
+  // was done already since the tables were made.
+  Status ExpireLocked(uint32_t passes_done) ABSL_SHARED_LOCKS_REQUIRED(state_mu_)
+      ABSL_LOCKS_EXCLUDED(expire_mu_, mu_);
 
   const StorageOptions options_;
   // Guards what Restore swaps. Held shared by flushes, checkpoints, stats()
@@ -260,6 +287,12 @@ class ServerStorage {
   // Started by CreateTables, stopped and restarted by Restore, joined by the
   // destructor (never concurrently: see the thread-safety note).
   std::thread flusher_;
+  // With expiry: started, stopped and joined as the flusher.
+  std::thread expirer_;
+  // The training pass in progress, for the tables (TableStorage.pass).
+  std::atomic<uint32_t> pass_{0};
+  // Serialises sweeps (the expirer's and an export's). Taken after state_mu_.
+  absl::Mutex expire_mu_ ABSL_ACQUIRED_AFTER(state_mu_);
   // Serialises flushes and checkpoints. Taken after state_mu_.
   absl::Mutex flush_mu_ ABSL_ACQUIRED_AFTER(state_mu_);
 
@@ -273,6 +306,11 @@ class ServerStorage {
   mutable std::string write_error_ ABSL_GUARDED_BY(mu_);
   // The updates_refused of the tables Restore dropped.
   uint64_t dropped_updates_refused_ ABSL_GUARDED_BY(mu_) = 0;
+  // Expiry: the passes done as last told, those the last sweep of these
+  // tables was for (reset when Restore makes new ones), rows deleted.
+  uint32_t passes_due_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<uint32_t> swept_through_ ABSL_GUARDED_BY(mu_);
+  uint64_t rows_expired_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace eps

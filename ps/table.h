@@ -5,8 +5,16 @@
 // updated by the table's optimizer. Under admission
 // (TableSpec.admission_min_count >= 2) a row is made only by the push that
 // admits its id (ps/admission.h): pulls of an id without a row read its
-// initializer's values, and pushes to it are dropped until then. A row is its weights followed by its
-// optimizer state.
+// initializer's values, and pushes to it are dropped until then. A row is
+// its weights followed by its optimizer state (row_floats()).
+//
+// Expiry (TableSpec.ttl_passes >= 1): each row also keeps the last training
+// pass (0-based epoch) that pushed to it, after its optimizer state
+// (stored_floats() = row_floats() + 1; a new row counts as pushed in the
+// pass in progress, a warm start's rows in the pass before the job's first).
+// Expire(D), once D passes are done, deletes every row last pushed in a
+// pass p with p + ttl_passes < D (untrained for ttl_passes passes), from
+// memory and from the store.
 //
 // Hot tier: 64 lock stripes (by key hash), each an open-addressing index
 // (8-byte entries: a hash tag and a slot) over an arena of fixed-size rows
@@ -71,6 +79,9 @@ struct TableStorage {
   // Under admission (TableSpec.admission_min_count): the new ids counted at
   // most (ps/admission.h).
   uint64_t admission_candidates = uint64_t{1} << 20;
+  // Under expiry (TableSpec.ttl_passes): the training pass in progress (the
+  // passes done), for rows pushed without naming their pass; null is 0.
+  const std::atomic<uint32_t>* pass = nullptr;
 };
 
 struct TableStats {
@@ -88,6 +99,8 @@ struct TableStats {
   uint64_t rows_admitted = 0;
   uint64_t updates_rejected = 0;
   uint64_t admission_candidates = 0;
+  // Under expiry (TableSpec.ttl_passes): rows Expire deleted.
+  uint64_t rows_expired = 0;
 };
 
 class Table {
@@ -120,15 +133,16 @@ class Table {
   // the push still succeeds. With write_every_push, returns once the rows are durable
   // (kDeadlineExceeded after durability_timeout). Errors as Pull.
   // `lr_scale` multiplies the optimizer's learning rate for these updates
-  // (Optimizer::Apply). `created` as Pull's. REQUIRES: grads.size() ==
-  // keys.size() * dim(), lr_scale finite and > 0.
+  // (Optimizer::Apply). `created` as Pull's. `pass` is 1 + the training
+  // pass the gradients come from (0: the pass in progress), for expiry.
+  // REQUIRES: grads.size() == keys.size() * dim(), lr_scale finite and > 0.
   virtual Status Push(std::span<const uint64_t> keys, std::span<const float> grads,
-                      float lr_scale, uint64_t* created) = 0;
+                      float lr_scale, uint64_t* created, uint32_t pass) = 0;
   Status Push(std::span<const uint64_t> keys, std::span<const float> grads, float lr_scale) {
-    return Push(keys, grads, lr_scale, nullptr);
+    return Push(keys, grads, lr_scale, nullptr, 0);
   }
   Status Push(std::span<const uint64_t> keys, std::span<const float> grads) {
-    return Push(keys, grads, 1.0f, nullptr);
+    return Push(keys, grads, 1.0f, nullptr, 0);
   }
 
   // Sets the rows of `keys`, as changed rows (a warm start's import): each
@@ -152,8 +166,20 @@ class Table {
   // without a budget.
   virtual uint64_t EvictToBudget() = 0;
 
-  // Floats per stored row: dim() weights, then the optimizer's state.
+  // Deletes the rows that expired once `passes_done` training passes are
+  // done (see above): those in memory that are not waiting to be written,
+  // and those only in the store (read by one streaming Scan), queueing the
+  // store's deletions in order with its writes; returns how many, once
+  // they are durable. A row pushed while it is being deleted may stay (or
+  // start again from its initializer). Returns 0 at once without expiry.
+  // The store's errors (kUnavailable, kDataLoss naming the table).
+  virtual StatusOr<uint64_t> Expire(uint32_t passes_done) = 0;
+
+  // Floats per row in the model: dim() weights, then the optimizer's state.
   virtual uint32_t row_floats() const = 0;
+  // Floats per row in memory and the store: row_floats(), then under
+  // expiry the row's last pass (an int32's bits).
+  virtual uint32_t stored_floats() const = 0;
   // Calls visit(key, row) (row_floats() floats) for every row held in
   // memory, stripe by stripe under each stripe's lock: rows pushed to
   // meanwhile may be seen before or after the push. Rows only in the store

@@ -24,6 +24,12 @@ uint64_t WriteQueue::Append(uint32_t table, uint64_t key, const void* bytes, siz
   return next_seq_++;
 }
 
+uint64_t WriteQueue::AppendErase(uint32_t table, uint64_t key) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(Entry{table, key, std::string(), /*erase=*/true});
+  return next_seq_++;
+}
+
 Status WriteQueue::WaitDurable(uint64_t seq, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto done = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -74,7 +80,7 @@ void WriteQueue::CommitLoop() {
     writes.clear();
     writes.reserve(batch.size());
     for (const Entry& entry : batch) {
-      writes.push_back(KvWrite{entry.table, entry.key, entry.bytes});
+      writes.push_back(KvWrite{entry.table, entry.key, entry.bytes, entry.erase});
     }
     const absl::Time start = absl::Now();
     Status written = store_->Write(writes, /*sync=*/false);

@@ -37,6 +37,9 @@ class WriteQueue {
 
   // Queues a row image; returns its sequence number (rising from 1).
   uint64_t Append(uint32_t table, uint64_t key, const void* bytes, size_t size);
+  // Queues the deletion of a row (an expired one), in order with the
+  // images; returns its sequence number.
+  uint64_t AppendErase(uint32_t table, uint64_t key);
 
   // Highest sequence number written to the store (every lower one too).
   uint64_t durable_seq() const { return durable_seq_.load(std::memory_order_acquire); }
@@ -66,6 +69,7 @@ class WriteQueue {
     uint32_t table;
     uint64_t key;
     std::string bytes;
+    bool erase = false;
   };
   void CommitLoop();
 

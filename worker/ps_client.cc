@@ -248,7 +248,8 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
 }
 
 Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
-                      float lr_scale, const Versions* based_on, Versions* versions) {
+                      float lr_scale, const Versions* based_on, Versions* versions,
+                      uint32_t pass) {
   const ScopedLatency timer(push_latency_);
   if (versions != nullptr) versions->assign(tables.size(), {});
   CHECK_EQ(tables.size(), grads.size());
@@ -261,6 +262,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     proto::PushRequest* body = message.header().mutable_push_request();
     body->set_client_seq(++push_seq_);
     if (lr_scale != 1.0f) body->set_lr_scale(lr_scale);
+    body->set_pass(pass);
     for (const Piece& piece : request.pieces) {
       const uint32_t dim = table(tables[piece.table].table_id).dim();
       body->add_table_ids(tables[piece.table].table_id);

@@ -72,11 +72,13 @@ class PsClient {
   // from (a Pull's; a table with no entries: not known), so it measures
   // their staleness; `versions` (when
   // given) gets each server's versions once the push is applied (the
-  // highest when it took a table in several messages).
+  // highest when it took a table in several messages). `pass` is 1 + the
+  // training pass (epoch) the gradients come from, 0 when not known
+  // (PushRequest.pass).
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
   Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
               float lr_scale = 1.0f, const Versions* based_on = nullptr,
-              Versions* versions = nullptr);
+              Versions* versions = nullptr, uint32_t pass = 0);
 
   const proto::TableSpec& table(uint32_t id) const { return job_.tables(static_cast<int>(id)); }
 

@@ -126,8 +126,10 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
                     0.0f);
   }
   // Pushed by the pipeline, from its thread, while the next step computes.
+  // The pass the rows were trained in (for ps.ttl_passes).
+  const uint32_t pass = prepared.shard.epoch() + 1;
   result->pushes.push_back([this, &session, batch = std::move(batch), copy,
-                            grads = std::move(grads), lr_scale](
+                            grads = std::move(grads), lr_scale, pass](
                                StepPipeline::Lane& lane, PsClient::Versions* applied) -> Status {
     const std::vector<ParamSpec>& specs = model_->params();
     std::vector<PsClient::Keys> keys(specs.size());
@@ -143,7 +145,8 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
     // be another worker's by now.
     RETURN_IF_ERROR(CheckLease(session));
     RETURN_IF_ERROR(Annotate(
-        lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr, applied), "push"));
+        lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr, applied, pass),
+        "push"));
     records_pushed_.fetch_add(static_cast<uint64_t>(batch->size()));
     return absl::OkStatus();
   });

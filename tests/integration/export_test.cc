@@ -260,9 +260,18 @@ TEST(Export, AWarmStartedJobTrainsOnFromTheExport) {
   ASSERT_NO_FATAL_FAILURE(TrainAndExport(
       dir, "dlrm", &warm, &warm_master,
       {"--data.train=" + days[1], "--job.init_from=" + dir.Join("day1")}, /*servers=*/1, "warm"));
-  ASSERT_NO_FATAL_FAILURE(
-      TrainAndExport(dir, "dlrm", &day2_alone, nullptr, {"--data.train=" + days[1]}, 2, "day2"));
+  std::string day2_master;
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, "dlrm", &day2_alone, &day2_master,
+                                         {"--data.train=" + days[1]}, 2, "day2"));
   ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, "dlrm", &both, nullptr, {}, 2, "both"));
+  // Expiry: the warm start again with ps.ttl_passes = 1, so that the rows
+  // of day 1 that day 2 does not train go when its one pass ends.
+  json pruned;
+  std::string pruned_master;
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(
+      dir, "dlrm", &pruned, &pruned_master,
+      {"--data.train=" + days[1], "--job.init_from=" + dir.Join("day1"), "--ps.ttl_passes=1"},
+      /*servers=*/2, "pruned"));
   const std::vector<json> loaded = EventsNamed(ReadEvents(warm_master), "model_loaded");
   ASSERT_EQ(loaded.size(), 1u);
   EXPECT_GT(loaded[0]["rows"].get<uint64_t>(), 10000u);
@@ -274,6 +283,24 @@ TEST(Export, AWarmStartedJobTrainsOnFromTheExport) {
   // Days 1 and 2 in one job mix the days (shards are shuffled): on drifting
   // data the warm start, which sees day 2 last, does at least as well.
   EXPECT_GE(auc(warm), auc(both) - 0.002);
+
+  const auto exported = [](const std::string& master_dir) {
+    const std::vector<json> events = EventsNamed(ReadEvents(master_dir), "model_exported");
+    return events.size() == 1 ? events[0] : json::object();
+  };
+  const uint64_t warm_rows = exported(warm_master).value("rows", uint64_t{0});
+  const uint64_t day2_rows = exported(day2_master).value("rows", uint64_t{0});
+  const uint64_t pruned_rows = exported(pruned_master).value("rows", uint64_t{0});
+  const uint64_t expired = exported(pruned_master).value("rows_expired", uint64_t{0});
+  std::cout << "rows exported: warm start " << warm_rows << ", warm start with ps.ttl_passes = 1 "
+            << pruned_rows << " (" << expired << " expired; day 2 alone " << day2_rows
+            << "); eval AUC " << auc(pruned) << "\n";
+  // What stays is exactly what day 2 trained; what went, the rest.
+  ASSERT_GT(day2_rows, 0u);
+  EXPECT_EQ(pruned_rows, day2_rows);
+  EXPECT_EQ(expired, warm_rows - pruned_rows);
+  EXPECT_GT(expired, 0u);
+  EXPECT_NEAR(auc(pruned), auc(warm), 0.005);
 }
 
 // A warm start from a model of another size is refused by name.

@@ -207,6 +207,43 @@ TEST_P(KvStoreConformance, LaterWritesOfAKeyInOneBatchWin) {
   EXPECT_EQ(read.values[1], ValueFor(9, 1, 8));
 }
 
+TEST_P(KvStoreConformance, ErasesApplyInOrderWithPutsAndCompactKeepsTheRest) {
+  ASSERT_TRUE(store().CreateTable(1).ok());
+  ASSERT_TRUE(store()
+                  .Write(WritesFor(1, {4, 9, 12}, {ValueFor(4, 1, 8), ValueFor(9, 1, 8),
+                                                    ValueFor(12, 1, 8)}),
+                         /*sync=*/false)
+                  .ok());
+  // 4 erased, 9 erased then written again, 12 written then erased; 77 was
+  // never there.
+  std::vector<KvWrite> writes = {KvWrite{1, 4, {}, /*erase=*/true},
+                                 KvWrite{1, 9, {}, /*erase=*/true},
+                                 KvWrite{1, 12, {}, /*erase=*/false},
+                                 KvWrite{1, 12, {}, /*erase=*/true},
+                                 KvWrite{1, 77, {}, /*erase=*/true}};
+  const std::string nine = ValueFor(9, 2, 8);
+  writes.insert(writes.begin() + 2, KvWrite{1, 9, nine});
+  const std::string twelve = ValueFor(12, 2, 8);
+  writes[3].value = twelve;
+  ASSERT_TRUE(store().Write(writes, /*sync=*/false).ok());
+  ASSERT_TRUE(store().Compact(1).ok());
+  Read read = Get(store(), 1, {4, 9, 12, 77}, 8);
+  ASSERT_TRUE(read.status.ok()) << read.status;
+  EXPECT_FALSE(read.values[0].has_value());
+  EXPECT_EQ(read.values[1], nine);
+  EXPECT_FALSE(read.values[2].has_value());
+  EXPECT_FALSE(read.values[3].has_value());
+  std::vector<uint64_t> scanned;
+  ASSERT_TRUE(store()
+                  .Scan(1, [&](uint64_t key, absl::string_view) {
+                    scanned.push_back(key);
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(scanned, std::vector<uint64_t>{9});
+  EXPECT_EQ(store().Compact(5).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_P(KvStoreConformance, ABatchWithAnUnknownTableWritesNothing) {
   ASSERT_TRUE(store().CreateTable(1).ok());
   ASSERT_TRUE(store().Write(WritesFor(1, {1}, {ValueFor(1, 1, 8)}), /*sync=*/false).ok());
@@ -574,6 +611,40 @@ TEST_F(RocksKvStoreTest, SizesGrowWithWrites) {
   EXPECT_GT(bytes, empty_bytes);
   EXPECT_GE(bytes, raw / 2) << "raw " << raw;
   EXPECT_LE(bytes, raw * 3) << "raw " << raw;
+}
+
+// Erased rows leave the disk once the table is compacted.
+TEST_F(RocksKvStoreTest, CompactionGivesBackTheSpaceOfErasedRows) {
+  constexpr uint64_t kRows = 20000;
+  constexpr size_t kBytes = 64;
+  std::unique_ptr<KvStore> store = OpenRocks(Path("db"));
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->CreateTable(1).ok());
+  Fill(*store, 1, kRows, 1, kBytes);
+  ASSERT_TRUE(store->Compact(1).ok());
+  const uint64_t full = store->ApproximateDiskBytes();
+  ASSERT_GE(full, kRows * (8 + kBytes) / 2);
+  // Erase 3 rows in 4.
+  std::vector<KvWrite> erases;
+  for (uint64_t i = 0; i < kRows; ++i) {
+    if (i % 4 != 0) erases.push_back(KvWrite{1, 3 * i, {}, /*erase=*/true});
+  }
+  ASSERT_TRUE(store->Write(erases, /*sync=*/false).ok());
+  ASSERT_TRUE(store->Compact(1).ok());
+  const uint64_t after = store->ApproximateDiskBytes();
+  EXPECT_LT(after, full / 2) << "before " << full;
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 0; i < kRows; i += 997) keys.push_back(3 * i);
+  Read read = Get(*store, 1, keys, kBytes);
+  ASSERT_TRUE(read.status.ok()) << read.status;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const uint64_t i = keys[k] / 3;
+    if (i % 4 == 0) {
+      EXPECT_EQ(read.values[k], ValueFor(keys[k], 1, kBytes));
+    } else {
+      EXPECT_FALSE(read.values[k].has_value()) << "key " << keys[k];
+    }
+  }
 }
 
 // The store's own memory: memtables while rows are unflushed, then the

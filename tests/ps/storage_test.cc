@@ -259,6 +259,50 @@ TEST(ServerStorage, ExportWritesEveryRowEvictedOrNot) {
   ExpectExported(*storage, dir.Join("model"), 0, keys, -2.0f);
 }
 
+// Expiry: once told a pass is done the expirer deletes what went untrained
+// for ttl_passes, from the store too, and the store shrinks; the export
+// leaves out the rows' last pass.
+TEST(ServerStorage, ExpiredRowsLeaveTheStoreWhichShrinks) {
+  TempDir dir;
+  StorageOptions options;
+  options.data_dir = dir.Join("data");
+  options.memory_budget_mb = 1;
+  proto::JobSpec job = TwoTables();
+  job.mutable_tables(1)->set_ttl_passes(1);
+  std::unique_ptr<ServerStorage> storage = MustOpen(options, job);
+  ASSERT_NE(storage, nullptr);
+  ASSERT_TRUE(storage->SetServerId(4).ok());
+  // Pass 0 trains 40,000 rows of "wide" (and 1,000 of "emb", which keeps
+  // every row); pass 1 trains 4,000 of them again.
+  const std::vector<uint64_t> all = Keys(1, 40000);
+  const std::vector<uint64_t> kept(all.begin(), all.begin() + 4000);
+  PushAll(*storage, 1, all, 2.0f);
+  PushAll(*storage, 0, Keys(5, 1000), 2.0f);
+  storage->NotePassesDone(1);
+  PushAll(*storage, 1, kept, 2.0f);
+  ASSERT_TRUE(storage->Flush().ok());
+  ASSERT_GT(storage->stats().evictions, 0u);
+  const uint64_t disk_before = storage->stats().disk_bytes;
+  EXPECT_EQ(storage->stats().rows_expired, 0u);
+
+  storage->NotePassesDone(2);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (storage->stats().rows_expired < 36000 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const StorageStats stats = storage->stats();
+  EXPECT_EQ(stats.rows_expired, 36000u);
+  EXPECT_EQ(stats.passes_done, 2u);
+  EXPECT_LT(stats.disk_bytes, disk_before / 2) << "before " << disk_before;
+  ExpectAll(*storage, 1, {all[4000], all[39999]}, 0.0f, "expired rows start anew");
+
+  StatusOr<ExportInfo> info = storage->Export(dir.Join("model"), 2);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->rows, 5000u);
+  ExpectExported(*storage, dir.Join("model"), 1, kept, -2.0f);
+  ExpectExported(*storage, dir.Join("model"), 0, Keys(5, 1000), -1.0f);
+}
+
 TEST(ServerStorage, ExportOfAMemoryOnlyServerWritesItsRows) {
   TempDir dir;
   std::unique_ptr<ServerStorage> storage = MustOpen(StorageOptions{});

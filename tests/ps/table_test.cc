@@ -365,7 +365,7 @@ TEST(TableAdmission, AnIdGetsARowOnlyAtItsMinCountthPush) {
     EXPECT_EQ(PullAll(*table, {11}), InitialRow(spec, 42, 11)) << "dropped push " << push;
   }
   uint64_t created = 0;
-  ASSERT_TRUE(table->Push(key, grad, 1.0f, &created).ok());
+  ASSERT_TRUE(table->Push(key, grad, 1.0f, &created, 0).ok());
   EXPECT_EQ(created, 1u);
   EXPECT_EQ(table->num_rows(), 1u);
   // Made by the initializer, then the admitting push's gradient applied.

@@ -101,6 +101,7 @@ class FailingKvStore final : public KvStore {
     if (fail_reads) return absl::UnavailableError("injected read failure");
     return base_->Scan(table, visit);
   }
+  Status Compact(uint32_t table) override { return base_->Compact(table); }
   Status Checkpoint(const std::string& dir) override { return base_->Checkpoint(dir); }
   uint64_t ApproximateRows(uint32_t table) override { return base_->ApproximateRows(table); }
   uint64_t ApproximateDiskBytes() override { return base_->ApproximateDiskBytes(); }
