@@ -376,6 +376,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("ps.flush_interval_ms", &ps.flush_interval_ms, "longest time rows stay unflushed");
   v.Visit("ps.durability", &ps.durability, "flush or every_push");
   v.Visit("ps.dense_chunk_floats", &ps.dense_chunk_floats, "floats per dense-tensor chunk");
+  v.Visit("ps.max_new_rows_s", &ps.max_new_rows_s,
+          "rows all workers together may create per second on a server, 0 unlimited");
   v.Visit("ps.max_new_rows_per_worker_s", &ps.max_new_rows_per_worker_s,
           "rows one worker may create per second on a server, 0 unlimited");
   v.Visit("ps.admission_min_count", &ps.admission_min_count,
@@ -384,6 +386,9 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "memory per table for counting ids not admitted yet, MiB");
   v.Visit("ps.ttl_passes", &ps.ttl_passes,
           "passes an embedding row may go untrained before it is deleted; 0 keeps every row");
+  v.Visit("ps.per_table", &ps.per_table,
+          "admission_min_count and ttl_passes per embedding table, "
+          "TABLE:key=value[,key=value...][;TABLE:...]");
 
   v.Visit("worker.batch_size", &worker.batch_size,
           "records per batch, or auto (min_batch_size..max_batch_size by throughput)");
@@ -412,6 +417,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "a worker holding a shard without committing for this long is fenced");
   v.Visit("master.worker_wait_s", &master.worker_wait_s,
           "stop when no worker is alive for this long; 0 wait forever");
+  v.Visit("master.max_workers", &master.max_workers,
+          "live workers admitted at most; 0 sized to autoscale.max_workers");
 
   v.Visit("checkpoint.interval_s", &checkpoint.interval_s, "seconds between checkpoints");
   v.Visit("checkpoint.keep", &checkpoint.keep, "checkpoints each server keeps");
@@ -549,6 +556,7 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckRange("ps.flush_interval_ms", ps.flush_interval_ms, 1, kDayMs, "a day"));
   RETURN_IF_ERROR(
       CheckRange("ps.dense_chunk_floats", ps.dense_chunk_floats, 1, 1 << 20, "4 MiB chunks"));
+  RETURN_IF_ERROR(CheckRange("ps.max_new_rows_s", ps.max_new_rows_s, 0, int64_t{1} << 40));
   RETURN_IF_ERROR(CheckRange("ps.max_new_rows_per_worker_s", ps.max_new_rows_per_worker_s, 0,
                              int64_t{1} << 40));
   RETURN_IF_ERROR(CheckRange("ps.admission_min_count", ps.admission_min_count, 0, 65535));
@@ -563,6 +571,7 @@ Status JobConfig::Validate() const {
   }
   RETURN_IF_ERROR(CheckRange("ps.admission_memory_mb", ps.admission_memory_mb, 1, 65536));
   RETURN_IF_ERROR(CheckRange("ps.ttl_passes", ps.ttl_passes, 0, 65535));
+  RETURN_IF_ERROR(RowPolicies().status());
 
   if (worker.batch_size.automatic) {
     RETURN_IF_ERROR(CheckRange("worker.max_batch_size", worker.max_batch_size, 1, 1 << 20));
@@ -600,6 +609,7 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(
       CheckRange("master.progress_timeout_s", master.progress_timeout_s, 1, kWeekS, "a week"));
   RETURN_IF_ERROR(CheckRange("master.worker_wait_s", master.worker_wait_s, 0, kWeekS, "a week"));
+  RETURN_IF_ERROR(CheckRange("master.max_workers", master.max_workers, 0, 65536));
 
   RETURN_IF_ERROR(CheckRange("checkpoint.interval_s", checkpoint.interval_s, 1, kWeekS, "a week"));
   RETURN_IF_ERROR(CheckRange("checkpoint.keep", checkpoint.keep, 1, 1000));
@@ -661,6 +671,53 @@ Status ApplyOptimizerSettings(absl::string_view settings,
 }
 
 }  // namespace
+
+int64_t JobConfig::MaxWorkers() const {
+  if (master.max_workers > 0) return master.max_workers;
+  if (autoscale.source == "none") return 256;
+  return autoscale.max_workers + std::max<int64_t>(8, autoscale.max_workers / 4);
+}
+
+StatusOr<std::map<std::string, JobConfig::RowPolicy>> JobConfig::RowPolicies() const {
+  constexpr char kOption[] = "ps.per_table";
+  std::map<std::string, RowPolicy> policies;
+  for (absl::string_view entry : absl::StrSplit(ps.per_table, ';')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) continue;
+    auto bad = [&](absl::string_view why) {
+      return OptionError(kOption, absl::StrCat("entry '", entry, "': ", why));
+    };
+    const size_t colon = entry.find(':');
+    if (colon == absl::string_view::npos) return bad("expected TABLE:key=value[,key=value...]");
+    const std::string table(absl::StripAsciiWhitespace(entry.substr(0, colon)));
+    if (table.empty()) return bad("no table name before ':'");
+    if (policies.contains(table)) {
+      return bad(absl::StrCat("table '", table, "' is named in more than one entry"));
+    }
+    RowPolicy policy{.admission_min_count = ps.admission_min_count, .ttl_passes = ps.ttl_passes};
+    std::set<std::string> keys_seen;
+    for (absl::string_view setting : absl::StrSplit(entry.substr(colon + 1), ',')) {
+      setting = absl::StripAsciiWhitespace(setting);
+      const size_t eq = setting.find('=');
+      if (eq == absl::string_view::npos) return bad(absl::StrCat("'", setting, "' is not key=value"));
+      const std::string key(absl::StripAsciiWhitespace(setting.substr(0, eq)));
+      const absl::string_view value = absl::StripAsciiWhitespace(setting.substr(eq + 1));
+      if (!keys_seen.insert(key).second) return bad(absl::StrCat("key '", key, "' is set twice"));
+      int64_t* field = key == "admission_min_count" ? &policy.admission_min_count
+                       : key == "ttl_passes"        ? &policy.ttl_passes
+                                                    : nullptr;
+      if (field == nullptr) {
+        return bad(absl::StrCat("unknown key '", key,
+                                "' (known: admission_min_count, ttl_passes)"));
+      }
+      if (!absl::SimpleAtoi(value, field) || *field < 0 || *field > 65535) {
+        return bad(absl::StrCat(key, " = '", value, "' is not an integer in [0, 65535]"));
+      }
+    }
+    policies.emplace(table, policy);
+  }
+  return policies;
+}
 
 StatusOr<JobConfig::Optimizer> JobConfig::MlpOptimizer() const {
   Optimizer mlp = optimizer;

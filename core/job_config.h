@@ -223,6 +223,9 @@ struct JobConfig {
     // unlimited. A worker over it is told to slow down (ps/row_quota.h).
     // Default 4000000.
     int64_t max_new_rows_per_worker_s = 4'000'000;
+    // The same for all workers together (one key holder registered under
+    // many ids counts once), in [0, 2^40]; 0 = unlimited. Default 16000000.
+    int64_t max_new_rows_s = 16'000'000;
     // Admission: a feature id gets a row in an embedding table only at its
     // admission_min_count-th push (until then it reads as its initializer
     // makes it and its gradients are dropped); 0 or 1 = every id at once.
@@ -238,6 +241,10 @@ struct JobConfig {
     // trained in the pass before the job's first); 0 keeps every row. In
     // [0, 65535]. Default 0.
     int64_t ttl_passes = 0;
+    // admission_min_count and ttl_passes for named embedding tables, over
+    // the values above: "TABLE:key=value[,key=value...][;TABLE:...]", e.g.
+    // "wdl.wide:ttl_passes=2;wdl.emb:admission_min_count=3". Default empty.
+    std::string per_table;
   } ps;
 
   struct Worker {
@@ -315,6 +322,11 @@ struct JobConfig {
     // stops resumably; 0 = wait for workers forever. In [0, 604800].
     // Default 3600.
     int64_t worker_wait_s = 3600;
+    // Live workers the master admits at most (a holder of the worker key
+    // cannot register ids without end); another is refused until one
+    // leaves. 0 = automatic: autoscale.max_workers + max(8, a quarter of
+    // it) with [autoscale] on, else 256. In [0, 65536]. Default 0.
+    int64_t max_workers = 0;
   } master;
 
   struct Checkpoint {
@@ -450,6 +462,21 @@ struct JobConfig {
   // layers: their entries apply over MlpOptimizer() instead.
   StatusOr<std::map<std::string, Optimizer>> OptimizerOverrides(
       const std::function<bool(absl::string_view)>& is_mlp = nullptr) const;
+
+  // master.max_workers, with 0 resolved (see there).
+  int64_t MaxWorkers() const;
+
+  // The row policy (admission and expiry) of every embedding table
+  // ps.per_table names: ps.admission_min_count and ps.ttl_passes with that
+  // table's entry applied. Table names are not checked against a model
+  // here. kInvalidArgument naming ps.per_table and the bad piece (payload
+  // as for Validate): a malformed entry, an unknown key, a key set twice, a
+  // table named twice, a value out of range.
+  struct RowPolicy {
+    int64_t admission_min_count = 0;
+    int64_t ttl_passes = 0;
+  };
+  StatusOr<std::map<std::string, RowPolicy>> RowPolicies() const;
 
   // The settings of every MLP layer a per_table entry does not name:
   // [optimizer] with optimizer.mlp applied (its per_table and mlp are

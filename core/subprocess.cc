@@ -159,6 +159,19 @@ StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv, absl::D
   return result;
 }
 
+std::string ShellQuoted(absl::string_view text) {
+  std::string out = "'";
+  for (char c : text) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out.push_back(c);
+    }
+  }
+  out += "'";
+  return out;
+}
+
 StatusOr<CommandResult> RunShell(const std::string& command, absl::Duration timeout,
                                  size_t max_output) {
   return RunCommand({"/bin/sh", "-c", command}, timeout, max_output);

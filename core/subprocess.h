@@ -51,6 +51,10 @@ StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv, absl::D
 StatusOr<CommandResult> RunShell(const std::string& command, absl::Duration timeout,
                                  size_t max_output = 1 << 20);
 
+// `text` as one word for sh, whatever it holds: in single quotes, each
+// single quote in it written '\''.
+std::string ShellQuoted(absl::string_view text);
+
 // "the command's stderr tail (exit N)": one line for an error message.
 std::string DescribeFailure(const CommandResult& result);
 // What a command printed, in single quotes and cut to 200 characters

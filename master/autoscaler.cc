@@ -152,10 +152,11 @@ class CommandLauncher final : public WorkerLauncher {
         context_(context) {}
 
   StatusOr<std::string> Start(uint64_t launch_id) override {
+    // Each value one word, whatever it holds (a ';' in a data dir's name).
     const std::string command =
-        absl::StrReplaceAll(start_, {{"{id}", absl::StrCat(launch_id)},
-                                     {"{master}", context_.master_endpoint},
-                                     {"{config}", context_.worker_config}});
+        absl::StrReplaceAll(start_, {{"{id}", ShellQuoted(absl::StrCat(launch_id))},
+                                     {"{master}", ShellQuoted(context_.master_endpoint)},
+                                     {"{config}", ShellQuoted(context_.worker_config)}});
     ASSIGN_OR_RETURN(CommandResult result, RunShell(command, timeout_, /*max_output=*/4096));
     if (result.exit_code != 0) {
       return absl::UnavailableError(
@@ -168,9 +169,10 @@ class CommandLauncher final : public WorkerLauncher {
   }
 
   Status Stop(uint64_t launch_id, const std::string& handle, bool force) override {
+    // The handle is what a command printed: one word, never a command.
     const std::string command =
-        absl::StrReplaceAll(stop_, {{"{id}", absl::StrCat(launch_id)},
-                                    {"{handle}", handle},
+        absl::StrReplaceAll(stop_, {{"{id}", ShellQuoted(absl::StrCat(launch_id))},
+                                    {"{handle}", ShellQuoted(handle)},
                                     {"{signal}", force ? "KILL" : "TERM"}});
     ASSIGN_OR_RETURN(CommandResult result, RunShell(command, timeout_, /*max_output=*/4096));
     if (result.exit_code != 0) {

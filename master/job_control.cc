@@ -39,7 +39,9 @@ JobControl::JobControl(const JobConfig& job, proto::JobSpec spec, std::string fi
       membership_(job, events),
       progress_(job, events),
       checkpoints_(job, events),
-      meter_(absl::Seconds(job.job.progress_interval_s), now) {}
+      meter_(absl::Seconds(job.job.progress_interval_s), now),
+      registrations_left_(static_cast<double>(job.MaxWorkers())),
+      registrations_refilled_(now) {}
 
 // --- Startup ------------------------------------------------------------------
 
@@ -206,6 +208,27 @@ Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, a
                  << "): " << options.message();
     return options;
   }
+  const int64_t max_workers = job_.MaxWorkers();
+  if (membership_.alive_workers() >= static_cast<size_t>(max_workers)) {
+    return ErrorWithReason(absl::StatusCode::kResourceExhausted,
+                           absl::StrCat("the job has ", max_workers,
+                                        " live workers, its master.max_workers; wait for one "
+                                        "to leave (or raise master.max_workers)"),
+                           proto::SLOW_DOWN);
+  }
+  const double refill = std::max<double>(8.0, static_cast<double>(max_workers) / 8);
+  registrations_left_ =
+      std::min(static_cast<double>(max_workers),
+               registrations_left_ +
+                   refill * absl::ToDoubleSeconds(now - registrations_refilled_));
+  registrations_refilled_ = now;
+  if (registrations_left_ < 1) {
+    return ErrorWithReason(absl::StatusCode::kResourceExhausted,
+                           absl::StrCat("more than ", refill,
+                                        " worker registrations a second; wait and ask again"),
+                           proto::SLOW_DOWN);
+  }
+  registrations_left_ -= 1;
   reply->set_worker_id(membership_.AdmitWorker(request, now));
   *reply->mutable_job() = job_spec_;
   reply->set_heartbeat_ms(static_cast<uint32_t>(job_.master.heartbeat_ms));

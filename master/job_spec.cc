@@ -72,6 +72,20 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
                        "'; the model's tables are: ", absl::StrJoin(table_names, ", ")));
     }
   }
+  ASSIGN_OR_RETURN(const auto row_policies, config.RowPolicies());
+  for (const auto& [name, policy] : row_policies) {
+    const auto param = std::find_if(model->params().begin(), model->params().end(),
+                                    [&](const ParamSpec& p) { return p.name == name; });
+    if (param == model->params().end() || param->kind != ParamSpec::Kind::kEmbedding) {
+      std::vector<std::string> embeddings;
+      for (const ParamSpec& p : model->params()) {
+        if (p.kind == ParamSpec::Kind::kEmbedding) embeddings.push_back(p.name);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "option 'ps.per_table': names table '", name, "'; the model's embedding tables are: ",
+          absl::StrJoin(embeddings, ", ")));
+    }
+  }
   const proto::OptimizerSpec section_optimizer = MakeOptimizer(config.optimizer);
   const proto::OptimizerSpec mlp_optimizer = MakeOptimizer(mlp_config);
 
@@ -91,8 +105,11 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
       *table->mutable_initializer() = MakeInitializer(
           automatic ? param.default_initializer : config.model.initializer,
           automatic ? param.default_init_scale : config.model.init_scale);
-      table->set_admission_min_count(static_cast<uint32_t>(config.ps.admission_min_count));
-      table->set_ttl_passes(static_cast<uint32_t>(config.ps.ttl_passes));
+      JobConfig::RowPolicy policy{.admission_min_count = config.ps.admission_min_count,
+                                  .ttl_passes = config.ps.ttl_passes};
+      if (auto it = row_policies.find(param.name); it != row_policies.end()) policy = it->second;
+      table->set_admission_min_count(static_cast<uint32_t>(policy.admission_min_count));
+      table->set_ttl_passes(static_cast<uint32_t>(policy.ttl_passes));
     } else {
       table->set_kind(proto::DENSE);
       table->set_dim(static_cast<uint32_t>(

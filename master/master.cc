@@ -283,20 +283,34 @@ Status Master::Impl::Persist() {
     if (!written.ok()) {
       result = absl::UnavailableError(
           absl::StrCat("the master cannot save the job's state: ", written.message()));
+      disk_failed_.store(true);
       absl::MutexLock lock(&mu_);
-      control_->Fail(absl::StrCat("cannot save the job's state, so acknowledged progress could "
-                                  "be lost: ",
-                                  written.message()),
-                     /*stopped=*/false, clock_->Now());
+      // What was saved before is whole: the job can go on from it.
+      control_->Fail(absl::StrCat("the master cannot save the job's state in ",
+                                  options_.data_dir, ": ", written.message(),
+                                  "; free space (or fix the disk), then run eps-master --resume"),
+                     /*stopped=*/true, clock_->Now());
       final_status = DumpJson(Document());
     }
   }
   if (final_status.has_value()) {
     Status written = WriteFileAtomically(
         (std::filesystem::path(options_.data_dir) / "final_status.json").string(), *final_status);
-    if (!written.ok()) LOG(ERROR) << written;
+    if (!written.ok()) NoteFilesError(written);
   }
   return result;
+}
+
+void Master::Impl::NoteFilesError(const Status& error) {
+  LOG(ERROR) << error;
+  disk_failed_.store(true);
+  absl::MutexLock lock(&mu_);
+  if (files_error_.ok()) files_error_ = error;
+  control_->Fail(absl::StrCat("the master cannot write its files in ", options_.data_dir, ": ",
+                              error.message(),
+                              "; free space (or fix the disk), then run eps-master --resume"),
+                 /*stopped=*/true, clock_->Now());
+  changed_.SignalAll();
 }
 
 StatusOr<std::pair<DataSet, DataSet>> Master::Impl::ScanData() {
@@ -366,15 +380,13 @@ void Master::Impl::JobLoop() {
     AdvanceImport(calls);
     // A failed write fails the job (Persist says why): the loop winds down.
     (void)Persist();
-    Status flushed = events_->Flush();
-    if (!flushed.ok()) LOG(WARNING) << flushed;
+    if (Status flushed = events_->Flush(); !flushed.ok()) NoteFilesError(flushed);
     TrimFreeMemory(clock_->Now());
     absl::MutexLock lock(&mu_);
     changed_.WaitWithTimeout(&mu_, tick);
   }
   (void)Persist();
-  Status flushed = events_->Flush();
-  if (!flushed.ok()) LOG(WARNING) << flushed;
+  if (Status flushed = events_->Flush(); !flushed.ok()) NoteFilesError(flushed);
   absl::MutexLock lock(&mu_);
   threads_done_ = true;
   changed_.SignalAll();
@@ -638,7 +650,13 @@ Status Master::Impl::Wait() {
   }
   StopThreads();
   absl::MutexLock lock(&mu_);
-  if (control_->progress().phase() == JobPhase::kFinished) return absl::OkStatus();
+  if (control_->progress().phase() == JobPhase::kFinished) {
+    if (files_error_.ok()) return absl::OkStatus();
+    // Trained and saved, but not all of it reported: never a silent success.
+    return Annotate(files_error_,
+                    absl::StrCat("the job finished (its state is saved in ", options_.data_dir,
+                                 "), but the master could not write its files"));
+  }
   return absl::AbortedError(control_->progress().failure());
 }
 

@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/logging.h"
 #include "core/clock.h"
 #include "master/autoscaler.h"
 #include "master/data_set.h"
@@ -41,6 +42,12 @@ class Master::Impl {
   ~Impl() {
     if (rpc_ != nullptr) RequestStop("master shutting down");
     StopThreads();
+    if (disk_failed_.load()) {
+      // RocksDB (Debian's build keeps its assertions) aborts closing a WAL
+      // whose write failed; what it acknowledged is in the WAL already.
+      LOG(WARNING) << "not closing the master's state store after a failed write";
+      (void)store_.release();
+    }
   }
 
   Status Start();
@@ -124,6 +131,10 @@ class Master::Impl {
   // is returned (kUnavailable): the reply must not acknowledge what is not
   // on disk.
   Status Persist() ABSL_LOCKS_EXCLUDED(mu_);
+  // The master could not write its own files (final_status.json, the
+  // events log): the job stops resumably, and even a finished one makes
+  // Wait return the first such error (the master exits non-zero).
+  void NoteFilesError(const Status& error) ABSL_LOCKS_EXCLUDED(mu_);
   void StopThreads();
 
   const MasterOptions options_;
@@ -161,6 +172,9 @@ class Master::Impl {
   std::unique_ptr<JobControl> control_ ABSL_GUARDED_BY(mu_);
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool threads_done_ ABSL_GUARDED_BY(mu_) = false;
+  Status files_error_ ABSL_GUARDED_BY(mu_);  // see NoteFilesError
+  // A write to the master's dir failed (files or state store).
+  std::atomic<bool> disk_failed_{false};
 };
 
 

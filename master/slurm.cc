@@ -57,19 +57,6 @@ std::vector<std::string> Fields(absl::string_view line) {
   return fields;
 }
 
-// Single quotes for sh, as --wrap's script gets them.
-std::string ShellQuoted(absl::string_view text) {
-  std::string out = "'";
-  for (char c : text) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out.push_back(c);
-    }
-  }
-  out += "'";
-  return out;
-}
 
 StatusOr<std::string> Run(const std::vector<std::string>& argv, absl::Duration timeout) {
   ASSIGN_OR_RETURN(CommandResult result, RunCommand(argv, timeout, kMaxOutput));

@@ -44,6 +44,7 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   options.storage.memory_budget_mb = config.ps.memory_budget_mb;
   options.storage.admission_memory_mb = config.ps.admission_memory_mb;
   options.max_new_rows_per_worker_s = static_cast<uint64_t>(config.ps.max_new_rows_per_worker_s);
+  options.max_new_rows_s = static_cast<uint64_t>(config.ps.max_new_rows_s);
   options.storage.flush_interval = absl::Milliseconds(config.ps.flush_interval_ms);
   options.storage.every_push = config.ps.durability == "every_push";
   options.storage.keep_checkpoints = static_cast<int>(config.checkpoint.keep);

@@ -101,6 +101,9 @@ struct ParamServerOptions {
   // Rows one worker may create per second (RowQuota); 0: unlimited.
   // Default 0 (ps.max_new_rows_per_worker_s has its own default).
   uint64_t max_new_rows_per_worker_s = 0;
+  // Rows all workers together may create per second; 0: unlimited.
+  // Default 0 (ps.max_new_rows_s has its own default).
+  uint64_t max_new_rows_s = 0;
   // Heartbeat interval. Default 1 s.
   absl::Duration heartbeat = absl::Seconds(1);
   // How long the master may stay unreachable (at startup or later) before

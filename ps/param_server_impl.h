@@ -130,7 +130,7 @@ class ParamServer::Impl {
   std::atomic<uint64_t> rows_pushed_{0};
   std::atomic<uint64_t> pushes_fenced_{0};
   std::atomic<uint64_t> pushes_deduplicated_{0};
-  RowQuota row_quota_{options_.max_new_rows_per_worker_s, Clock::Real()};
+  RowQuota row_quota_{options_.max_new_rows_per_worker_s, Clock::Real(), options_.max_new_rows_s};
   std::atomic<uint64_t> rows_limited_{0};  // requests refused by row_quota_
   // Time from a PULL's or PUSH's arrival in Handle to its reply.
   LatencyHistogram pull_latency_;

@@ -35,6 +35,24 @@ bool IsZ85Key(absl::string_view text) {
   return zmq_z85_decode(binary.data(), std::string(text).c_str()) != nullptr;
 }
 
+// A file of keys or a token, read small: refused unless a regular file (a
+// FIFO would block the read forever, a device never end), and warned
+// about, naming the chmod that fixes it, when users other than its owner
+// may read it (`secret`: a secret key or the HTTP token).
+StatusOr<std::string> ReadKeyFile(const std::string& path, bool secret) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a regular file: a key or token must be one"));
+  }
+  ASSIGN_OR_RETURN(std::string contents, ReadSmallFile(path, kKeyFileLimit));
+  if (secret && (info.st_mode & 0077) != 0) {
+    LOG(WARNING) << path << " can be read by other users (mode "
+                 << absl::StrFormat("%03o", info.st_mode & 0777) << "): chmod 600 it";
+  }
+  return contents;
+}
+
 // One "NAME Z85" line of a key file ("master Z85" in public_keys, "public
 // Z85" in a key pair).
 struct KeyLine {
@@ -44,8 +62,8 @@ struct KeyLine {
 };
 
 // The key lines of `path`; blank lines and '#' comments skipped.
-StatusOr<std::vector<KeyLine>> ReadKeyLines(const std::string& path) {
-  StatusOr<std::string> contents = ReadSmallFile(path, kKeyFileLimit);
+StatusOr<std::vector<KeyLine>> ReadKeyLines(const std::string& path, bool secret) {
+  StatusOr<std::string> contents = ReadKeyFile(path, secret);
   if (!contents.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(contents.status().message(), " (", kHowToMakeKeys, ")"));
@@ -70,7 +88,7 @@ StatusOr<std::vector<KeyLine>> ReadKeyLines(const std::string& path) {
 
 // The key pair in `path`, its public half checked against its secret one.
 Status ReadKeyPair(const std::string& path, SecurityOptions* out) {
-  ASSIGN_OR_RETURN(auto lines, ReadKeyLines(path));
+  ASSIGN_OR_RETURN(auto lines, ReadKeyLines(path, /*secret=*/true));
   for (const KeyLine& line : lines) {
     if (line.name == "public") {
       out->public_key = line.key;
@@ -91,17 +109,12 @@ Status ReadKeyPair(const std::string& path, SecurityOptions* out) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": its public key is not the one of its secret key"));
   }
-  struct stat info;
-  if (::stat(path.c_str(), &info) == 0 && (info.st_mode & 0077) != 0) {
-    LOG(WARNING) << path << " can be read by other users (mode "
-                 << absl::StrFormat("%03o", info.st_mode & 0777) << "): chmod 600 it";
-  }
   return absl::OkStatus();
 }
 
 // The token in `path`: its first line, at least 16 characters.
 StatusOr<std::string> ReadHttpToken(const std::string& path) {
-  StatusOr<std::string> contents = ReadSmallFile(path, kKeyFileLimit);
+  StatusOr<std::string> contents = ReadKeyFile(path, /*secret=*/true);
   if (!contents.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("security.http_token_file: ",
                                                    contents.status().message()));
@@ -170,7 +183,12 @@ StatusOr<SecurityOptions> LoadSecurity(const JobConfig::Security& config, proto:
   security.curve = true;
   security.role = role;
   const std::string public_keys = (fs::path(keys_dir) / kPublicKeysFile).string();
-  ASSIGN_OR_RETURN(std::vector<KeyLine> lines, ReadKeyLines(public_keys));
+  ASSIGN_OR_RETURN(std::vector<KeyLine> lines, ReadKeyLines(public_keys, /*secret=*/false));
+  // Where the secret keys live: others should not even list it.
+  if (struct stat info; ::stat(keys_dir.c_str(), &info) == 0 && (info.st_mode & 0077) != 0) {
+    LOG(WARNING) << "security.keys_dir " << keys_dir << " can be entered by other users (mode "
+                 << absl::StrFormat("%03o", info.st_mode & 0777) << "): chmod 700 it";
+  }
   for (const KeyLine& line : lines) {
     std::optional<proto::Role> named = RoleFromName(line.name);
     if (!named.has_value()) {
@@ -222,6 +240,11 @@ Status WriteJobKeys(const std::string& dir) {
     return absl::AlreadyExistsError(absl::StrCat(
         public_keys.string(), " exists: ", dir,
         " holds a job's keys already (remove it first to make new ones)"));
+  }
+  // The secret keys' directory is its owner's alone.
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("cannot chmod 700 ", dir, ": ", error.message()));
   }
   std::string listed =
       "# The CURVE public keys of an eps job, one per role (eps-keygen).\n"

@@ -47,20 +47,34 @@ uint64_t LaunchId() {
 }  // namespace
 
 Status Worker::Impl::Register(Session& session) {
-  Message request;
-  request.header().set_method(proto::REGISTER_WORKER);
-  proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
-  body->set_hostname(Hostname());
-  body->set_pid(static_cast<uint32_t>(getpid()));
-  body->set_launch_id(LaunchId());
-  body->set_device(device_);
-  AddSharedOptions(options_.job.SharedOptions(), body->mutable_job_options());
+  const auto registration = [this] {
+    Message request;
+    request.header().set_method(proto::REGISTER_WORKER);
+    proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
+    body->set_hostname(Hostname());
+    body->set_pid(static_cast<uint32_t>(getpid()));
+    body->set_launch_id(LaunchId());
+    body->set_device(device_);
+    AddSharedOptions(options_.job.SharedOptions(), body->mutable_job_options());
+    return request;
+  };
   MemberSessionOptions member;
   member.master = options_.master;
   member.role = proto::ROLE_WORKER;
   member.master_wait = absl::Seconds(options_.job.worker.master_wait_s);
   session.member = std::make_unique<MemberSession>(&factory_, member);
-  ASSIGN_OR_RETURN(Message reply, session.member->Register(std::move(request)));
+  // A master at master.max_workers, or past its registration rate, says
+  // SLOW_DOWN: ask again every second, within worker.master_wait_s.
+  const absl::Time give_up = absl::Now() + member.master_wait;
+  StatusOr<Message> answer = session.member->Register(registration());
+  for (bool told = false; !answer.ok() && ReasonOf(answer.status()) == proto::SLOW_DOWN &&
+                          absl::Now() < give_up && !stopping();
+       told = true) {
+    if (!told) LOG(WARNING) << answer.status().message() << "; asking again every second";
+    absl::SleepFor(absl::Seconds(1));
+    answer = session.member->Register(registration());
+  }
+  ASSIGN_OR_RETURN(Message reply, std::move(answer));
   const proto::RegisterWorkerReply& registered = reply.header().register_worker_reply();
   session.self.set_role(proto::ROLE_WORKER);
   session.self.set_id(registered.worker_id());

@@ -260,6 +260,12 @@ TEST(Export, AWarmStartedJobTrainsOnFromTheExport) {
   ASSERT_NO_FATAL_FAILURE(TrainAndExport(
       dir, "dlrm", &warm, &warm_master,
       {"--data.train=" + days[1], "--job.init_from=" + dir.Join("day1")}, /*servers=*/1, "warm"));
+  // The same warm start on as many servers as day 1 had.
+  json warm2;
+  std::string warm2_master;
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport(
+      dir, "dlrm", &warm2, &warm2_master,
+      {"--data.train=" + days[1], "--job.init_from=" + dir.Join("day1")}, /*servers=*/2, "warm2"));
   std::string day2_master;
   ASSERT_NO_FATAL_FAILURE(TrainAndExport(dir, "dlrm", &day2_alone, &day2_master,
                                          {"--data.train=" + days[1]}, 2, "day2"));
@@ -295,6 +301,10 @@ TEST(Export, AWarmStartedJobTrainsOnFromTheExport) {
   std::cout << "rows exported: warm start " << warm_rows << ", warm start with ps.ttl_passes = 1 "
             << pruned_rows << " (" << expired << " expired; day 2 alone " << day2_rows
             << "); eval AUC " << auc(pruned) << "\n";
+  std::cout << "warm start on 2 servers: eval AUC " << auc(warm2) << ", "
+            << exported(warm2_master).value("rows", uint64_t{0}) << " rows\n";
+  EXPECT_EQ(exported(warm2_master).value("rows", uint64_t{0}), warm_rows);
+  EXPECT_NEAR(auc(warm2), auc(warm), 0.002);
   // What stays is exactly what day 2 trained; what went, the rest.
   ASSERT_GT(day2_rows, 0u);
   EXPECT_EQ(pruned_rows, day2_rows);

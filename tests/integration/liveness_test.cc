@@ -202,6 +202,51 @@ TEST_F(LivenessTest, FullDiskStopsTheJobNamingTheServerThenResumesOnceThereIsSpa
   EXPECT_EQ(status["ledger"][0]["lines_committed"].get<uint64_t>(), lines_);
 }
 
+// The master's own disk full: the job stops resumably, the master exits 1
+// naming its dir (never "finished" with its files unwritten), and goes on
+// once there is space.
+TEST_F(LivenessTest, FullMasterDiskStopsTheJobResumablyNamingTheMastersDir) {
+  SmallDisk disk(dir_.Join("master"), 64);
+  if (!disk.error().empty()) GTEST_SKIP() << "no full-disk test: " << disk.error();
+  // Three epochs: the disk fills while the job trains.
+  std::vector<std::string> overrides = overrides_;
+  overrides.push_back("--job.epochs=3");
+  LocalJob job(dir_.path(), WriteJobConfig(dir_), overrides);
+  ASSERT_EQ(job.master_dir(), dir_.Join("master"));
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(WaitForTrained(job, 0.2, lines_)) << job.Logs();
+  const std::string filler = disk.Fill(/*spare=*/0);
+  StatusOr<int> exit = job.WaitForMaster(kJobTimeout);
+  ASSERT_TRUE(exit.ok()) << job.Logs();
+  EXPECT_EQ(*exit, 1) << job.Logs();
+  const std::string log = job.master().Log();
+  EXPECT_THAT(log, HasSubstr("the master cannot"));
+  EXPECT_THAT(log, HasSubstr(job.master_dir()));
+  EXPECT_THAT(log, HasSubstr("No space left on device"));
+  EXPECT_THAT(log, HasSubstr("eps-master --resume"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("job finished")));
+  for (const std::optional<int>& code : job.WaitForOthers(absl::Seconds(60))) {
+    EXPECT_EQ(code, 0) << job.Logs();
+  }
+
+  std::filesystem::remove(filler);
+  ASSERT_TRUE(job.RestartMaster(absl::Seconds(20), {"--resume"}).ok()) << job.Logs();
+  ASSERT_TRUE(job.StartServer(job.server_dir(0)).ok());
+  ASSERT_TRUE(job.StartServer(job.server_dir(1)).ok());
+  ASSERT_TRUE(job.StartWorker().ok());
+  ASSERT_TRUE(job.StartWorker().ok());
+  StatusOr<int> resumed = job.WaitForMaster(kJobTimeout);
+  EXPECT_TRUE(resumed.ok() && *resumed == 0) << job.Logs();
+  StatusOr<json> status = job.FinalStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ((*status)["state"], "finished") << status->dump();
+  ASSERT_EQ((*status)["ledger"].size(), 3u);
+  for (const json& epoch : (*status)["ledger"]) {
+    EXPECT_TRUE(epoch["exactly_once"].get<bool>()) << epoch.dump();
+    EXPECT_EQ(epoch["lines_committed"].get<uint64_t>(), lines_) << epoch.dump();
+  }
+}
+
 // --- Servers that do not come back, or come back on their own ---------------------------
 
 TEST_F(LivenessTest, ServerCutOffPastItsLeaseTakesItsSlotBackWhenItReturns) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -103,6 +104,39 @@ TEST(CommandSource, ReadsTheCommandsLineAndReportsItsFailure) {
   signal = (*source)->Read();
   EXPECT_EQ(signal.status().code(), absl::StatusCode::kDeadlineExceeded) << signal.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The command launcher's values are words, never commands: a handle a
+// start command printed and a directory with a ';' in its name run nothing.
+TEST(CommandLauncher, SubstitutesEveryValueAsOneShellWord) {
+  testing::TempDir dir;
+  const std::string pwned = dir.Join("pwned");
+  JobConfig job;
+  job.autoscale.launcher = "command";
+  job.autoscale.start_command = absl::StrCat("printf '%s\\n' {config} {master} {id} > ",
+                                             dir.Join("started"), " && echo 'h-1; touch ",
+                                             pwned, "'");
+  job.autoscale.stop_command =
+      absl::StrCat("printf '%s\\n' {handle} {signal} > ", dir.Join("stopped"));
+  LauncherContext context;
+  context.worker_config = dir.Join("a;touch " + pwned + ";'b/worker.ini");
+  context.master_endpoint = "tcp://127.0.0.1:5555 $(touch " + pwned + ")";
+  context.log_dir = dir.Join("workers");
+  StatusOr<std::unique_ptr<WorkerLauncher>> launcher = MakeLauncher(job, context);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  StatusOr<std::string> handle = (*launcher)->Start(7);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(*handle, "h-1; touch " + pwned);
+  EXPECT_EQ(ReadAll(dir.Join("started")),
+            absl::StrCat(context.worker_config, "\n", context.master_endpoint, "\n7\n"));
+  ASSERT_TRUE((*launcher)->Stop(7, *handle, /*force=*/false).ok());
+  EXPECT_EQ(ReadAll(dir.Join("stopped")), *handle + "\nTERM\n");
+  EXPECT_FALSE(std::filesystem::exists(pwned));
 }
 
 TEST(PrometheusSource, ReadsARealPrometheusServer) {

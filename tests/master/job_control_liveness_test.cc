@@ -735,5 +735,34 @@ TEST_F(JobControlLivenessTest, AnOutOfRangePredictionIsABadRequest) {
   EXPECT_FALSE(control_->over());
 }
 
+// A holder of the worker key cannot register ids without end: past
+// master.max_workers live workers, and past the registration rate, a
+// registration is told to wait (SLOW_DOWN).
+TEST_F(JobControlTest, WorkersAreAdmittedUpToMaxWorkersAndTheRegistrationRate) {
+  job_.master.max_workers = 16;
+  control_ = NewControl();
+  StartTraining();  // workers 0 and 1
+  proto::RegisterWorkerRequest request = WorkerRequest(/*pid=*/300);
+  AddSharedOptions(job_.SharedOptions(), request.mutable_job_options());
+  const auto add = [&](absl::Time now) {
+    proto::RegisterWorkerReply reply;
+    return control_->RegisterWorker(request, now, &reply);
+  };
+  for (int i = 2; i < 16; ++i) ASSERT_TRUE(add(t0_).ok()) << i;
+  Status refused = add(t0_);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(refused), proto::SLOW_DOWN);
+  EXPECT_THAT(refused.message(), HasSubstr("master.max_workers"));
+
+  // Room again once one leaves; but 16 registrations at once spent the
+  // bucket, refilled at 8 a second.
+  ASSERT_TRUE(control_->Deregister(WorkerNode(3)).ok());
+  refused = add(t0_);
+  EXPECT_EQ(ReasonOf(refused), proto::SLOW_DOWN);
+  EXPECT_THAT(refused.message(), HasSubstr("registrations a second"));
+  EXPECT_TRUE(add(t0_ + absl::Milliseconds(130)).ok());
+  EXPECT_EQ(control_->membership().alive_workers(), 16u);
+}
+
 }  // namespace
 }  // namespace eps

@@ -312,6 +312,31 @@ TEST(BuildJobSpec, MalformedPerTableIsInvalid) {
   EXPECT_THAT(std::string(spec.status().message()), ::testing::HasSubstr("optimizer.per_table"));
 }
 
+TEST(BuildJobSpec, RowPoliciesApplyPerEmbeddingTable) {
+  JobConfig config;
+  config.data.train = "unused";
+  config.model.type = "wdl";
+  config.ps.admission_min_count = 2;
+  config.ps.ttl_passes = 3;
+  config.ps.per_table = "wdl.wide:ttl_passes=1;wdl.emb:admission_min_count=0";
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  StatusOr<proto::JobSpec> spec = BuildJobSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(FindTable(*spec, "wdl.wide")->ttl_passes(), 1u);
+  EXPECT_EQ(FindTable(*spec, "wdl.wide")->admission_min_count(), 2u);
+  EXPECT_EQ(FindTable(*spec, "wdl.emb")->ttl_passes(), 3u);
+  EXPECT_EQ(FindTable(*spec, "wdl.emb")->admission_min_count(), 0u);
+  EXPECT_EQ(FindTable(*spec, "wdl.wide_dense")->ttl_passes(), 0u);
+
+  // Only embedding tables, named by the model.
+  config.ps.per_table = "wdl.wide_dense:ttl_passes=1";
+  spec = BuildJobSpec(config);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(),
+            "option 'ps.per_table': names table 'wdl.wide_dense'; the model's embedding tables "
+            "are: wdl.wide, wdl.emb");
+}
+
 TEST(BuildJobSpec, AutoInitializerIsTheModelsDefault) {
   JobConfig config;
   config.data.train = "unused";

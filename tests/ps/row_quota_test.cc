@@ -35,6 +35,31 @@ TEST(RowQuota, AWorkerInDebtWaitsUntilItRefills) {
   EXPECT_EQ(quota.workers_kept(), 0u);
 }
 
+// Many ids (one key holder registered again and again) share the total.
+TEST(RowQuota, ManyWorkersTogetherStayWithinTheTotal) {
+  ScriptedClock clock;
+  RowQuota quota(/*rows_per_s=*/1000, &clock, /*total_rows_s=*/3000);
+  for (uint32_t worker = 0; worker < 3; ++worker) {
+    ASSERT_TRUE(quota.Admit(worker).ok());
+    quota.Charge(worker, 900);  // each within its own quota
+  }
+  ASSERT_TRUE(quota.Admit(3).ok());
+  quota.Charge(3, 400);  // the total is spent now
+  for (uint32_t worker : {0u, 4u, 99u}) {
+    const Status refused = quota.Admit(worker);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << worker;
+    EXPECT_EQ(ReasonOf(refused), proto::SLOW_DOWN);
+    EXPECT_THAT(refused.message(), HasSubstr("ps.max_new_rows_s = 3000"));
+  }
+  // A tenth of a second repays 300 of the 100 owed.
+  clock.Advance(absl::Milliseconds(100));
+  EXPECT_TRUE(quota.Admit(99).ok());
+  // A full second later the total and every worker are as good as new.
+  clock.Advance(absl::Seconds(2));
+  EXPECT_TRUE(quota.Admit(0).ok());
+  EXPECT_TRUE(quota.Admit(99).ok());
+}
+
 TEST(RowQuota, ASteadyRateUnderTheLimitIsNeverRefused) {
   ScriptedClock clock;
   RowQuota quota(/*rows_per_s=*/1000, &clock);

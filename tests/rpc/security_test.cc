@@ -104,6 +104,29 @@ TEST(LoadSecurity, NamesTheBadLine) {
   EXPECT_THAT(security.status().message(), HasSubstr(dir.Join("public_keys") + ":7"));
 }
 
+// A key or token that is not a regular file (a FIFO would block the read
+// forever) is refused at start, named.
+TEST(LoadSecurity, RefusesAKeyOrTokenThatIsNotARegularFile) {
+  TempDir dir;
+  ASSERT_TRUE(WriteJobKeys(dir.path()).ok());
+  struct stat info;
+  ASSERT_EQ(::stat(dir.path().c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0077, 0u) << "a keys dir others may enter";
+  std::filesystem::remove(dir.Join("worker.key"));
+  ASSERT_EQ(::mkfifo(dir.Join("worker.key").c_str(), 0600), 0);
+  StatusOr<SecurityOptions> security = LoadSecurity(Curve(dir.path()), proto::ROLE_WORKER);
+  EXPECT_EQ(security.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(security.status().message(),
+              HasSubstr(dir.Join("worker.key") + " is not a regular file"));
+
+  std::filesystem::remove(dir.Join("http_token"));
+  std::filesystem::create_directory(dir.Join("http_token"));
+  security = LoadSecurity(Curve(dir.path()), proto::ROLE_MASTER);
+  EXPECT_EQ(security.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(security.status().message(), HasSubstr("security.http_token_file"));
+  EXPECT_THAT(security.status().message(), HasSubstr("is not a regular file"));
+}
+
 TEST(LoadSecurity, RefusesKeysOfTwoRunsMixed) {
   TempDir one;
   TempDir two;
