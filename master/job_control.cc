@@ -10,6 +10,7 @@
 #include "cluster/job_options.h"
 #include "core/logging.h"
 #include "master/job_record.h"
+#include "master/peer_stats.h"
 #include "rpc/message.h"
 #include "rpc/net.h"
 
@@ -255,8 +256,10 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
       return absl::InvalidArgumentError("heartbeat from an unknown role");
     }
   } else if (sender.role() == proto::ROLE_WORKER) {
+    // Bounded before anything of it is kept (and before it renews a lease).
+    proto::WorkerStats stats = request.worker();
+    RETURN_IF_ERROR(CheckWorkerStats(stats));
     ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
-    const proto::WorkerStats& stats = request.worker();
     worker->last_seen = now;
     worker->records_per_s = stats.records_per_s();
     worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());
@@ -271,7 +274,7 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
                                              {"to", change.to()},
                                              {"reason", change.reason()}});
     }
-    worker->stats = stats;
+    worker->stats = std::move(stats);
     worker->paused_for = request.paused_for_checkpoint();
     if (std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {
       reply->set_pause_for_checkpoint(*round);
@@ -283,8 +286,10 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     }
   } else if (sender.role() == proto::ROLE_SERVER) {
     bool first_contact = false;
-    RETURN_IF_ERROR(membership_.ServerHeartbeat(sender.id(), request.endpoint(), request.server(),
-                                                now, &first_contact));
+    proto::ServerStats stats = request.server();
+    RETURN_IF_ERROR(CheckServerStats(stats, request.storage_error()));
+    RETURN_IF_ERROR(
+        membership_.ServerHeartbeat(sender.id(), request.endpoint(), stats, now, &first_contact));
     const ServerEntry& server = *membership_.server(sender.id());
     if (!request.storage_error().empty()) {
       // What it acknowledges from now on may never reach its store: stop

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/metrics.h"
 #include "tests/master/job_control_fixture.h"
 
 namespace eps {
@@ -762,6 +763,43 @@ TEST_F(JobControlTest, WorkersAreAdmittedUpToMaxWorkersAndTheRegistrationRate) {
   EXPECT_THAT(refused.message(), HasSubstr("registrations a second"));
   EXPECT_TRUE(add(t0_ + absl::Milliseconds(130)).ok());
   EXPECT_EQ(control_->membership().alive_workers(), 16u);
+}
+
+// A heartbeat's stats are bounded before the master keeps them: no
+// histogram of the peer's own buckets (each would be series in /metrics),
+// no endless batch-size changes, no huge storage error.
+TEST_F(JobControlTest, HeartbeatStatsOutOfBoundsAreRefusedAndNotKept) {
+  StartTraining();
+  proto::HeartbeatReply reply;
+  proto::HeartbeatRequest request;
+  HistogramToProto(LatencyHistogram().Snapshot(), request.mutable_worker()->mutable_pull_latency());
+  request.mutable_worker()->set_records_per_s(5);
+  ASSERT_TRUE(control_->Heartbeat(WorkerNode(0), request, At(10), &reply).ok());
+  EXPECT_EQ(control_->membership().workers().at(0).stats.records_per_s(), 5);
+
+  proto::HeartbeatRequest bloated = request;
+  bloated.mutable_worker()->set_records_per_s(7);
+  proto::Histogram* histogram = bloated.mutable_worker()->mutable_push_latency();
+  for (int i = 0; i < 1000; ++i) histogram->add_bounds(i);
+  for (int i = 0; i < 1001; ++i) histogram->add_counts(1);
+  Status refused = control_->Heartbeat(WorkerNode(0), bloated, At(20), &reply);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("push_latency"));
+
+  bloated = request;
+  bloated.mutable_worker()->set_records_per_s(7);
+  for (int i = 0; i < 17; ++i) bloated.mutable_worker()->add_batch_size_changes()->set_seq(i + 1);
+  refused = control_->Heartbeat(WorkerNode(0), bloated, At(30), &reply);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("batch-size changes"));
+  EXPECT_EQ(control_->membership().workers().at(0).stats.records_per_s(), 5) << "nothing kept";
+
+  proto::HeartbeatRequest server;
+  server.set_endpoint(control_->membership().servers().at(0).endpoint);
+  server.set_storage_error(std::string(5000, 'x'));
+  refused = control_->Heartbeat(ServerNode(0), server, At(40), &reply);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(control_->over()) << "a storage error out of bounds stops nothing";
 }
 
 }  // namespace
