@@ -16,7 +16,7 @@ std::optional<uint64_t> CheckpointCoordinator::MaybeStart(absl::Time now, bool m
   if (next_ == absl::InfiniteFuture()) next_ = now + absl::Seconds(job_.checkpoint.interval_s);
   if (!requested_ && now < next_) return std::nullopt;
   requested_ = false;
-  round_ = Round{.id = ++last_id_, .started = now};
+  round_ = Round{.id = ++last_id_, .started = now, .patient_since = now};
   VLOG(1) << "checkpoint " << round_->id << ": pausing the workers";
   return round_->id;
 }
@@ -27,6 +27,17 @@ uint64_t CheckpointCoordinator::Request() {
   return last_id_ + 1;
 }
 
+std::vector<uint32_t> CheckpointCoordinator::OverdueToPause(
+    absl::Time now, const std::vector<uint32_t>& not_paused) {
+  if (!round_.has_value() || round_->writing || round_->overdue_named || not_paused.empty() ||
+      now - round_->patient_since <= Patience()) {
+    return {};
+  }
+  round_->overdue_named = true;
+  round_->patient_since = now;
+  return not_paused;
+}
+
 std::optional<CheckpointCoordinator::Write> CheckpointCoordinator::Next(
     absl::Time now, const std::vector<uint32_t>& not_paused, bool fences_pending,
     bool job_over) {
@@ -34,8 +45,8 @@ std::optional<CheckpointCoordinator::Write> CheckpointCoordinator::Next(
   if (!not_paused.empty() || fences_pending) {
     // A worker finishes the batch in hand first; one that cannot within
     // two leases (a huge batch, a stuck call) makes the round give up.
-    const absl::Duration patience = absl::Milliseconds(2 * job_.master.lease_ms);
-    if (job_over || now - round_->started > patience) {
+    const absl::Duration patience = Patience();
+    if (job_over || now - round_->patient_since > patience) {
       const std::string why =
           job_over ? "the job is over"
           : not_paused.empty()

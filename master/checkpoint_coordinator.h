@@ -7,7 +7,10 @@
 //
 //   idle --interval or Request--> pausing(N) --every live worker paused,
 //     no fence pending--> writing(N) --Complete--> idle (N complete)
-//   pausing --patience (2 leases) passed, the job over, or Abandon--> idle (N failed)
+//   pausing --patience (2 leases) passed with workers not paused-->
+//     OverdueToPause names them, once per round (the caller fences them,
+//     and patience starts again for the fences)
+//   pausing --patience passed again, the job over, or Abandon--> idle (N failed)
 //   writing --Fail (a server error, the record not written)--> idle (N failed)
 //
 // Checkpoint ids are never reused: N is saved (last_checkpoint_id) before
@@ -51,6 +54,12 @@ class CheckpointCoordinator {
   uint64_t Request();
   // Forgets a request not started yet (a recovery began).
   void CancelRequest() { requested_ = false; }
+
+  // The workers of `not_paused` that round N waited for a whole patience
+  // (2 leases), once per round: the caller fences them, so that one worker
+  // that never pauses cannot fail every round; the patience then starts
+  // again, for their fences to reach every server. Empty otherwise.
+  std::vector<uint32_t> OverdueToPause(absl::Time now, const std::vector<uint32_t>& not_paused);
 
   struct Write {
     uint64_t id = 0;
@@ -113,8 +122,12 @@ class CheckpointCoordinator {
     uint64_t id = 0;
     absl::Time started;
     bool writing = false;  // every worker has paused; the servers write
+    absl::Time patient_since;      // started, or when OverdueToPause named workers
+    bool overdue_named = false;    // OverdueToPause named workers
   };
   void SetResult(uint64_t id, nlohmann::json result);
+  // How long a round waits for its workers to pause: two leases.
+  absl::Duration Patience() const { return absl::Milliseconds(2 * job_.master.lease_ms); }
 
   const JobConfig& job_;
   EventSink* const events_;

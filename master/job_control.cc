@@ -610,10 +610,24 @@ void JobControl::FencesRefused(const Membership::FenceRound& round,
 std::optional<JobControl::CheckpointWrite> JobControl::NextCheckpointWrite(absl::Time now) {
   const std::optional<uint64_t> round = checkpoints_.round_id();
   if (!round.has_value()) return std::nullopt;
-  std::vector<uint32_t> not_paused;
-  for (const auto& [id, worker] : membership_.workers()) {
-    if (worker.state == PeerState::kAlive && worker.paused_for != *round) not_paused.push_back(id);
+  const auto not_paused_now = [&] {
+    std::vector<uint32_t> ids;
+    for (const auto& [id, worker] : membership_.workers()) {
+      if (worker.state == PeerState::kAlive && worker.paused_for != *round) ids.push_back(id);
+    }
+    return ids;
+  };
+  std::vector<uint32_t> not_paused = not_paused_now();
+  // One worker that never pauses must not fail every round: it is fenced
+  // (its shards go back from their committed offsets) and the round goes on.
+  const std::vector<uint32_t> overdue = checkpoints_.OverdueToPause(now, not_paused);
+  for (uint32_t id : overdue) {
+    progress_.AddRetrained(membership_.FenceAlive(
+        id, now,
+        absl::StrCat("it did not pause for checkpoint ", *round, " within 2 leases (",
+                     2 * job_.master.lease_ms, " ms) while the other workers waited")));
   }
+  if (!overdue.empty()) not_paused = not_paused_now();
   std::optional<CheckpointCoordinator::Write> write =
       checkpoints_.Next(now, not_paused, membership_.awaiting_fences(), over());
   if (!write.has_value()) return std::nullopt;

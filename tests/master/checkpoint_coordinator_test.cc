@@ -126,6 +126,26 @@ TEST_F(CheckpointCoordinatorTest, WaitsWhileWorkersAreNotPaused) {
   EXPECT_EQ(checkpoints_.failed(), 0u);
 }
 
+// Workers still not paused after the patience are named once, for the
+// caller to fence; the round then waits another patience for the fences.
+TEST_F(CheckpointCoordinatorTest, NamesWorkersOverdueToPauseOncePerRound) {
+  ASSERT_EQ(checkpoints_.Request(), 1u);
+  ASSERT_EQ(checkpoints_.MaybeStart(t0_, true), 1u);
+  EXPECT_THAT(checkpoints_.OverdueToPause(t0_ + kPatience, {3, 4}), IsEmpty());
+  const absl::Time overdue_at = t0_ + kPatience + absl::Milliseconds(1);
+  EXPECT_THAT(checkpoints_.OverdueToPause(overdue_at, {3, 4}), ElementsAreArray({3u, 4u}));
+  EXPECT_THAT(checkpoints_.OverdueToPause(overdue_at, {3, 4}), IsEmpty()) << "once per round";
+  // Fenced, they are not waited for; their fences are, with a new patience.
+  EXPECT_EQ(checkpoints_.Next(overdue_at + kPatience, {}, /*fences_pending=*/true, false),
+            std::nullopt);
+  EXPECT_EQ(checkpoints_.round_id(), 1u) << "still patient with the fences";
+  std::optional<CheckpointCoordinator::Write> write =
+      checkpoints_.Next(overdue_at + kPatience, {}, false, false);
+  ASSERT_TRUE(write.has_value());
+  EXPECT_EQ(write->id, 1u);
+  EXPECT_EQ(checkpoints_.failed(), 0u);
+}
+
 TEST_F(CheckpointCoordinatorTest, WriteKeepsAtMostKeepMinusOneOlderCheckpoints) {
   const std::vector<std::vector<uint64_t>> expected_keep = {{}, {1}, {1, 2}, {2, 3}, {3, 4}};
   for (uint64_t id = 1; id <= 5; ++id) {
