@@ -1,13 +1,18 @@
 #include "master/autoscaler.h"
 
 #include <signal.h>
+#include <sys/random.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <optional>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -20,6 +25,19 @@
 
 namespace eps {
 namespace {
+
+// 32 random bytes from the kernel, as hex: one launch's secret.
+std::string NewLaunchSecret() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+    else CHECK(errno == EINTR) << "getrandom: " << std::strerror(errno);
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
 
 using nlohmann::json;
 
@@ -101,11 +119,13 @@ class LocalLauncher final : public WorkerLauncher {
   LocalLauncher(std::string binary, const LauncherContext& context)
       : binary_(std::move(binary)), context_(context) {}
 
-  StatusOr<std::string> Start(uint64_t launch_id) override {
+  StatusOr<std::string> Start(uint64_t launch_id, const std::string& secret) override {
+    // The environment of a process is readable by its user alone.
     ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> child,
                      Subprocess::Start({binary_, "--config", context_.worker_config, "--master",
                                         context_.master_endpoint},
-                                       {absl::StrCat("EPS_LAUNCH_ID=", launch_id)},
+                                       {absl::StrCat("EPS_LAUNCH_ID=", launch_id),
+                                        absl::StrCat("EPS_LAUNCH_SECRET=", secret)},
                                        context_.LogPath(launch_id)));
     const std::string handle = absl::StrCat("pid ", child->pid());
     children_[launch_id] = std::move(child);
@@ -151,10 +171,11 @@ class CommandLauncher final : public WorkerLauncher {
         timeout_(absl::Seconds(options.source_timeout_s)),
         context_(context) {}
 
-  StatusOr<std::string> Start(uint64_t launch_id) override {
+  StatusOr<std::string> Start(uint64_t launch_id, const std::string& secret) override {
     // Each value one word, whatever it holds (a ';' in a data dir's name).
     const std::string command =
         absl::StrReplaceAll(start_, {{"{id}", ShellQuoted(absl::StrCat(launch_id))},
+                                     {"{secret}", ShellQuoted(secret)},
                                      {"{master}", ShellQuoted(context_.master_endpoint)},
                                      {"{config}", ShellQuoted(context_.worker_config)}});
     ASSIGN_OR_RETURN(CommandResult result, RunShell(command, timeout_, /*max_output=*/4096));
@@ -462,12 +483,15 @@ void Autoscaler::Reconcile(absl::Time now) {
   }
   for (int i = 0; i < plan.launches; ++i) {
     uint64_t id;
+    std::string secret;
     {
       absl::MutexLock lock(&mu_);
       if (stopped_) return;
       id = fleet_.NewLaunchId();
+      secret = NewLaunchSecret();
+      secrets_[id] = secret;
     }
-    StatusOr<std::string> handle = launcher_->Start(id);
+    StatusOr<std::string> handle = launcher_->Start(id, secret);
     absl::MutexLock lock(&mu_);
     if (handle.ok()) {
       LOG(INFO) << "autoscale: launched worker " << id << " (" << *handle << ")";
@@ -477,6 +501,15 @@ void Autoscaler::Reconcile(absl::Time now) {
       break;  // the back-off decides when to try again
     }
   }
+}
+
+bool Autoscaler::VerifyLaunch(uint64_t launch_id, absl::string_view secret) const {
+  absl::MutexLock lock(&mu_);
+  auto it = secrets_.find(launch_id);
+  if (it == secrets_.end() || it->second.size() != secret.size()) return false;
+  unsigned char differ = 0;
+  for (size_t i = 0; i < secret.size(); ++i) differ |= it->second[i] ^ secret[i];
+  return differ == 0;
 }
 
 json Autoscaler::StatusJson() const {

@@ -68,8 +68,10 @@ StatusOr<std::unique_ptr<SignalSource>> MakeSignalSource(const JobConfig& job);
 class WorkerLauncher {
  public:
   virtual ~WorkerLauncher() = default;
-  // Starts worker `launch_id`; its handle (for Stop).
-  virtual StatusOr<std::string> Start(uint64_t launch_id) = 0;
+  // Starts worker `launch_id`, handing it `secret` (its proof of the
+  // launch id when it registers; see Autoscaler::VerifyLaunch) where no
+  // other process can read it; its handle (for Stop).
+  virtual StatusOr<std::string> Start(uint64_t launch_id, const std::string& secret) = 0;
   // Asks it to stop: SIGTERM (it commits its batch in hand and leaves), or
   // at once when `force`.
   virtual Status Stop(uint64_t launch_id, const std::string& handle, bool force) = 0;
@@ -121,7 +123,11 @@ class Autoscaler {
   // at once.
   void Stop();
 
-  // /status "autoscale".
+  // Whether `secret` is the one launch `launch_id` was handed (compared in
+  // constant time). False for a launch id this autoscaler never made.
+  bool VerifyLaunch(uint64_t launch_id, absl::string_view secret) const;
+
+  // /status "autoscale" (no secret in it).
   nlohmann::json StatusJson() const;
   // The eps_autoscale_* families.
   void WriteMetrics(PrometheusWriter& out) const;
@@ -151,6 +157,8 @@ class Autoscaler {
   std::optional<AutoscaleSignal> signal_ ABSL_GUARDED_BY(mu_);
   std::string signal_error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> decisions_ ABSL_GUARDED_BY(mu_);  // by action
+  // Each launch's secret (never shown).
+  std::map<uint64_t, std::string> secrets_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace eps

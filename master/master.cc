@@ -504,11 +504,30 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
         return absl::InvalidArgumentError("REGISTER_SERVER without its body");
       }
       break;
-    case proto::REGISTER_WORKER:
+    case proto::REGISTER_WORKER: {
       if (!request.header().has_register_worker_request()) {
         return absl::InvalidArgumentError("REGISTER_WORKER without its body");
       }
+      // A launch id is the autoscaler's to give: claimed without its launch's
+      // secret it could make the fleet take a real worker for frozen.
+      const proto::RegisterWorkerRequest& body = request.header().register_worker_request();
+      const Autoscaler* autoscaler = nullptr;
+      {
+        absl::MutexLock lock(&mu_);  // set by Start; lives as long as the RPC server
+        autoscaler = autoscaler_.get();
+      }
+      if (body.launch_id() != 0 &&
+          (autoscaler == nullptr ||
+           !autoscaler->VerifyLaunch(body.launch_id(), body.launch_secret()))) {
+        LOG(WARNING) << "refused a worker (" << body.hostname() << " pid " << body.pid()
+                     << ") claiming launch id " << body.launch_id() << " without its secret";
+        return absl::PermissionDeniedError(absl::StrCat(
+            "launch id ", body.launch_id(),
+            " claimed without its launch secret (EPS_LAUNCH_SECRET, handed by the autoscaler's "
+            "launcher); a worker started by hand must not set EPS_LAUNCH_ID"));
+      }
       break;
+    }
     case proto::HEARTBEAT:
       if (!request.header().has_heartbeat_request()) {
         return absl::InvalidArgumentError("HEARTBEAT without its body");

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "core/file_util.h"
 #include "core/logging.h"
 #include "core/subprocess.h"
 
@@ -123,7 +124,11 @@ class SlurmLauncher final : public WorkerLauncher {
         binary_(std::move(binary)),
         timeout_(absl::Seconds(job.autoscale.source_timeout_s)) {}
 
-  StatusOr<std::string> Start(uint64_t launch_id) override {
+  StatusOr<std::string> Start(uint64_t launch_id, const std::string& secret) override {
+    // The secret in a file only the job's user reads, on the filesystem the
+    // nodes share (not on sbatch's command line, which ps shows).
+    const std::string secret_file = absl::StrCat(context_.log_dir, "/worker-", launch_id, ".secret");
+    RETURN_IF_ERROR(WriteFileAtomically(secret_file, secret, 0600));
     std::vector<std::string> argv = {
         "sbatch",
         "--parsable",
@@ -131,7 +136,8 @@ class SlurmLauncher final : public WorkerLauncher {
         absl::StrCat("--gres=gpu:", options_.gpus_per_worker),
         absl::StrCat("--job-name=", prefix_, launch_id),
         "--output=" + context_.LogPath(launch_id),
-        absl::StrCat("--export=ALL,EPS_LAUNCH_ID=", launch_id)};
+        absl::StrCat("--export=ALL,EPS_LAUNCH_ID=", launch_id,
+                     ",EPS_LAUNCH_SECRET_FILE=", secret_file)};
     for (absl::string_view arg : absl::StrSplit(options_.sbatch_args, ' ', absl::SkipWhitespace())) {
       argv.emplace_back(arg);
     }

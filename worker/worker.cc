@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +15,7 @@
 #include "cluster/job_options.h"
 #include "cluster/job_progress.h"
 #include "core/data_schema.h"
+#include "core/file_util.h"
 #include "core/logging.h"
 #include "models/cuda_model.h"
 #include "models/device.h"
@@ -43,6 +45,21 @@ uint64_t LaunchId() {
   return id;
 }
 
+// The secret its launcher handed this launch: EPS_LAUNCH_SECRET, or the
+// first line of the file EPS_LAUNCH_SECRET_FILE names; empty when neither.
+std::string LaunchSecret() {
+  if (const char* value = std::getenv("EPS_LAUNCH_SECRET"); value != nullptr) return value;
+  const char* path = std::getenv("EPS_LAUNCH_SECRET_FILE");
+  if (path == nullptr) return "";
+  StatusOr<std::string> contents = ReadSmallFile(path, 4096);
+  if (!contents.ok()) {
+    LOG(WARNING) << "EPS_LAUNCH_SECRET_FILE: " << contents.status().message();
+    return "";
+  }
+  return std::string(absl::StripAsciiWhitespace(
+      absl::string_view(*contents).substr(0, contents->find('\n'))));
+}
+
 
 }  // namespace
 
@@ -54,6 +71,7 @@ Status Worker::Impl::Register(Session& session) {
     body->set_hostname(Hostname());
     body->set_pid(static_cast<uint32_t>(getpid()));
     body->set_launch_id(LaunchId());
+    if (body->launch_id() != 0) body->set_launch_secret(LaunchSecret());
     body->set_device(device_);
     AddSharedOptions(options_.job.SharedOptions(), body->mutable_job_options());
     return request;

@@ -15,6 +15,7 @@ is checked by tests/master/job_spec_test.cc.)
 
 import configparser
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -179,14 +180,15 @@ def main(directory):
 
         def run(template, **values):
             command = template.replace("/etc/eps/", etc + "/")
+            # As the master does: each value shell-quoted.
             for key, value in values.items():
-                command = command.replace("{" + key + "}", value)
+                command = command.replace("{" + key + "}", shlex.quote(value))
             check("{" not in command.replace("${", ""), f"unfilled placeholder in {command}")
             return subprocess.run(["/bin/sh", "-c", command], env=env, capture_output=True,
                                   text=True, timeout=30)
 
-        started = run(autoscale["start_command"], id="1234567", master="tcp://unused:1",
-                      config="/unused")
+        started = run(autoscale["start_command"], id="1234567", secret="00ff" * 16,
+                      master="tcp://unused:1", config="/unused")
         check(started.returncode == 0, f"start_command failed: {started.stderr}")
         handle = started.stdout.strip().splitlines()[0] if started.stdout.strip() else ""
         check(handle == "pod/eps-ctr-worker-1234567", f"start_command printed {handle!r}")
@@ -195,6 +197,8 @@ def main(directory):
         check(pod["kind"] == "Pod", "the worker template is not a Pod")
         env_vars = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
         check(env_vars.get("EPS_LAUNCH_ID") == "1234567", "the worker pod lacks its EPS_LAUNCH_ID")
+        check(env_vars.get("EPS_LAUNCH_SECRET") == "00ff" * 16,
+              "the worker pod lacks its EPS_LAUNCH_SECRET")
         check("@LAUNCH_ID@" not in yaml.safe_dump(pod), "a @LAUNCH_ID@ placeholder was left")
         check_pod_spec("worker pod", pod["spec"], objects, config_keys, keys_dir)
         check(pod["spec"]["containers"][0]["command"][0] == "eps-worker", "the pod runs eps-worker")

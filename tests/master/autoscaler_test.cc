@@ -118,7 +118,7 @@ TEST(CommandLauncher, SubstitutesEveryValueAsOneShellWord) {
   const std::string pwned = dir.Join("pwned");
   JobConfig job;
   job.autoscale.launcher = "command";
-  job.autoscale.start_command = absl::StrCat("printf '%s\\n' {config} {master} {id} > ",
+  job.autoscale.start_command = absl::StrCat("printf '%s\\n' {config} {master} {id} {secret} > ",
                                              dir.Join("started"), " && echo 'h-1; touch ",
                                              pwned, "'");
   job.autoscale.stop_command =
@@ -129,11 +129,11 @@ TEST(CommandLauncher, SubstitutesEveryValueAsOneShellWord) {
   context.log_dir = dir.Join("workers");
   StatusOr<std::unique_ptr<WorkerLauncher>> launcher = MakeLauncher(job, context);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
-  StatusOr<std::string> handle = (*launcher)->Start(7);
+  StatusOr<std::string> handle = (*launcher)->Start(7, "s3cr3t");
   ASSERT_TRUE(handle.ok()) << handle.status();
   EXPECT_EQ(*handle, "h-1; touch " + pwned);
   EXPECT_EQ(ReadAll(dir.Join("started")),
-            absl::StrCat(context.worker_config, "\n", context.master_endpoint, "\n7\n"));
+            absl::StrCat(context.worker_config, "\n", context.master_endpoint, "\n7\ns3cr3t\n"));
   ASSERT_TRUE((*launcher)->Stop(7, *handle, /*force=*/false).ok());
   EXPECT_EQ(ReadAll(dir.Join("stopped")), *handle + "\nTERM\n");
   EXPECT_FALSE(std::filesystem::exists(pwned));

@@ -194,9 +194,12 @@ class FakePeer {
     return absl::OkStatus();
   }
 
-  Status RegisterWorker() {
+  // `launch_id` and `launch_secret` as an autoscaler's launch would send.
+  Status RegisterWorker(uint64_t launch_id = 0, const std::string& launch_secret = "") {
     Message request;
     proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
+    body->set_launch_id(launch_id);
+    body->set_launch_secret(launch_secret);
     body->set_hostname("test-host");
     body->set_pid(2000);
     body->set_device("cpu");

@@ -297,6 +297,19 @@ TEST_F(MasterTest, CheckpointFencesAWorkerThatDoesNotPauseAndGoesOn) {
   EXPECT_EQ(checkpoints_seen_[0].size(), 1u);
 }
 
+// A launch id is the autoscaler's to give: claimed without its secret (here
+// there is no autoscaler at all) the registration is refused.
+TEST_F(MasterTest, ARegistrationClaimingALaunchIdWithoutItsSecretIsRefused) {
+  MasterOptions options = Options();
+  options.job.data.train = Write("train.tsv", CriteoText(20, /*seed=*/1));
+  ASSERT_NO_FATAL_FAILURE(StartMaster(options));
+  std::unique_ptr<FakePeer> spoofer = Peer();
+  const Status refused = spoofer->RegisterWorker(/*launch_id=*/3, "guess");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("launch secret"));
+  EXPECT_TRUE(Peer()->RegisterWorker().ok()) << "one started by hand registers";
+}
+
 TEST_F(MasterTest, ExpiredWorkerLeaseReturnsItsShardFromTheCommittedOffset) {
   const std::string train = Write("train.tsv", CriteoText(20, /*seed=*/1));
   MasterOptions options = Options();
