@@ -7,6 +7,8 @@
 // its start that it is unauthenticated.
 
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -371,6 +373,63 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   const json unattacked = Finish(quiet);
   EXPECT_NEAR(attacked["metrics"]["eval_auc"].get<double>(),
               unattacked["metrics"]["eval_auc"].get<double>(), 0.005);
+}
+
+// A process's resident and peak memory (VmRSS, VmHWM), in bytes.
+std::pair<uint64_t, uint64_t> Memory(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  uint64_t rss = 0;
+  uint64_t peak = 0;
+  while (std::getline(in, line)) {
+    uint64_t kib = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %lu kB", &kib) == 1) rss = kib << 10;
+    if (std::sscanf(line.c_str(), "VmHWM: %lu kB", &kib) == 1) peak = kib << 10;
+  }
+  return {rss, peak};
+}
+
+// Heartbeat bloat with the worker key, as a worker of the job: stats of
+// 36 MB (a histogram of millions of buckets, each a /metrics series) are
+// refused, the master keeps nothing of them, /metrics stays small and no
+// server is taken for lost.
+TEST_F(SecurityTest, HeartbeatBloatIsRefusedAndCostsTheMasterNothing) {
+  const std::string config = WriteFaultJobConfig(dir_.path(), "security");
+  overrides_.push_back("--worker.max_records_per_s=6000");
+  LocalJob job(dir_.Join("bloated"), config, overrides_);
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(job.WaitForStatus([&](const json& status) {
+    return status["workers"].size() == 2 && status["records_trained"].get<uint64_t>() > 0;
+  })) << job.Logs();
+  const uint32_t victim = job.LiveStatus().value()["workers"][0]["id"].get<uint32_t>();
+  const auto [rss_before, peak_before] = Memory(job.master().pid());
+
+  std::unique_ptr<SocketFactory> worker = FactoryWithJobKeys(job.keys_dir(), proto::ROLE_WORKER);
+  RpcChannel channel(worker.get(), WorkerOfJob(job.keys_dir(), victim));
+  CallOptions once;
+  once.attempt_timeout = absl::Seconds(10);
+  once.max_attempts = 1;
+  for (int i = 0; i < 4; ++i) {
+    Message beat;
+    beat.header().set_method(proto::HEARTBEAT);
+    proto::Histogram* histogram =
+        beat.header().mutable_heartbeat_request()->mutable_worker()->mutable_pull_latency();
+    for (int b = 0; b < 2'250'000; ++b) histogram->add_bounds(b);
+    for (int b = 0; b <= 2'250'000; ++b) histogram->add_counts(1);
+    StatusOr<Message> reply = channel.Call(job.endpoint(), std::move(beat), once);
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument) << reply.status();
+  }
+  const auto [rss_after, peak_after] = Memory(job.master().pid());
+  httplib::Client http(job.http());
+  httplib::Result metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  std::cout << "4 heartbeats of 36 MB: master RSS " << (rss_before >> 20) << " -> "
+            << (rss_after >> 20) << " MiB (peak " << (peak_before >> 20) << " -> "
+            << (peak_after >> 20) << " MiB), /metrics " << metrics->body.size() << " bytes\n";
+  EXPECT_LT(rss_after, rss_before + (uint64_t{64} << 20));
+  EXPECT_LT(metrics->body.size(), 1u << 20);
+  const json finished = Finish(job);
+  EXPECT_EQ(finished["recovery"]["recoveries"].get<uint64_t>(), 0u) << finished["recovery"];
 }
 
 TEST_F(SecurityTest, OffStillTrainsAndEveryProcessSaysItIsUnauthenticated) {
