@@ -518,7 +518,15 @@ Status JobControl::Deregister(const proto::NodeId& sender) {
 // --- The job loop ---------------------------------------------------------------
 
 void JobControl::ExpireLeases(absl::Time now) {
-  Membership::Expired expired = membership_.ExpireLeases(now);
+  // Leases are judged on when messages arrived: while a request that came
+  // at T still waits for a handler, no lease runs out after T (so one
+  // peer's slow or huge messages cannot make another's expire), but for at
+  // most one lease (a request that never ends must not stop the clock).
+  absl::Time judged = now;
+  if (unhandled_since_.has_value() && *unhandled_since_ < now) {
+    judged = std::max(*unhandled_since_, now - absl::Milliseconds(job_.master.lease_ms));
+  }
+  Membership::Expired expired = membership_.ExpireLeases(judged);
   for (const auto& [worker, retrained] : expired.workers) {
     // What it pushed but never committed is trained again by others.
     progress_.AddRetrained(retrained);

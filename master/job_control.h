@@ -120,6 +120,9 @@ class JobControl {
   // Leases only: workers that missed theirs are fenced, a lost server starts
   // a recovery (also called while the driver waits for servers).
   void ExpireLeases(absl::Time now);
+  // When the oldest request the master has not answered yet arrived
+  // (RpcServer::OldestWaiting), for ExpireLeases; nullopt: none waits.
+  void NoteUnhandledSince(std::optional<absl::Time> since) { unhandled_since_ = since; }
   // The fence list to send to every live server, if some may lack it.
   std::optional<Membership::FenceRound> PendingFences() const {
     return membership_.PendingFences();
@@ -299,6 +302,7 @@ class JobControl {
   // Registrations of workers: a bucket of master.max_workers (resolved)
   // registrations, refilled at an eighth of that (at least 8) a second, so
   // a whole fleet may start at once but no key holder can churn ids.
+  std::optional<absl::Time> unhandled_since_;
   double registrations_left_ = 0;
   absl::Time registrations_refilled_;
   uint32_t export_attempts_ = 0;

@@ -369,6 +369,7 @@ void Master::Impl::JobLoop() {
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = clock_->Now();
+      control_->NoteUnhandledSince(rpc_->OldestWaiting());
       control_->Tick(now);
       changed_.SignalAll();
       if (control_->Done(now)) break;
@@ -394,6 +395,7 @@ void Master::Impl::JobLoop() {
 
 bool Master::Impl::Serving(const ServerAddress& server) {
   absl::MutexLock lock(&mu_);
+  control_->NoteUnhandledSince(rpc_->OldestWaiting());
   control_->ExpireLeases(clock_->Now());
   changed_.SignalAll();
   return control_->membership().Serving(server);

@@ -2,10 +2,13 @@
 
 #include <cerrno>
 #include <chrono>
+#include <deque>
+#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "core/logging.h"
 
 namespace eps {
@@ -99,6 +102,16 @@ struct ProxyState {
   std::atomic<uint64_t>* limited;
   // By routing id; a peer with nothing in flight has no entry.
   absl::flat_hash_map<std::string, int> in_flight;
+  // The arrival times (Unix ns) of the requests forwarded and not answered:
+  // per peer in order, and all of them; the oldest goes to `oldest`.
+  absl::flat_hash_map<std::string, std::deque<int64_t>> arrivals = {};
+  std::multiset<int64_t> waiting = {};
+  std::atomic<int64_t>* oldest = nullptr;
+
+  void PublishOldest() {
+    oldest->store(waiting.empty() ? RpcServer::kNoneWaiting : *waiting.begin(),
+                  std::memory_order_relaxed);
+  }
 };
 
 // Moves one request from the frontend to the backend, with the PeerFrame
@@ -138,6 +151,10 @@ bool ForwardRequest(zmq::socket_t& frontend, zmq::socket_t& backend, ProxyState&
   for (zmq::message_t& frame : request) routed.push_back(std::move(frame));
   if (SendAll(backend, routed)) {
     ++in_flight;
+    const int64_t now = absl::ToUnixNanos(absl::Now());
+    state.arrivals[id].push_back(now);
+    state.waiting.insert(now);
+    state.PublishOldest();
   } else if (in_flight == 0) {
     state.in_flight.erase(id);
   }
@@ -150,9 +167,17 @@ bool ForwardReply(zmq::socket_t& backend, zmq::socket_t& frontend, ProxyState& s
                   zmq::recv_flags flags) {
   zmq::message_t routing;
   if (!backend.recv(routing, flags).has_value()) return false;
-  auto it = state.in_flight.find(
-      absl::string_view(static_cast<const char*>(routing.data()), routing.size()));
+  const absl::string_view id(static_cast<const char*>(routing.data()), routing.size());
+  auto it = state.in_flight.find(id);
   if (it != state.in_flight.end() && --it->second <= 0) state.in_flight.erase(it);
+  // A peer's replies may come back out of order: its oldest goes (an
+  // approximation that only ever makes the oldest look newer).
+  if (auto arrived = state.arrivals.find(id); arrived != state.arrivals.end()) {
+    state.waiting.erase(state.waiting.find(arrived->second.front()));
+    arrived->second.pop_front();
+    if (arrived->second.empty()) state.arrivals.erase(arrived);
+    state.PublishOldest();
+  }
   std::vector<zmq::message_t> reply = ReceiveRest(backend, std::move(routing));
   SendAll(frontend, reply);
   return true;
@@ -242,7 +267,8 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
                           .max_message_bytes = server->max_message_bytes_,
                           .name = options.name,
                           .limited = &server->limited_,
-                          .in_flight = {}}]() mutable {
+                          .in_flight = {},
+                          .oldest = &server->oldest_waiting_ns_}]() mutable {
         try {
           Proxy(f, b, c, state);
         } catch (const zmq::error_t& e) {

@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +40,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "core/status.h"
 #include "rpc/message.h"
 #include "rpc/security.h"
@@ -99,6 +101,16 @@ class RpcServer {
   // Requests refused for a limit (kResourceExhausted): over the peer's
   // requests in flight, a request or its reply over max_message_bytes.
   uint64_t limited() const { return limited_.load(std::memory_order_relaxed); }
+  // When the oldest request that reached the server and has not been
+  // answered yet arrived (queued for a handler or being handled); nullopt
+  // when none waits. A request's peer is judged on when it came, not on
+  // when a busy handler got to it (the master's leases).
+  std::optional<absl::Time> OldestWaiting() const {
+    const int64_t nanos = oldest_waiting_ns_.load(std::memory_order_relaxed);
+    if (nanos == kNoneWaiting) return std::nullopt;
+    return absl::FromUnixNanos(nanos);
+  }
+  static constexpr int64_t kNoneWaiting = std::numeric_limits<int64_t>::max();
 
   // A server that binds nothing and runs no thread (`curve`: as if its
   // factory used CURVE), for feeding routed requests straight to the
@@ -132,6 +144,8 @@ class RpcServer {
   // stopping never needs a new socket (and cannot fail for want of one).
   zmq::socket_t control_;
   std::atomic<bool> stopping_{false};
+  // See OldestWaiting; written by the proxy thread alone.
+  std::atomic<int64_t> oldest_waiting_ns_{kNoneWaiting};
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> unauthenticated_{0};

@@ -808,5 +808,25 @@ TEST_F(JobControlTest, HeartbeatStatsOutOfBoundsAreRefusedAndNotKept) {
   EXPECT_FALSE(control_->over()) << "a storage error out of bounds stops nothing";
 }
 
+// Leases are judged on when messages arrived: while a request that came in
+// time waits for a busy handler, no lease runs out; for one lease at most.
+TEST_F(JobControlTest, LeasesAreJudgedOnWhenTheOldestWaitingRequestArrived) {
+  StartTraining();  // workers 0 and 1 beat at t0
+  const int64_t lease = job_.master.lease_ms;
+  Beat(At(lease - 100), {0, 1}, {0});  // worker 1 falls silent at t0
+  // A request (worker 1's heartbeat, say) arrived at lease - 50 and waits.
+  control_->NoteUnhandledSince(At(lease - 50));
+  control_->ExpireLeases(At(lease + 200));
+  EXPECT_EQ(control_->membership().workers().at(1).state, PeerState::kAlive);
+  // Not forever: a lease after the arrival the clock runs again.
+  control_->ExpireLeases(At(2 * lease + 100));
+  EXPECT_NE(control_->membership().workers().at(1).state, PeerState::kAlive);
+  // Nothing waiting: judged now.
+  control_->NoteUnhandledSince(std::nullopt);
+  Beat(At(2 * lease + 100), {0, 1}, {});
+  control_->ExpireLeases(At(3 * lease + 200));
+  EXPECT_NE(control_->membership().workers().at(0).state, PeerState::kAlive);
+}
+
 }  // namespace
 }  // namespace eps

@@ -420,6 +420,36 @@ TEST_F(RpcTest, WaitUntilReturnsWhileTheCallRuns) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The server knows when its oldest unanswered request arrived, whatever a
+// handler is doing with it: the master judges leases by it.
+TEST_F(RpcTest, OldestWaitingIsTheArrivalOfTheOldestUnansweredRequest) {
+  absl::Notification release;
+  auto server = StartServer([&](Message& request, Message* reply) -> Status {
+    release.WaitForNotificationWithTimeout(absl::Seconds(5));
+    return Echo(request, reply);
+  });
+  EXPECT_EQ(server->OldestWaiting(), std::nullopt);
+  RpcChannel channel(&factory_, WorkerId(0));
+  const absl::Time sent = absl::Now();
+  const uint64_t call = channel.Start(server->endpoint(), Tagged(7), Patient());
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!server->OldestWaiting().has_value() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(server->OldestWaiting().has_value());
+  const absl::Time arrived = *server->OldestWaiting();
+  EXPECT_GE(arrived, sent);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(server->OldestWaiting(), arrived) << "still the arrival, not the time now";
+  release.Notify();
+  std::optional<StatusOr<Message>> reply;
+  while (!reply.has_value() && absl::Now() < deadline) {
+    reply = channel.WaitUntil(call, absl::Now() + absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(reply.has_value() && reply->ok());
+  EXPECT_EQ(server->OldestWaiting(), std::nullopt);
+}
+
 TEST_F(RpcTest, ChannelMisuseIsReported) {
   RpcChannel channel(&factory_, WorkerId(0));
   const uint64_t bad = channel.Start("not-an-endpoint", Tagged(1), Patient());
