@@ -139,7 +139,13 @@ class Master::Impl {
 
   const MasterOptions options_;
   const Clock* const clock_ = Clock::Real();
-  SocketFactory factory_{TransportOptions{.security = options_.security}};
+  // Nothing the master takes or sends is large: an evaluation commit of the
+  // largest batch (2^20 records) is 8 MiB, the cluster map of 2^20
+  // partitions about 5 MiB. A smaller bound keeps what one peer can make it
+  // read (and parse) small.
+  static constexpr int64_t kMaxMessageBytes = int64_t{16} << 20;
+  SocketFactory factory_{
+      TransportOptions{.max_message_bytes = kMaxMessageBytes, .security = options_.security}};
   std::unique_ptr<RpcServer> rpc_;
   // Under CURVE: what the master issues workers and hands servers; set by
   // StartServing, then read-only.
