@@ -624,14 +624,15 @@ Status JobConfig::Validate() const {
 
 namespace {
 
-// Applies "key=value[,key=value...]" (keys as in optimizer.per_table) over
-// *optimizer and checks the result; `bad(why)` makes the error, naming
-// where the settings came from (a bad value they did not set is named as
-// its [optimizer] option).
-Status ApplyOptimizerSettings(absl::string_view settings,
-                              const std::function<Status(absl::string_view)>& bad,
-                              JobConfig::Optimizer* optimizer) {
-  std::set<std::string> keys_seen;
+using BadFn = std::function<Status(absl::string_view why)>;
+
+// Calls visit(key, value) for each "key=value" of "key=value[,key=value...]"
+// (whitespace trimmed); `bad(why)` makes the error for a piece that is not
+// key=value and for a key set twice. *keys (when given) gets the keys.
+Status ForEachSetting(absl::string_view settings, const BadFn& bad,
+                      const std::function<Status(const std::string&, absl::string_view)>& visit,
+                      std::set<std::string>* keys = nullptr) {
+  std::set<std::string> seen;
   for (absl::string_view setting : absl::StrSplit(settings, ',')) {
     setting = absl::StripAsciiWhitespace(setting);
     const size_t eq = setting.find('=');
@@ -639,28 +640,72 @@ Status ApplyOptimizerSettings(absl::string_view settings,
       return bad(absl::StrCat("'", setting, "' is not key=value"));
     }
     const std::string key(absl::StripAsciiWhitespace(setting.substr(0, eq)));
-    const absl::string_view value = absl::StripAsciiWhitespace(setting.substr(eq + 1));
-    if (!keys_seen.insert(key).second) {
-      return bad(absl::StrCat("key '", key, "' is set twice"));
-    }
-    if (key == "type") {
-      optimizer->type = std::string(value);
-      continue;
-    }
-    const OptimizerField* field = nullptr;
-    for (const OptimizerField& f : kOptimizerFields) {
-      if (key == f.key) field = &f;
-    }
-    if (field == nullptr) {
-      std::vector<std::string> known = {"type"};
-      for (const OptimizerField& f : kOptimizerFields) known.emplace_back(f.key);
-      return bad(
-          absl::StrCat("unknown key '", key, "' (known: ", absl::StrJoin(known, ", "), ")"));
-    }
-    if (!absl::SimpleAtod(value, &(optimizer->*field->member))) {
-      return bad(absl::StrCat(key, " = '", value, "' is not a number"));
-    }
+    if (!seen.insert(key).second) return bad(absl::StrCat("key '", key, "' is set twice"));
+    RETURN_IF_ERROR(visit(key, absl::StripAsciiWhitespace(setting.substr(eq + 1))));
   }
+  if (keys != nullptr) *keys = std::move(seen);
+  return absl::OkStatus();
+}
+
+// Calls visit(table, settings, bad) for each "TABLE:settings" entry of a
+// per-table option's `text` ("TABLE:...[;TABLE:...]"; empty entries, as in
+// "a:...;" or "a:...;;b:...", skipped). `bad(why)` names `option` and the
+// entry; so do the errors for an entry without ':', without a table name,
+// with nothing after ':', or naming a table named before.
+Status ForEachTableEntry(
+    const char* option, absl::string_view text,
+    const std::function<Status(const std::string&, absl::string_view, const BadFn&)>& visit) {
+  std::set<std::string> tables;
+  for (absl::string_view entry : absl::StrSplit(text, ';')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) continue;
+    const BadFn bad = [option, entry](absl::string_view why) {
+      return OptionError(option, absl::StrCat("entry '", entry, "': ", why));
+    };
+    const size_t colon = entry.find(':');
+    if (colon == absl::string_view::npos) return bad("expected TABLE:key=value[,key=value...]");
+    const std::string table(absl::StripAsciiWhitespace(entry.substr(0, colon)));
+    if (table.empty()) return bad("no table name before ':'");
+    if (!tables.insert(table).second) {
+      return bad(absl::StrCat("table '", table, "' is named in more than one entry"));
+    }
+    const absl::string_view settings = absl::StripAsciiWhitespace(entry.substr(colon + 1));
+    if (settings.empty()) return bad("sets nothing after ':'");
+    RETURN_IF_ERROR(visit(table, settings, bad));
+  }
+  return absl::OkStatus();
+}
+
+// Applies "key=value[,key=value...]" (keys as in optimizer.per_table) over
+// *optimizer and checks the result; `bad(why)` makes the error, naming
+// where the settings came from (a bad value they did not set is named as
+// its [optimizer] option).
+Status ApplyOptimizerSettings(absl::string_view settings, const BadFn& bad,
+                              JobConfig::Optimizer* optimizer) {
+  std::set<std::string> keys_seen;
+  RETURN_IF_ERROR(ForEachSetting(
+      settings, bad,
+      [&](const std::string& key, absl::string_view value) -> Status {
+        if (key == "type") {
+          optimizer->type = std::string(value);
+          return absl::OkStatus();
+        }
+        const OptimizerField* field = nullptr;
+        for (const OptimizerField& f : kOptimizerFields) {
+          if (key == f.key) field = &f;
+        }
+        if (field == nullptr) {
+          std::vector<std::string> known = {"type"};
+          for (const OptimizerField& f : kOptimizerFields) known.emplace_back(f.key);
+          return bad(
+              absl::StrCat("unknown key '", key, "' (known: ", absl::StrJoin(known, ", "), ")"));
+        }
+        if (!absl::SimpleAtod(value, &(optimizer->*field->member))) {
+          return bad(absl::StrCat(key, " = '", value, "' is not a number"));
+        }
+        return absl::OkStatus();
+      },
+      &keys_seen));
   // A bad value the settings did not set came from the section.
   return CheckOptimizer(*optimizer, [&](absl::string_view key, absl::string_view message) {
     if (!keys_seen.contains(std::string(key))) {
@@ -679,43 +724,29 @@ int64_t JobConfig::MaxWorkers() const {
 }
 
 StatusOr<std::map<std::string, JobConfig::RowPolicy>> JobConfig::RowPolicies() const {
-  constexpr char kOption[] = "ps.per_table";
   std::map<std::string, RowPolicy> policies;
-  for (absl::string_view entry : absl::StrSplit(ps.per_table, ';')) {
-    entry = absl::StripAsciiWhitespace(entry);
-    if (entry.empty()) continue;
-    auto bad = [&](absl::string_view why) {
-      return OptionError(kOption, absl::StrCat("entry '", entry, "': ", why));
-    };
-    const size_t colon = entry.find(':');
-    if (colon == absl::string_view::npos) return bad("expected TABLE:key=value[,key=value...]");
-    const std::string table(absl::StripAsciiWhitespace(entry.substr(0, colon)));
-    if (table.empty()) return bad("no table name before ':'");
-    if (policies.contains(table)) {
-      return bad(absl::StrCat("table '", table, "' is named in more than one entry"));
-    }
-    RowPolicy policy{.admission_min_count = ps.admission_min_count, .ttl_passes = ps.ttl_passes};
-    std::set<std::string> keys_seen;
-    for (absl::string_view setting : absl::StrSplit(entry.substr(colon + 1), ',')) {
-      setting = absl::StripAsciiWhitespace(setting);
-      const size_t eq = setting.find('=');
-      if (eq == absl::string_view::npos) return bad(absl::StrCat("'", setting, "' is not key=value"));
-      const std::string key(absl::StripAsciiWhitespace(setting.substr(0, eq)));
-      const absl::string_view value = absl::StripAsciiWhitespace(setting.substr(eq + 1));
-      if (!keys_seen.insert(key).second) return bad(absl::StrCat("key '", key, "' is set twice"));
-      int64_t* field = key == "admission_min_count" ? &policy.admission_min_count
-                       : key == "ttl_passes"        ? &policy.ttl_passes
-                                                    : nullptr;
-      if (field == nullptr) {
-        return bad(absl::StrCat("unknown key '", key,
-                                "' (known: admission_min_count, ttl_passes)"));
-      }
-      if (!absl::SimpleAtoi(value, field) || *field < 0 || *field > 65535) {
-        return bad(absl::StrCat(key, " = '", value, "' is not an integer in [0, 65535]"));
-      }
-    }
-    policies.emplace(table, policy);
-  }
+  RETURN_IF_ERROR(ForEachTableEntry(
+      "ps.per_table", ps.per_table,
+      [&](const std::string& table, absl::string_view settings, const BadFn& bad) {
+        RowPolicy policy{.admission_min_count = ps.admission_min_count,
+                         .ttl_passes = ps.ttl_passes};
+        RETURN_IF_ERROR(ForEachSetting(
+            settings, bad, [&](const std::string& key, absl::string_view value) -> Status {
+              int64_t* field = key == "admission_min_count" ? &policy.admission_min_count
+                               : key == "ttl_passes"        ? &policy.ttl_passes
+                                                            : nullptr;
+              if (field == nullptr) {
+                return bad(absl::StrCat("unknown key '", key,
+                                        "' (known: admission_min_count, ttl_passes)"));
+              }
+              if (!absl::SimpleAtoi(value, field) || *field < 0 || *field > 65535) {
+                return bad(absl::StrCat(key, " = '", value, "' is not an integer in [0, 65535]"));
+              }
+              return absl::OkStatus();
+            }));
+        policies.emplace(table, policy);
+        return absl::OkStatus();
+      }));
   return policies;
 }
 
@@ -741,29 +772,14 @@ StatusOr<std::map<std::string, JobConfig::Optimizer>> JobConfig::OptimizerOverri
   section.per_table.clear();
   section.mlp.clear();
   ASSIGN_OR_RETURN(const Optimizer mlp_base, MlpOptimizer());
-  for (absl::string_view entry : absl::StrSplit(optimizer.per_table, ';')) {
-    entry = absl::StripAsciiWhitespace(entry);
-    // Tolerates "a:...;" and "a:...;;b:...".
-    if (entry.empty()) continue;
-    auto bad_entry = [entry](absl::string_view why) {
-      return OptionError(kPerTableOption, absl::StrCat("entry '", entry, "': ", why));
-    };
-    const size_t colon = entry.find(':');
-    if (colon == absl::string_view::npos) {
-      return bad_entry("expected TABLE:key=value[,key=value...]");
-    }
-    const std::string table(absl::StripAsciiWhitespace(entry.substr(0, colon)));
-    if (table.empty()) return bad_entry("no table name before ':'");
-    if (overrides.count(table)) {
-      return bad_entry(absl::StrCat("table '", table, "' is named in more than one entry"));
-    }
-    const absl::string_view settings = absl::StripAsciiWhitespace(entry.substr(colon + 1));
-    if (settings.empty()) return bad_entry("sets nothing after ':'");
-
-    Optimizer table_optimizer = is_mlp && is_mlp(table) ? mlp_base : section;
-    RETURN_IF_ERROR(ApplyOptimizerSettings(settings, bad_entry, &table_optimizer));
-    overrides.emplace(table, std::move(table_optimizer));
-  }
+  RETURN_IF_ERROR(ForEachTableEntry(
+      kPerTableOption, optimizer.per_table,
+      [&](const std::string& table, absl::string_view settings, const BadFn& bad) {
+        Optimizer table_optimizer = is_mlp && is_mlp(table) ? mlp_base : section;
+        RETURN_IF_ERROR(ApplyOptimizerSettings(settings, bad, &table_optimizer));
+        overrides.emplace(table, std::move(table_optimizer));
+        return absl::OkStatus();
+      }));
   return overrides;
 }
 

@@ -55,11 +55,14 @@ class CheckpointCoordinator {
   // Forgets a request not started yet (a recovery began).
   void CancelRequest() { requested_ = false; }
 
-  // The workers of `not_paused` that round N waited for a whole patience
-  // (2 leases), once per round: the caller fences them, so that one worker
-  // that never pauses cannot fail every round; the patience then starts
-  // again, for their fences to reach every server. Empty otherwise.
+  // The workers of `not_paused` that round N waited for a whole patience,
+  // once per round: all of them, or none. The caller fences them, so that
+  // one worker that never pauses cannot fail every round; the patience then
+  // starts again, for their fences to reach every server.
   std::vector<uint32_t> OverdueToPause(absl::Time now, const std::vector<uint32_t>& not_paused);
+  // How long a round waits for its workers to pause: two leases.
+  absl::Duration Patience() const { return absl::Milliseconds(2 * job_.master.lease_ms); }
+
 
   struct Write {
     uint64_t id = 0;
@@ -126,8 +129,6 @@ class CheckpointCoordinator {
     bool overdue_named = false;    // OverdueToPause named workers
   };
   void SetResult(uint64_t id, nlohmann::json result);
-  // How long a round waits for its workers to pause: two leases.
-  absl::Duration Patience() const { return absl::Milliseconds(2 * job_.master.lease_ms); }
 
   const JobConfig& job_;
   EventSink* const events_;

@@ -40,9 +40,7 @@ JobControl::JobControl(const JobConfig& job, proto::JobSpec spec, std::string fi
       membership_(job, events),
       progress_(job, events),
       checkpoints_(job, events),
-      meter_(absl::Seconds(job.job.progress_interval_s), now),
-      registrations_left_(static_cast<double>(job.MaxWorkers())),
-      registrations_refilled_(now) {}
+      meter_(absl::Seconds(job.job.progress_interval_s), now) {}
 
 // --- Startup ------------------------------------------------------------------
 
@@ -209,27 +207,7 @@ Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, a
                  << "): " << options.message();
     return options;
   }
-  const int64_t max_workers = job_.MaxWorkers();
-  if (membership_.alive_workers() >= static_cast<size_t>(max_workers)) {
-    return ErrorWithReason(absl::StatusCode::kResourceExhausted,
-                           absl::StrCat("the job has ", max_workers,
-                                        " live workers, its master.max_workers; wait for one "
-                                        "to leave (or raise master.max_workers)"),
-                           proto::SLOW_DOWN);
-  }
-  const double refill = std::max<double>(8.0, static_cast<double>(max_workers) / 8);
-  registrations_left_ =
-      std::min(static_cast<double>(max_workers),
-               registrations_left_ +
-                   refill * absl::ToDoubleSeconds(now - registrations_refilled_));
-  registrations_refilled_ = now;
-  if (registrations_left_ < 1) {
-    return ErrorWithReason(absl::StatusCode::kResourceExhausted,
-                           absl::StrCat("more than ", refill,
-                                        " worker registrations a second; wait and ask again"),
-                           proto::SLOW_DOWN);
-  }
-  registrations_left_ -= 1;
+  RETURN_IF_ERROR(membership_.TakeRegistration(now));
   reply->set_worker_id(membership_.AdmitWorker(request, now));
   *reply->mutable_job() = job_spec_;
   reply->set_heartbeat_ms(static_cast<uint32_t>(job_.master.heartbeat_ms));
@@ -615,67 +593,6 @@ void JobControl::FencesRefused(const Membership::FenceRound& round,
   }
 }
 
-std::optional<JobControl::CheckpointWrite> JobControl::NextCheckpointWrite(absl::Time now) {
-  const std::optional<uint64_t> round = checkpoints_.round_id();
-  if (!round.has_value()) return std::nullopt;
-  const auto not_paused_now = [&] {
-    std::vector<uint32_t> ids;
-    for (const auto& [id, worker] : membership_.workers()) {
-      if (worker.state == PeerState::kAlive && worker.paused_for != *round) ids.push_back(id);
-    }
-    return ids;
-  };
-  std::vector<uint32_t> not_paused = not_paused_now();
-  // One worker that never pauses must not fail every round: it is fenced
-  // (its shards go back from their committed offsets) and the round goes on.
-  const std::vector<uint32_t> overdue = checkpoints_.OverdueToPause(now, not_paused);
-  for (uint32_t id : overdue) {
-    progress_.AddRetrained(membership_.FenceAlive(
-        id, now,
-        absl::StrCat("it did not pause for checkpoint ", *round, " within 2 leases (",
-                     2 * job_.master.lease_ms, " ms) while the other workers waited")));
-  }
-  if (!overdue.empty()) not_paused = not_paused_now();
-  std::optional<CheckpointCoordinator::Write> write =
-      checkpoints_.Next(now, not_paused, membership_.awaiting_fences(), over());
-  if (!write.has_value()) return std::nullopt;
-  return CheckpointWrite{.write = *std::move(write), .servers = membership_.LiveServers()};
-}
-
-std::optional<proto::CheckpointRecord> JobControl::CheckpointWritten(
-    const CheckpointWrite& write, std::vector<StatusOr<proto::ServerCheckpoint>> parts,
-    absl::Time writing_started, absl::Time now, StateUpdate* update) {
-  std::string error = write.servers.empty() ? "no live server" : "";
-  proto::CheckpointRecord record = CheckpointRecordNow(write.write.id, now);
-  for (auto& part : parts) {
-    if (!part.ok()) {
-      absl::StrAppend(&error, error.empty() ? "" : "; ", part.status().message());
-      continue;
-    }
-    record.set_bytes(record.bytes() + part->bytes());
-    *record.add_servers() = *std::move(part);
-  }
-  record.set_duration_ms(absl::ToDoubleMilliseconds(now - writing_started));
-  record.set_pause_ms(absl::ToDoubleMilliseconds(now - write.write.started));
-  if (!error.empty()) {
-    checkpoints_.Fail(absl::StrCat(error, "; the previous checkpoint stands"), now);
-    return std::nullopt;
-  }
-  *update = checkpoints_.CompleteUpdate(record);
-  return record;
-}
-
-void JobControl::CheckpointRecorded(const proto::CheckpointRecord& record, const Status& written,
-                                    absl::Time now) {
-  if (written.ok()) {
-    checkpoints_.Completed(record, now);
-  } else {
-    checkpoints_.Fail(
-        absl::StrCat("recording it: ", written.message(), "; the previous checkpoint stands"),
-        now);
-  }
-}
-
 std::optional<Recovery::Step> JobControl::NextRestore(absl::Time now) {
   if (!recovery_.active() || over()) return std::nullopt;
   if (!checkpoints_.last().has_value()) {
@@ -823,18 +740,6 @@ void JobControl::StopDiverged(const std::string& reason, absl::Time now) {
        now);
 }
 
-StatusOr<uint64_t> JobControl::RequestCheckpoint() {
-  if (progress_.phase() != JobPhase::kTraining || over() || recovery_.active()) {
-    return absl::FailedPreconditionError(
-        recovery_.active() && !over()
-            ? absl::StrCat("the job is being restored (", recovery_.why(),
-                           "); ask again once it trains")
-            : absl::StrCat("checkpoints are taken while the job trains; it is ",
-                           JobPhaseName(progress_.phase())));
-  }
-  return checkpoints_.Request();
-}
-
 // --- Progress -------------------------------------------------------------------
 
 std::optional<double> JobControl::EtaSeconds() const {
@@ -887,15 +792,6 @@ void JobControl::SampleProgress(absl::Time now) {
 }
 
 // --- Persistence ----------------------------------------------------------------
-
-proto::CheckpointRecord JobControl::CheckpointRecordNow(uint64_t id, absl::Time now) const {
-  proto::CheckpointRecord record;
-  record.set_id(id);
-  *record.mutable_master() = SaveRecord();
-  progress_.SaveShards(&record);
-  record.set_unix_ms(absl::ToUnixMillis(now));
-  return record;
-}
 
 proto::MasterRecord JobControl::SaveRecord() const {
   proto::MasterRecord record;

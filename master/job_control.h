@@ -81,8 +81,8 @@ class JobControl {
 
   Status RegisterServer(const proto::RegisterServerRequest& request, absl::Time now,
                         proto::RegisterServerReply* reply);
-  // Refused with reason SLOW_DOWN (the worker waits and asks again) while
-  // master.max_workers workers are alive, or past the registration rate.
+  // Refused with reason SLOW_DOWN (the worker waits and asks again) at
+  // master.max_workers or the registration rate (Membership::TakeRegistration).
   Status RegisterWorker(const proto::RegisterWorkerRequest& request, absl::Time now,
                         proto::RegisterWorkerReply* reply);
   Status Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
@@ -299,12 +299,8 @@ class JobControl {
   std::string import_error_;
   bool export_due_ = false;
   absl::Time export_due_since_ = absl::InfiniteFuture();
-  // Registrations of workers: a bucket of master.max_workers (resolved)
-  // registrations, refilled at an eighth of that (at least 8) a second, so
-  // a whole fleet may start at once but no key holder can churn ids.
+  // See NoteUnhandledSince.
   std::optional<absl::Time> unhandled_since_;
-  double registrations_left_ = 0;
-  absl::Time registrations_refilled_;
   uint32_t export_attempts_ = 0;
   std::string export_error_;
   std::string saved_record_;  // the master record last taken, serialized

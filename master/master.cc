@@ -164,6 +164,7 @@ Status Master::Impl::StartServing() {
   rpc_options.num_threads = 1;
   rpc_options.max_frames = 2;
   rpc_options.name = "master";
+  rpc_options.track_waiting = true;  // leases are judged on arrivals
   ASSIGN_OR_RETURN(rpc_, RpcServer::Start(&factory_, rpc_options,
                                           [this](Message& request, Message* reply) {
                                             return Handle(request, reply);

@@ -112,6 +112,33 @@ bool Membership::AdmitServer(uint32_t slot, const proto::RegisterServerRequest& 
   return replaces;
 }
 
+Status Membership::TakeRegistration(absl::Time now) {
+  const int64_t max_workers = job_.MaxWorkers();
+  if (alive_workers() >= static_cast<size_t>(max_workers)) {
+    return ErrorWithReason(absl::StatusCode::kResourceExhausted,
+                           absl::StrCat("the job has ", max_workers,
+                                        " live workers, its master.max_workers; wait for one "
+                                        "to leave (or raise master.max_workers)"),
+                           proto::SLOW_DOWN);
+  }
+  const double capacity = static_cast<double>(max_workers);
+  const double refill = std::max(8.0, capacity / 8);
+  registrations_left_ =
+      registrations_refilled_ == absl::InfinitePast()
+          ? capacity
+          : std::min(capacity, registrations_left_ +
+                                   refill * absl::ToDoubleSeconds(now - registrations_refilled_));
+  registrations_refilled_ = now;
+  if (registrations_left_ < 1) {
+    return ErrorWithReason(absl::StatusCode::kResourceExhausted,
+                           absl::StrCat("more than ", refill,
+                                        " worker registrations a second; wait and ask again"),
+                           proto::SLOW_DOWN);
+  }
+  registrations_left_ -= 1;
+  return absl::OkStatus();
+}
+
 uint32_t Membership::AdmitWorker(const proto::RegisterWorkerRequest& request, absl::Time now) {
   const uint32_t id = next_worker_id_++;
   WorkerEntry& worker = workers_[id];

@@ -116,6 +116,13 @@ class Membership {
   // sent to it again.
   bool AdmitServer(uint32_t slot, const proto::RegisterServerRequest& request, absl::Time now);
 
+  // Whether a worker may register now (then AdmitWorker): refused with
+  // reason SLOW_DOWN (it waits and asks again) while master.max_workers
+  // (JobConfig::MaxWorkers) workers are alive, or past the registration
+  // rate: a bucket of max_workers registrations refilled at an eighth of
+  // that (at least 8) a second, so that a whole fleet may start at once but
+  // no holder of the worker key can churn ids. Takes a registration.
+  Status TakeRegistration(absl::Time now);
   // A new worker id.
   uint32_t AdmitWorker(const proto::RegisterWorkerRequest& request, absl::Time now);
 
@@ -246,6 +253,9 @@ class Membership {
   std::map<uint32_t, WorkerEntry> workers_;
   std::map<uint32_t, ServerEntry> servers_;
   uint32_t next_worker_id_ = 0;
+  // See TakeRegistration.
+  double registrations_left_ = 0;
+  absl::Time registrations_refilled_ = absl::InfinitePast();
   uint32_t next_server_id_ = 0;
   proto::ClusterMap cluster_map_;
   uint64_t generation_ = 0;

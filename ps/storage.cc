@@ -370,8 +370,8 @@ Status ServerStorage::ExpireLocked(uint32_t passes_done) {
       }
     }
     LOG(INFO) << "table '" << table->spec().name() << "': deleted " << *rows
-              << " rows untrained for " << table->spec().ttl_passes() << " pass(es) after pass "
-              << passes_done << compacted;
+              << " rows untrained for " << table->spec().ttl_passes() << " pass(es), once "
+              << passes_done << " pass(es) were done" << compacted;
   }
   absl::MutexLock lock(&mu_);
   rows_expired_ += expired;

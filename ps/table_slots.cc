@@ -185,7 +185,9 @@ StatusOr<uint64_t> StripedTable::Expire(uint32_t passes_done) {
   if (ttl_passes_ == 0) return uint64_t{0};
   // Rows last pushed in pass `last` or before went untrained for ttl passes.
   const int64_t last = int64_t{passes_done} - 1 - ttl_passes_;
-  if (last < std::numeric_limits<int32_t>::min()) return uint64_t{0};
+  // No row is older than pass -1 (a warm start's): nothing to look at, and
+  // no scan of the store on every start.
+  if (last < -1) return uint64_t{0};
   uint64_t max_seq = 0;
   uint64_t expired = ExpireResident(static_cast<int32_t>(last), &max_seq);
   if (storage_.store != nullptr) {
@@ -234,19 +236,22 @@ StatusOr<uint64_t> StripedTable::ExpireStored(int32_t last, uint64_t* max_seq) {
   // stripe's lock, and only when the row is not in memory (where a push
   // may have made it current since the scan's snapshot).
   constexpr size_t kBatch = 4096;
-  std::vector<uint64_t> batch;
+  struct Expired {
+    uint64_t hash;  // Mix64(key), whose top bits are its stripe
+    uint64_t key;
+  };
+  std::vector<Expired> batch;
   const auto erase = [&] {
-    std::sort(batch.begin(), batch.end(), [](uint64_t a, uint64_t b) {
-      return StripeOf(Mix64(a)) < StripeOf(Mix64(b));
-    });
+    std::sort(batch.begin(), batch.end(),
+              [](const Expired& a, const Expired& b) { return a.hash < b.hash; });
     for (size_t i = 0; i < batch.size();) {
-      Stripe& stripe = stripes_[StripeOf(Mix64(batch[i]))];
+      const uint32_t s = StripeOf(batch[i].hash);
+      Stripe& stripe = stripes_[s];
       absl::MutexLock lock(&stripe.mu);
-      const uint32_t s = StripeOf(Mix64(batch[i]));
       bool erased = false;
-      for (; i < batch.size() && StripeOf(Mix64(batch[i])) == s; ++i) {
-        if (FindLocked(stripe, batch[i], Mix64(batch[i])) != kEmptySlot) continue;
-        *max_seq = std::max(*max_seq, storage_.queue->AppendErase(spec_.id(), batch[i]));
+      for (; i < batch.size() && StripeOf(batch[i].hash) == s; ++i) {
+        if (FindLocked(stripe, batch[i].key, batch[i].hash) != kEmptySlot) continue;
+        *max_seq = std::max(*max_seq, storage_.queue->AppendErase(spec_.id(), batch[i].key));
         erased = true;
         ++expired;
       }
@@ -263,7 +268,7 @@ StatusOr<uint64_t> StripedTable::ExpireStored(int32_t last, uint64_t* max_seq) {
     int32_t pass;
     std::memcpy(&pass, value.data() + sizeof(float) * row_floats_, sizeof(pass));
     if (pass > last) return absl::OkStatus();
-    batch.push_back(key);
+    batch.push_back(Expired{Mix64(key), key});
     if (batch.size() == kBatch) erase();
     return absl::OkStatus();
   }));

@@ -102,8 +102,9 @@ struct ProxyState {
   std::atomic<uint64_t>* limited;
   // By routing id; a peer with nothing in flight has no entry.
   absl::flat_hash_map<std::string, int> in_flight;
-  // The arrival times (Unix ns) of the requests forwarded and not answered:
-  // per peer in order, and all of them; the oldest goes to `oldest`.
+  // With track_waiting (`oldest` set): the arrival times (Unix ns) of the
+  // requests forwarded and not answered, per peer in order and all of them;
+  // the oldest goes to `oldest`.
   absl::flat_hash_map<std::string, std::deque<int64_t>> arrivals = {};
   std::multiset<int64_t> waiting = {};
   std::atomic<int64_t>* oldest = nullptr;
@@ -151,10 +152,12 @@ bool ForwardRequest(zmq::socket_t& frontend, zmq::socket_t& backend, ProxyState&
   for (zmq::message_t& frame : request) routed.push_back(std::move(frame));
   if (SendAll(backend, routed)) {
     ++in_flight;
-    const int64_t now = absl::ToUnixNanos(absl::Now());
-    state.arrivals[id].push_back(now);
-    state.waiting.insert(now);
-    state.PublishOldest();
+    if (state.oldest != nullptr) {
+      const int64_t now = absl::ToUnixNanos(absl::Now());
+      state.arrivals[id].push_back(now);
+      state.waiting.insert(now);
+      state.PublishOldest();
+    }
   } else if (in_flight == 0) {
     state.in_flight.erase(id);
   }
@@ -172,7 +175,8 @@ bool ForwardReply(zmq::socket_t& backend, zmq::socket_t& frontend, ProxyState& s
   if (it != state.in_flight.end() && --it->second <= 0) state.in_flight.erase(it);
   // A peer's replies may come back out of order: its oldest goes (an
   // approximation that only ever makes the oldest look newer).
-  if (auto arrived = state.arrivals.find(id); arrived != state.arrivals.end()) {
+  if (auto arrived = state.arrivals.find(id);
+      state.oldest != nullptr && arrived != state.arrivals.end()) {
     state.waiting.erase(state.waiting.find(arrived->second.front()));
     arrived->second.pop_front();
     if (arrived->second.empty()) state.arrivals.erase(arrived);
@@ -268,7 +272,8 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
                           .name = options.name,
                           .limited = &server->limited_,
                           .in_flight = {},
-                          .oldest = &server->oldest_waiting_ns_}]() mutable {
+                          .oldest = options.track_waiting ? &server->oldest_waiting_ns_
+                                                          : nullptr}]() mutable {
         try {
           Proxy(f, b, c, state);
         } catch (const zmq::error_t& e) {

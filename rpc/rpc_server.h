@@ -62,6 +62,10 @@ struct RpcServerOptions {
   int max_in_flight_per_peer = 64;
   // Names the server in logs, e.g. "ps[2]". Default "rpc".
   std::string name = "rpc";
+  // Keep when the requests not answered yet arrived (OldestWaiting): the
+  // master's, whose leases depend on it; off on the servers' pull and push
+  // path. Default false.
+  bool track_waiting = false;
 };
 
 // Handles one request. `reply` arrives with its request id and method set;
@@ -103,8 +107,9 @@ class RpcServer {
   uint64_t limited() const { return limited_.load(std::memory_order_relaxed); }
   // When the oldest request that reached the server and has not been
   // answered yet arrived (queued for a handler or being handled); nullopt
-  // when none waits. A request's peer is judged on when it came, not on
-  // when a busy handler got to it (the master's leases).
+  // when none waits, or without RpcServerOptions.track_waiting. A
+  // request's peer is judged on when it came, not on when a busy handler
+  // got to it (the master's leases).
   std::optional<absl::Time> OldestWaiting() const {
     const int64_t nanos = oldest_waiting_ns_.load(std::memory_order_relaxed);
     if (nanos == kNoneWaiting) return std::nullopt;

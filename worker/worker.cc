@@ -53,7 +53,8 @@ std::string LaunchSecret() {
   if (path == nullptr) return "";
   StatusOr<std::string> contents = ReadSmallFile(path, 4096);
   if (!contents.ok()) {
-    LOG(WARNING) << "EPS_LAUNCH_SECRET_FILE: " << contents.status().message();
+    LOG(WARNING) << "EPS_LAUNCH_SECRET_FILE: " << contents.status().message()
+                 << "; the master will refuse this launch id without its secret";
     return "";
   }
   return std::string(absl::StripAsciiWhitespace(
@@ -85,10 +86,11 @@ Status Worker::Impl::Register(Session& session) {
   // SLOW_DOWN: ask again every second, within worker.master_wait_s.
   const absl::Time give_up = absl::Now() + member.master_wait;
   StatusOr<Message> answer = session.member->Register(registration());
-  for (bool told = false; !answer.ok() && ReasonOf(answer.status()) == proto::SLOW_DOWN &&
-                          absl::Now() < give_up && !stopping();
-       told = true) {
-    if (!told) LOG(WARNING) << answer.status().message() << "; asking again every second";
+  if (!answer.ok() && ReasonOf(answer.status()) == proto::SLOW_DOWN) {
+    LOG(WARNING) << answer.status().message() << "; asking again every second";
+  }
+  while (!answer.ok() && ReasonOf(answer.status()) == proto::SLOW_DOWN && absl::Now() < give_up &&
+         !stopping()) {
     absl::SleepFor(absl::Seconds(1));
     answer = session.member->Register(registration());
   }

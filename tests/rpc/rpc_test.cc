@@ -424,10 +424,14 @@ TEST_F(RpcTest, WaitUntilReturnsWhileTheCallRuns) {
 // handler is doing with it: the master judges leases by it.
 TEST_F(RpcTest, OldestWaitingIsTheArrivalOfTheOldestUnansweredRequest) {
   absl::Notification release;
-  auto server = StartServer([&](Message& request, Message* reply) -> Status {
-    release.WaitForNotificationWithTimeout(absl::Seconds(5));
-    return Echo(request, reply);
-  });
+  RpcServerOptions options;
+  options.track_waiting = true;
+  auto server = StartServer(
+      [&](Message& request, Message* reply) -> Status {
+        release.WaitForNotificationWithTimeout(absl::Seconds(5));
+        return Echo(request, reply);
+      },
+      options);
   EXPECT_EQ(server->OldestWaiting(), std::nullopt);
   RpcChannel channel(&factory_, WorkerId(0));
   const absl::Time sent = absl::Now();
