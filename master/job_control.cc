@@ -11,6 +11,7 @@
 #include "core/logging.h"
 #include "master/job_record.h"
 #include "master/peer_stats.h"
+#include "master/work_proof.h"
 #include "rpc/message.h"
 #include "rpc/net.h"
 
@@ -395,6 +396,14 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
   }
   ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
   worker->last_seen = now;
+  if (receipt_key_ != nullptr) {
+    if (Status proof = CheckWorkProof(*receipt_key_, sender.id(), request); !proof.ok()) {
+      // Its shards go to others once every server refuses it.
+      progress_.AddRetrained(membership_.FenceAlive(
+          sender.id(), now, absl::StrCat("its work is not proven: ", proof.message())));
+      return membership_.LiveWorker(sender, recovery_.why()).status();
+    }
+  }
   if (request.phase() == proto::TRAIN) {
     if (std::optional<std::string> diverged = progress_.NonFiniteLoss(sender.id(), request)) {
       StopDiverged(*diverged, now);

@@ -48,6 +48,7 @@
 #include "master/state_store.h"
 #include "master/training_progress.h"
 #include "proto/eps.pb.h"
+#include "rpc/security.h"
 
 namespace eps {
 
@@ -73,6 +74,11 @@ class JobControl {
   // A failed scan fails the job.
   void DataScanned(StatusOr<std::pair<DataSet, DataSet>> data, absl::Time now);
   bool data_ready() const { return progress_.data_ready(); }
+  // Under CURVE: training commits must carry the servers' receipts for
+  // their records (master/work_proof.h); a commit they do not cover fences
+  // its worker. `key` must outlive the unit; nullptr (the default) checks
+  // nothing.
+  void CheckWorkWith(const WorkerCredentials* key) { receipt_key_ = key; }
 
   // --- RPC handlers ---------------------------------------------------------
   // Each validates, applies and fills its reply; errors as the wire
@@ -276,6 +282,7 @@ class JobControl {
   CheckpointCoordinator checkpoints_;
   Recovery recovery_;
   ProgressMeter meter_;
+  const WorkerCredentials* receipt_key_ = nullptr;
   bool resumed_ = false;
   // Since when the bounded waits of EnforceBounds have lasted
   // (InfiniteFuture while not waiting), and the last tick a recovery held

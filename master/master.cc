@@ -173,6 +173,8 @@ Status Master::Impl::StartServing() {
     ASSIGN_OR_RETURN(WorkerCredentials credentials, WorkerCredentials::ForMaster(options_.security));
     worker_credentials_ = credentials;
     rpc_->SetWorkerCredentials(std::move(credentials));
+    absl::MutexLock lock(&mu_);
+    control_->CheckWorkWith(&*worker_credentials_);
   }
   rpc_endpoint_ = rpc_->endpoint();
   // A wildcard bind is not an address peers can dial: advertise the host name.

@@ -163,6 +163,13 @@ StatusOr<WorkerEntry*> Membership::LiveWorker(const proto::NodeId& sender,
     return absl::InvalidArgumentError("only workers may call this");
   }
   auto it = workers_.find(sender.id());
+  if (it != workers_.end() && it->second.state == PeerState::kFenced &&
+      !it->second.fenced_why.empty()) {
+    return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                           absl::StrCat("worker ", sender.id(), " is fenced: ",
+                                        it->second.fenced_why, "; it must register again"),
+                           proto::FENCED);
+  }
   if (it != workers_.end() && it->second.state == PeerState::kFenced) {
     return ErrorWithReason(
         absl::StatusCode::kFailedPrecondition,
@@ -311,6 +318,7 @@ uint64_t Membership::FenceAlive(uint32_t worker, absl::Time now, const std::stri
   WorkerEntry& entry = it->second;
   entry.state = PeerState::kFenced;
   entry.fenced_alive = true;
+  entry.fenced_why = why;
   LOG(WARNING) << "worker[" << worker << "] (" << entry.host << " pid " << entry.pid
                << ") fenced: " << why;
   events_->Record("worker_fenced_alive", {{"worker", worker}, {"reason", why}});

@@ -62,6 +62,8 @@ struct WorkerEntry {
   // Fenced by the master while alive (it held a shard and made no
   // progress): the autoscaler replaces the process.
   bool fenced_alive = false;
+  // Why the master fenced it while alive (what its later calls are told).
+  std::string fenced_why;
   // As last reported; kept once the worker is gone (/metrics).
   proto::WorkerStats stats;
 };

@@ -145,8 +145,28 @@ Status ParamServer::Impl::CheckWorkerCredentials(const proto::RegisterServerRepl
         "the master's registration answer carries no valid key of workers' credentials (",
         credentials.status().message(), "): are the master and this server the same eps build?"));
   }
+  {
+    absl::MutexLock lock(&receipts_mu_);
+    receipt_key_ = *credentials;
+  }
   rpc_->SetWorkerCredentials(*std::move(credentials));
   return absl::OkStatus();
+}
+
+std::string ParamServer::Impl::ReceiptFor(uint32_t sender, uint64_t seq,
+                                          const proto::WorkBatch& batch, bool first_time) {
+  absl::MutexLock lock(&receipts_mu_);
+  if (!receipt_key_.has_value()) return std::string();
+  std::string tag = receipt_key_->Receipt(sender, batch);
+  if (first_time) {
+    last_receipts_[sender] = LastReceipt{.seq = seq, .tag = tag};
+    return tag;
+  }
+  const auto last = last_receipts_.find(sender);
+  if (last == last_receipts_.end() || last->second.seq != seq || last->second.tag != tag) {
+    return std::string();
+  }
+  return tag;
 }
 
 Message ParamServer::Impl::RegisterRequest(bool rejoin) const {
@@ -420,6 +440,10 @@ Status ParamServer::Impl::HandleFenceWorkers(const Message& request, Message* re
     }
     fenced = fenced_.size();
   }
+  {
+    absl::MutexLock lock(&receipts_mu_);
+    for (uint32_t worker : added) last_receipts_.erase(worker);
+  }
   if (!added.empty()) {
     LOG(INFO) << "fenced worker(s) " << absl::StrJoin(added, ", ") << " (membership epoch "
               << body.membership_epoch() << "); " << fenced << " fenced in all";
@@ -587,6 +611,10 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     }
   }
   proto::PushReply* answer = reply->header().mutable_push_reply();
+  const proto::PushRequest& push = request.header().push_request();
+  if (push.has_batch() && sender.role() == proto::ROLE_WORKER) {
+    answer->set_receipt(ReceiptFor(sender.id(), push.client_seq(), push.batch(), first_time));
+  }
   if (!first_time) {
     VLOG(2) << "push " << request.header().push_request().client_seq() << " of worker "
             << sender.id() << " repeats one already applied";

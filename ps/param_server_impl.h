@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/member_session.h"
@@ -27,6 +28,7 @@
 #include "ps/table.h"
 #include "rpc/message.h"
 #include "rpc/rpc_server.h"
+#include "rpc/security.h"
 #include "rpc/socket_factory.h"
 
 namespace eps {
@@ -157,6 +159,24 @@ class ParamServer::Impl {
   mutable absl::Mutex fence_mu_ ABSL_ACQUIRED_AFTER(restore_mu_);
   absl::flat_hash_set<uint32_t> fenced_ ABSL_GUARDED_BY(fence_mu_);
   std::unique_ptr<PushDeduplicator> dedup_ ABSL_GUARDED_BY(fence_mu_);
+
+  // Under CURVE, from the master's registration answer: the key the
+  // receipts for pushes are made with (PushReply.receipt), and each
+  // worker's last receipt with its push's sequence number. A repeat of
+  // that push gets the receipt again; a repeat of an older one, or one
+  // naming another batch, gets none: a push applied once is one receipt.
+  // Taken after fence_mu_.
+  absl::Mutex receipts_mu_ ABSL_ACQUIRED_AFTER(fence_mu_);
+  std::optional<WorkerCredentials> receipt_key_ ABSL_GUARDED_BY(receipts_mu_);
+  struct LastReceipt {
+    uint64_t seq = 0;
+    std::string tag;
+  };
+  absl::flat_hash_map<uint32_t, LastReceipt> last_receipts_ ABSL_GUARDED_BY(receipts_mu_);
+  // The receipt for worker `sender`'s push `seq` of `batch`; `first_time`:
+  // applied now (else a repeat). Empty when none is due.
+  std::string ReceiptFor(uint32_t sender, uint64_t seq, const proto::WorkBatch& batch,
+                         bool first_time) ABSL_LOCKS_EXCLUDED(receipts_mu_);
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);

@@ -369,6 +369,32 @@ bool WorkerCredentials::Verify(uint32_t id, absl::string_view credential) const 
   return sodium_memcmp(expected.data(), credential.data(), expected.size()) == 0;
 }
 
+std::string WorkerCredentials::Receipt(uint32_t id, const proto::WorkBatch& batch) const {
+  // A fixed layout: the domain, then every field little-endian.
+  std::string message = "eps push receipt v1";
+  const auto append = [&message](uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) message.push_back(static_cast<char>(value >> (8 * i)));
+  };
+  append(id, 4);
+  append(batch.shard_id(), 8);
+  append(batch.epoch(), 4);
+  append(batch.begin_offset(), 8);
+  append(batch.end_offset(), 8);
+  append(batch.records(), 4);
+  std::string tag(crypto_auth_BYTES, '\0');
+  crypto_auth(reinterpret_cast<unsigned char*>(tag.data()),
+              reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+              reinterpret_cast<const unsigned char*>(key_.data()));
+  return tag;
+}
+
+bool WorkerCredentials::VerifyReceipt(uint32_t id, const proto::WorkBatch& batch,
+                                      absl::string_view tag) const {
+  if (tag.size() != crypto_auth_BYTES) return false;
+  const std::string expected = Receipt(id, batch);
+  return sodium_memcmp(expected.data(), tag.data(), expected.size()) == 0;
+}
+
 StatusOr<std::unique_ptr<ZapAuthenticator>> ZapAuthenticator::Start(
     zmq::context_t& context, const SecurityOptions& security) {
   std::unique_ptr<ZapAuthenticator> zap(new ZapAuthenticator(security));

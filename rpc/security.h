@@ -108,6 +108,13 @@ class WorkerCredentials {
   std::string Issue(uint32_t id) const;
   // Whether `credential` is worker `id`'s (in constant time).
   bool Verify(uint32_t id, absl::string_view credential) const;
+  // A server's receipt that worker `id`'s push of `batch` was applied
+  // (PushReply.receipt): an HMAC of both under the same key, in another
+  // domain than credentials, so only the servers and the master can make
+  // one. Every server makes the same receipt for the same push.
+  std::string Receipt(uint32_t id, const proto::WorkBatch& batch) const;
+  // Whether `tag` is Receipt(id, batch) (in constant time).
+  bool VerifyReceipt(uint32_t id, const proto::WorkBatch& batch, absl::string_view tag) const;
   // The checking key, for the servers (secret: only over CURVE).
   const std::string& key() const { return key_; }
 

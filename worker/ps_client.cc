@@ -249,7 +249,7 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
 
 Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
                       float lr_scale, const Versions* based_on, Versions* versions,
-                      uint32_t pass) {
+                      uint32_t pass, const proto::WorkBatch* batch, std::string* receipt) {
   const ScopedLatency timer(push_latency_);
   if (versions != nullptr) versions->assign(tables.size(), {});
   CHECK_EQ(tables.size(), grads.size());
@@ -263,6 +263,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     body->set_client_seq(++push_seq_);
     if (lr_scale != 1.0f) body->set_lr_scale(lr_scale);
     body->set_pass(pass);
+    if (batch != nullptr) *body->mutable_batch() = *batch;
     for (const Piece& piece : request.pieces) {
       const uint32_t dim = table(tables[piece.table].table_id).dim();
       body->add_table_ids(tables[piece.table].table_id);
@@ -288,6 +289,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
   };
   return Exchange(tables, "PUSH", build, [&](const Request& request, Message& reply) {
     NoteVersions(request, reply.header().push_reply().versions(), /*lowest=*/false, versions);
+    if (receipt != nullptr && receipt->empty()) *receipt = reply.header().push_reply().receipt();
     return absl::OkStatus();
   });
 }

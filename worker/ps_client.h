@@ -74,11 +74,14 @@ class PsClient {
   // given) gets each server's versions once the push is applied (the
   // highest when it took a table in several messages). `pass` is 1 + the
   // training pass (epoch) the gradients come from, 0 when not known
-  // (PushRequest.pass).
+  // (PushRequest.pass). `batch`, when given, names the training records the
+  // gradients come from; under CURVE the servers answer with a receipt for
+  // it, and `receipt` (when given) gets it (empty when none came).
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
   Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
               float lr_scale = 1.0f, const Versions* based_on = nullptr,
-              Versions* versions = nullptr, uint32_t pass = 0);
+              Versions* versions = nullptr, uint32_t pass = 0,
+              const proto::WorkBatch* batch = nullptr, std::string* receipt = nullptr);
 
   const proto::TableSpec& table(uint32_t id) const { return job_.tables(static_cast<int>(id)); }
 

@@ -151,6 +151,10 @@ class Worker::Impl {
     std::vector<StepPipeline::Step::Push> pushes;
     double loss_sum = 0;
     std::vector<float> predictions;
+    // The servers' receipts for the pushes, filled as they are applied
+    // (before the commit, which carries them).
+    std::shared_ptr<std::vector<proto::WorkReceipt>> receipts =
+        std::make_shared<std::vector<proto::WorkReceipt>>();
   };
   // Trains `prepared` from the dense copy the pipeline allows.
   Status Train(Session& session, const std::shared_ptr<PreparedBatch>& prepared,
@@ -166,7 +170,8 @@ class Worker::Impl {
               const std::shared_ptr<const StepPipeline::DenseCopy>& copy, float lr_scale,
               StepResult* result);
   Status Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
-                double loss_sum, const std::vector<float>& predictions);
+                double loss_sum, const std::vector<float>& predictions,
+                const std::vector<proto::WorkReceipt>& receipts);
   // The pipeline's commit of a step: the batch, then the counts, then the
   // end of the step.
   StepPipeline::Step MakeStep(Session& session, std::shared_ptr<PreparedBatch> prepared,

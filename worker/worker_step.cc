@@ -128,8 +128,16 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
   // Pushed by the pipeline, from its thread, while the next step computes.
   // The pass the rows were trained in (for ps.ttl_passes).
   const uint32_t pass = prepared.shard.epoch() + 1;
+  // The records the push trains, for the servers' receipt.
+  proto::WorkBatch work;
+  work.set_shard_id(prepared.shard.shard_id());
+  work.set_epoch(prepared.shard.epoch());
+  work.set_begin_offset(prepared.begin);
+  work.set_end_offset(prepared.end);
+  work.set_records(static_cast<uint32_t>(batch->size()));
   result->pushes.push_back([this, &session, batch = std::move(batch), copy,
-                            grads = std::move(grads), lr_scale, pass](
+                            grads = std::move(grads), lr_scale, pass, work = std::move(work),
+                            receipts = result->receipts](
                                StepPipeline::Lane& lane, PsClient::Versions* applied) -> Status {
     const std::vector<ParamSpec>& specs = model_->params();
     std::vector<PsClient::Keys> keys(specs.size());
@@ -144,9 +152,15 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
     // A worker that was frozen past its lease must not push: its shard may
     // be another worker's by now.
     RETURN_IF_ERROR(CheckLease(session));
-    RETURN_IF_ERROR(Annotate(
-        lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr, applied, pass),
-        "push"));
+    std::string receipt;
+    RETURN_IF_ERROR(Annotate(lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr,
+                                           applied, pass, &work, &receipt),
+                             "push"));
+    if (!receipt.empty()) {
+      proto::WorkReceipt& proof = receipts->emplace_back();
+      proof.set_records(work.records());
+      proof.set_tag(std::move(receipt));
+    }
     records_pushed_.fetch_add(static_cast<uint64_t>(batch->size()));
     return absl::OkStatus();
   });
@@ -181,7 +195,8 @@ Status Worker::Impl::ReportUnreadable(Session& session, RpcChannel& master,
 }
 
 Status Worker::Impl::Commit(Session& session, RpcChannel& master, const PreparedBatch& prepared,
-                            double loss_sum, const std::vector<float>& predictions) {
+                            double loss_sum, const std::vector<float>& predictions,
+                            const std::vector<proto::WorkReceipt>& receipts) {
   // A repeated commit is acknowledged without effect, so retrying is safe.
   StatusOr<Message> reply = CallMaster(session, master, [&] {
     Message request;
@@ -198,6 +213,7 @@ Status Worker::Impl::Commit(Session& session, RpcChannel& master, const Prepared
     for (const std::string& example : prepared.malformed_examples) {
       body->add_malformed_examples(example);
     }
+    body->mutable_receipts()->Add(receipts.begin(), receipts.end());
     if (prepared.shard.phase() == proto::EVAL) {
       request.AddArray(prepared.batch.labels);
       request.AddArray(predictions);
@@ -224,9 +240,10 @@ StepPipeline::Step Worker::Impl::MakeStep(Session& session,
   StepPipeline::Step step;
   step.pushes = std::move(result.pushes);
   step.commit = [this, &session, prepared = std::move(prepared), loss_sum = result.loss_sum,
-                 predictions = std::move(result.predictions)](StepPipeline::Lane& lane) {
+                 predictions = std::move(result.predictions),
+                 receipts = std::move(result.receipts)](StepPipeline::Lane& lane) {
     RETURN_IF_ERROR(CheckLease(session));
-    RETURN_IF_ERROR(Commit(session, *lane.master, *prepared, loss_sum, predictions));
+    RETURN_IF_ERROR(Commit(session, *lane.master, *prepared, loss_sum, predictions, *receipts));
     batches_.fetch_add(1);
     malformed_.fetch_add(prepared->malformed);
     if (prepared->shard.phase() == proto::TRAIN) {

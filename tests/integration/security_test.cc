@@ -6,10 +6,12 @@
 // refusals. With mode = off the job still trains, and every process says at
 // its start that it is unauthenticated.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,7 +23,9 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "proto/eps.pb.h"
+#include "cluster/job_options.h"
 #include "cluster/placement.h"
+#include "core/flags.h"
 #include "rpc/message.h"
 #include "rpc/rpc_channel.h"
 #include "rpc/security.h"
@@ -180,6 +184,85 @@ Flood FloodWithFreshKeys(const std::string& keys_dir, const std::string& master,
   }
   return flood;
 }
+
+// A worker of the job gone bad: it registers as itself (the worker key,
+// the job's options), takes shards and commits what it likes.
+class RogueWorker {
+ public:
+  RogueWorker(const std::string& keys_dir, std::string master)
+      : factory_(FactoryWithJobKeys(keys_dir, proto::ROLE_WORKER)), master_(std::move(master)) {}
+
+  Status Register(const std::string& config, const std::vector<std::string>& overrides) {
+    CommandLine command_line("rogue", "--config JOB.ini");
+    std::vector<std::string> args = {"rogue", "--config", config};
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    std::vector<const char*> argv;
+    for (const std::string& arg : args) argv.push_back(arg.c_str());
+    ASSIGN_OR_RETURN(JobConfig job, command_line.Parse(static_cast<int>(argv.size()), argv.data()));
+    Message request;
+    request.header().set_method(proto::REGISTER_WORKER);
+    proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
+    body->set_hostname("rogue");
+    body->set_pid(1);
+    body->set_device("cpu");
+    AddSharedOptions(job.SharedOptions(), body->mutable_job_options());
+    RpcChannel channel(factory_.get(), Node(proto::ROLE_WORKER, 0));
+    ASSIGN_OR_RETURN(Message reply, channel.Call(master_, std::move(request), CallOptions{}));
+    self_ = Node(proto::ROLE_WORKER, reply.header().register_worker_reply().worker_id());
+    self_.set_credential(reply.header().register_worker_reply().credential());
+    return absl::OkStatus();
+  }
+
+  // The first shard of `phase` the master hands it within `timeout`.
+  StatusOr<proto::ShardAssignment> TakeShard(proto::Phase phase, absl::Duration timeout) {
+    RpcChannel channel(factory_.get(), self_);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      Message request;
+      request.header().set_method(proto::GET_SHARD);
+      request.header().mutable_get_shard_request();
+      ASSIGN_OR_RETURN(Message reply, channel.Call(master_, std::move(request), CallOptions{}));
+      const proto::GetShardReply& answer = reply.header().get_shard_reply();
+      if (answer.action() == proto::GetShardReply::ASSIGNED && answer.shard().phase() == phase) {
+        return answer.shard();
+      }
+      if (answer.action() == proto::GetShardReply::FINISHED) break;
+      // A shard of another pass: keep it (the master hands it back once
+      // the rogue is gone) and ask again later.
+      absl::SleepFor(absl::Milliseconds(std::max<uint32_t>(answer.retry_after_ms(), 50)));
+    }
+    return absl::DeadlineExceededError("no shard of the wanted pass came");
+  }
+
+  // Commits `shard` whole as trained (TRAIN) or evaluated with `predictions`
+  // (EVAL), having pushed nothing.
+  Status CommitWhole(const proto::ShardAssignment& shard, std::vector<float> labels = {},
+                     std::vector<float> predictions = {}) {
+    Message request;
+    request.header().set_method(proto::COMMIT_PROGRESS);
+    proto::CommitProgressRequest* body = request.header().mutable_commit_progress_request();
+    body->set_shard_id(shard.shard_id());
+    body->set_epoch(shard.epoch());
+    body->set_phase(shard.phase());
+    body->set_begin_offset(shard.start());
+    body->set_end_offset(shard.end());
+    body->set_lines(shard.records());
+    body->set_loss_sum(0.1 * static_cast<double>(shard.records()));
+    if (shard.phase() == proto::EVAL) {
+      request.AddArray(labels);
+      request.AddArray(predictions);
+    }
+    RpcChannel channel(factory_.get(), self_);
+    CallOptions once;
+    once.max_attempts = 1;
+    return channel.Call(master_, std::move(request), once).status();
+  }
+
+ private:
+  std::unique_ptr<SocketFactory> factory_;
+  std::string master_;
+  proto::NodeId self_;
+};
 
 std::vector<std::string> ServerEndpoints(const json& status) {
   std::vector<std::string> endpoints;
@@ -360,6 +443,22 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
     }
   }
   EXPECT_THAT(job.master().Log(), HasSubstr("refused a connection from 127.0.0.1"));
+
+  // Fake work: a worker of the job commits a shard it never trained. It
+  // pushed nothing, so no server gave it a receipt: the master fences it,
+  // and its shard is trained by the others (the job below ends with every
+  // record trained once).
+  {
+    RogueWorker rogue(job.keys_dir(), job.endpoint());
+    ASSERT_TRUE(rogue.Register(config, overrides_).ok());
+    StatusOr<proto::ShardAssignment> shard = rogue.TakeShard(proto::TRAIN, absl::Seconds(20));
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    const Status faked = rogue.CommitWhole(*shard);
+    EXPECT_EQ(ReasonOf(faked), proto::FENCED) << faked;
+    EXPECT_THAT(faked.message(), HasSubstr("its work is not proven"));
+    EXPECT_THAT(faked.message(), HasSubstr("prove pushes of 0"));
+    EXPECT_EQ(ReasonOf(rogue.CommitWhole(*shard)), proto::FENCED) << "and stays fenced";
+  }
 
   const StatusOr<json> still = job.LiveStatus();
   ASSERT_TRUE(still.ok() && (*still)["state"] == "running")

@@ -611,6 +611,53 @@ TEST_F(JobControlTest, CommitFromAFencedWorkerIsRefused) {
   EXPECT_EQ(ReasonOf(beat), proto::FENCED);
 }
 
+// Proven work (master/work_proof.h): under CURVE a training commit counts
+// only what the servers' receipts cover; a worker that claims more is
+// fenced at once, its shard goes on from its last proven commit, and the
+// refusal says why.
+TEST_F(JobControlTest, ACommitOverWhatTheServersSawPushedFencesItsWorker) {
+  const StatusOr<WorkerCredentials> key = WorkerCredentials::FromKey(std::string(32, 'k'));
+  ASSERT_TRUE(key.ok()) << key.status();
+  control_->CheckWorkWith(&*key);
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  const auto receipted = [&](uint64_t begin, uint64_t lines, uint32_t records) {
+    proto::CommitProgressRequest commit = CommitOf(a, begin, lines);
+    proto::WorkBatch batch;
+    batch.set_shard_id(commit.shard_id());
+    batch.set_epoch(commit.epoch());
+    batch.set_begin_offset(commit.begin_offset());
+    batch.set_end_offset(commit.end_offset());
+    batch.set_records(records);
+    proto::WorkReceipt* receipt = commit.add_receipts();
+    receipt->set_records(records);
+    receipt->set_tag(key->Receipt(0, batch));
+    return commit;
+  };
+  ASSERT_TRUE(Commit(0, receipted(a.start(), 1, 1), t0_).ok());
+  EXPECT_EQ(control_->progress().records_trained(), 1u);
+
+  // Two records claimed, one pushed.
+  Status refused = Commit(0, receipted(a.start() + kLineBytes, 2, 1), At(100));
+  EXPECT_EQ(ReasonOf(refused), proto::FENCED);
+  EXPECT_THAT(refused.message(), HasSubstr("its work is not proven"));
+  EXPECT_THAT(refused.message(), HasSubstr("committed 2 records"));
+  EXPECT_THAT(refused.message(), HasSubstr("prove pushes of 1"));
+  EXPECT_EQ(control_->progress().records_trained(), 1u);
+  EXPECT_TRUE(control_->membership().IsFenced(0));
+  // Everything it sends from now on is refused with the reason.
+  EXPECT_THAT(WorkerBeat(0, At(200)).message(), HasSubstr("its work is not proven"));
+
+  // Once the servers refuse it, its shard goes on from its last proven
+  // commit, with another worker.
+  const std::optional<Membership::FenceRound> round = control_->PendingFences();
+  ASSERT_TRUE(round.has_value());
+  control_->FencesAcknowledged(*round, At(300));
+  const proto::ShardAssignment moved = Assigned(1, At(300));
+  EXPECT_EQ(moved.shard_id(), a.shard_id());
+  EXPECT_EQ(moved.start(), a.start() + kLineBytes);
+}
+
 TEST_F(JobControlTest, CommitFromAWorkerFencedByARecoveryIsRefused) {
   StartTraining();
   const proto::ShardAssignment a = Assigned(0, t0_);

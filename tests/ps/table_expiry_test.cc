@@ -137,7 +137,9 @@ TEST_P(StoredExpiry, RowsOnlyInTheStoreExpireToo) {
   Table& table = **made;
   const auto flush = [&] {
     const uint64_t seq = table.QueueDirtyRows();
-    if (seq > 0) ASSERT_TRUE(queue.WaitDurable(seq, absl::Seconds(20)).ok());
+    if (seq > 0) {
+      ASSERT_TRUE(queue.WaitDurable(seq, absl::Seconds(20)).ok());
+    }
     table.EvictToBudget();
   };
 
