@@ -6,6 +6,7 @@
 //
 // Counters: rows_per_s (items), bytes_per_s (weights moved), hit_rate,
 // bytes_per_row and raw_bytes_per_row (key + weights + optimizer state).
+// BM_PushReceipt: what proving a push costs (a receipt made and checked).
 
 #include <filesystem>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "datagen/zipf.h"
 #include "ps/storage.h"
 #include "ps/table.h"
+#include "rpc/security.h"
 
 namespace eps {
 namespace {
@@ -149,6 +151,25 @@ void BM_Push(benchmark::State& state) {
   Report(state, fixture, before);
 }
 
+// Proven work's cost per push: the server's receipt and the master's check
+// of it (master/work_proof.h), against BM_Push's time for a request of
+// kKeysPerRequest keys in the same run.
+void BM_PushReceipt(benchmark::State& state) {
+  const WorkerCredentials key = WorkerCredentials::FromKey(std::string(32, 'k')).value();
+  proto::WorkBatch batch;
+  batch.set_shard_id(12);
+  batch.set_epoch(1);
+  batch.set_begin_offset(1 << 20);
+  batch.set_end_offset(1 << 21);
+  batch.set_records(512);
+  for (auto _ : state) {
+    batch.set_begin_offset(batch.begin_offset() + 1);
+    const std::string receipt = key.Receipt(7, batch);
+    CHECK(key.VerifyReceipt(7, batch, receipt));
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 // Resident bytes per row of a full in-memory table against the raw size.
 void BM_MemoryPerRow(benchmark::State& state) {
   const int dim = static_cast<int>(state.range(0));
@@ -167,6 +188,7 @@ BENCHMARK(BM_Pull)->ArgNames({"dim", "tiered"})->ArgsProduct({{16, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Push)->ArgNames({"dim", "tiered"})->ArgsProduct({{16, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_PushReceipt)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(BM_MemoryPerRow)->ArgNames({"dim"})->Arg(16)->Arg(64)->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

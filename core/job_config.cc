@@ -419,6 +419,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "stop when no worker is alive for this long; 0 wait forever");
   v.Visit("master.max_workers", &master.max_workers,
           "live workers admitted at most; 0 sized to autoscale.max_workers");
+  v.Visit("master.eval_check_records", &master.eval_check_records,
+          "evaluation records per commit the master recomputes; 0 none");
 
   v.Visit("checkpoint.interval_s", &checkpoint.interval_s, "seconds between checkpoints");
   v.Visit("checkpoint.keep", &checkpoint.keep, "checkpoints each server keeps");
@@ -610,6 +612,7 @@ Status JobConfig::Validate() const {
       CheckRange("master.progress_timeout_s", master.progress_timeout_s, 1, kWeekS, "a week"));
   RETURN_IF_ERROR(CheckRange("master.worker_wait_s", master.worker_wait_s, 0, kWeekS, "a week"));
   RETURN_IF_ERROR(CheckRange("master.max_workers", master.max_workers, 0, 65536));
+  RETURN_IF_ERROR(CheckRange("master.eval_check_records", master.eval_check_records, 0, 4096));
 
   RETURN_IF_ERROR(CheckRange("checkpoint.interval_s", checkpoint.interval_s, 1, kWeekS, "a week"));
   RETURN_IF_ERROR(CheckRange("checkpoint.keep", checkpoint.keep, 1, 1000));

@@ -435,6 +435,22 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
   return absl::OkStatus();
 }
 
+Status JobControl::RefuseEvaluation(const proto::NodeId& sender, const std::string& why,
+                                    absl::Time now) {
+  const std::string fenced_why = absl::StrCat("the master's check of ", why);
+  progress_.AddRetrained(membership_.FenceAlive(sender.id(), now, fenced_why));
+  if (progress_.phase() == JobPhase::kEvaluating && progress_.EvaluatedBy(sender.id())) {
+    const std::string restart =
+        absl::StrCat("worker[", sender.id(), "] evaluated falsely, and some of its evaluation was "
+                     "taken before");
+    // The shards of the pass in progress go away with it: their holders
+    // register again and take the new pass's.
+    progress_.AddRetrained(membership_.FenceAllAlive(now, restart, /*tell_why=*/true));
+    progress_.RestartEvaluation(restart);
+  }
+  return membership_.LiveWorker(sender, recovery_.why()).status();
+}
+
 Status JobControl::SplitShard(const proto::NodeId& sender, const proto::SplitShardRequest& request,
                               absl::Time now, proto::SplitShardReply* reply) {
   ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));

@@ -99,6 +99,18 @@ class JobControl {
   Status Commit(const proto::NodeId& sender, const proto::CommitProgressRequest& request,
                 std::span<const float> labels, std::span<const float> predictions,
                 absl::Time now, proto::CommitProgressReply* reply);
+  // The range to check (master/eval_check.h) before Commit applies
+  // `request`, when it is an evaluation commit Commit would apply now.
+  std::optional<TrainingProgress::EvalRange> EvalRangeOf(
+      const proto::NodeId& sender, const proto::CommitProgressRequest& request) const {
+    return progress_.EvalRangeOf(sender.id(), request);
+  }
+  // `sender`'s evaluation commit failed the check (`why`): the worker is
+  // fenced, and when an evaluation of it was applied in this pass the
+  // evaluation starts over, every worker registering again; a job's
+  // metrics never come from a worker fenced for lying. Returns the FENCED
+  // error the worker is told.
+  Status RefuseEvaluation(const proto::NodeId& sender, const std::string& why, absl::Time now);
   Status SplitShard(const proto::NodeId& sender, const proto::SplitShardRequest& request,
                     absl::Time now, proto::SplitShardReply* reply);
   // SHARD_UNREADABLE, in two halves around the master's own read of the

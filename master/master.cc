@@ -173,8 +173,15 @@ Status Master::Impl::StartServing() {
     ASSIGN_OR_RETURN(WorkerCredentials credentials, WorkerCredentials::ForMaster(options_.security));
     worker_credentials_ = credentials;
     rpc_->SetWorkerCredentials(std::move(credentials));
-    absl::MutexLock lock(&mu_);
-    control_->CheckWorkWith(&*worker_credentials_);
+    {
+      absl::MutexLock lock(&mu_);
+      control_->CheckWorkWith(&*worker_credentials_);
+    }
+    if (!eval_files_.empty()) {
+      ASSIGN_OR_RETURN(eval_check_,
+                       EvalCheck::Create(job, static_cast<int>(job.master.eval_check_records),
+                                         std::random_device()()));
+    }
   }
   rpc_endpoint_ = rpc_->endpoint();
   // A wildcard bind is not an address peers can dial: advertise the host name.
@@ -545,6 +552,9 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
       if (request.header().commit_progress_request().phase() == proto::EVAL) {
         ASSIGN_OR_RETURN(labels, request.Array<float>(0));
         ASSIGN_OR_RETURN(predictions, request.Array<float>(1));
+        RETURN_IF_ERROR(CheckEvaluation(request.header().sender(),
+                                        request.header().commit_progress_request(), labels,
+                                        predictions));
       } else if (request.num_frames() != 0) {
         return absl::InvalidArgumentError("a TRAIN commit carries no frames");
       }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -21,6 +22,7 @@
 #include "core/clock.h"
 #include "master/autoscaler.h"
 #include "master/data_set.h"
+#include "master/eval_check.h"
 #include "master/event_log.h"
 #include "master/http_service.h"
 #include "master/job_control.h"
@@ -32,6 +34,7 @@
 #include "nlohmann/json.hpp"
 #include "rpc/rpc_server.h"
 #include "rpc/socket_factory.h"
+#include "worker/ps_client.h"
 
 namespace eps {
 
@@ -78,6 +81,17 @@ class Master::Impl {
   // read of the file, done without mu_ (one shard: a few MiB; the RPC
   // thread waits for it).
   Status HandleShardUnreadable(const Message& request, Message* reply);
+  // COMMIT_PROGRESS of an evaluation, under CURVE: checked against the
+  // file and the model (master/eval_check.h) before JobControl applies
+  // it, without mu_ (one batch read, one pull; the RPC thread waits). A
+  // false one fences its worker (JobControl::RefuseEvaluation) and the
+  // FENCED error is returned; kUnavailable when it could not be checked
+  // (the worker sends it again).
+  Status CheckEvaluation(const proto::NodeId& sender, const proto::CommitProgressRequest& commit,
+                         std::span<const float> labels, std::span<const float> predictions)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The parameters of `batch` from the servers, for eval_check_.
+  Status PullForCheck(const Batch& batch, ParamBuffers* params) ABSL_LOCKS_EXCLUDED(mu_);
   // POST /checkpoint: a coordinated round now (or the one in progress);
   // answers when it is complete or has failed.
   std::pair<int, std::string> PostCheckpoint();
@@ -150,6 +164,10 @@ class Master::Impl {
   // Under CURVE: what the master issues workers and hands servers; set by
   // StartServing, then read-only.
   std::optional<WorkerCredentials> worker_credentials_;
+  // Under CURVE with data.eval set (set by StartServing); used by the RPC
+  // thread only, as is its PsClient (made at the first check).
+  std::unique_ptr<EvalCheck> eval_check_;
+  std::unique_ptr<PsClient> check_ps_;
   HttpService http_{clock_};
   std::thread job_thread_;
   std::string rpc_endpoint_;

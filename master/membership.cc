@@ -301,11 +301,12 @@ void Membership::Fence(uint32_t worker, absl::Time now, const std::string& why) 
   VLOG(1) << "fencing worker[" << worker << "]: " << why;
 }
 
-uint64_t Membership::FenceAllAlive(absl::Time now, const std::string& why) {
+uint64_t Membership::FenceAllAlive(absl::Time now, const std::string& why, bool tell_why) {
   uint64_t retrained = 0;
   for (auto& [id, worker] : workers_) {
     if (worker.state != PeerState::kAlive) continue;
     worker.state = PeerState::kFenced;
+    if (tell_why) worker.fenced_why = why;
     if (worker.records_pushed > worker.records) retrained += worker.records_pushed - worker.records;
     Fence(id, now, why);
   }

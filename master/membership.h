@@ -169,9 +169,10 @@ class Membership {
 
   // Adds `worker` to the fence list; its shards wait for FencesAcknowledged.
   void Fence(uint32_t worker, absl::Time now, const std::string& why);
-  // Fences every live worker as kFenced (a recovery). Returns the records
+  // Fences every live worker as kFenced (a recovery, which their later
+  // calls are told of; or, with `tell_why`, `why`). Returns the records
   // they pushed but never committed, summed.
-  uint64_t FenceAllAlive(absl::Time now, const std::string& why);
+  uint64_t FenceAllAlive(absl::Time now, const std::string& why, bool tell_why = false);
   // Fences one live worker as kFenced (it registers again); its shards
   // wait for FencesAcknowledged. Returns the records it pushed but never
   // committed. No-op (0) unless it is alive.

@@ -91,6 +91,14 @@ void TrainingProgress::StartEpoch(uint32_t epoch) {
   events_->Record("epoch_started", {{"epoch", epoch + 1}, {"shards", train_data_.shards.size()}});
 }
 
+void TrainingProgress::RestartEvaluation(const std::string& why) {
+  if (phase_ != JobPhase::kEvaluating) return;
+  LOG(WARNING) << "the evaluation starts over (" << eval_records_ << " records dropped): " << why;
+  events_->Record("evaluation_restarted", {{"records_dropped", eval_records_}, {"reason", why}});
+  records_malformed_ -= std::min(records_malformed_, eval_malformed_);
+  StartEvaluation();
+}
+
 void TrainingProgress::StartEvaluation() {
   ClosePass();
   phase_ = JobPhase::kEvaluating;
@@ -98,6 +106,11 @@ void TrainingProgress::StartEvaluation() {
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
   tracker_ = std::make_unique<ShardTracker>(eval_data_, order);
   eval_results_.clear();
+  eval_records_ = 0;
+  eval_malformed_ = 0;
+  eval_committers_.clear();
+  eval_committers_known_ = true;
+  pending_eval_ = StateUpdate();
   eval_lines_skipped_ = 0;
   eval_skipped_.clear();
   clear_pass_ = true;
@@ -222,6 +235,8 @@ StatusOr<TrainingProgress::Committed> TrainingProgress::Commit(
     pending_eval_.PutEvalResult(commit.shard_id(), commit.begin_offset(), saved_labels,
                                 saved_predictions);
     eval_records_ += valid;
+    eval_malformed_ += commit.malformed();
+    eval_committers_.insert(worker);
   } else {
     records_trained_ += valid;
     committed.records_trained = valid;
@@ -271,6 +286,20 @@ StatusOr<TrainingProgress::Split> TrainingProgress::SplitShard(
                                   {"split_line", request.split_line()},
                                   {"records_moved", part.spec.lines}});
   return Split{.accepted = true, .new_shard = *child};
+}
+
+std::optional<TrainingProgress::EvalRange> TrainingProgress::EvalRangeOf(
+    uint32_t worker, const proto::CommitProgressRequest& commit) const {
+  if (commit.phase() != proto::EVAL || !IsCurrentPass(/*eval=*/true, commit.epoch()) ||
+      commit.shard_id() >= tracker_->num_shards()) {
+    return std::nullopt;
+  }
+  const ShardTracker::Shard& shard = tracker_->shard(commit.shard_id());
+  if (shard.state != ShardTracker::State::kDoing || shard.holder != worker ||
+      shard.committed_offset != commit.begin_offset() || commit.end_offset() > shard.spec.end) {
+    return std::nullopt;
+  }
+  return EvalRange{.path = eval_data_.files[shard.spec.file], .first_line = shard.committed_line};
 }
 
 StatusOr<std::optional<TrainingProgress::UnreadRange>> TrainingProgress::Unread(
@@ -714,6 +743,8 @@ Status TrainingProgress::RestoreFrom(const MasterSnapshot& snapshot) {
     eval_results_[key] = result;
     eval_records_ += result.first.size();
   }
+  // Who committed them is not stored.
+  eval_committers_known_ = snapshot.eval_results.empty();
   return absl::OkStatus();
 }
 

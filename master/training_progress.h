@@ -90,6 +90,24 @@ class TrainingProgress {
   StatusOr<Committed> Commit(uint32_t worker, const proto::CommitProgressRequest& commit,
                              std::span<const float> labels, std::span<const float> predictions);
 
+  // Where an evaluation commit that Commit would apply now reads: its
+  // shard's file and the line number at its begin offset. nullopt for
+  // any other commit (a training one, a repeat, one Commit refuses).
+  struct EvalRange {
+    std::string path;
+    uint64_t first_line = 0;
+  };
+  std::optional<EvalRange> EvalRangeOf(uint32_t worker,
+                                       const proto::CommitProgressRequest& commit) const;
+  // Whether an evaluation commit of `worker` was applied in the pass in
+  // progress (true when not known: a master restarted while evaluating).
+  bool EvaluatedBy(uint32_t worker) const {
+    return !eval_committers_known_ || eval_committers_.contains(worker);
+  }
+  // Starts the evaluation over (while evaluating): its results so far are
+  // dropped, `why` goes to the log and the event evaluation_restarted.
+  void RestartEvaluation(const std::string& why);
+
   struct Split {
     bool accepted = false;
     uint64_t new_shard = 0;
@@ -277,6 +295,9 @@ class TrainingProgress {
   using EvalResult = std::pair<std::vector<float>, std::vector<float>>;
   std::map<std::pair<uint64_t, uint64_t>, EvalResult> eval_results_;
   uint64_t eval_records_ = 0;
+  uint64_t eval_malformed_ = 0;  // in the pass in progress, since this master started
+  std::set<uint32_t> eval_committers_;
+  bool eval_committers_known_ = true;
   uint64_t eval_lines_skipped_ = 0;
   std::vector<std::string> eval_skipped_;
   std::optional<double> eval_auc_;

@@ -302,10 +302,14 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
     case proto::COMMIT_PROGRESS:
     case proto::SPLIT_SHARD:
     case proto::SHARD_UNREADABLE:
-    case proto::PULL:
     case proto::PUSH:
       allowed = caller == proto::ROLE_WORKER;
       who = "workers";
+      break;
+    case proto::PULL:
+      // The master reads to check evaluations (master/eval_check.h).
+      allowed = caller == proto::ROLE_WORKER || caller == proto::ROLE_MASTER;
+      who = "workers and the master";
       break;
     case proto::FENCE_WORKERS:
     case proto::CHECKPOINT:

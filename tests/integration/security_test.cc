@@ -463,7 +463,33 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   const StatusOr<json> still = job.LiveStatus();
   ASSERT_TRUE(still.ok() && (*still)["state"] == "running")
       << "the job ended before the attacks were over: they proved nothing\n" << job.Logs();
+
+  // Fake evaluation: a worker of the job takes an evaluation shard and
+  // sends its labels as predictions (AUC 1.0 were they taken). The
+  // master's check recomputes a sample from the servers' parameters and
+  // fences it; the job's metrics are the unattacked run's.
+  ASSERT_TRUE(job.WaitForStatus([](const json& status) { return status["phase"] == "evaluating"; }))
+      << job.Logs();
+  {
+    RogueWorker rogue(job.keys_dir(), job.endpoint());
+    ASSERT_TRUE(rogue.Register(config, overrides_).ok());
+    StatusOr<proto::ShardAssignment> shard = rogue.TakeShard(proto::EVAL, absl::Seconds(20));
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    std::ifstream in(shard->path());
+    in.seekg(static_cast<std::streamoff>(shard->start()));
+    std::vector<float> labels;
+    std::string line;
+    while (static_cast<uint64_t>(in.tellg()) < shard->end() && std::getline(in, line)) {
+      labels.push_back(std::stof(line.substr(0, line.find('\t'))));
+    }
+    ASSERT_EQ(labels.size(), shard->records());
+    const Status faked = rogue.CommitWhole(*shard, labels, labels);
+    EXPECT_EQ(ReasonOf(faked), proto::FENCED) << faked;
+    EXPECT_THAT(faked.message(), HasSubstr("the master's check of its evaluation"));
+    EXPECT_THAT(faked.message(), HasSubstr("where the model predicts"));
+  }
   const json attacked = Finish(job);
+  EXPECT_LT(attacked["metrics"]["eval_auc"].get<double>(), 0.9) << "the labels were not taken";
   EXPECT_EQ(attacked["checkpoints"]["failed"].get<uint64_t>(), 0u) << attacked["checkpoints"];
 
   // The same job, unattacked.

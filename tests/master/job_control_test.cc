@@ -658,6 +658,61 @@ TEST_F(JobControlTest, ACommitOverWhatTheServersSawPushedFencesItsWorker) {
   EXPECT_EQ(moved.start(), a.start() + kLineBytes);
 }
 
+// The master's check found an evaluation commit false (master/eval_check.h).
+// A liar with nothing taken yet is only fenced; one whose evaluation was
+// taken before makes the evaluation start over, every worker registering
+// again, so the job's metrics come from none of its commits.
+TEST_F(JobControlTest, AFalseEvaluationFencesItsWorkerAndDropsWhatItEvaluated) {
+  control_->StartNew("job-1");
+  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+  control_->DataScanned(std::pair(MakeData("/data/train-0", {2}), MakeData("/data/eval-0", {2, 2, 2})),
+                        t0_);
+  ASSERT_EQ(AddWorker(t0_), 0u);
+  ASSERT_EQ(AddWorker(t0_), 1u);
+  ASSERT_EQ(AddWorker(t0_), 2u);
+  const proto::ShardAssignment train = Assigned(0, t0_);
+  ASSERT_TRUE(Commit(0, CommitOf(train, train.start(), 2), t0_).ok());
+  ASSERT_EQ(control_->progress().phase(), JobPhase::kEvaluating);
+  const auto evaluate = [&](uint32_t worker, const proto::ShardAssignment& shard, absl::Time now) {
+    const std::vector<float> labels = {1.0f, 0.0f};
+    const std::vector<float> predictions = {0.8f, 0.3f};
+    proto::CommitProgressReply reply;
+    return control_->Commit(WorkerNode(worker), CommitOf(shard, shard.start(), 2), labels,
+                            predictions, now, &reply);
+  };
+  const proto::ShardAssignment a = Assigned(0, At(100));
+  ASSERT_TRUE(evaluate(0, a, At(100)).ok());
+  const proto::ShardAssignment b = Assigned(1, At(100));
+  Assigned(2, At(100));
+
+  // Worker 2 lies at its first commit: fenced, nothing else changes.
+  Status fenced = control_->RefuseEvaluation(WorkerNode(2), "its evaluation of c predicts 1", At(200));
+  EXPECT_EQ(ReasonOf(fenced), proto::FENCED);
+  EXPECT_THAT(fenced.message(), HasSubstr("the master's check of its evaluation of c predicts 1"));
+  EXPECT_EQ(events_.Count("evaluation_restarted"), 0u);
+  EXPECT_EQ(control_->progress().eval_records(), 2u);
+  EXPECT_EQ(control_->membership().workers().at(1).state, PeerState::kAlive);
+
+  // Worker 0 had a commit taken: the evaluation starts over.
+  fenced = control_->RefuseEvaluation(WorkerNode(0), "its evaluation of b predicts 1", At(300));
+  EXPECT_EQ(ReasonOf(fenced), proto::FENCED);
+  EXPECT_EQ(events_.Count("evaluation_restarted"), 1u);
+  EXPECT_EQ(control_->progress().eval_records(), 0u);
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kEvaluating);
+  EXPECT_THAT(WorkerBeat(1, At(300)).message(), HasSubstr("worker[0] evaluated falsely"));
+  EXPECT_EQ(ReasonOf(evaluate(1, b, At(300))), proto::FENCED);
+
+  // A worker registering again evaluates everything: the metrics are its.
+  const uint32_t honest = AddWorker(At(400));
+  for (int shard = 0; shard < 3; ++shard) {
+    ASSERT_TRUE(evaluate(honest, Assigned(honest, At(400)), At(400)).ok());
+  }
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kFinished);
+  EXPECT_EQ(control_->progress().eval_records(), 6u);
+  EXPECT_EQ(control_->progress().eval_auc(), 1.0);
+}
+
 TEST_F(JobControlTest, CommitFromAWorkerFencedByARecoveryIsRefused) {
   StartTraining();
   const proto::ShardAssignment a = Assigned(0, t0_);

@@ -163,6 +163,9 @@ TEST(AuthorizeCall, FollowsTheRoles) {
     EXPECT_FALSE(AuthorizeCall(method, tool).ok()) << proto::Method_Name(method);
     EXPECT_FALSE(AuthorizeCall(method, server).ok()) << proto::Method_Name(method);
   }
+  // The master reads the model to check evaluations; it never writes it.
+  EXPECT_TRUE(AuthorizeCall(proto::PULL, master).ok());
+  EXPECT_FALSE(AuthorizeCall(proto::PUSH, master).ok());
   EXPECT_TRUE(AuthorizeCall(proto::HEARTBEAT, server).ok());
   EXPECT_TRUE(AuthorizeCall(proto::DEREGISTER, worker).ok());
   EXPECT_FALSE(AuthorizeCall(proto::DEREGISTER, tool).ok());

@@ -1,0 +1,126 @@
+#include "master/eval_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/data_schema.h"
+#include "worker/line_reader.h"
+
+namespace eps {
+
+StatusOr<std::unique_ptr<EvalCheck>> EvalCheck::Create(const JobConfig& job, int sample,
+                                                       uint64_t seed) {
+  ASSIGN_OR_RETURN(Schema schema, Schema::FromConfig(job));
+  ASSIGN_OR_RETURN(ModelOptions options, ModelOptions::FromConfig(job));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(options));
+  return std::unique_ptr<EvalCheck>(
+      new EvalCheck(std::move(model), RecordParser(std::move(schema)), sample, seed));
+}
+
+Status EvalCheck::Check(const std::string& path, uint64_t first_line,
+                        const proto::CommitProgressRequest& commit,
+                        std::span<const float> labels, std::span<const float> predictions,
+                        const ParamSource& source) {
+  const auto lie = [&](const std::string& what) {
+    return absl::PermissionDeniedError(absl::StrCat("its evaluation of ", path, " [",
+                                                    commit.begin_offset(), ", ",
+                                                    commit.end_offset(), ") ", what));
+  };
+  StatusOr<std::unique_ptr<LineReader>> opened =
+      LineReader::Open(path, commit.begin_offset(), commit.end_offset(), first_line);
+  if (!opened.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot check the evaluation of ", path, ": ",
+                                               opened.status().message()));
+  }
+  std::unique_ptr<LineReader> reader = *std::move(opened);
+  // Every valid record of the range, as the worker's shard loader reads it.
+  const Schema& schema = parser_.schema();
+  const bool multi_value = schema.has_multi_value();
+  std::vector<float> dense(schema.num_dense);
+  std::vector<uint64_t> ids(schema.num_cat);
+  std::vector<uint32_t> field_ends(schema.num_cat);
+  std::vector<uint64_t> valid_lines;
+  std::vector<float> file_labels;
+  uint64_t lines = 0;
+  uint64_t malformed = 0;
+  absl::string_view line;
+  // The sample, drawn as the lines pass (reservoir sampling): distinct
+  // valid records, each equally likely, as (index, text).
+  const size_t k = static_cast<size_t>(std::max(sample_, 0));
+  std::vector<std::pair<size_t, std::string>> sampled;
+  while (reader->Next(&line)) {
+    ++lines;
+    float label = 0;
+    const Status parsed =
+        multi_value ? parser_.Parse(line, &label, std::span<float>(dense), &ids, field_ends)
+                    : parser_.Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids));
+    if (!parsed.ok()) {
+      ++malformed;
+      continue;
+    }
+    const size_t index = file_labels.size();
+    valid_lines.push_back(reader->line_number());
+    file_labels.push_back(label);
+    if (sampled.size() < k) {
+      sampled.emplace_back(index, std::string(line));
+    } else if (k > 0) {
+      const size_t slot = std::uniform_int_distribution<size_t>(0, index)(random_);
+      if (slot < k) sampled[slot] = {index, std::string(line)};
+    }
+  }
+  if (!reader->status().ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot check the evaluation of ", path, ": ",
+                                               reader->status().message()));
+  }
+  if (lines != commit.lines() || malformed != commit.malformed()) {
+    return lie(absl::StrCat("claims ", commit.lines(), " lines (", commit.malformed(),
+                            " malformed) where the file has ", lines, " (", malformed, ")"));
+  }
+  if (labels.size() != file_labels.size() || predictions.size() != file_labels.size()) {
+    return lie(absl::StrCat("carries ", labels.size(), " labels and ", predictions.size(),
+                            " predictions for ", file_labels.size(), " records"));
+  }
+  for (size_t i = 0; i < file_labels.size(); ++i) {
+    if (labels[i] != file_labels[i]) {
+      return lie(absl::StrCat("says record ", path, ":", valid_lines[i], " has label ", labels[i],
+                              "; the file says ", file_labels[i]));
+    }
+  }
+  if (sampled.empty()) return absl::OkStatus();
+
+  std::sort(sampled.begin(), sampled.end());
+  BatchBuilder builder(schema.num_dense, schema.num_cat);
+  for (const auto& [index, text] : sampled) {
+    float label = 0;
+    if (multi_value) {
+      RETURN_IF_ERROR(parser_.Parse(text, &label, std::span<float>(dense), &ids, field_ends));
+      builder.Add(label, dense, ids, field_ends);
+    } else {
+      RETURN_IF_ERROR(parser_.Parse(text, &label, std::span<float>(dense), std::span<uint64_t>(ids)));
+      builder.Add(label, dense, ids);
+    }
+  }
+  const Batch batch = builder.Finish();
+  ParamBuffers params;
+  const Status pulled = source(batch, &params);
+  if (!pulled.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot check the evaluation of ", path,
+                                               ": the parameters: ", pulled.message()));
+  }
+  std::vector<float> recomputed;
+  model_->ForwardBackward(batch, params, &recomputed, nullptr);
+  for (size_t j = 0; j < sampled.size(); ++j) {
+    const size_t index = sampled[j].first;
+    const float claimed = predictions[index];
+    if (!(std::fabs(claimed - recomputed[j]) <= kEvalCheckTolerance)) {
+      return lie(absl::StrCat("predicts ", claimed, " for record ", path, ":", valid_lines[index],
+                              " where the model predicts ", recomputed[j]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace eps

@@ -1,0 +1,105 @@
+// Master::Impl's check of evaluation commits (master_impl.h,
+// master/eval_check.h): the range read and a sample recomputed from the
+// servers' parameters, before JobControl applies the commit.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/placement.h"
+#include "core/logging.h"
+#include "master/master_impl.h"
+
+namespace eps {
+
+Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
+  proto::JobSpec spec;
+  {
+    absl::MutexLock lock(&mu_);
+    spec = control_->job_spec();
+  }
+  const auto current_map = [this]() -> StatusOr<proto::ClusterMap> {
+    proto::NodeId self;
+    self.set_role(proto::ROLE_MASTER);
+    proto::GetClusterMapReply reply;
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(control_->GetClusterMap(self, &reply));
+    return reply.map();
+  };
+  if (check_ps_ == nullptr) {
+    proto::NodeId self;
+    self.set_role(proto::ROLE_MASTER);
+    CallOptions options;
+    options.attempt_timeout = absl::Seconds(2);
+    options.max_attempts = 2;
+    check_ps_ = std::make_unique<PsClient>(&factory_, self, spec, options, current_map);
+  }
+  // The map may have changed since the last check (a server replaced).
+  ASSIGN_OR_RETURN(proto::ClusterMap map, current_map());
+  if (map.version() != check_ps_->map_version()) RETURN_IF_ERROR(check_ps_->SetClusterMap(map));
+  // The model's parameters are the job's tables of the same names.
+  const std::vector<ParamSpec>& specs = eval_check_->params();
+  std::vector<std::vector<uint64_t>> dense_keys(specs.size());
+  std::vector<PsClient::Keys> tables(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const proto::TableSpec* table = nullptr;
+    for (const proto::TableSpec& candidate : spec.tables()) {
+      if (candidate.name() == specs[i].name) table = &candidate;
+    }
+    if (table == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job has no table for the model's parameter '", specs[i].name, "'"));
+    }
+    tables[i].table_id = table->id();
+    if (specs[i].kind == ParamSpec::Kind::kEmbedding) {
+      tables[i].keys = batch.keys;
+      continue;
+    }
+    for (uint64_t c = 0; c < DenseChunkCount(table->dense_size(), table->dim()); ++c) {
+      dense_keys[i].push_back(DenseChunkKey(table->id(), c));
+    }
+    tables[i].keys = dense_keys[i];
+  }
+  std::vector<std::vector<float>> pulled;
+  RETURN_IF_ERROR(check_ps_->Pull(tables, &pulled));
+  params->resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    (*params)[i] = std::move(pulled[i]);
+    if (specs[i].kind == ParamSpec::Kind::kDense) (*params)[i].resize(specs[i].size);
+  }
+  return absl::OkStatus();
+}
+
+Status Master::Impl::CheckEvaluation(const proto::NodeId& sender,
+                                     const proto::CommitProgressRequest& commit,
+                                     std::span<const float> labels,
+                                     std::span<const float> predictions) {
+  if (eval_check_ == nullptr || commit.phase() != proto::EVAL) return absl::OkStatus();
+  std::optional<TrainingProgress::EvalRange> range;
+  {
+    absl::MutexLock lock(&mu_);
+    range = control_->EvalRangeOf(sender, commit);
+  }
+  // Not one to apply now: JobControl refuses or acknowledges it.
+  if (!range.has_value()) return absl::OkStatus();
+  const Status checked = eval_check_->Check(
+      range->path, range->first_line, commit, labels, predictions,
+      [this](const Batch& batch, ParamBuffers* params) { return PullForCheck(batch, params); });
+  if (checked.ok()) return absl::OkStatus();
+  if (checked.code() != absl::StatusCode::kPermissionDenied) {
+    LOG(WARNING) << "worker[" << sender.id() << "]'s evaluation commit waits: "
+                 << checked.message();
+    return absl::UnavailableError(checked.message());
+  }
+  Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    refused = control_->RefuseEvaluation(sender, std::string(checked.message()), clock_->Now());
+    changed_.SignalAll();
+  }
+  RETURN_IF_ERROR(Persist());
+  return refused;
+}
+
+}  // namespace eps

@@ -1,0 +1,181 @@
+// Tests master/eval_check.h: evaluation commits of a small file, honest and
+// made up, checked against the file and the model with scripted
+// parameters.
+
+#include "master/eval_check.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "core/data_schema.h"
+#include "worker/record_parser.h"
+#include "tests/testing/temp_dir.h"
+
+namespace eps {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kRecords = 40;
+
+// Parameters that depend on the key only, as a server's would.
+Status ScriptedParams(const std::vector<ParamSpec>& specs, const Batch& batch,
+                      ParamBuffers* params) {
+  params->resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<float>& values = (*params)[i];
+    if (specs[i].kind == ParamSpec::Kind::kEmbedding) {
+      values.resize(batch.keys.size() * specs[i].size);
+      for (size_t k = 0; k < batch.keys.size(); ++k) {
+        for (size_t d = 0; d < specs[i].size; ++d) {
+          values[k * specs[i].size + d] =
+              0.05f * static_cast<float>((batch.keys[k] * 7 + d) % 11) - 0.25f;
+        }
+      }
+    } else {
+      values.resize(specs[i].size);
+      for (size_t d = 0; d < values.size(); ++d) {
+        values[d] = 0.02f * static_cast<float>(d % 13) - 0.12f;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+class EvalCheckTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    job_.model.type = GetParam();
+    // Criteo lines: a label, 13 integers, 26 categorical values; line 5 is
+    // malformed.
+    std::ofstream out(path_);
+    for (int i = 0; i < kRecords + 1; ++i) {
+      if (i == 5) {
+        out << "not a record\n";
+        continue;
+      }
+      std::string line = i % 3 == 0 ? "1" : "0";
+      for (int j = 0; j < 13; ++j) absl::StrAppend(&line, "\t", (i * 7 + j) % 20);
+      for (int j = 0; j < 26; ++j) absl::StrAppend(&line, "\t", absl::Hex((i * 31 + j * 17) % 50));
+      out << line << "\n";
+    }
+    out.close();
+    end_ = std::filesystem::file_size(path_);
+    StatusOr<std::unique_ptr<EvalCheck>> check = EvalCheck::Create(job_, kRecords, /*seed=*/1);
+    ASSERT_TRUE(check.ok()) << check.status();
+    check_ = *std::move(check);
+    source_ = [this](const Batch& batch, ParamBuffers* params) {
+      return ScriptedParams(check_->params(), batch, params);
+    };
+    // The honest worker's labels and predictions: the model over every
+    // record at once.
+    HonestResults();
+  }
+
+  proto::CommitProgressRequest Commit() const {
+    proto::CommitProgressRequest commit;
+    commit.set_shard_id(0);
+    commit.set_phase(proto::EVAL);
+    commit.set_begin_offset(0);
+    commit.set_end_offset(end_);
+    commit.set_lines(kRecords + 1);
+    commit.set_malformed(1);
+    return commit;
+  }
+
+  void HonestResults() {
+    StatusOr<ModelOptions> options = ModelOptions::FromConfig(job_);
+    ASSERT_TRUE(options.ok());
+    StatusOr<std::unique_ptr<Model>> model = Model::Create(*options);
+    ASSERT_TRUE(model.ok());
+    StatusOr<Schema> schema = Schema::FromConfig(job_);
+    ASSERT_TRUE(schema.ok());
+    RecordParser parser(*schema);
+    BatchBuilder builder(schema->num_dense, schema->num_cat);
+    std::ifstream in(path_);
+    std::string line;
+    std::vector<float> dense(schema->num_dense);
+    std::vector<uint64_t> ids(schema->num_cat);
+    while (std::getline(in, line)) {
+      float label = 0;
+      if (!parser.Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids)).ok()) {
+        continue;
+      }
+      builder.Add(label, dense, ids);
+    }
+    const Batch batch = builder.Finish();
+    ParamBuffers params;
+    ASSERT_TRUE(ScriptedParams((*model)->params(), batch, &params).ok());
+    (*model)->ForwardBackward(batch, params, &predictions_, nullptr);
+    labels_ = batch.labels;
+    ASSERT_EQ(labels_.size(), static_cast<size_t>(kRecords));
+  }
+
+  JobConfig job_;
+  testing::TempDir dir_;
+  const std::string path_ = dir_.Join("eval.txt");
+  uint64_t end_ = 0;
+  std::unique_ptr<EvalCheck> check_;
+  EvalCheck::ParamSource source_;
+  std::vector<float> labels_;
+  std::vector<float> predictions_;
+};
+
+TEST_P(EvalCheckTest, AnHonestCommitPasses) {
+  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, predictions_, source_).ok());
+}
+
+TEST_P(EvalCheckTest, LabelsCopiedIntoPredictionsFail) {
+  const Status refused = check_->Check(path_, 1, Commit(), labels_, labels_, source_);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.message(), HasSubstr("where the model predicts"));
+  EXPECT_THAT(refused.message(), HasSubstr(path_ + ":"));
+}
+
+TEST_P(EvalCheckTest, OnePredictionMovedFailsWhenSampled) {
+  std::vector<float> nudged = predictions_;
+  nudged[17] = nudged[17] > 0.5f ? nudged[17] - 0.01f : nudged[17] + 0.01f;
+  const Status refused = check_->Check(path_, 1, Commit(), labels_, nudged, source_);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  // Record 17 of the valid ones is line 19 (line 6 is malformed).
+  EXPECT_THAT(refused.message(), HasSubstr(path_ + ":19 "));
+  // Within the tolerance, a CUDA worker's sums: accepted.
+  nudged[17] = predictions_[17] + kEvalCheckTolerance / 2;
+  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, nudged, source_).ok());
+}
+
+TEST_P(EvalCheckTest, AFlippedLabelFails) {
+  std::vector<float> labels = labels_;
+  labels[3] = 1.0f - labels[3];
+  EXPECT_THAT(check_->Check(path_, 1, Commit(), labels, predictions_, source_).message(),
+              HasSubstr("has label"));
+}
+
+TEST_P(EvalCheckTest, MiscountedLinesFail) {
+  proto::CommitProgressRequest commit = Commit();
+  commit.set_malformed(0);
+  EXPECT_THAT(check_->Check(path_, 1, commit, labels_, predictions_, source_).message(),
+              HasSubstr("where the file has 41 (1)"));
+}
+
+TEST_P(EvalCheckTest, WithoutParametersNothingIsDecided) {
+  const auto down = [](const Batch&, ParamBuffers*) {
+    return absl::DeadlineExceededError("ps[0] did not answer");
+  };
+  const Status waits = check_->Check(path_, 1, Commit(), labels_, labels_, down);
+  EXPECT_EQ(waits.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(waits.message(), HasSubstr("ps[0] did not answer"));
+  EXPECT_EQ(check_->Check(dir_.Join("gone.txt"), 1, Commit(), labels_, predictions_, source_)
+                .code(),
+            absl::StatusCode::kUnavailable);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EvalCheckTest, ::testing::Values("lr", "dlrm"));
+
+}  // namespace
+}  // namespace eps
