@@ -218,48 +218,21 @@ Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, a
 
 Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
                              absl::Time now, proto::HeartbeatReply* reply) {
-  bool* told = nullptr;
   if (over()) {
     // Whoever asks hears that the job ended, alive or not: a peer whose
     // lease ran out meanwhile (a master slow to answer) must still learn
     // it, not be told to register again.
-    if (sender.role() == proto::ROLE_WORKER) {
-      if (WorkerEntry* worker = membership_.worker(sender.id()); worker != nullptr) {
-        told = &worker->told_to_exit;
-      }
-    } else if (sender.role() == proto::ROLE_SERVER) {
-      if (ServerEntry* server = membership_.server(sender.id()); server != nullptr) {
-        told = &server->told_to_exit;
-      }
-    } else {
+    if (sender.role() != proto::ROLE_WORKER && sender.role() != proto::ROLE_SERVER) {
       return absl::InvalidArgumentError("heartbeat from an unknown role");
     }
   } else if (sender.role() == proto::ROLE_WORKER) {
     // Bounded before anything of it is kept (and before it renews a lease).
     proto::WorkerStats stats = request.worker();
     RETURN_IF_ERROR(CheckWorkerStats(stats));
-    ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
-    worker->last_seen = now;
-    worker->records_per_s = stats.records_per_s();
-    worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());
-    uint64_t seen = 0;
-    for (const proto::BatchSizeChange& change : worker->stats.batch_size_changes()) {
-      seen = std::max(seen, change.seq());
-    }
-    for (const proto::BatchSizeChange& change : stats.batch_size_changes()) {
-      if (change.seq() <= seen) continue;
-      events_->Record("batch_size_changed", {{"worker", sender.id()},
-                                             {"from", change.from()},
-                                             {"to", change.to()},
-                                             {"reason", change.reason()}});
-    }
-    worker->stats = std::move(stats);
-    worker->paused_for = request.paused_for_checkpoint();
-    if (std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {
-      reply->set_pause_for_checkpoint(*round);
-      if (worker->paused_for == *round) worker->held_until = now;
-    }
-    told = &worker->told_to_exit;
+    const std::optional<uint64_t> round = checkpoints_.round_id();
+    RETURN_IF_ERROR(membership_.WorkerHeartbeat(sender, recovery_.why(), std::move(stats),
+                                                request.paused_for_checkpoint(), round, now));
+    if (round.has_value()) reply->set_pause_for_checkpoint(*round);
     if (std::optional<uint64_t> split = progress_.SplitRequestedOf(sender.id()); split) {
       reply->set_split_shard(*split);
     }
@@ -279,7 +252,6 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
                         "restart the servers on their --data-dir"),
            now);
     }
-    told = &membership_.server(sender.id())->told_to_exit;
     // Rows untrained for ps.ttl_passes passes go once a pass ends.
     if (std::optional<uint32_t> done = progress_.passes_done(); done.has_value()) {
       reply->set_training_passes_done(*done);
@@ -295,7 +267,7 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
   FillJobProgress(reply);
   if (over()) {
     reply->set_shutdown(true);
-    if (told != nullptr) *told = true;
+    membership_.ToldToExit(sender);
   }
   return absl::OkStatus();
 }
@@ -329,11 +301,10 @@ Status JobControl::GetClusterMap(const proto::NodeId& sender,
 
 Status JobControl::GetShard(const proto::NodeId& sender, absl::Time now,
                             proto::GetShardReply* reply) {
-  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
-  worker->last_seen = now;
+  RETURN_IF_ERROR(membership_.LiveWorker(sender, recovery_.why(), now).status());
   if (over()) {
     reply->set_action(proto::GetShardReply::FINISHED);
-    worker->told_to_exit = true;
+    membership_.ToldToExit(sender);
     return absl::OkStatus();
   }
   // Nothing new starts while the job is restored, or while the servers
@@ -354,7 +325,7 @@ Status JobControl::GetShard(const proto::NodeId& sender, absl::Time now,
   }
   reply->set_action(proto::GetShardReply::ASSIGNED);
   *reply->mutable_shard() = *std::move(shard);
-  worker->last_progress = now;
+  membership_.NoteProgress(sender.id(), now);
   return absl::OkStatus();
 }
 
@@ -376,8 +347,7 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
     for (size_t i = 0; i < labels.size(); ++i) {
       if (std::isnan(predictions[i])) {
         // The model itself is broken: no evaluation of it may stand.
-        ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
-        worker->last_seen = now;
+        RETURN_IF_ERROR(membership_.LiveWorker(sender, recovery_.why(), now).status());
         StopDiverged(absl::StrCat("the model diverged: worker[", sender.id(),
                                   "] predicted NaN for the evaluation (shard ", request.shard_id(),
                                   ", record ", i, " of the commit)"),
@@ -394,14 +364,13 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
   if (request.malformed() > request.lines()) {
     return absl::InvalidArgumentError("more malformed lines than lines");
   }
-  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
-  worker->last_seen = now;
+  RETURN_IF_ERROR(membership_.LiveWorker(sender, recovery_.why(), now).status());
   if (receipt_key_ != nullptr) {
     if (Status proof = CheckWorkProof(*receipt_key_, sender.id(), request); !proof.ok()) {
       // Its shards go to others once every server refuses it.
       progress_.AddRetrained(membership_.FenceAlive(
           sender.id(), now, absl::StrCat("its work is not proven: ", proof.message())));
-      return membership_.LiveWorker(sender, recovery_.why()).status();
+      return membership_.LiveWorker(sender, recovery_.why(), now).status();
     }
   }
   if (request.phase() == proto::TRAIN) {
@@ -421,8 +390,7 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
     reply->set_split_shard(*split);
   }
   if (!committed.applied) return absl::OkStatus();
-  worker->records += committed.records_trained;
-  worker->last_progress = now;
+  membership_.NoteProgress(sender.id(), now, committed.records_trained);
   if (std::optional<std::string> diverged = progress_.Diverging()) {
     StopDiverged(absl::StrCat(*diverged, "; first seen in worker[", sender.id(), "]'s commit"),
                  now);
@@ -448,13 +416,12 @@ Status JobControl::RefuseEvaluation(const proto::NodeId& sender, const std::stri
     progress_.AddRetrained(membership_.FenceAllAlive(now, restart, /*tell_why=*/true));
     progress_.RestartEvaluation(restart);
   }
-  return membership_.LiveWorker(sender, recovery_.why()).status();
+  return membership_.LiveWorker(sender, recovery_.why(), now).status();
 }
 
 Status JobControl::SplitShard(const proto::NodeId& sender, const proto::SplitShardRequest& request,
                               absl::Time now, proto::SplitShardReply* reply) {
-  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
-  worker->last_seen = now;
+  RETURN_IF_ERROR(membership_.LiveWorker(sender, recovery_.why(), now).status());
   ASSIGN_OR_RETURN(TrainingProgress::Split split, progress_.SplitShard(sender.id(), request));
   reply->set_accepted(split.accepted);
   if (split.accepted) reply->set_new_shard_id(split.new_shard);
@@ -464,8 +431,7 @@ Status JobControl::SplitShard(const proto::NodeId& sender, const proto::SplitSha
 StatusOr<std::optional<TrainingProgress::UnreadRange>> JobControl::UnreadableShard(
     const proto::NodeId& sender, const proto::ShardUnreadableRequest& request, absl::Time now,
     proto::ShardUnreadableReply* reply) {
-  ASSIGN_OR_RETURN(WorkerEntry * worker, membership_.LiveWorker(sender, recovery_.why()));
-  worker->last_seen = now;
+  RETURN_IF_ERROR(membership_.LiveWorker(sender, recovery_.why(), now).status());
   if (over()) return JobOver();
   ASSIGN_OR_RETURN(std::optional<TrainingProgress::UnreadRange> range,
                    progress_.Unread(sender.id(), request));

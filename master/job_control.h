@@ -101,8 +101,13 @@ class JobControl {
                 absl::Time now, proto::CommitProgressReply* reply);
   // The range to check (master/eval_check.h) before Commit applies
   // `request`, when it is an evaluation commit Commit would apply now.
+  // (None while a recovery restores the servers: the commit is refused.)
   std::optional<TrainingProgress::EvalRange> EvalRangeOf(
       const proto::NodeId& sender, const proto::CommitProgressRequest& request) const {
+    const WorkerEntry* worker = membership_.worker(sender.id());
+    if (recovery_.active() || worker == nullptr || worker->state != PeerState::kAlive) {
+      return std::nullopt;
+    }
     return progress_.EvalRangeOf(sender.id(), request);
   }
   // `sender`'s evaluation commit failed the check (`why`): the worker is

@@ -15,10 +15,13 @@ namespace eps {
 
 Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
   proto::JobSpec spec;
+  uint64_t generation = 0;
   {
     absl::MutexLock lock(&mu_);
     spec = control_->job_spec();
+    generation = control_->membership().generation();
   }
+  const bool dense_cached = !check_dense_.empty() && check_dense_generation_ == generation;
   const auto current_map = [this]() -> StatusOr<proto::ClusterMap> {
     proto::NodeId self;
     self.set_role(proto::ROLE_MASTER);
@@ -56,6 +59,7 @@ Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
       tables[i].keys = batch.keys;
       continue;
     }
+    if (dense_cached) continue;  // no keys: nothing pulled
     for (uint64_t c = 0; c < DenseChunkCount(table->dense_size(), table->dim()); ++c) {
       dense_keys[i].push_back(DenseChunkKey(table->id(), c));
     }
@@ -64,10 +68,19 @@ Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
   std::vector<std::vector<float>> pulled;
   RETURN_IF_ERROR(check_ps_->Pull(tables, &pulled));
   params->resize(specs.size());
+  check_dense_.resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
-    (*params)[i] = std::move(pulled[i]);
-    if (specs[i].kind == ParamSpec::Kind::kDense) (*params)[i].resize(specs[i].size);
+    if (specs[i].kind == ParamSpec::Kind::kEmbedding) {
+      (*params)[i] = std::move(pulled[i]);
+      continue;
+    }
+    if (!dense_cached) {
+      check_dense_[i] = std::move(pulled[i]);
+      check_dense_[i].resize(specs[i].size);
+    }
+    (*params)[i] = check_dense_[i];
   }
+  check_dense_generation_ = generation;
   return absl::OkStatus();
 }
 

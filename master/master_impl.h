@@ -168,6 +168,11 @@ class Master::Impl {
   // thread only, as is its PsClient (made at the first check).
   std::unique_ptr<EvalCheck> eval_check_;
   std::unique_ptr<PsClient> check_ps_;
+  // The dense tensors the last check pulled, and the membership generation
+  // they were pulled in: the evaluation pushes nothing, and a restore of
+  // the servers starts a new generation.
+  std::vector<std::vector<float>> check_dense_;
+  uint64_t check_dense_generation_ = 0;
   HttpService http_{clock_};
   std::thread job_thread_;
   std::string rpc_endpoint_;

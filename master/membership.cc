@@ -157,8 +157,16 @@ uint32_t Membership::AdmitWorker(const proto::RegisterWorkerRequest& request, ab
   return id;
 }
 
-StatusOr<WorkerEntry*> Membership::LiveWorker(const proto::NodeId& sender,
-                                              const std::string& fenced_why) {
+StatusOr<const WorkerEntry*> Membership::LiveWorker(const proto::NodeId& sender,
+                                                    const std::string& fenced_why,
+                                                    absl::Time now) {
+  ASSIGN_OR_RETURN(WorkerEntry * worker, Live(sender, fenced_why));
+  worker->last_seen = now;
+  return worker;
+}
+
+StatusOr<WorkerEntry*> Membership::Live(const proto::NodeId& sender,
+                                        const std::string& fenced_why) {
   if (sender.role() != proto::ROLE_WORKER) {
     return absl::InvalidArgumentError("only workers may call this");
   }
@@ -213,12 +221,51 @@ Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
   return absl::OkStatus();
 }
 
-WorkerEntry* Membership::worker(uint32_t id) {
+Status Membership::WorkerHeartbeat(const proto::NodeId& sender, const std::string& fenced_why,
+                                   proto::WorkerStats stats, uint64_t paused_for,
+                                   std::optional<uint64_t> round, absl::Time now) {
+  ASSIGN_OR_RETURN(WorkerEntry * worker, Live(sender, fenced_why));
+  worker->last_seen = now;
+  worker->records_per_s = stats.records_per_s();
+  worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());
+  uint64_t seen = 0;
+  for (const proto::BatchSizeChange& change : worker->stats.batch_size_changes()) {
+    seen = std::max(seen, change.seq());
+  }
+  for (const proto::BatchSizeChange& change : stats.batch_size_changes()) {
+    if (change.seq() <= seen) continue;
+    events_->Record("batch_size_changed", {{"worker", sender.id()},
+                                           {"from", change.from()},
+                                           {"to", change.to()},
+                                           {"reason", change.reason()}});
+  }
+  worker->stats = std::move(stats);
+  worker->paused_for = paused_for;
+  if (round.has_value() && paused_for == *round) worker->held_until = now;
+  return absl::OkStatus();
+}
+
+void Membership::NoteProgress(uint32_t id, absl::Time now, uint64_t records) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  it->second.records += records;
+  it->second.last_progress = now;
+}
+
+void Membership::ToldToExit(const proto::NodeId& peer) {
+  if (peer.role() == proto::ROLE_WORKER) {
+    if (auto it = workers_.find(peer.id()); it != workers_.end()) it->second.told_to_exit = true;
+  } else if (peer.role() == proto::ROLE_SERVER) {
+    if (auto it = servers_.find(peer.id()); it != servers_.end()) it->second.told_to_exit = true;
+  }
+}
+
+const WorkerEntry* Membership::worker(uint32_t id) const {
   auto it = workers_.find(id);
   return it == workers_.end() ? nullptr : &it->second;
 }
 
-ServerEntry* Membership::server(uint32_t slot) {
+const ServerEntry* Membership::server(uint32_t slot) const {
   auto it = servers_.find(slot);
   return it == servers_.end() ? nullptr : &it->second;
 }
@@ -357,8 +404,8 @@ std::vector<std::pair<uint32_t, absl::Time>> Membership::FencesAcknowledged(
   if (round.admissions != admissions_) return released;
   fences_acknowledged_ = std::max(fences_acknowledged_, round.fenced.size());
   for (const ServerAddress& address : round.servers) {
-    if (ServerEntry* server = this->server(address.first); server != nullptr) {
-      server->fences_failing_since = absl::InfiniteFuture();
+    if (auto server = servers_.find(address.first); server != servers_.end()) {
+      server->second.fences_failing_since = absl::InfiniteFuture();
     }
   }
   for (auto it = awaiting_fence_.begin(); it != awaiting_fence_.end();) {

@@ -128,10 +128,26 @@ class Membership {
   // A new worker id.
   uint32_t AdmitWorker(const proto::RegisterWorkerRequest& request, absl::Time now);
 
-  // The worker `sender` names, if registered and alive. FENCED otherwise
-  // (kFailedPrecondition); `fenced_why`, when not empty, says why a worker
-  // fenced by a recovery was. kInvalidArgument when the sender is no worker.
-  StatusOr<WorkerEntry*> LiveWorker(const proto::NodeId& sender, const std::string& fenced_why);
+  // The worker `sender` names, if registered and alive: every call of a
+  // worker the master accepts goes through here, and renews its lease
+  // (last_seen = now). FENCED otherwise (kFailedPrecondition), saying why
+  // the master fenced it, or `fenced_why` (when not empty) why a recovery
+  // did. kInvalidArgument when the sender is no worker.
+  StatusOr<const WorkerEntry*> LiveWorker(const proto::NodeId& sender,
+                                          const std::string& fenced_why, absl::Time now);
+  // A live worker's heartbeat (LiveWorker's errors; the lease renewed):
+  // keeps its `stats` (bounded by the caller: master/peer_stats.h) and the
+  // checkpoint it `paused_for`; while `round` is in progress and it paused
+  // for it, the round holds it back (held_until). Each batch-size change
+  // it reports for the first time is the event batch_size_changed.
+  Status WorkerHeartbeat(const proto::NodeId& sender, const std::string& fenced_why,
+                         proto::WorkerStats stats, uint64_t paused_for,
+                         std::optional<uint64_t> round, absl::Time now);
+  // Worker `id` made progress at `now`: it took a shard, or had a commit
+  // of `records` records applied. No-op for an unknown id.
+  void NoteProgress(uint32_t id, absl::Time now, uint64_t records = 0);
+  // The job's end reached `peer` (a worker or a server): it exits.
+  void ToldToExit(const proto::NodeId& peer);
 
   // A server's heartbeat: renews its lease. FENCED (kFailedPrecondition)
   // when the slot is not alive, or `endpoint` (when given) is not the
@@ -139,9 +155,9 @@ class Membership {
   // heard from the server yet.
   Status ServerHeartbeat(uint32_t slot, const std::string& endpoint,
                          const proto::ServerStats& stats, absl::Time now, bool* first_contact);
-  ServerEntry* server(uint32_t slot);
+  const ServerEntry* server(uint32_t slot) const;
   // The worker registered as `id` in any state, or null.
-  WorkerEntry* worker(uint32_t id);
+  const WorkerEntry* worker(uint32_t id) const;
 
   // --- Leases -------------------------------------------------------------
 
@@ -248,6 +264,8 @@ class Membership {
   void RestoreFrom(const proto::MasterRecord& record, absl::Time now);
 
  private:
+  // LiveWorker without renewing the lease.
+  StatusOr<WorkerEntry*> Live(const proto::NodeId& sender, const std::string& fenced_why);
   void AddToFenceList(uint32_t worker);
   void ForgetOldWorkers();
 

@@ -586,6 +586,60 @@ TEST_F(JobControlTest, RestoreFailureStopsTheJobResumably) {
   EXPECT_THAT(control_->progress().failure(), HasSubstr("cannot restore ps[1] to checkpoint 0"));
 }
 
+// Every call of a worker that JobControl accepts renews its lease (the
+// handlers go through Membership::LiveWorker or WorkerHeartbeat): a worker
+// that makes one call of each kind in turn, each within a lease of the
+// last, stays alive; silent for a lease, it dies.
+TEST_F(JobControlTest, EveryWorkerCallRenewsTheLease) {
+  StartTraining();
+  const proto::ShardAssignment a = Assigned(0, t0_);
+  proto::ShardUnreadableRequest report;
+  report.set_shard_id(a.shard_id());
+  report.set_epoch(a.epoch());
+  report.set_phase(a.phase());
+  report.set_offset(a.start() + kLineBytes);
+  report.set_line(a.start_line() + 1);
+  report.set_error("test: not read");
+  proto::SplitShardRequest split;
+  split.set_shard_id(a.shard_id());
+  split.set_epoch(a.epoch());
+  split.set_phase(a.phase());
+  split.set_split_offset(a.start() + 2 * kLineBytes);
+  split.set_split_line(a.start_line() + 2);
+  const std::vector<std::pair<std::string, std::function<Status(absl::Time)>>> calls = {
+      {"GET_SHARD",
+       [&](absl::Time now) {
+         proto::GetShardReply reply;
+         return control_->GetShard(WorkerNode(0), now, &reply);
+       }},
+      {"COMMIT_PROGRESS",
+       [&](absl::Time now) { return Commit(0, CommitOf(a, a.start(), 1), now); }},
+      {"SPLIT_SHARD",
+       [&](absl::Time now) {
+         proto::SplitShardReply reply;
+         return control_->SplitShard(WorkerNode(0), split, now, &reply);
+       }},
+      {"SHARD_UNREADABLE",
+       [&](absl::Time now) {
+         proto::ShardUnreadableReply reply;
+         return control_->UnreadableShard(WorkerNode(0), report, now, &reply).status();
+       }},
+      {"HEARTBEAT", [&](absl::Time now) { return WorkerBeat(0, now); }},
+  };
+  int64_t ms = 0;
+  for (const auto& [name, call] : calls) {
+    ms += 900;
+    Beat(At(ms), {0, 1}, {1});
+    ASSERT_TRUE(call(At(ms)).ok()) << name;
+    control_->Tick(At(ms + 500));
+    EXPECT_EQ(control_->membership().workers().at(0).state, PeerState::kAlive)
+        << "the lease " << name << " renewed ran out";
+  }
+  Beat(At(ms + 1100), {0, 1}, {1});
+  control_->Tick(At(ms + 1100));
+  EXPECT_EQ(control_->membership().workers().at(0).state, PeerState::kDead);
+}
+
 // (d) A commit from a worker fenced meanwhile changes nothing.
 TEST_F(JobControlTest, CommitFromAFencedWorkerIsRefused) {
   StartTraining();

@@ -201,10 +201,10 @@ TEST_F(MembershipTest, PlacesOnceEveryServerRegistered) {
 
 TEST_F(MembershipTest, WorkerDiesAfterItsLease) {
   const uint32_t id = members_.AdmitWorker(WorkerRequest(300), t0_);
-  StatusOr<WorkerEntry*> worker = members_.LiveWorker(WorkerNode(id), "");
-  ASSERT_TRUE(worker.ok()) << worker.status();
-  (*worker)->records = 20;
-  (*worker)->records_pushed = 50;
+  proto::WorkerStats stats;
+  stats.set_records_pushed(50);
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(id), "", stats, 0, std::nullopt, t0_).ok());
+  members_.NoteProgress(id, t0_, /*records=*/20);
 
   EXPECT_THAT(members_.ExpireLeases(t0_ + kLease).workers, IsEmpty()) << "exactly a lease is alive";
   Membership::Expired expired = members_.ExpireLeases(t0_ + kLease + absl::Milliseconds(1));
@@ -215,16 +215,67 @@ TEST_F(MembershipTest, WorkerDiesAfterItsLease) {
   EXPECT_EQ(events_.Named("worker_dead")[0]["silent_ms"], 1001);
   EXPECT_THAT(members_.ExpireLeases(t0_ + 10 * kLease).workers, IsEmpty()) << "dies once";
 
-  StatusOr<WorkerEntry*> dead = members_.LiveWorker(WorkerNode(id), "");
+  StatusOr<const WorkerEntry*> dead = members_.LiveWorker(WorkerNode(id), "", t0_ + 10 * kLease);
   EXPECT_EQ(dead.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReasonOf(dead.status()), proto::FENCED);
+}
+
+// Every call of a worker the master accepts renews its lease: LiveWorker
+// (which every handler but the heartbeat goes through) and WorkerHeartbeat.
+// A refused one renews nothing.
+TEST_F(MembershipTest, EveryAcceptedWorkerCallRenewsTheLease) {
+  const uint32_t by_call = members_.AdmitWorker(WorkerRequest(300), t0_);
+  const uint32_t by_beat = members_.AdmitWorker(WorkerRequest(301), t0_);
+  const uint32_t silent = members_.AdmitWorker(WorkerRequest(302), t0_);
+  const absl::Time later = t0_ + absl::Milliseconds(900);
+  StatusOr<const WorkerEntry*> live = members_.LiveWorker(WorkerNode(by_call), "", later);
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ((*live)->last_seen, later);
+  ASSERT_TRUE(
+      members_.WorkerHeartbeat(WorkerNode(by_beat), "", proto::WorkerStats(), 0, std::nullopt, later)
+          .ok());
+  EXPECT_THAT(members_.ExpireLeases(t0_ + kLease + absl::Milliseconds(1)).workers,
+              ElementsAre(Pair(silent, 0u)));
+  EXPECT_THAT(members_.ExpireLeases(later + kLease + absl::Milliseconds(1)).workers,
+              ElementsAre(Pair(by_call, 0u), Pair(by_beat, 0u)));
+  EXPECT_EQ(ReasonOf(members_.LiveWorker(WorkerNode(silent), "", later + kLease).status()),
+            proto::FENCED);
+}
+
+// The heartbeat's bookkeeping: stats kept, records pushed never fall, a
+// pause for the round in progress holds the worker back, and each batch-size
+// change is one event however many heartbeats repeat it.
+TEST_F(MembershipTest, WorkerHeartbeatKeepsWhatTheWorkerReports) {
+  const uint32_t id = members_.AdmitWorker(WorkerRequest(300), t0_);
+  proto::WorkerStats stats;
+  stats.set_records_pushed(500);
+  stats.set_records_per_s(250);
+  proto::BatchSizeChange* change = stats.add_batch_size_changes();
+  change->set_seq(1);
+  change->set_from(512);
+  change->set_to(256);
+  change->set_reason("out of memory");
+  const absl::Time at = t0_ + absl::Milliseconds(100);
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(id), "", stats, 7, 7, at).ok());
+  stats.set_records_pushed(400);  // reordered: never lower
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(id), "", stats, 7, std::nullopt, at).ok());
+  const WorkerEntry& worker = members_.workers().at(id);
+  EXPECT_EQ(worker.records_pushed, 500u);
+  EXPECT_EQ(worker.records_per_s, 250);
+  EXPECT_EQ(worker.paused_for, 7u);
+  EXPECT_EQ(worker.held_until, at);
+  EXPECT_EQ(events_.Count("batch_size_changed"), 1u);
+  members_.NoteProgress(id, at, 30);
+  EXPECT_EQ(members_.workers().at(id).records, 30u);
+  EXPECT_EQ(members_.workers().at(id).last_progress, at);
 }
 
 TEST_F(MembershipTest, LiveWorkerRefusesOtherRoles) {
   proto::NodeId server;
   server.set_role(proto::ROLE_SERVER);
-  EXPECT_EQ(members_.LiveWorker(server, "").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReasonOf(members_.LiveWorker(WorkerNode(7), "").status()), proto::FENCED)
+  EXPECT_EQ(members_.LiveWorker(server, "", t0_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReasonOf(members_.LiveWorker(WorkerNode(7), "", t0_).status()), proto::FENCED)
       << "an unknown worker";
 }
 
@@ -340,7 +391,7 @@ TEST_F(MembershipTest, RoundTakenBeforeAReplacementDoesNotCoverIt) {
   PlaceTwoServers(t0_);
   const uint32_t worker = members_.AdmitWorker(WorkerRequest(300), t0_);
   Heartbeat(0, t0_ + absl::Milliseconds(900));
-  members_.LiveWorker(WorkerNode(worker), "").value()->last_seen = t0_ + absl::Milliseconds(900);
+  ASSERT_TRUE(members_.LiveWorker(WorkerNode(worker), "", t0_ + absl::Milliseconds(900)).ok());
   ASSERT_THAT(members_.ExpireLeases(t0_ + kLease + absl::Milliseconds(1)).servers,
               ElementsAre(1u));
   members_.Fence(worker, t0_ + absl::Seconds(1), "test");
@@ -383,12 +434,18 @@ TEST_F(MembershipTest, FenceAllAliveFencesOnlyLiveWorkers) {
   const uint32_t w0 = members_.AdmitWorker(WorkerRequest(300), t0_);
   const uint32_t w1 = members_.AdmitWorker(WorkerRequest(301), t0_);
   const uint32_t w2 = members_.AdmitWorker(WorkerRequest(302), t0_ + absl::Seconds(2));
-  members_.LiveWorker(WorkerNode(w0), "").value()->records_pushed = 100;
-  members_.LiveWorker(WorkerNode(w0), "").value()->records = 40;
-  members_.LiveWorker(WorkerNode(w2), "").value()->records_pushed = 10;
-  members_.LiveWorker(WorkerNode(w2), "").value()->records = 10;
+  const auto pushed = [](uint64_t records) {
+    proto::WorkerStats stats;
+    stats.set_records_pushed(records);
+    return stats;
+  };
   // Worker 1 died before the recovery (w0's lease is renewed first).
-  members_.LiveWorker(WorkerNode(w0), "").value()->last_seen = t0_ + absl::Seconds(2);
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(w0), "", pushed(100), 0, std::nullopt,
+                                       t0_ + absl::Seconds(2)).ok());
+  members_.NoteProgress(w0, t0_, 40);
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(w2), "", pushed(10), 0, std::nullopt,
+                                       t0_ + absl::Seconds(2)).ok());
+  members_.NoteProgress(w2, t0_, 10);
   ASSERT_THAT(members_.ExpireLeases(t0_ + absl::Seconds(2)).workers, ElementsAre(Pair(w1, 0u)));
 
   EXPECT_EQ(members_.FenceAllAlive(t0_ + absl::Seconds(2), "ps[1] lost"), 60u);
@@ -396,7 +453,8 @@ TEST_F(MembershipTest, FenceAllAliveFencesOnlyLiveWorkers) {
   EXPECT_EQ(members_.workers().at(w1).state, PeerState::kDead);
   EXPECT_EQ(members_.workers().at(w2).state, PeerState::kFenced);
   EXPECT_THAT(members_.fenced(), ElementsAre(w0, w2));
-  StatusOr<WorkerEntry*> fenced = members_.LiveWorker(WorkerNode(w0), "ps[1] lost");
+  StatusOr<const WorkerEntry*> fenced =
+      members_.LiveWorker(WorkerNode(w0), "ps[1] lost", t0_ + absl::Seconds(2));
   EXPECT_EQ(ReasonOf(fenced.status()), proto::FENCED);
   EXPECT_THAT(fenced.status().message(), HasSubstr("a parameter server was lost (ps[1] lost)"));
 }
@@ -468,7 +526,7 @@ TEST_F(MembershipTest, GoneWorkersAreForgottenButStayFenced) {
   EXPECT_TRUE(members_.workers().contains(alive));
   // A forgotten worker is still refused, everywhere.
   EXPECT_TRUE(members_.IsFenced(0));
-  EXPECT_EQ(ReasonOf(members_.LiveWorker(WorkerNode(0), "").status()), proto::FENCED);
+  EXPECT_EQ(ReasonOf(members_.LiveWorker(WorkerNode(0), "", t0_).status()), proto::FENCED);
 }
 
 }  // namespace
