@@ -165,6 +165,11 @@ Status Master::Impl::StartServing() {
   rpc_options.max_frames = 2;
   rpc_options.name = "master";
   rpc_options.track_waiting = true;  // leases are judged on arrivals
+  // Registrations per connection, besides the job's rate (Membership::
+  // TakeRegistration): one peer cannot spend the job's rate alone.
+  rpc_options.rate_limited = proto::REGISTER_WORKER;
+  rpc_options.rate_limited_burst = 4;
+  rpc_options.rate_limited_per_s = 1;
   ASSIGN_OR_RETURN(rpc_, RpcServer::Start(&factory_, rpc_options,
                                           [this](Message& request, Message* reply) {
                                             return Handle(request, reply);

@@ -1,5 +1,6 @@
 #include "rpc/rpc_server.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <deque>
@@ -395,6 +396,38 @@ Status RpcServer::CheckCredential(const proto::Envelope& header) {
                    ": a worker acts only as the id the master gave it"));
 }
 
+Status RpcServer::TakeRateLimited(const std::string& routing_id) {
+  const absl::Time now = absl::Now();
+  const double burst = options_.rate_limited_burst;
+  const double per_s = options_.rate_limited_per_s;
+  absl::MutexLock lock(&rate_mu_);
+  // Connections whose buckets have refilled are as good as new: forgotten,
+  // so the map holds only connections that called recently.
+  if (rate_buckets_.size() >= 1024) {
+    absl::erase_if(rate_buckets_, [&](const auto& entry) {
+      return entry.second.left + per_s * absl::ToDoubleSeconds(now - entry.second.refilled) >= burst;
+    });
+  }
+  auto [it, fresh] = rate_buckets_.try_emplace(routing_id, Bucket{.left = burst, .refilled = now});
+  Bucket& bucket = it->second;
+  if (!fresh) {
+    bucket.left =
+        std::min(burst, bucket.left + per_s * absl::ToDoubleSeconds(now - bucket.refilled));
+    bucket.refilled = now;
+  }
+  if (bucket.left < 1) {
+    limited_.fetch_add(1, std::memory_order_relaxed);
+    return ErrorWithReason(
+        absl::StatusCode::kResourceExhausted,
+        absl::StrCat("more than ", burst, " ", proto::Method_Name(options_.rate_limited),
+                     " calls at once from this connection (", per_s,
+                     " a second at most); wait and ask again"),
+        proto::SLOW_DOWN);
+  }
+  bucket.left -= 1;
+  return absl::OkStatus();
+}
+
 std::vector<zmq::message_t> RpcServer::Handle(std::vector<zmq::message_t> frames) {
   // frames[0] is the ROUTER's routing id of the peer, frames[1] what the
   // proxy knows of it (PeerFrame); the request follows.
@@ -426,6 +459,10 @@ std::vector<zmq::message_t> RpcServer::Handle(std::vector<zmq::message_t> frames
       reply.header().set_method(request->header().method());
       VLOG(2) << options_.name << " <- " << request->DebugString();
       status = Authorize(peer, request->header());
+      if (status.ok() && options_.rate_limited != proto::METHOD_UNSPECIFIED &&
+          request->header().method() == options_.rate_limited) {
+        status = TakeRateLimited(out[0].to_string());
+      }
       if (status.ok()) status = handler_(*request, &reply);
     }
   }

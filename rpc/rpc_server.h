@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -66,6 +67,16 @@ struct RpcServerOptions {
   // master's, whose leases depend on it; off on the servers' pull and push
   // path. Default false.
   bool track_waiting = false;
+  // One method whose calls each connection may make at a bounded rate: a
+  // bucket of `rate_limited_burst` calls refilled at `rate_limited_per_s`
+  // a second, per connection; a call beyond is answered SLOW_DOWN
+  // (kResourceExhausted) before any handler, and counted in limited().
+  // The master's REGISTER_WORKER: a holder of the worker key cannot spend
+  // the job's registration rate from one connection. METHOD_UNSPECIFIED
+  // (the default): none.
+  proto::Method rate_limited = proto::METHOD_UNSPECIFIED;
+  double rate_limited_burst = 4;
+  double rate_limited_per_s = 1;
 };
 
 // Handles one request. `reply` arrives with its request id and method set;
@@ -139,6 +150,9 @@ class RpcServer {
   void HandlerLoop(zmq::socket_t socket);
   // Validates, dispatches and replies to one routed request.
   std::vector<zmq::message_t> Handle(std::vector<zmq::message_t> frames);
+  // Takes one call of options_.rate_limited from connection `routing_id`'s
+  // bucket; SLOW_DOWN when it is empty.
+  Status TakeRateLimited(const std::string& routing_id) ABSL_LOCKS_EXCLUDED(rate_mu_);
 
   const RpcServerOptions options_;
   const RpcHandler handler_;
@@ -160,6 +174,12 @@ class RpcServer {
   absl::Mutex refusals_mu_;
   // The peers whose refusal was logged.
   absl::flat_hash_set<std::string> refusals_logged_ ABSL_GUARDED_BY(refusals_mu_);
+  struct Bucket {
+    double left = 0;
+    absl::Time refilled;
+  };
+  absl::Mutex rate_mu_;
+  absl::flat_hash_map<std::string, Bucket> rate_buckets_ ABSL_GUARDED_BY(rate_mu_);
   std::thread proxy_thread_;
   std::vector<std::thread> handler_threads_;
 };

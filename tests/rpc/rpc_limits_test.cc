@@ -97,6 +97,44 @@ TEST_F(RpcTest, WrongProtocolVersionIsRejected) {
   EXPECT_EQ(calls.load(), 0);
 }
 
+// One method at a bounded rate per connection (the master's
+// REGISTER_WORKER): a connection past its burst is answered SLOW_DOWN
+// before the handler; another connection has a bucket of its own; the
+// bucket refills; other methods are not limited.
+TEST_F(RpcTest, ARateLimitedMethodIsBoundedPerConnection) {
+  RpcServerOptions options;
+  options.rate_limited = proto::REGISTER_WORKER;
+  options.rate_limited_burst = 2;
+  options.rate_limited_per_s = 20;
+  std::atomic<int> calls{0};
+  auto server = StartServer(
+      [&](Message& request, Message* reply) -> Status {
+        calls++;
+        return absl::OkStatus();
+      },
+      options);
+  RpcChannel first(&factory_, WorkerId(0));
+  const auto registration = [] { return Tagged(1, proto::REGISTER_WORKER); };
+  EXPECT_TRUE(first.Call(server->endpoint(), registration(), Fast(1, absl::Seconds(5))).ok());
+  EXPECT_TRUE(first.Call(server->endpoint(), registration(), Fast(1, absl::Seconds(5))).ok());
+  StatusOr<Message> over = first.Call(server->endpoint(), registration(), Fast(1, absl::Seconds(5)));
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(over.status()), proto::SLOW_DOWN);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("REGISTER_WORKER"));
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(server->limited(), 1u);
+  EXPECT_TRUE(first.Call(server->endpoint(), Tagged(2), Fast(1, absl::Seconds(5))).ok())
+      << "other methods are not limited";
+
+  RpcChannel second(&factory_, WorkerId(1));
+  EXPECT_TRUE(second.Call(server->endpoint(), registration(), Fast(1, absl::Seconds(5))).ok())
+      << "another connection has its own bucket";
+  absl::SleepFor(absl::Milliseconds(120));  // 2.4 calls refilled
+  EXPECT_TRUE(first.Call(server->endpoint(), registration(), Fast(1, absl::Seconds(5))).ok());
+  EXPECT_EQ(calls.load(), 5);
+}
+
 TEST_F(RpcTest, MoreFramesThanMaxFramesIsRejected) {
   RpcServerOptions options;
   options.max_frames = 3;
