@@ -28,7 +28,7 @@
 #include "master/job_control.h"
 #include "master/job_spec.h"
 #include "master/state_store.h"
-#include "master/status_report.h"
+#include "master/http/status_report.h"
 
 namespace eps {
 namespace {

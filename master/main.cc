@@ -19,7 +19,7 @@ namespace {
 
 // The soft open-file limit up to the hard one, or 65536 (the soft one is
 // often 1024, of 524288): the HTTP port serves at most half the soft limit
-// in connections (see master/http_service.h), and 512 would let a thousand
+// in connections (see master/http/http_service.h), and 512 would let a thousand
 // idle clients shut out /status. Not further: the commands the master runs
 // inherit it.
 void RaiseOpenFileLimit() {

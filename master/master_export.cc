@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "master/master_impl.h"
-#include "master/status_report.h"
+#include "master/http/status_report.h"
 
 namespace eps {
 namespace {

@@ -1,7 +1,7 @@
 // AutoscalePolicy with scripted time: thresholds, min and max, the
 // stabilization windows, the cooldown, a flapping signal, a failing source.
 
-#include "master/autoscale_policy.h"
+#include "master/autoscale/autoscale_policy.h"
 
 #include <vector>
 

@@ -3,7 +3,7 @@
 // `prometheus`) scraping an endpoint this test serves. Skipped, saying
 // so, where no prometheus binary is installed.
 
-#include "master/autoscaler.h"
+#include "master/autoscale/autoscaler.h"
 
 #include <unistd.h>
 

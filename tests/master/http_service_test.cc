@@ -1,4 +1,4 @@
-// Tests master/http_service.h: the master's HTTP port against slow, idle and
+// Tests master/http/http_service.h: the master's HTTP port against slow, idle and
 // oversized clients, over loopback with raw sockets. Routes are fakes; the
 // master's /metrics of the counts is in master_status_test.cc.
 //
@@ -6,7 +6,7 @@
 // a generous one: against the stock cpp-httplib pool it took until the
 // client's timeout.
 
-#include "master/http_service.h"
+#include "master/http/http_service.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

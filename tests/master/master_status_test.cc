@@ -362,7 +362,7 @@ TEST_F(MasterTest, MetricsEscapeLabelValues) {
   EXPECT_EQ(ExpositionErrors(metrics->body), "") << metrics->body;
 }
 
-// What the HTTP port refuses (master/http_service.h) is counted in /metrics
+// What the HTTP port refuses (master/http/http_service.h) is counted in /metrics
 // by reason, every reason listed.
 TEST_F(MasterTest, MetricsCountRefusedHttpRequestsByReason) {
   const std::string train = Write("train.tsv", CriteoText(5, /*seed=*/1));

@@ -1,9 +1,9 @@
 // The Slurm source's and launcher's parsers, on output as Slurm 22.05's
-// sinfo and squeue print it (the formats master/slurm.cc asks for). The
+// sinfo and squeue print it (the formats master/autoscale/slurm.cc asks for). The
 // commands themselves run against a real Slurm in
 // tests/integration/slurm_autoscale_test.cc.
 
-#include "master/slurm.h"
+#include "master/autoscale/slurm.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

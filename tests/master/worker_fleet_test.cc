@@ -2,7 +2,7 @@
 // least, replacing the dead and the stuck, the crash-loop back-off and the
 // restart limit, and the bounds on starting and stopping.
 
-#include "master/worker_fleet.h"
+#include "master/autoscale/worker_fleet.h"
 
 #include <map>
 #include <vector>

@@ -95,7 +95,9 @@ TEST(SliceBatch, EqualsTheBatchOfItsExamplesAlone) {
       EXPECT_EQ(slice.keys, alone.keys);
       EXPECT_EQ(slice.slots, alone.slots);
       // A single-value slice of a multi-value batch keeps its offsets.
-      if (alone.multi_value()) EXPECT_EQ(slice.offsets, alone.offsets);
+      if (alone.multi_value()) {
+        EXPECT_EQ(slice.offsets, alone.offsets);
+      }
       ASSERT_EQ(from.size(), slice.keys.size());
       for (size_t k = 0; k < from.size(); ++k) EXPECT_EQ(whole.keys[from[k]], slice.keys[k]);
     }

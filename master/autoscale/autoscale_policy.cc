@@ -1,4 +1,4 @@
-#include "master/autoscale_policy.h"
+#include "master/autoscale/autoscale_policy.h"
 
 #include <algorithm>
 

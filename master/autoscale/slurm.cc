@@ -1,4 +1,4 @@
-#include "master/slurm.h"
+#include "master/autoscale/slurm.h"
 
 #include <utility>
 #include <vector>

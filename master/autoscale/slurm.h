@@ -30,8 +30,8 @@
 //
 // Thread-safety: the classes are used by the autoscaler's thread only.
 
-#ifndef EPS_MASTER_SLURM_H_
-#define EPS_MASTER_SLURM_H_
+#ifndef EPS_MASTER_AUTOSCALE_SLURM_H_
+#define EPS_MASTER_AUTOSCALE_SLURM_H_
 
 #include <cstdint>
 #include <map>
@@ -42,7 +42,7 @@
 #include "absl/strings/string_view.h"
 #include "core/job_config.h"
 #include "core/status.h"
-#include "master/autoscaler.h"
+#include "master/autoscale/autoscaler.h"
 
 namespace eps {
 
@@ -84,4 +84,4 @@ std::unique_ptr<WorkerLauncher> MakeSlurmLauncher(const JobConfig& job,
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_SLURM_H_
+#endif  // EPS_MASTER_AUTOSCALE_SLURM_H_

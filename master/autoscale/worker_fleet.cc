@@ -1,4 +1,4 @@
-#include "master/worker_fleet.h"
+#include "master/autoscale/worker_fleet.h"
 
 #include <algorithm>
 #include <tuple>

@@ -1,4 +1,4 @@
-#include "master/status_page.h"
+#include "master/http/status_page.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"

@@ -8,8 +8,8 @@
 // counts successful renders, and an error (a failed fetch or a script
 // error) shows in #error and sets data-error.
 
-#ifndef EPS_MASTER_STATUS_PAGE_H_
-#define EPS_MASTER_STATUS_PAGE_H_
+#ifndef EPS_MASTER_HTTP_STATUS_PAGE_H_
+#define EPS_MASTER_HTTP_STATUS_PAGE_H_
 
 #include <string>
 
@@ -22,4 +22,4 @@ std::string StatusPage(absl::string_view job_name);
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_STATUS_PAGE_H_
+#endif  // EPS_MASTER_HTTP_STATUS_PAGE_H_

@@ -30,8 +30,8 @@
 //
 // Thread-safety: not thread-safe; its owner guards it.
 
-#ifndef EPS_MASTER_WORKER_FLEET_H_
-#define EPS_MASTER_WORKER_FLEET_H_
+#ifndef EPS_MASTER_AUTOSCALE_WORKER_FLEET_H_
+#define EPS_MASTER_AUTOSCALE_WORKER_FLEET_H_
 
 #include <cstdint>
 #include <map>
@@ -138,4 +138,4 @@ class WorkerFleet {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_WORKER_FLEET_H_
+#endif  // EPS_MASTER_AUTOSCALE_WORKER_FLEET_H_

@@ -1,4 +1,4 @@
-#include "master/autoscaler.h"
+#include "master/autoscale/autoscaler.h"
 
 #include <signal.h>
 #include <sys/random.h>
@@ -20,7 +20,7 @@
 #include "absl/strings/strip.h"
 #include "core/logging.h"
 #include "core/subprocess.h"
-#include "master/slurm.h"
+#include "master/autoscale/slurm.h"
 #include "httplib.h"
 
 namespace eps {

@@ -1,5 +1,5 @@
 // HttpConnection: one client connection of the master's HTTP port (see
-// master/http_service.h), as cpp-httplib's request parser reads and writes
+// master/http/http_service.h), as cpp-httplib's request parser reads and writes
 // it (an httplib::Stream).
 //
 // ReadRequest reads the next request whole into the connection's buffer,
@@ -15,8 +15,8 @@
 //
 // Thread-safety: one thread only (the connection's).
 
-#ifndef EPS_MASTER_HTTP_CONNECTION_H_
-#define EPS_MASTER_HTTP_CONNECTION_H_
+#ifndef EPS_MASTER_HTTP_HTTP_CONNECTION_H_
+#define EPS_MASTER_HTTP_HTTP_CONNECTION_H_
 
 #include <sys/types.h>
 
@@ -27,7 +27,7 @@
 
 #include "absl/strings/string_view.h"
 #include "httplib.h"
-#include "master/http_service.h"
+#include "master/http/http_service.h"
 
 namespace eps {
 
@@ -97,4 +97,4 @@ class HttpConnection final : public httplib::Stream {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_HTTP_CONNECTION_H_
+#endif  // EPS_MASTER_HTTP_HTTP_CONNECTION_H_

@@ -19,8 +19,8 @@
 //
 // Thread-safety: safe for concurrent use.
 
-#ifndef EPS_MASTER_AUTOSCALER_H_
-#define EPS_MASTER_AUTOSCALER_H_
+#ifndef EPS_MASTER_AUTOSCALE_AUTOSCALER_H_
+#define EPS_MASTER_AUTOSCALE_AUTOSCALER_H_
 
 #include <cstdint>
 #include <functional>
@@ -40,9 +40,9 @@
 #include "core/job_config.h"
 #include "core/metrics.h"
 #include "core/status.h"
-#include "master/autoscale_policy.h"
+#include "master/autoscale/autoscale_policy.h"
 #include "master/event_log.h"
-#include "master/worker_fleet.h"
+#include "master/autoscale/worker_fleet.h"
 #include "nlohmann/json.hpp"
 
 namespace eps {
@@ -163,4 +163,4 @@ class Autoscaler {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_AUTOSCALER_H_
+#endif  // EPS_MASTER_AUTOSCALE_AUTOSCALER_H_

@@ -1,4 +1,4 @@
-#include "master/status_report.h"
+#include "master/http/status_report.h"
 
 #include <cstdint>
 #include <functional>

@@ -9,8 +9,8 @@
 // mutex around every call. They read no clock (time is passed in) and do no
 // I/O.
 
-#ifndef EPS_MASTER_STATUS_REPORT_H_
-#define EPS_MASTER_STATUS_REPORT_H_
+#ifndef EPS_MASTER_HTTP_STATUS_REPORT_H_
+#define EPS_MASTER_HTTP_STATUS_REPORT_H_
 
 #include <string>
 
@@ -35,4 +35,4 @@ std::string DumpJson(const nlohmann::json& doc);
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_STATUS_REPORT_H_
+#endif  // EPS_MASTER_HTTP_STATUS_REPORT_H_

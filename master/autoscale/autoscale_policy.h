@@ -33,8 +33,8 @@
 //
 // Thread-safety: not thread-safe; its owner guards it.
 
-#ifndef EPS_MASTER_AUTOSCALE_POLICY_H_
-#define EPS_MASTER_AUTOSCALE_POLICY_H_
+#ifndef EPS_MASTER_AUTOSCALE_AUTOSCALE_POLICY_H_
+#define EPS_MASTER_AUTOSCALE_AUTOSCALE_POLICY_H_
 
 #include <cstdint>
 #include <deque>
@@ -110,4 +110,4 @@ class AutoscalePolicy {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_AUTOSCALE_POLICY_H_
+#endif  // EPS_MASTER_AUTOSCALE_AUTOSCALE_POLICY_H_

@@ -45,8 +45,8 @@
 // WriteMetrics from any thread; the handlers run on the connections'
 // threads, several at once, and must do their own locking.
 
-#ifndef EPS_MASTER_HTTP_SERVICE_H_
-#define EPS_MASTER_HTTP_SERVICE_H_
+#ifndef EPS_MASTER_HTTP_HTTP_SERVICE_H_
+#define EPS_MASTER_HTTP_HTTP_SERVICE_H_
 
 #include <array>
 #include <atomic>
@@ -184,4 +184,4 @@ class HttpService {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_HTTP_SERVICE_H_
+#endif  // EPS_MASTER_HTTP_HTTP_SERVICE_H_

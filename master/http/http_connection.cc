@@ -1,4 +1,4 @@
-#include "master/http_connection.h"
+#include "master/http/http_connection.h"
 
 #include <netdb.h>
 #include <poll.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "master/status_report.h"
+#include "master/http/status_report.h"
 
 namespace eps {
 namespace {

@@ -1,4 +1,4 @@
-#include "master/http_service.h"
+#include "master/http/http_service.h"
 
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -21,8 +21,8 @@
 #include "absl/time/time.h"
 #include "core/logging.h"
 #include "httplib.h"
-#include "master/http_connection.h"
-#include "master/status_report.h"
+#include "master/http/http_connection.h"
+#include "master/http/status_report.h"
 
 namespace eps {
 namespace {
