@@ -42,7 +42,7 @@
 #include "absl/strings/string_view.h"
 #include "core/job_config.h"
 #include "core/status.h"
-#include "master/autoscale/autoscaler.h"
+#include "master/autoscale/backends.h"
 
 namespace eps {
 
@@ -76,11 +76,7 @@ StatusOr<std::map<std::string, std::pair<std::string, int>>> ParseSlurmJobStates
 // The prefix of the job's worker job names: "eps-<job>-worker-".
 std::string SlurmWorkerJobPrefix(const JobConfig& job);
 
-std::unique_ptr<SignalSource> MakeSlurmSource(const JobConfig& job);
-// `worker_binary`: the eps-worker path the nodes run.
-std::unique_ptr<WorkerLauncher> MakeSlurmLauncher(const JobConfig& job,
-                                                  const LauncherContext& context,
-                                                  const std::string& worker_binary);
+// MakeSlurmSource and MakeSlurmLauncher: master/autoscale/backends.h.
 
 }  // namespace eps
 

@@ -27,7 +27,7 @@
 
 #include "absl/strings/string_view.h"
 #include "httplib.h"
-#include "master/http/http_service.h"
+#include "master/http/http_limits.h"
 
 namespace eps {
 

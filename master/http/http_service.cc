@@ -22,7 +22,7 @@
 #include "core/logging.h"
 #include "httplib.h"
 #include "master/http/http_connection.h"
-#include "master/http/status_report.h"
+#include "core/json_text.h"
 
 namespace eps {
 namespace {
@@ -166,47 +166,6 @@ class HttpService::Server final : public httplib::Server {
   std::atomic<std::thread::id> accept_thread_{};
 };
 
-Status HttpServiceOptions::Validate() const {
-  if (max_connections < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("http max_connections must be at least 1 (got ", max_connections, ")"));
-  }
-  for (const auto& [name, value] : {std::pair<const char*, absl::Duration>{"idle_timeout", idle_timeout},
-                                    {"request_timeout", request_timeout},
-                                    {"write_timeout", write_timeout}}) {
-    if (value <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat("http ", name, " must be positive (got ",
-                                                     absl::FormatDuration(value), ")"));
-    }
-  }
-  if (max_requests_per_connection < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "http max_requests_per_connection must be at least 1 (got ", max_requests_per_connection,
-        ")"));
-  }
-  if (max_header_bytes < 64 || max_header_bytes > 8192) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "http max_header_bytes must be 64..8192 (got ", max_header_bytes, ")"));
-  }
-  return absl::OkStatus();
-}
-
-absl::string_view HttpRefusalName(HttpRefusal reason) {
-  switch (reason) {
-    case HttpRefusal::kUnauthorized: return "unauthorized";
-    case HttpRefusal::kForeignOrigin: return "foreign_origin";
-    case HttpRefusal::kTooManyConnections: return "too_many_connections";
-    case HttpRefusal::kRequestTimeout: return "request_timeout";
-    case HttpRefusal::kHeadersTooLarge: return "headers_too_large";
-    case HttpRefusal::kUriTooLong: return "uri_too_long";
-    case HttpRefusal::kBodyTooLarge: return "body_too_large";
-    case HttpRefusal::kLengthRequired: return "length_required";
-    case HttpRefusal::kMethodNotImplemented: return "method_not_implemented";
-    case HttpRefusal::kMethodNotAllowed: return "method_not_allowed";
-    case HttpRefusal::kMalformed: return "malformed";
-  }
-  return "unknown";
-}
 
 HttpService::HttpService(const Clock* clock, HttpServiceOptions options)
     : clock_(clock), options_(std::move(options)) {}

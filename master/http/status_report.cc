@@ -20,13 +20,6 @@ namespace eps {
 
 using nlohmann::json;
 
-// Strings in the document come from outside; nlohmann::json throws on
-// invalid UTF-8 unless told to replace it.
-std::string DumpJson(const json& doc) {
-  return doc.dump(/*indent=*/2, /*indent_char=*/' ', /*ensure_ascii=*/false,
-                  json::error_handler_t::replace);
-}
-
 namespace {
 
 // A dense staleness a server or worker measured: the pushes or steps

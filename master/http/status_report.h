@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "core/json_text.h"
 #include "master/job_control.h"
 #include "nlohmann/json.hpp"
 
@@ -28,10 +29,6 @@ nlohmann::json StatusDocument(const JobControl& control, absl::Time now);
 // it has. Never fails.
 std::string MetricsText(const JobControl& control);
 
-// `doc` as text, indented by 2. Strings from outside (the job name, file
-// paths, error messages naming them) need not be UTF-8: invalid bytes are
-// replaced (U+FFFD) instead of throwing.
-std::string DumpJson(const nlohmann::json& doc);
 
 }  // namespace eps
 

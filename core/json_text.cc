@@ -1,0 +1,11 @@
+#include "core/json_text.h"
+
+namespace eps {
+
+// nlohmann::json throws on invalid UTF-8 unless told to replace it.
+std::string DumpJson(const nlohmann::json& doc) {
+  return doc.dump(/*indent=*/2, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                  nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace eps

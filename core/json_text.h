@@ -1,0 +1,21 @@
+// JSON as text for what eps writes (/status, HTTP answers, status files).
+//
+// Thread-safety: a pure function.
+
+#ifndef EPS_CORE_JSON_TEXT_H_
+#define EPS_CORE_JSON_TEXT_H_
+
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace eps {
+
+// `doc` as text, indented by 2. Strings from outside (the job name, file
+// paths, error messages naming them) need not be UTF-8: invalid bytes are
+// replaced (U+FFFD) instead of throwing.
+std::string DumpJson(const nlohmann::json& doc);
+
+}  // namespace eps
+
+#endif  // EPS_CORE_JSON_TEXT_H_
