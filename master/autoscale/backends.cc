@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/logging.h"
-#include "core/subprocess.h"
+#include "master/autoscale/subprocess.h"
 #include "httplib.h"
 
 namespace eps {

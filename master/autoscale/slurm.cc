@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "core/file_util.h"
 #include "core/logging.h"
-#include "core/subprocess.h"
+#include "master/autoscale/subprocess.h"
 
 namespace eps {
 namespace {

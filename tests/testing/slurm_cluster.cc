@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "core/subprocess.h"
+#include "master/autoscale/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
 namespace eps::testing {

@@ -1,4 +1,4 @@
-#include "core/subprocess.h"
+#include "master/autoscale/subprocess.h"
 
 #include <signal.h>
 

@@ -9,8 +9,8 @@
 // Thread-safety: RunCommand is safe for concurrent use; a Subprocess is
 // not (one owner).
 
-#ifndef EPS_CORE_SUBPROCESS_H_
-#define EPS_CORE_SUBPROCESS_H_
+#ifndef EPS_MASTER_AUTOSCALE_SUBPROCESS_H_
+#define EPS_MASTER_AUTOSCALE_SUBPROCESS_H_
 
 #include <sys/types.h>
 
@@ -91,4 +91,4 @@ class Subprocess {
 
 }  // namespace eps
 
-#endif  // EPS_CORE_SUBPROCESS_H_
+#endif  // EPS_MASTER_AUTOSCALE_SUBPROCESS_H_
