@@ -46,6 +46,12 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
   std::vector<float> file_labels;
   uint64_t lines = 0;
   uint64_t malformed = 0;
+  // Into dense, ids and field_ends, as the worker's shard loader parses.
+  const auto parse = [&](absl::string_view line, float* label) {
+    return multi_value
+               ? parser_.Parse(line, label, std::span<float>(dense), &ids, field_ends)
+               : parser_.Parse(line, label, std::span<float>(dense), std::span<uint64_t>(ids));
+  };
   absl::string_view line;
   // The sample, drawn as the lines pass (reservoir sampling): distinct
   // valid records, each equally likely, as (index, text).
@@ -54,10 +60,7 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
   while (reader->Next(&line)) {
     ++lines;
     float label = 0;
-    const Status parsed =
-        multi_value ? parser_.Parse(line, &label, std::span<float>(dense), &ids, field_ends)
-                    : parser_.Parse(line, &label, std::span<float>(dense), std::span<uint64_t>(ids));
-    if (!parsed.ok()) {
+    if (!parse(line, &label).ok()) {
       ++malformed;
       continue;
     }
@@ -95,11 +98,10 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
   BatchBuilder builder(schema.num_dense, schema.num_cat);
   for (const auto& [index, text] : sampled) {
     float label = 0;
+    RETURN_IF_ERROR(parse(text, &label));  // parsed once already
     if (multi_value) {
-      RETURN_IF_ERROR(parser_.Parse(text, &label, std::span<float>(dense), &ids, field_ends));
       builder.Add(label, dense, ids, field_ends);
     } else {
-      RETURN_IF_ERROR(parser_.Parse(text, &label, std::span<float>(dense), std::span<uint64_t>(ids)));
       builder.Add(label, dense, ids);
     }
   }

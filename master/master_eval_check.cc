@@ -7,21 +7,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cluster/placement.h"
 #include "core/logging.h"
 #include "master/master_impl.h"
 
 namespace eps {
 
 Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
-  proto::JobSpec spec;
-  uint64_t generation = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    spec = control_->job_spec();
-    generation = control_->membership().generation();
-  }
-  const bool dense_cached = !check_dense_.empty() && check_dense_generation_ == generation;
   const auto current_map = [this]() -> StatusOr<proto::ClusterMap> {
     proto::NodeId self;
     self.set_role(proto::ROLE_MASTER);
@@ -31,39 +22,37 @@ Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
     return reply.map();
   };
   if (check_ps_ == nullptr) {
+    proto::JobSpec spec;
+    {
+      absl::MutexLock lock(&mu_);
+      spec = control_->job_spec();
+    }
+    ASSIGN_OR_RETURN(check_tables_, MatchParamTables(spec, eval_check_->params()));
     proto::NodeId self;
     self.set_role(proto::ROLE_MASTER);
     CallOptions options;
     options.attempt_timeout = absl::Seconds(2);
     options.max_attempts = 2;
-    check_ps_ = std::make_unique<PsClient>(&factory_, self, spec, options, current_map);
+    check_ps_ = std::make_unique<PsClient>(&factory_, self, std::move(spec), options, current_map);
+  }
+  uint64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    generation = control_->membership().generation();
   }
   // The map may have changed since the last check (a server replaced).
   ASSIGN_OR_RETURN(proto::ClusterMap map, current_map());
   if (map.version() != check_ps_->map_version()) RETURN_IF_ERROR(check_ps_->SetClusterMap(map));
-  // The model's parameters are the job's tables of the same names.
+  const bool dense_cached = !check_dense_.empty() && check_dense_generation_ == generation;
   const std::vector<ParamSpec>& specs = eval_check_->params();
-  std::vector<std::vector<uint64_t>> dense_keys(specs.size());
   std::vector<PsClient::Keys> tables(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
-    const proto::TableSpec* table = nullptr;
-    for (const proto::TableSpec& candidate : spec.tables()) {
-      if (candidate.name() == specs[i].name) table = &candidate;
-    }
-    if (table == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the job has no table for the model's parameter '", specs[i].name, "'"));
-    }
-    tables[i].table_id = table->id();
+    tables[i].table_id = check_tables_.ids[i];
     if (specs[i].kind == ParamSpec::Kind::kEmbedding) {
       tables[i].keys = batch.keys;
-      continue;
-    }
-    if (dense_cached) continue;  // no keys: nothing pulled
-    for (uint64_t c = 0; c < DenseChunkCount(table->dense_size(), table->dim()); ++c) {
-      dense_keys[i].push_back(DenseChunkKey(table->id(), c));
-    }
-    tables[i].keys = dense_keys[i];
+    } else if (!dense_cached) {
+      tables[i].keys = check_tables_.dense_keys[i];
+    }  // else no keys: nothing pulled
   }
   std::vector<std::vector<float>> pulled;
   RETURN_IF_ERROR(check_ps_->Pull(tables, &pulled));

@@ -168,6 +168,7 @@ class Master::Impl {
   // thread only, as is its PsClient (made at the first check).
   std::unique_ptr<EvalCheck> eval_check_;
   std::unique_ptr<PsClient> check_ps_;
+  ParamTables check_tables_;  // of eval_check_'s model, with check_ps_
   // The dense tensors the last check pulled, and the membership generation
   // they were pulled in: the evaluation pushes nothing, and a restore of
   // the servers starts a new generation.

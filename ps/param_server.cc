@@ -612,7 +612,8 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   }
   proto::PushReply* answer = reply->header().mutable_push_reply();
   const proto::PushRequest& push = request.header().push_request();
-  if (push.has_batch() && sender.role() == proto::ROLE_WORKER) {
+  // Receipts exist under CURVE only (no key otherwise): no lock on the way.
+  if (options_.security.curve && push.has_batch() && sender.role() == proto::ROLE_WORKER) {
     answer->set_receipt(ReceiptFor(sender.id(), push.client_seq(), push.batch(), first_time));
   }
   if (!first_time) {

@@ -10,6 +10,33 @@
 #include "rpc/message.h"
 
 namespace eps {
+
+StatusOr<ParamTables> MatchParamTables(const proto::JobSpec& job,
+                                       const std::vector<ParamSpec>& params) {
+  ParamTables tables;
+  for (const ParamSpec& param : params) {
+    const proto::TableSpec* found = nullptr;
+    for (const proto::TableSpec& table : job.tables()) {
+      if (table.name() == param.name) found = &table;
+    }
+    const bool embedding = param.kind == ParamSpec::Kind::kEmbedding;
+    if (found == nullptr ||
+        (embedding ? found->kind() != proto::EMBEDDING || found->dim() != param.size
+                   : found->kind() != proto::DENSE || found->dense_size() != param.size)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the master's job has no table matching the model's parameter '", param.name,
+          "' (do the master and the worker read the same config?)"));
+    }
+    tables.ids.push_back(found->id());
+    std::vector<uint64_t>& keys = tables.dense_keys.emplace_back();
+    if (!embedding) {
+      for (uint64_t c = 0; c < DenseChunkCount(found->dense_size(), found->dim()); ++c) {
+        keys.push_back(DenseChunkKey(found->id(), c));
+      }
+    }
+  }
+  return tables;
+}
 namespace {
 
 // Re-routing rounds after WRONG_OWNER answers before giving up.

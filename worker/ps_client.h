@@ -27,12 +27,24 @@
 #include "cluster/placement.h"
 #include "core/metrics.h"
 #include "core/status.h"
+#include "models/model.h"
 #include "proto/eps.pb.h"
 #include "rpc/message.h"
 #include "rpc/rpc_channel.h"
 #include "rpc/socket_factory.h"
 
 namespace eps {
+
+// Where a model's parameters live in a job: per Model::params()[i], the
+// id of the job's table of that name (of the same kind and size), and for a
+// dense tensor the keys of its chunks (empty for an embedding table).
+struct ParamTables {
+  std::vector<uint32_t> ids;
+  std::vector<std::vector<uint64_t>> dense_keys;
+};
+// kFailedPrecondition naming the first parameter the job has no table for.
+StatusOr<ParamTables> MatchParamTables(const proto::JobSpec& job,
+                                       const std::vector<ParamSpec>& params);
 
 class PsClient {
  public:

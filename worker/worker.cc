@@ -107,29 +107,9 @@ Status Worker::Impl::Register(Session& session) {
   SetLogNode(absl::StrCat("worker[", session.self.id(), "]"));
 
   // The master's tables must be this worker's model's parameters.
-  const std::vector<ParamSpec>& params = model_->params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const proto::TableSpec* found = nullptr;
-    for (const proto::TableSpec& table : session.job.tables()) {
-      if (table.name() == params[i].name) found = &table;
-    }
-    const bool embedding = params[i].kind == ParamSpec::Kind::kEmbedding;
-    if (found == nullptr ||
-        (embedding ? found->kind() != proto::EMBEDDING || found->dim() != params[i].size
-                   : found->kind() != proto::DENSE || found->dense_size() != params[i].size)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the master's job has no table matching this worker's parameter '", params[i].name,
-          "' (do the master and the worker read the same config?)"));
-    }
-    session.table_ids.push_back(found->id());
-    std::vector<uint64_t> keys;
-    if (!embedding) {
-      for (uint64_t c = 0; c < DenseChunkCount(found->dense_size(), found->dim()); ++c) {
-        keys.push_back(DenseChunkKey(found->id(), c));
-      }
-    }
-    session.dense_keys.push_back(std::move(keys));
-  }
+  ASSIGN_OR_RETURN(ParamTables tables, MatchParamTables(session.job, model_->params()));
+  session.table_ids = std::move(tables.ids);
+  session.dense_keys = std::move(tables.dense_keys);
   LOG(INFO) << "registered with " << options_.master << " (" << device_ << ", model "
             << options_.job.model.type << ")";
   return absl::OkStatus();
