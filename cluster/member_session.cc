@@ -16,6 +16,8 @@ namespace {
 
 // How often a wait for a call checks whether the session was stopped.
 constexpr absl::Duration kStopCheckInterval = absl::Milliseconds(20);
+// Between the attempts of a call the master answered SLOW_DOWN.
+constexpr absl::Duration kSlowDownPause = absl::Milliseconds(500);
 
 bool IsFenced(const Status& status) { return ReasonOf(status) == proto::FENCED; }
 
@@ -129,7 +131,11 @@ StatusOr<Message> MemberSession::CallMaster(RpcChannel& channel,
     const bool unanswered = absl::IsDeadlineExceeded(reply.status()) ||
                             (absl::IsUnavailable(reply.status()) &&
                              ReasonOf(reply.status()) == proto::REASON_UNSPECIFIED);
-    if (!unanswered || absl::Now() >= deadline) return reply;
+    // The master answered "not now" (it cannot check an evaluation while a
+    // server does not answer): asked again after a pause, not at once.
+    const bool slowed = ReasonOf(reply.status()) == proto::SLOW_DOWN;
+    if ((!unanswered && !slowed) || absl::Now() >= deadline) return reply;
+    if (slowed) absl::SleepFor(std::min(kSlowDownPause, deadline - absl::Now()));
     {
       absl::MutexLock lock(&mu_);
       if (Ended()) return reply;

@@ -159,8 +159,9 @@ class MemberSession {
 
   // Calls the master on `channel` with the message `make` builds, riding
   // out short outages (a master being restarted): a call that gets no
-  // answer (kDeadlineExceeded, or kUnavailable without a reason) is made
-  // again until master_wait has passed since the first attempt. Stops
+  // answer (kDeadlineExceeded, or kUnavailable without a reason), or is
+  // answered SLOW_DOWN (made again after half a second), is made again
+  // until master_wait has passed since the first attempt. Stops
   // early with the last error once the session has ended or `give_up`
   // (optional) returns true. Blocks up to master_wait plus one call.
   // `channel` belongs to the calling thread.

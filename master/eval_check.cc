@@ -7,9 +7,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/data_schema.h"
+#include "rpc/message.h"
 #include "worker/line_reader.h"
 
 namespace eps {
+namespace {
+
+// The check could not run now; the worker sends the commit again.
+Status NotCheckedNow(absl::string_view why) {
+  return ErrorWithReason(absl::StatusCode::kUnavailable,
+                         absl::StrCat("the master cannot check this evaluation now (", why,
+                                      "); send it again"),
+                         proto::SLOW_DOWN);
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<EvalCheck>> EvalCheck::Create(const JobConfig& job, int sample,
                                                        uint64_t seed) {
@@ -32,8 +44,7 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
   StatusOr<std::unique_ptr<LineReader>> opened =
       LineReader::Open(path, commit.begin_offset(), commit.end_offset(), first_line);
   if (!opened.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot check the evaluation of ", path, ": ",
-                                               opened.status().message()));
+    return NotCheckedNow(absl::StrCat(path, ": ", opened.status().message()));
   }
   std::unique_ptr<LineReader> reader = *std::move(opened);
   // Every valid record of the range, as the worker's shard loader reads it.
@@ -75,8 +86,7 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
     }
   }
   if (!reader->status().ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot check the evaluation of ", path, ": ",
-                                               reader->status().message()));
+    return NotCheckedNow(absl::StrCat(path, ": ", reader->status().message()));
   }
   if (lines != commit.lines() || malformed != commit.malformed()) {
     return lie(absl::StrCat("claims ", commit.lines(), " lines (", commit.malformed(),
@@ -109,15 +119,18 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
   ParamBuffers params;
   const Status pulled = source(batch, &params);
   if (!pulled.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot check the evaluation of ", path,
-                                               ": the parameters: ", pulled.message()));
+    return NotCheckedNow(absl::StrCat(path, ": the parameters: ", pulled.message()));
   }
   std::vector<float> recomputed;
   model_->ForwardBackward(batch, params, &recomputed, nullptr);
   for (size_t j = 0; j < sampled.size(); ++j) {
     const size_t index = sampled[j].first;
     const float claimed = predictions[index];
-    if (!(std::fabs(claimed - recomputed[j]) <= kEvalCheckTolerance)) {
+    // A NaN the model gives too is a model that diverged, not a lie:
+    // JobControl::Commit stops the job on it.
+    const bool same = std::isnan(claimed) ? std::isnan(recomputed[j])
+                                          : std::fabs(claimed - recomputed[j]) <= kEvalCheckTolerance;
+    if (!same) {
       return lie(absl::StrCat("predicts ", claimed, " for record ", path, ":", valid_lines[index],
                               " where the model predicts ", recomputed[j]));
     }

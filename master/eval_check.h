@@ -18,7 +18,8 @@
 // prediction by less moves the AUC by next to nothing.
 //
 // Cost: the range is read and parsed once more (~1 us a record), and the
-// sample's rows and the dense tensors are pulled (DLRM: 2 MB) per commit.
+// sample's rows are pulled per commit (the caller's ParamSource may keep
+// the dense tensors: the master does for a membership generation).
 //
 // Thread-safety: one thread at a time (the master's RPC handler).
 
@@ -62,8 +63,8 @@ class EvalCheck {
   //   kPermissionDenied: the commit does not match the file (lines,
   //     malformed, a label) or a sampled prediction differs from the
   //     model's; the message names the record (file:line) and both values.
-  //   kUnavailable: the file cannot be read, or `source` failed: nothing
-  //     was decided.
+  //   kUnavailable with reason SLOW_DOWN: the file cannot be read, or
+  //     `source` failed: nothing was decided (the worker sends it again).
   Status Check(const std::string& path, uint64_t first_line,
                const proto::CommitProgressRequest& commit, std::span<const float> labels,
                std::span<const float> predictions, const ParamSource& source);

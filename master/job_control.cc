@@ -253,7 +253,10 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
            now);
     }
     // Rows untrained for ps.ttl_passes passes go once a pass ends.
-    if (std::optional<uint32_t> done = progress_.passes_done(); done.has_value()) {
+    // Not while a recovery runs: the restored servers learn the restored
+    // count, once the job has taken it back.
+    std::optional<uint32_t> done = progress_.passes_done();
+    if (done.has_value() && !recovery_.active()) {
       reply->set_training_passes_done(*done);
     }
   } else {
@@ -405,7 +408,9 @@ Status JobControl::Commit(const proto::NodeId& sender, const proto::CommitProgre
 
 Status JobControl::RefuseEvaluation(const proto::NodeId& sender, const std::string& why,
                                     absl::Time now) {
-  const std::string fenced_why = absl::StrCat("the master's check of ", why);
+  const std::string fenced_why =
+      absl::StrCat("the master's check of ", why,
+                   " (a worker of another eps build, or a data file changed since the scan?)");
   progress_.AddRetrained(membership_.FenceAlive(sender.id(), now, fenced_why));
   if (progress_.phase() == JobPhase::kEvaluating && progress_.EvaluatedBy(sender.id())) {
     const std::string restart =

@@ -540,8 +540,9 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
                      << ") claiming launch id " << body.launch_id() << " without its secret";
         return absl::PermissionDeniedError(absl::StrCat(
             "launch id ", body.launch_id(),
-            " claimed without its launch secret (EPS_LAUNCH_SECRET, handed by the autoscaler's "
-            "launcher); a worker started by hand must not set EPS_LAUNCH_ID"));
+            " is not one this master launched with that launch secret (EPS_LAUNCH_SECRET, handed by "
+            "the autoscaler's launcher): a launch of an earlier master, or EPS_LAUNCH_ID set by "
+            "hand, which a worker started by hand must not set"));
       }
       break;
     }

@@ -36,13 +36,17 @@ Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
     check_ps_ = std::make_unique<PsClient>(&factory_, self, std::move(spec), options, current_map);
   }
   uint64_t generation = 0;
+  uint64_t map_version = 0;
   {
     absl::MutexLock lock(&mu_);
     generation = control_->membership().generation();
+    map_version = control_->membership().cluster_map().version();
   }
-  // The map may have changed since the last check (a server replaced).
-  ASSIGN_OR_RETURN(proto::ClusterMap map, current_map());
-  if (map.version() != check_ps_->map_version()) RETURN_IF_ERROR(check_ps_->SetClusterMap(map));
+  // The map changed since the last check (a server replaced): the new one.
+  if (map_version != check_ps_->map_version()) {
+    ASSIGN_OR_RETURN(proto::ClusterMap map, current_map());
+    RETURN_IF_ERROR(check_ps_->SetClusterMap(map));
+  }
   const bool dense_cached = !check_dense_.empty() && check_dense_generation_ == generation;
   const std::vector<ParamSpec>& specs = eval_check_->params();
   std::vector<PsClient::Keys> tables(specs.size());
@@ -92,7 +96,7 @@ Status Master::Impl::CheckEvaluation(const proto::NodeId& sender,
   if (checked.code() != absl::StatusCode::kPermissionDenied) {
     LOG(WARNING) << "worker[" << sender.id() << "]'s evaluation commit waits: "
                  << checked.message();
-    return absl::UnavailableError(checked.message());
+    return checked;
   }
   Status refused;
   {

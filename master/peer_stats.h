@@ -21,10 +21,12 @@
 
 #include "core/status.h"
 #include "proto/eps.pb.h"
+#include "worker/batch_sizer.h"
 
 namespace eps {
 
-inline constexpr int kMaxBatchSizeChanges = 16;
+// What a worker keeps and sends (WorkerBatchSize::kChangesKept).
+inline constexpr int kMaxBatchSizeChanges = static_cast<int>(WorkerBatchSize::kChangesKept);
 inline constexpr size_t kMaxReasonBytes = 128;
 inline constexpr size_t kMaxStorageErrorBytes = 4096;
 

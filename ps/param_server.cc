@@ -613,10 +613,14 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   proto::PushReply* answer = reply->header().mutable_push_reply();
   const proto::PushRequest& push = request.header().push_request();
   // Receipts exist under CURVE only (no key otherwise): no lock on the way.
-  if (options_.security.curve && push.has_batch() && sender.role() == proto::ROLE_WORKER) {
-    answer->set_receipt(ReceiptFor(sender.id(), push.client_seq(), push.batch(), first_time));
-  }
+  // A receipt says the push was applied: given once it was (below), and
+  // to a repeat of the push that was.
+  const bool receipted =
+      options_.security.curve && push.has_batch() && sender.role() == proto::ROLE_WORKER;
   if (!first_time) {
+    if (receipted) {
+      answer->set_receipt(ReceiptFor(sender.id(), push.client_seq(), push.batch(), false));
+    }
     VLOG(2) << "push " << request.header().push_request().client_seq() << " of worker "
             << sender.id() << " repeats one already applied";
     answer->set_applied(false);
@@ -650,6 +654,9 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     if (!measured || based_on[static_cast<int>(i)] == 0) continue;  // not known
     const uint64_t from = based_on[static_cast<int>(i)] - 1;
     if (from <= before) dense_staleness_.Observe(before - from);
+  }
+  if (receipted) {
+    answer->set_receipt(ReceiptFor(sender.id(), push.client_seq(), push.batch(), true));
   }
   answer->set_applied(true);
   pushes_.fetch_add(1, std::memory_order_relaxed);

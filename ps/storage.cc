@@ -207,9 +207,12 @@ void ServerStorage::StartFlusher() {
     for (const proto::TableSpec& spec : job_.tables()) expiry |= spec.ttl_passes() > 0;
   }
   {
-    // New tables: nothing of them was swept yet.
+    // New tables: nothing of them was swept yet, and nothing is swept
+    // before the master tells the passes done again (after a restore, the
+    // count of before it would expire rows the checkpoint brought back).
     absl::MutexLock lock(&mu_);
     swept_through_.reset();
+    passes_due_.reset();
   }
   if (store) flusher_ = std::thread([this] { FlushLoop(); });
   if (expiry) expirer_ = std::thread([this] { ExpireLoop(); });
@@ -325,11 +328,11 @@ void ServerStorage::ExpireLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || swept_through_ != passes_due_;
+        return stopping_ || (passes_due_.has_value() && swept_through_ != passes_due_);
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
-      due = passes_due_;
+      due = *passes_due_;
     }
     absl::ReaderMutexLock state_lock(&state_mu_);
     const Status swept = ExpireLocked(due);
@@ -772,7 +775,7 @@ StorageStats ServerStorage::stats() const {
   stats.flushes = flushes_;
   stats.updates_refused += dropped_updates_refused_;
   stats.rows_expired = rows_expired_;
-  stats.passes_done = passes_due_;
+  stats.passes_done = passes_due_.value_or(0);
   return stats;
 }
 

@@ -308,7 +308,9 @@ class ServerStorage {
   uint64_t dropped_updates_refused_ ABSL_GUARDED_BY(mu_) = 0;
   // Expiry: the passes done as last told, those the last sweep of these
   // tables was for (reset when Restore makes new ones), rows deleted.
-  uint32_t passes_due_ ABSL_GUARDED_BY(mu_) = 0;
+  // Unknown (nullopt) from a start or a restore until the master says:
+  // a restored server must not expire by the pass count of before it.
+  std::optional<uint32_t> passes_due_ ABSL_GUARDED_BY(mu_);
   std::optional<uint32_t> swept_through_ ABSL_GUARDED_BY(mu_);
   uint64_t rows_expired_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -316,7 +316,12 @@ Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float>
   uint64_t new_rows = 0;
   uint64_t rejected = 0;
   const bool expiry = ttl_passes_ > 0;
-  const int32_t stamp = pass > 0 ? static_cast<int32_t>(pass - 1) : CurrentPass();
+  // A worker's pass, at most one past the passes done as the master said
+  // (a heartbeat may lag a pass's end): a row stamped far ahead would never
+  // expire.
+  const int32_t stamp =
+      pass > 0 ? static_cast<int32_t>(std::min<int64_t>(pass - 1, int64_t{CurrentPass()} + 1))
+               : CurrentPass();
   const Status applied = ForEachRow(
       keys, /*modify=*/true, &max_seq, &new_rows,
       [&](uint32_t i, float* row) {

@@ -40,13 +40,14 @@ bool IsZ85Key(absl::string_view text) {
 // about, naming the chmod that fixes it, when users other than its owner
 // may read it (`secret`: a secret key or the HTTP token).
 StatusOr<std::string> ReadKeyFile(const std::string& path, bool secret) {
-  struct stat info;
-  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+  struct stat info {};
+  const bool stated = ::stat(path.c_str(), &info) == 0;  // else the read says why
+  if (stated && !S_ISREG(info.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is not a regular file: a key or token must be one"));
   }
   ASSIGN_OR_RETURN(std::string contents, ReadSmallFile(path, kKeyFileLimit));
-  if (secret && (info.st_mode & 0077) != 0) {
+  if (secret && stated && (info.st_mode & 0077) != 0) {
     LOG(WARNING) << path << " can be read by other users (mode "
                  << absl::StrFormat("%03o", info.st_mode & 0777) << "): chmod 600 it";
   }

@@ -4,8 +4,10 @@
 
 #include "master/eval_check.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "core/data_schema.h"
+#include "rpc/message.h"
 #include "worker/record_parser.h"
 #include "tests/testing/temp_dir.h"
 
@@ -169,10 +172,29 @@ TEST_P(EvalCheckTest, WithoutParametersNothingIsDecided) {
   };
   const Status waits = check_->Check(path_, 1, Commit(), labels_, labels_, down);
   EXPECT_EQ(waits.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(waits), proto::SLOW_DOWN) << "the worker sends it again after a pause";
   EXPECT_THAT(waits.message(), HasSubstr("ps[0] did not answer"));
   EXPECT_EQ(check_->Check(dir_.Join("gone.txt"), 1, Commit(), labels_, predictions_, source_)
                 .code(),
             absl::StatusCode::kUnavailable);
+}
+
+// A model that diverged predicts NaN for the worker and for the master
+// alike: no lie (JobControl::Commit stops the job on it); a NaN where the
+// model gives a number is one.
+TEST_P(EvalCheckTest, ANaNIsALieOnlyWhereTheModelGivesANumber) {
+  const auto diverged = [this](const Batch& batch, ParamBuffers* params) {
+    RETURN_IF_ERROR(ScriptedParams(check_->params(), batch, params));
+    for (std::vector<float>& values : *params) {
+      std::fill(values.begin(), values.end(), std::numeric_limits<float>::quiet_NaN());
+    }
+    return absl::OkStatus();
+  };
+  const std::vector<float> nans(predictions_.size(), std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, nans, diverged).ok());
+  const Status refused = check_->Check(path_, 1, Commit(), labels_, nans, source_);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.message(), HasSubstr("predicts nan"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EvalCheckTest, ::testing::Values("lr", "dlrm"));

@@ -767,6 +767,22 @@ TEST_F(JobControlTest, AFalseEvaluationFencesItsWorkerAndDropsWhatItEvaluated) {
   EXPECT_EQ(control_->progress().eval_auc(), 1.0);
 }
 
+// Servers learn the passes done (for ps.ttl_passes) from heartbeat
+// replies, but not while a recovery runs: a restored server must not
+// expire rows by the count of before the checkpoint it was restored to.
+TEST_F(JobControlTest, NoPassCountReachesTheServersDuringARecovery) {
+  StartTraining();
+  proto::HeartbeatReply reply;
+  ASSERT_TRUE(ServerBeat(0, At(100), &reply).ok());
+  EXPECT_TRUE(reply.has_training_passes_done());
+  Beat(At(900), {0}, {0, 1});
+  control_->ExpireLeases(At(1100));
+  ASSERT_TRUE(control_->recovery().active());
+  reply.Clear();
+  ASSERT_TRUE(ServerBeat(0, At(1100), &reply).ok());
+  EXPECT_FALSE(reply.has_training_passes_done());
+}
+
 TEST_F(JobControlTest, CommitFromAWorkerFencedByARecoveryIsRefused) {
   StartTraining();
   const proto::ShardAssignment a = Assigned(0, t0_);
