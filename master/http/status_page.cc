@@ -50,7 +50,7 @@ canvas { border: 1px solid #ddd; max-width: 100%; }
 <h2>Workers</h2><table id="workers"></table>
 <h2>Servers</h2><table id="servers"></table>
 <h2>Checkpoints and recovery</h2><div class="kv" id="checkpoints"></div>
-<div id="autoscale-section" hidden><h2>Autoscaler</h2><div class="kv" id="autoscale"></div></div>
+<div id="autoscale-section"><h2>Autoscaler</h2><div class="kv" id="autoscale"></div></div>
 <script>
 "use strict";
 const $ = (id) => document.getElementById(id);
@@ -160,7 +160,7 @@ function render(s) {
   ]);
   $("error").textContent = s.error ? "job: " + s.error : "";
   table($("workers"), ["worker", "state", "host", "pid", "device", "records", "records/s"],
-        (s.workers || []).map((w) => [w.id, w.state, w.host, String(w.pid), w.device, w.records,
+        (s.workers || []).map((w) => [w.id, w.state, w.host, w.pid ? String(w.pid) : "–", w.device, w.records,
                                       w.records_per_s]));
   table($("servers"), ["server", "state", "endpoint", "partitions", "rows", "rows on disk",
                        "hit rate"],
@@ -177,18 +177,20 @@ function render(s) {
                                 (r.in_progress.waiting_for_servers || []).join(", ") + ")"]);
   }
   pairs($("checkpoints"), entries);
-  const a = s.autoscale;
-  $("autoscale-section").hidden = !a;
-  if (a) {
+  // With no autoscaler /status says {"source": "none"}: the section says off.
+  const a = s.autoscale || {source: "none"};
+  if (a.source === "none") {
+    pairs($("autoscale"), [["autoscaler", "off (autoscale.source = none)"]]);
+  } else {
     const d = a.last_decision || {};
     pairs($("autoscale"), [
       ["source · launcher", a.source + " · " + a.launcher],
       ["free GPUs", a.signal_error ? "no signal: " + a.signal_error : text(a.free_gpus)],
       ["others' pending GPUs", text(a.pending_gpus)],
-      ["workers target/launched", a.target_workers + "/" + a.live_workers +
-                                  " (" + a.min_workers + " to " + a.max_workers + ")"],
+      ["workers target/launched", text(a.target_workers) + "/" + text(a.live_workers) +
+                                  " (" + text(a.min_workers) + " to " + text(a.max_workers) + ")"],
       ["replaced", text((a.fleet || {}).restarts)],
-      ["last decision", (d.action || "–") + ": " + (d.rule || "")],
+      ["last decision", d.action ? d.action + ": " + (d.rule || "") : "none yet"],
     ]);
   }
   plot(s.history || []);
