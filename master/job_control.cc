@@ -41,7 +41,8 @@ JobControl::JobControl(const JobConfig& job, proto::JobSpec spec, std::string fi
       membership_(job, events),
       progress_(job, events),
       checkpoints_(job, events),
-      meter_(absl::Seconds(job.job.progress_interval_s), now) {}
+      meter_(absl::Seconds(job.job.progress_interval_s), now),
+      bounds_(job) {}
 
 // --- Startup ------------------------------------------------------------------
 
@@ -511,6 +512,75 @@ void JobControl::ExpireLeases(absl::Time now) {
   }
 }
 
+void JobControl::EnforceBounds(absl::Time now) {
+  if (over()) return;
+  const JobPhase phase = progress_.phase();
+  WaitBounds::Facts facts{
+      .scanning = phase == JobPhase::kScanning,
+      .training = phase == JobPhase::kTraining || phase == JobPhase::kEvaluating,
+      .recovering = recovery_.active(),
+      .export_due = export_due_,
+      .servers_registered = membership_.servers().size(),
+      .servers_alive = membership_.alive_servers(),
+      .all_servers_alive = membership_.all_servers_alive(),
+      .workers_alive = membership_.alive_workers(),
+      .holders = {},
+      .checkpoint_failures = checkpoints_.consecutive_failures(),
+      .last_checkpoint_failure = checkpoints_.last_failure()};
+  for (uint32_t holder : progress_.HoldersOfShardsInProgress()) {
+    auto it = membership_.workers().find(holder);
+    if (it == membership_.workers().end() || it->second.state != PeerState::kAlive) continue;
+    facts.holders.emplace_back(holder, std::max(it->second.last_progress, it->second.held_until));
+  }
+  WaitBounds::Verdict verdict = bounds_.Check(facts, now);
+  for (const auto& [holder, why] : verdict.fence) {
+    progress_.AddRetrained(membership_.FenceAlive(holder, now, why));
+  }
+  if (!verdict.fail.empty()) Fail(verdict.fail, /*stopped=*/false, now);
+  if (!verdict.stop.empty()) Stop(verdict.stop, now);
+}
+
+std::vector<std::string> JobControl::Waits(absl::Time now) const {
+  std::vector<std::string> waits;
+  if (over()) return waits;
+  if (std::optional<std::string> servers = bounds_.ServersWait(membership_.servers().size(), now)) {
+    waits.push_back(*std::move(servers));
+  }
+  if (recovery_.active()) {
+    const std::vector<uint32_t> missing = membership_.MissingServers();
+    waits.push_back(absl::StrCat(
+        "recovery (", recovery_.why(), ") for ", FormatSeconds(now - recovery_.started()), ": ",
+        !missing.empty() ? absl::StrCat("ps[", absl::StrJoin(missing, "], ps["), "] to come back")
+        : membership_.fencing() ? std::string("the servers to acknowledge the fence list")
+                                : std::string("the servers to restore"),
+        " (master.recovery_timeout_s = ", job_.master.recovery_timeout_s, " s)"));
+  }
+  if (const std::optional<uint64_t> round = checkpoints_.round_id(); round.has_value()) {
+    waits.push_back(
+        absl::StrCat("checkpoint ", *round, ": ",
+                     checkpoints_.writing() ? "the servers to write it" : "the workers to pause"));
+  }
+  if (import_due_) {
+    waits.push_back(absl::StrCat(
+        "the servers to load the model in ", job_.job.init_from, " (attempt ",
+        import_attempts_ + 1, " of ", kMaxExportAttempts,
+        import_error_.empty() ? std::string() : absl::StrCat("; the last failed: ", import_error_),
+        ")"));
+  }
+  if (export_due_) {
+    waits.push_back(absl::StrCat(
+        "the servers to export the model to ", job_.job.export_dir, " for ",
+        FormatSeconds(now - export_due_since_), " (attempt ", export_attempts_ + 1, " of ",
+        kMaxExportAttempts,
+        export_error_.empty() ? std::string() : absl::StrCat("; the last failed: ", export_error_),
+        ")"));
+  }
+  if (std::optional<std::string> workers = bounds_.WorkersWait(now)) {
+    waits.push_back(*std::move(workers));
+  }
+  return waits;
+}
+
 void JobControl::Tick(absl::Time now) {
   ExpireLeases(now);
   EnforceBounds(now);
@@ -528,215 +598,9 @@ void JobControl::Tick(absl::Time now) {
                                    membership_.placed() && !progress_.LossPastFactor());
 }
 
-void JobControl::StartRecovery(uint32_t server, const std::string& why, absl::Time now) {
-  if (over()) return;
-  const std::optional<proto::CheckpointRecord>& last = checkpoints_.last();
-  if (!last.has_value()) {
-    // Training has not started: nothing is lost. A server that takes the
-    // slot (MaybeStartTraining waits for one) is all it takes.
-    LOG(WARNING) << why << " before training started; waiting for a server to take its place";
-    return;
-  }
-  const bool rollback = job_.checkpoint.on_server_failure == "rollback";
-  // A rollback may take the passes back; the export is due again once they
-  // are done (Tick), afresh.
-  export_due_ = false;
-  export_due_since_ = absl::InfiniteFuture();
-  export_attempts_ = 0;
-  export_error_.clear();
-  if (recovery_.Start(why, rollback, server, now)) {
-    LOG(WARNING) << why << ": restoring "
-                 << (rollback ? "the job" : absl::StrCat("ps[", server, "]"))
-                 << " from checkpoint " << last->id() << " (checkpoint.on_server_failure = "
-                 << job_.checkpoint.on_server_failure
-                 << ") once a server takes its place: restart it on its --data-dir, or start an "
-                    "eps-server on a fresh --data-dir"
-                 << (job_.checkpoint.dir.empty() ? " that can read its checkpoint path" : "");
-    events_->Record("recovery_started", {{"server", server},
-                                         {"reason", why},
-                                         {"checkpoint", last->id()},
-                                         {"mode", job_.checkpoint.on_server_failure}});
-    // No worker may push until the servers are restored: all register again.
-    progress_.AddRetrained(membership_.FenceAllAlive(now, why));
-    // A round still waiting for workers to pause will not see them again.
-    checkpoints_.AbandonPausing(why, now);
-    checkpoints_.CancelRequest();
-  }
-  membership_.Bump();
-}
-
-void JobControl::FencesAcknowledged(const Membership::FenceRound& round, absl::Time now) {
-  for (const auto& [worker, last_seen] : membership_.FencesAcknowledged(round)) {
-    // A rollback replaces the whole pass: its shards need not move now.
-    if (recovery_.rollback()) continue;
-    auto entry = membership_.workers().find(worker);
-    const bool died =
-        entry != membership_.workers().end() && entry->second.state == PeerState::kDead;
-    progress_.ReleaseShardsOf(worker, "fenced",
-                              died ? std::optional(now - entry->second.last_seen) : std::nullopt);
-  }
-}
-
-void JobControl::FencesRefused(const Membership::FenceRound& round,
-                               const std::vector<ServerAddress>& refused, absl::Time now) {
-  const absl::Duration patience = absl::Milliseconds(job_.master.lease_ms);
-  for (uint32_t slot : membership_.FencesRefused(round, refused, patience, now)) {
-    const std::string why = absl::StrCat("did not acknowledge the fence list for more than a lease (",
-                                         job_.master.lease_ms, " ms)");
-    if (membership_.LoseServer(slot, why, now)) {
-      StartRecovery(slot, absl::StrCat("ps[", slot, "] ", why), now);
-    }
-  }
-}
-
-std::optional<Recovery::Step> JobControl::NextRestore(absl::Time now) {
-  if (!recovery_.active() || over()) return std::nullopt;
-  if (!checkpoints_.last().has_value()) {
-    Stop("no complete checkpoint to restore", now);
-    return std::nullopt;
-  }
-  Recovery::Step step = recovery_.Next(membership_, *checkpoints_.last(),
-                                       absl::Seconds(job_.job.progress_interval_s),
-                                       absl::Seconds(job_.master.recovery_timeout_s), now);
-  if (step.waiting_line.has_value()) LOG(WARNING) << *step.waiting_line;
-  switch (step.kind) {
-    case Recovery::Step::Kind::kWait:
-      return std::nullopt;
-    case Recovery::Step::Kind::kFail:
-      Stop(step.error, now);
-      return std::nullopt;
-    case Recovery::Step::Kind::kRestore:
-      return step;
-  }
-  return std::nullopt;
-}
-
-void JobControl::Restored(const Recovery::Step& step, const std::vector<StatusOr<uint64_t>>& replies,
-                          absl::Time restore_started, absl::Time now) {
-  if (!recovery_.active() || over()) return;
-  const proto::CheckpointRecord checkpoint = *checkpoints_.last();
-  std::string error;
-  switch (recovery_.Restored(membership_, step, checkpoint.id(), replies, &error)) {
-    case Recovery::Verdict::kRetry:
-      VLOG(1) << "restoring checkpoint " << checkpoint.id() << ": a server is not ready; trying "
-              << "again";
-      return;
-    case Recovery::Verdict::kFail:
-      Stop(error, now);
-      return;
-    case Recovery::Verdict::kDone:
-      break;
-  }
-  uint64_t bytes = 0;
-  for (const StatusOr<uint64_t>& reply : replies) bytes += *reply;
-  const uint64_t trained_before = progress_.records_trained();
-  const bool rollback = recovery_.rollback();
-  if (rollback) {
-    Status applied = progress_.ApplyCheckpoint(checkpoint);
-    if (!applied.ok()) {
-      Stop(
-          absl::StrCat("cannot return to checkpoint ", checkpoint.id(), ": ", applied.message()),
-          now);
-      return;
-    }
-  }
-  std::vector<uint32_t> restored;
-  for (const Recovery::RestoreTarget& target : step.targets) restored.push_back(target.slot);
-  const uint64_t rolled_back = trained_before - progress_.records_trained();
-  json result = {{"reason", recovery_.why()},
-                 {"checkpoint", checkpoint.id()},
-                 {"mode", rollback ? "rollback" : "continue"},
-                 {"servers_restored", restored},
-                 {"bytes", bytes},
-                 {"records_rolled_back", rolled_back},
-                 {"restore_ms", absl::ToDoubleMilliseconds(now - restore_started)},
-                 {"took_ms", absl::ToDoubleMilliseconds(now - recovery_.started())}};
-  LOG(INFO) << "recovered (" << recovery_.why() << "): ps[" << absl::StrJoin(restored, "], ps[")
-            << "] restored to checkpoint " << checkpoint.id() << " in "
-            << absl::FormatDuration(absl::Trunc(now - restore_started, absl::Milliseconds(1)))
-            << (rollback ? absl::StrCat(", ", rolled_back, " records to train again")
-                         : std::string(", the other servers keep their state"))
-            << "; "
-            << absl::FormatDuration(
-                   absl::Trunc(now - recovery_.started(), absl::Milliseconds(100)))
-            << " since the failure";
-  events_->Record("recovered", result);
-  recovery_.Done(std::move(result));
-  membership_.Bump();
-}
-
 bool JobControl::Done(absl::Time now) const {
   return over() && (membership_.EveryoneTold() || now >= done_at_);
 }
-
-// --- Lifecycle ------------------------------------------------------------------
-
-// The job loop ends once every live peer heard that the job is over; a peer
-// that stops heartbeating instead loses its lease and no longer counts. The
-// deadline only guards against a peer that heartbeats without ever hearing
-// (which should not happen).
-static absl::Time ShutdownDeadline(const JobConfig& job, absl::Time now) {
-  return now + 3 * absl::Milliseconds(job.master.lease_ms) + absl::Seconds(10);
-}
-
-std::optional<std::string> JobControl::RuinedEvaluation() const {
-  const std::optional<double> auc = progress_.eval_auc();
-  const std::optional<double> logloss = progress_.eval_logloss();
-  if ((auc && !std::isfinite(*auc)) || (logloss && !std::isfinite(*logloss))) {
-    return absl::StrCat("the evaluation is not finite (AUC ", *auc, ", log loss ", *logloss, ")");
-  }
-  const double factor = job_.job.divergence_factor;
-  if (logloss && factor > 0 && *logloss > factor * kKnowNothingLogLoss) {
-    return absl::StrFormat(
-        "the model diverged: its evaluation log loss, %.5f, is over job.divergence_factor (%g) "
-        "times that of a model that knows nothing (ln 2: predicting 0.5 for every record)",
-        *logloss, factor);
-  }
-  return std::nullopt;
-}
-
-void JobControl::Finish(absl::Time now) {
-  // Never "finished" with a model whose evaluation is not a number, nor
-  // with one that does worse than knowing nothing.
-  if (std::optional<std::string> ruined = RuinedEvaluation()) {
-    StopDiverged(*ruined, now);
-    return;
-  }
-  progress_.Finish();
-  done_at_ = ShutdownDeadline(job_, now);
-  ended_ = true;
-  const std::optional<double> auc = progress_.eval_auc();
-  LOG(INFO) << "job finished in "
-            << absl::FormatDuration(absl::Trunc(now - started_, absl::Milliseconds(100))) << ": "
-            << progress_.records_trained() << " records trained"
-            << (auc ? absl::StrFormat(", eval AUC %.5f, eval log loss %.5f", *auc,
-                                      *progress_.eval_logloss())
-                    : std::string())
-            << "; final status in "
-            << (std::filesystem::path(data_dir_) / "final_status.json").string();
-  events_->Record("job_finished", {{"records_trained", progress_.records_trained()}});
-}
-
-void JobControl::Fail(const std::string& reason, bool stopped, absl::Time now) {
-  if (over()) return;
-  progress_.Fail(reason, stopped);
-  done_at_ = ShutdownDeadline(job_, now);
-  ended_ = true;
-  LOG(ERROR) << "job failed: " << reason;
-  events_->Record("job_failed", {{"error", reason}});
-}
-
-void JobControl::StopDiverged(const std::string& reason, absl::Time now) {
-  const std::optional<proto::CheckpointRecord>& last = checkpoints_.last();
-  Stop(absl::StrCat(
-           reason, "; resume from ",
-           last.has_value() ? absl::StrCat("checkpoint ", last->id()) : "the last checkpoint",
-           " with a smaller step: eps-master --resume --optimizer.learning_rate=... (give every "
-           "server and worker the same option)"),
-       now);
-}
-
-// --- Progress -------------------------------------------------------------------
 
 std::optional<double> JobControl::EtaSeconds() const {
   const std::optional<double> left = progress_.JobLinesLeft();

@@ -47,6 +47,7 @@
 #include "master/recovery.h"
 #include "master/state_store.h"
 #include "master/training_progress.h"
+#include "master/wait_bounds.h"
 #include "proto/eps.pb.h"
 #include "rpc/security.h"
 
@@ -301,14 +302,7 @@ class JobControl {
   ProgressMeter meter_;
   const WorkerCredentials* receipt_key_ = nullptr;
   bool resumed_ = false;
-  // Since when the bounded waits of EnforceBounds have lasted
-  // (InfiniteFuture while not waiting), and the last tick a recovery held
-  // every worker back, which does not count against their progress (a
-  // checkpoint round holds only those that paused for it:
-  // WorkerEntry::held_until).
-  absl::Time servers_missing_since_ = absl::InfiniteFuture();
-  absl::Time no_workers_since_ = absl::InfiniteFuture();
-  absl::Time held_until_ = absl::InfinitePast();
+  WaitBounds bounds_;
   absl::Time done_at_ = absl::InfiniteFuture();
   bool ended_ = false;  // the job ended since the last TakeChanges
   // The export (PassesDone): due since, and the attempts that failed. Not

@@ -1,8 +1,10 @@
-// JobControl's model files (docs/model-format.md): the export once the last
-// pass is done (job.export_dir) and the warm start before training starts
-// (job.init_from). The driver does the I/O (Master::Impl::AdvanceExport,
+// JobControl's model files (docs/model-format.md) and the job's end: the
+// export once the last pass is done (job.export_dir), the warm start before
+// training starts (job.init_from), and Finish, which no ruined evaluation
+// passes. The driver does the I/O (Master::Impl::AdvanceExport,
 // AdvanceImport) and hands the replies back here.
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -126,5 +128,72 @@ void JobControl::Exported(const ExportWrite& write,
          now);
   }
 }
+
+// The job loop ends once every live peer heard that the job is over; a peer
+// that stops heartbeating instead loses its lease and no longer counts. The
+// deadline only guards against a peer that heartbeats without ever hearing
+// (which should not happen).
+static absl::Time ShutdownDeadline(const JobConfig& job, absl::Time now) {
+  return now + 3 * absl::Milliseconds(job.master.lease_ms) + absl::Seconds(10);
+}
+
+std::optional<std::string> JobControl::RuinedEvaluation() const {
+  const std::optional<double> auc = progress_.eval_auc();
+  const std::optional<double> logloss = progress_.eval_logloss();
+  if ((auc && !std::isfinite(*auc)) || (logloss && !std::isfinite(*logloss))) {
+    return absl::StrCat("the evaluation is not finite (AUC ", *auc, ", log loss ", *logloss, ")");
+  }
+  const double factor = job_.job.divergence_factor;
+  if (logloss && factor > 0 && *logloss > factor * kKnowNothingLogLoss) {
+    return absl::StrFormat(
+        "the model diverged: its evaluation log loss, %.5f, is over job.divergence_factor (%g) "
+        "times that of a model that knows nothing (ln 2: predicting 0.5 for every record)",
+        *logloss, factor);
+  }
+  return std::nullopt;
+}
+
+void JobControl::Finish(absl::Time now) {
+  // Never "finished" with a model whose evaluation is not a number, nor
+  // with one that does worse than knowing nothing.
+  if (std::optional<std::string> ruined = RuinedEvaluation()) {
+    StopDiverged(*ruined, now);
+    return;
+  }
+  progress_.Finish();
+  done_at_ = ShutdownDeadline(job_, now);
+  ended_ = true;
+  const std::optional<double> auc = progress_.eval_auc();
+  LOG(INFO) << "job finished in "
+            << absl::FormatDuration(absl::Trunc(now - started_, absl::Milliseconds(100))) << ": "
+            << progress_.records_trained() << " records trained"
+            << (auc ? absl::StrFormat(", eval AUC %.5f, eval log loss %.5f", *auc,
+                                      *progress_.eval_logloss())
+                    : std::string())
+            << "; final status in "
+            << (std::filesystem::path(data_dir_) / "final_status.json").string();
+  events_->Record("job_finished", {{"records_trained", progress_.records_trained()}});
+}
+
+void JobControl::Fail(const std::string& reason, bool stopped, absl::Time now) {
+  if (over()) return;
+  progress_.Fail(reason, stopped);
+  done_at_ = ShutdownDeadline(job_, now);
+  ended_ = true;
+  LOG(ERROR) << "job failed: " << reason;
+  events_->Record("job_failed", {{"error", reason}});
+}
+
+void JobControl::StopDiverged(const std::string& reason, absl::Time now) {
+  const std::optional<proto::CheckpointRecord>& last = checkpoints_.last();
+  Stop(absl::StrCat(
+           reason, "; resume from ",
+           last.has_value() ? absl::StrCat("checkpoint ", last->id()) : "the last checkpoint",
+           " with a smaller step: eps-master --resume --optimizer.learning_rate=... (give every "
+           "server and worker the same option)"),
+       now);
+}
+
+// --- Progress -------------------------------------------------------------------
 
 }  // namespace eps

@@ -8,7 +8,6 @@
 #include "absl/strings/str_format.h"
 #include "core/hashing.h"
 #include "core/logging.h"
-#include "models/metrics.h"
 
 namespace eps {
 
@@ -29,17 +28,7 @@ const char* JobPhaseName(JobPhase phase) {
 }
 
 TrainingProgress::TrainingProgress(const JobConfig& job, EventSink* events)
-    : job_(job), events_(events) {}
-
-namespace {
-
-// Records the recent loss weighs (about 8 batches), and the fewest each
-// side of the divergence check must cover before it judges.
-double LossWindow(const JobConfig& job) {
-  return std::max(64.0, 8.0 * static_cast<double>(job.worker.largest_batch_size()));
-}
-
-}  // namespace
+    : job_(job), events_(events), evaluation_(events), loss_watch_(job) {}
 
 void TrainingProgress::SetData(DataSet train, DataSet eval) {
   train_data_ = std::move(train);
@@ -93,9 +82,11 @@ void TrainingProgress::StartEpoch(uint32_t epoch) {
 
 void TrainingProgress::RestartEvaluation(const std::string& why) {
   if (phase_ != JobPhase::kEvaluating) return;
-  LOG(WARNING) << "the evaluation starts over (" << eval_records_ << " records dropped): " << why;
-  events_->Record("evaluation_restarted", {{"records_dropped", eval_records_}, {"reason", why}});
-  records_malformed_ -= std::min(records_malformed_, eval_malformed_);
+  LOG(WARNING) << "the evaluation starts over (" << evaluation_.records()
+               << " records dropped): " << why;
+  events_->Record("evaluation_restarted",
+                  {{"records_dropped", evaluation_.records()}, {"reason", why}});
+  records_malformed_ -= std::min(records_malformed_, evaluation_.malformed());
   StartEvaluation();
 }
 
@@ -105,14 +96,7 @@ void TrainingProgress::StartEvaluation() {
   std::vector<uint32_t> order(eval_data_.shards.size());
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
   tracker_ = std::make_unique<ShardTracker>(eval_data_, order);
-  eval_results_.clear();
-  eval_records_ = 0;
-  eval_malformed_ = 0;
-  eval_committers_.clear();
-  eval_committers_known_ = true;
-  pending_eval_ = StateUpdate();
-  eval_lines_skipped_ = 0;
-  eval_skipped_.clear();
+  evaluation_.Start();
   clear_pass_ = true;
   MarkAllShards();
   LOG(INFO) << "evaluating on " << eval_data_.lines << " lines (" << eval_data_.shards.size()
@@ -176,7 +160,7 @@ bool TrainingProgress::PassIsOver(bool eval, uint32_t epoch) const {
       return !eval && epoch <= epoch_;
     case JobPhase::kFinished:
       // epoch_ stays at the last epoch, which the evaluation also carries.
-      return epoch <= epoch_ && (!eval || eval_auc_.has_value());
+      return epoch <= epoch_ && (!eval || evaluation_.auc().has_value());
     case JobPhase::kScanning:
     case JobPhase::kFailed:
       return false;
@@ -228,22 +212,17 @@ StatusOr<TrainingProgress::Committed> TrainingProgress::Commit(
   }
   Committed committed{.applied = true, .current_pass = true};
   if (eval) {
-    auto& [saved_labels, saved_predictions] =
-        eval_results_[{commit.shard_id(), commit.begin_offset()}];
-    saved_labels.assign(labels.begin(), labels.end());
-    saved_predictions.assign(predictions.begin(), predictions.end());
-    pending_eval_.PutEvalResult(commit.shard_id(), commit.begin_offset(), saved_labels,
-                                saved_predictions);
-    eval_records_ += valid;
-    eval_malformed_ += commit.malformed();
-    eval_committers_.insert(worker);
+    evaluation_.Add(worker, commit.shard_id(), commit.begin_offset(), labels, predictions,
+                    commit.malformed());
   } else {
     records_trained_ += valid;
     committed.records_trained = valid;
-    const double decay = std::exp(-static_cast<double>(valid) / LossWindow(job_));
-    recent_loss_sum_ = recent_loss_sum_ * decay + commit.loss_sum();
-    recent_records_ = recent_records_ * decay + static_cast<double>(valid);
-    JudgeRecentLoss(valid);
+    std::optional<LossWatch::EpochTotals> epoch1;
+    if (!ledger_.empty()) {
+      epoch1 = LossWatch::EpochTotals{.loss_sum = ledger_[0].loss_sum(),
+                                      .records = ledger_[0].records_committed()};
+    }
+    loss_watch_.Add(commit.loss_sum(), valid, epoch_, epoch1);
     proto::EpochLedger& entry = Ledger(epoch_);
     entry.set_lines_committed(entry.lines_committed() + commit.lines());
     entry.set_records_committed(entry.records_committed() + valid);
@@ -344,12 +323,11 @@ Status TrainingProgress::SkipUnread(uint32_t worker, const proto::ShardUnreadabl
   dirty_shards_.insert(report.shard_id());
   const std::string where = absl::StrCat(range->path, " lines ", range->first_line, "-",
                                          range->first_line + range->lines - 1, ": ", reason);
-  // The reasons are samples; the counts are exact.
-  constexpr size_t kMaxSkipReasons = 20;
   if (phase_ == JobPhase::kEvaluating) {
-    eval_lines_skipped_ += skipped;
-    if (eval_skipped_.size() < kMaxSkipReasons) eval_skipped_.push_back(where);
+    evaluation_.Skip(skipped, where);
   } else {
+    // The reasons are samples; the counts are exact.
+    constexpr size_t kMaxSkipReasons = 20;
     proto::EpochLedger& entry = Ledger(epoch_);
     entry.set_lines_skipped(entry.lines_skipped() + skipped);
     if (static_cast<size_t>(entry.skipped_size()) < kMaxSkipReasons) entry.add_skipped(where);
@@ -426,22 +404,7 @@ TrainingProgress::PassEnd TrainingProgress::AdvanceIfPassDone() {
     return PassEnd::kFinished;
   }
   if (phase_ != JobPhase::kEvaluating) return PassEnd::kNone;
-  std::vector<float> labels;
-  std::vector<float> predictions;
-  labels.reserve(eval_records_);
-  predictions.reserve(eval_records_);
-  for (const auto& [key, result] : eval_results_) {
-    labels.insert(labels.end(), result.first.begin(), result.first.end());
-    predictions.insert(predictions.end(), result.second.begin(), result.second.end());
-  }
-  eval_auc_ = ComputeAuc(predictions, labels);
-  eval_logloss_ = ComputeLogLoss(predictions, labels);
-  LOG(INFO) << "evaluation over " << labels.size() << " records: AUC "
-            << absl::StrFormat("%.5f", *eval_auc_) << ", log loss "
-            << absl::StrFormat("%.5f", *eval_logloss_);
-  events_->Record(
-      "evaluation_finished",
-      {{"records", labels.size()}, {"eval_auc", *eval_auc_}, {"eval_logloss", *eval_logloss_}});
+  evaluation_.Finish();
   return PassEnd::kFinished;
 }
 
@@ -450,19 +413,7 @@ void TrainingProgress::EvalInDataOrder(std::vector<float>* labels,
   labels->clear();
   predictions->clear();
   if (phase_ != JobPhase::kEvaluating && phase_ != JobPhase::kFinished) return;
-  if (!tracker_) return;
-  // Shards of a split keep their file; a commit's begin orders it within.
-  std::vector<std::pair<std::pair<uint32_t, uint64_t>, const EvalResult*>> order;
-  for (const auto& [key, result] : eval_results_) {
-    if (key.first >= tracker_->num_shards()) continue;
-    order.push_back({{tracker_->shard(key.first).spec.file, key.second}, &result});
-  }
-  std::sort(order.begin(), order.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [where, result] : order) {
-    labels->insert(labels->end(), result->first.begin(), result->first.end());
-    predictions->insert(predictions->end(), result->second.begin(), result->second.end());
-  }
+  if (tracker_) evaluation_.InDataOrder(*tracker_, labels, predictions);
 }
 
 std::optional<uint32_t> TrainingProgress::passes_done() const {
@@ -527,16 +478,8 @@ Status TrainingProgress::ApplyCheckpoint(const proto::CheckpointRecord& checkpoi
   records_malformed_ = saved.records_malformed();
   malformed_examples_.assign(saved.malformed_examples().begin(), saved.malformed_examples().end());
   ledger_.assign(saved.ledger().begin(), saved.ledger().end());
-  eval_auc_.reset();
-  eval_logloss_.reset();
-  eval_results_.clear();
-  eval_records_ = 0;
-  eval_lines_skipped_ = 0;
-  eval_skipped_.clear();
-  pending_eval_ = StateUpdate();
-  recent_loss_sum_ = 0;
-  recent_records_ = 0;
-  records_over_ = 0;
+  evaluation_.Reset();
+  loss_watch_.Reset();
   clear_pass_ = true;
   MarkAllShards();
   // The shards in progress at the checkpoint go back to the queue from
@@ -600,68 +543,6 @@ std::optional<std::string> TrainingProgress::NonFiniteLoss(
                       " lines of ", where);
 }
 
-std::optional<double> TrainingProgress::RecentLoss() const {
-  if (recent_records_ <= 0) return std::nullopt;
-  return recent_loss_sum_ / recent_records_;
-}
-
-std::optional<TrainingProgress::LossReference> TrainingProgress::DivergenceReference() const {
-  if (job_.job.divergence_factor <= 0 || ledger_.empty() || phase_ != JobPhase::kTraining) {
-    return std::nullopt;
-  }
-  const double window = LossWindow(job_);
-  // recent_records_ approaches the window from below as records arrive.
-  if (recent_records_ < 0.5 * window) return std::nullopt;
-  const proto::EpochLedger& first = ledger_[0];
-  double base_sum = first.loss_sum();
-  double base_records = static_cast<double>(first.records_committed());
-  if (epoch_ == 0) {
-    // Epoch 1's records before the recent ones: the running mean with the
-    // recent records in it would rise with them.
-    base_sum -= recent_loss_sum_;
-    base_records -= recent_records_;
-  }
-  // A loss that exploded from the first batches on would make its own
-  // baseline: the loss of a model that knows nothing (ln 2, predicting 0.5
-  // for every record) caps it.
-  const bool have_baseline = base_records >= window;
-  const double baseline = have_baseline ? base_sum / base_records : kKnowNothingLogLoss;
-  if (baseline >= kKnowNothingLogLoss) {
-    return LossReference{kKnowNothingLogLoss,
-                         "the loss of a model that knows nothing (ln 2: predicting 0.5 for every "
-                         "record)"};
-  }
-  return LossReference{baseline,
-                       epoch_ == 0 ? "epoch 1's mean loss before them" : "epoch 1's mean loss"};
-}
-
-void TrainingProgress::JudgeRecentLoss(uint64_t records) {
-  const std::optional<LossReference> reference = DivergenceReference();
-  // While the loss stays past the factor, the records it is past on would
-  // raise the baseline: it is judged against the reference it first went
-  // past.
-  const bool over =
-      reference.has_value() &&
-      recent_loss_sum_ / recent_records_ >
-          job_.job.divergence_factor * (records_over_ > 0 ? over_reference_ : *reference).loss;
-  if (!over) {
-    records_over_ = 0;
-    return;
-  }
-  if (records_over_ == 0) over_reference_ = *reference;
-  records_over_ += static_cast<double>(records);
-}
-
-std::optional<std::string> TrainingProgress::Diverging() const {
-  const double window = LossWindow(job_);
-  if (records_over_ < kDivergedWindows * window) return std::nullopt;
-  return absl::StrFormat(
-      "training diverged in epoch %d: the mean loss of the last %.0f records, %.5f, has stayed "
-      "over job.divergence_factor (%g) times %s, %.5f, for %.0f records",
-      epoch_ + 1, window, recent_loss_sum_ / recent_records_, job_.job.divergence_factor,
-      over_reference_.what, over_reference_.loss, records_over_);
-}
-
 bool TrainingProgress::EpochComplete(size_t e) const {
   return e < epoch_ || phase_ == JobPhase::kEvaluating || phase_ == JobPhase::kFinished;
 }
@@ -684,8 +565,7 @@ void TrainingProgress::TakeChanges(StateUpdate* update) {
     for (uint64_t id : dirty_shards_) update->PutShard(id, tracker_->ToRecord(id));
   }
   dirty_shards_.clear();
-  update->Append(std::move(pending_eval_));
-  pending_eval_ = StateUpdate();
+  evaluation_.TakeChanges(update);
 }
 
 void TrainingProgress::SaveTo(proto::MasterRecord* record) const {
@@ -699,11 +579,7 @@ void TrainingProgress::SaveTo(proto::MasterRecord* record) const {
   record->set_reassignments(reassignments());
   record->set_splits(splits());
   for (const proto::EpochLedger& entry : ledger_) *record->add_ledger() = entry;
-  if (eval_auc_) record->set_eval_auc(*eval_auc_);
-  if (eval_logloss_) record->set_eval_logloss(*eval_logloss_);
-  record->set_eval_records(eval_records_);
-  record->set_eval_lines_skipped(eval_lines_skipped_);
-  for (const std::string& skipped : eval_skipped_) record->add_eval_skipped(skipped);
+  evaluation_.SaveTo(record);
   for (const std::string& example : malformed_examples_) record->add_malformed_examples(example);
   if (tracker_) record->set_shards_in_pass(tracker_->num_shards());
 }
@@ -715,12 +591,9 @@ void TrainingProgress::RestoreCounts(const proto::MasterRecord& record) {
   reassignments_ = record.reassignments();
   splits_ = record.splits();
   ledger_.assign(record.ledger().begin(), record.ledger().end());
-  if (record.has_eval_auc()) eval_auc_ = record.eval_auc();
-  if (record.has_eval_logloss()) eval_logloss_ = record.eval_logloss();
+  evaluation_.RestoreFrom(record);
   malformed_examples_.assign(record.malformed_examples().begin(),
                              record.malformed_examples().end());
-  eval_lines_skipped_ = record.eval_lines_skipped();
-  eval_skipped_.assign(record.eval_skipped().begin(), record.eval_skipped().end());
   epoch_ = record.epoch();
 }
 
@@ -739,12 +612,7 @@ Status TrainingProgress::RestoreFrom(const MasterSnapshot& snapshot) {
     shards.push_back(shard);
   }
   RETURN_IF_ERROR(AdoptPass(shards, phase == JobPhase::kEvaluating, epoch_, splits_));
-  for (const auto& [key, result] : snapshot.eval_results) {
-    eval_results_[key] = result;
-    eval_records_ += result.first.size();
-  }
-  // Who committed them is not stored.
-  eval_committers_known_ = snapshot.eval_results.empty();
+  evaluation_.RestoreResults(snapshot);
   return absl::OkStatus();
 }
 

@@ -1,7 +1,8 @@
 // TrainingProgress: where the job is in its data. The job phase, the data
 // sets, the pass in progress (one training epoch or the evaluation, as a
-// ShardTracker), the ledger that counts every line once per epoch, the
-// evaluation's results and the job's record counts.
+// ShardTracker), the ledger that counts every line once per epoch and the
+// job's record counts. It feeds the training loss to its LossWatch and the
+// evaluation's commits to its Evaluation.
 //
 //   scanning --data scanned, servers placed--> training (epoch 1..E)
 //     --last epoch done--> evaluating (when data.eval is set) --> finished
@@ -33,20 +34,14 @@
 #include "core/job_config.h"
 #include "core/status.h"
 #include "master/data_set.h"
+#include "master/evaluation.h"
 #include "master/event_log.h"
+#include "master/loss_watch.h"
 #include "master/shard_tracker.h"
 #include "master/state_store.h"
 #include "proto/eps.pb.h"
 
 namespace eps {
-
-// The log loss of a model that knows nothing (predicting 0.5 for every
-// record): ln 2. A mean loss far above it is a model that diverged.
-inline constexpr double kKnowNothingLogLoss = 0.6931471805599453;
-// Windows of records (8 batches each) the recent loss must stay past the
-// divergence factor before the job stops: a healthy start's overshoot
-// lasts a few.
-inline constexpr double kDivergedWindows = 8;
 
 // Persisted as MasterRecord.phase: never renumber.
 enum class JobPhase { kScanning = 0, kTraining = 1, kEvaluating = 2, kFinished = 3, kFailed = 4 };
@@ -101,9 +96,7 @@ class TrainingProgress {
                                        const proto::CommitProgressRequest& commit) const;
   // Whether an evaluation commit of `worker` was applied in the pass in
   // progress (true when not known: a master restarted while evaluating).
-  bool EvaluatedBy(uint32_t worker) const {
-    return !eval_committers_known_ || eval_committers_.contains(worker);
-  }
+  bool EvaluatedBy(uint32_t worker) const { return evaluation_.CommittedBy(worker); }
   // Starts the evaluation over (while evaluating): its results so far are
   // dropped, `why` goes to the log and the event evaluation_restarted.
   void RestartEvaluation(const std::string& why);
@@ -193,24 +186,13 @@ class TrainingProgress {
   // model that diverged: a non-finite loss. nullopt when it does not.
   std::optional<std::string> NonFiniteLoss(uint32_t worker,
                                            const proto::CommitProgressRequest& commit) const;
-  // Why the training loss says the model diverges: the mean loss of the
-  // last records trained (about 8 batches, weighted by records) has stayed
-  // above job.divergence_factor times the reference for kDivergedWindows
-  // windows in a row. The reference is epoch 1's mean loss (in epoch 1,
-  // that of its records before the recent ones, once they cover a window)
-  // while it is under ln 2, the loss of a model that knows nothing, and
-  // ln 2 otherwise: so a loss that explodes from the first batches on is
-  // caught too, and the overshoot of a healthy start (twice ln 2 for a few
-  // batches under Adagrad with stale workers) is not. Judged once the
-  // recent loss covers half a window; nullopt while healthy or off.
-  std::optional<std::string> Diverging() const;
-  // The recent loss is past job.divergence_factor times its reference
-  // (diverging, or a healthy start's overshoot): the model is suspect, so
-  // no checkpoint should be taken of it.
-  bool LossPastFactor() const { return records_over_ > 0; }
-  // Mean loss of the last records trained (see Diverging); nullopt before
-  // any.
-  std::optional<double> RecentLoss() const;
+  // Why the training loss says the model diverges (LossWatch); nullopt
+  // while healthy or off.
+  std::optional<std::string> Diverging() const { return loss_watch_.Diverging(epoch_); }
+  // The model is suspect: no checkpoint should be taken of it (LossWatch).
+  bool LossPastFactor() const { return loss_watch_.past_factor(); }
+  // Mean loss of the last records trained (LossWatch); nullopt before any.
+  std::optional<double> RecentLoss() const { return loss_watch_.recent(); }
 
   JobPhase phase() const { return phase_; }
   uint32_t epoch() const { return epoch_; }
@@ -232,12 +214,13 @@ class TrainingProgress {
   // (by file, then offset), malformed lines left out: what eps-predict
   // gives for the same files. Empty before the evaluation pass.
   void EvalInDataOrder(std::vector<float>* labels, std::vector<float>* predictions) const;
-  std::optional<double> eval_auc() const { return eval_auc_; }
-  std::optional<double> eval_logloss() const { return eval_logloss_; }
-  uint64_t eval_records() const { return eval_records_; }
+  const Evaluation& evaluation() const { return evaluation_; }
+  std::optional<double> eval_auc() const { return evaluation_.auc(); }
+  std::optional<double> eval_logloss() const { return evaluation_.logloss(); }
+  uint64_t eval_records() const { return evaluation_.records(); }
   // Evaluation lines skipped (unreadable files), and the ranges.
-  uint64_t eval_lines_skipped() const { return eval_lines_skipped_; }
-  const std::vector<std::string>& eval_skipped() const { return eval_skipped_; }
+  uint64_t eval_lines_skipped() const { return evaluation_.lines_skipped(); }
+  const std::vector<std::string>& eval_skipped() const { return evaluation_.skipped(); }
   uint64_t reassignments() const;
   uint64_t splits() const;
   absl::Duration worst_reassign_delay() const { return worst_reassign_delay_; }
@@ -291,17 +274,7 @@ class TrainingProgress {
   uint64_t records_malformed_ = 0;
   std::vector<std::string> malformed_examples_;
   std::vector<proto::EpochLedger> ledger_;
-  // Eval commits by (shard, begin offset): labels, predictions.
-  using EvalResult = std::pair<std::vector<float>, std::vector<float>>;
-  std::map<std::pair<uint64_t, uint64_t>, EvalResult> eval_results_;
-  uint64_t eval_records_ = 0;
-  uint64_t eval_malformed_ = 0;  // in the pass in progress, since this master started
-  std::set<uint32_t> eval_committers_;
-  bool eval_committers_known_ = true;
-  uint64_t eval_lines_skipped_ = 0;
-  std::vector<std::string> eval_skipped_;
-  std::optional<double> eval_auc_;
-  std::optional<double> eval_logloss_;
+  Evaluation evaluation_;
   // Totals over finished passes (the current tracker holds its own).
   uint64_t reassignments_ = 0;
   uint64_t splits_ = 0;
@@ -309,30 +282,12 @@ class TrainingProgress {
   // back in the queue (lease + detection + fencing every server).
   absl::Duration worst_reassign_delay_ = absl::ZeroDuration();
   uint64_t records_committed_total_ = 0;
-  // What the recent loss is judged against (see Diverging).
-  struct LossReference {
-    double loss;
-    const char* what;
-  };
-  std::optional<LossReference> DivergenceReference() const;
-  // Counts `records` just trained into records_over_, or resets it.
-  void JudgeRecentLoss(uint64_t records);
-
-  // The recent loss: sums of loss and records decayed by record count
-  // (exp(-records / window)), so they weigh about the last `window`
-  // records. In memory only: a restarted master starts it again.
-  double recent_loss_sum_ = 0;
-  double recent_records_ = 0;
-  // Records trained since the recent loss last was within the factor, and
-  // the reference it went past then.
-  double records_over_ = 0;
-  LossReference over_reference_{kKnowNothingLogLoss, ""};
+  LossWatch loss_watch_;
 
   // Changes for TakeChanges.
   std::set<uint64_t> dirty_shards_;
   bool clear_pass_ = false;
   bool data_dirty_ = false;
-  StateUpdate pending_eval_;
 };
 
 }  // namespace eps
