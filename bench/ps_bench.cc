@@ -152,7 +152,7 @@ void BM_Push(benchmark::State& state) {
 }
 
 // Proven work's cost per push: the server's receipt and the master's check
-// of it (master/work_proof.h), against BM_Push's time for a request of
+// of it (master/trust/work_proof.h), against BM_Push's time for a request of
 // kKeysPerRequest keys in the same run.
 void BM_PushReceipt(benchmark::State& state) {
   const WorkerCredentials key = WorkerCredentials::FromKey(std::string(32, 'k')).value();

@@ -329,7 +329,7 @@ struct JobConfig {
     int64_t max_workers = 0;
     // Records of each evaluation commit whose predictions the master
     // recomputes from the servers' parameters (a worker key alone cannot
-    // make the job's metrics; master/eval_check.h); under CURVE only.
+    // make the job's metrics; master/trust/eval_check.h); under CURVE only.
     // 0 = none (each commit's lines and labels are still held to the
     // file). In [0, 4096]. Default 4.
     int64_t eval_check_records = 4;

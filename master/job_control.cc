@@ -10,8 +10,8 @@
 #include "cluster/job_options.h"
 #include "core/logging.h"
 #include "master/job_record.h"
-#include "master/peer_stats.h"
-#include "master/work_proof.h"
+#include "master/trust/peer_stats.h"
+#include "master/trust/work_proof.h"
 #include "rpc/message.h"
 #include "rpc/net.h"
 

@@ -40,13 +40,13 @@
 #include "core/job_config.h"
 #include "core/status.h"
 #include "master/checkpoint_coordinator.h"
-#include "master/data_set.h"
 #include "master/event_log.h"
 #include "master/membership.h"
+#include "master/progress/data_set.h"
+#include "master/progress/training_progress.h"
 #include "master/progress_meter.h"
 #include "master/recovery.h"
 #include "master/state_store.h"
-#include "master/training_progress.h"
 #include "master/wait_bounds.h"
 #include "proto/eps.pb.h"
 #include "rpc/security.h"
@@ -76,7 +76,7 @@ class JobControl {
   void DataScanned(StatusOr<std::pair<DataSet, DataSet>> data, absl::Time now);
   bool data_ready() const { return progress_.data_ready(); }
   // Under CURVE: training commits must carry the servers' receipts for
-  // their records (master/work_proof.h); a commit they do not cover fences
+  // their records (master/trust/work_proof.h); a commit they do not cover fences
   // its worker. `key` must outlive the unit; nullptr (the default) checks
   // nothing.
   void CheckWorkWith(const WorkerCredentials* key) { receipt_key_ = key; }
@@ -100,7 +100,7 @@ class JobControl {
   Status Commit(const proto::NodeId& sender, const proto::CommitProgressRequest& request,
                 std::span<const float> labels, std::span<const float> predictions,
                 absl::Time now, proto::CommitProgressReply* reply);
-  // The range to check (master/eval_check.h) before Commit applies
+  // The range to check (master/trust/eval_check.h) before Commit applies
   // `request`, when it is an evaluation commit Commit would apply now.
   // (None while a recovery restores the servers: the commit is refused.)
   std::optional<TrainingProgress::EvalRange> EvalRangeOf(

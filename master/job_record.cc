@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "master/training_progress.h"
+#include "master/progress/training_progress.h"
 
 namespace eps {
 

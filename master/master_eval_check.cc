@@ -1,5 +1,5 @@
 // Master::Impl's check of evaluation commits (master_impl.h,
-// master/eval_check.h): the range read and a sample recomputed from the
+// master/trust/eval_check.h): the range read and a sample recomputed from the
 // servers' parameters, before JobControl applies the commit.
 
 #include <string>

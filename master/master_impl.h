@@ -18,19 +18,19 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "core/logging.h"
 #include "core/clock.h"
+#include "core/logging.h"
 #include "master/autoscale/autoscaler.h"
-#include "master/data_set.h"
-#include "master/eval_check.h"
 #include "master/event_log.h"
 #include "master/http/http_service.h"
+#include "master/http/status_report.h"
 #include "master/job_control.h"
 #include "master/master.h"
 #include "master/model_export.h"
+#include "master/progress/data_set.h"
 #include "master/server_calls.h"
 #include "master/state_store.h"
-#include "master/http/status_report.h"
+#include "master/trust/eval_check.h"
 #include "nlohmann/json.hpp"
 #include "rpc/rpc_server.h"
 #include "rpc/socket_factory.h"
@@ -82,7 +82,7 @@ class Master::Impl {
   // thread waits for it).
   Status HandleShardUnreadable(const Message& request, Message* reply);
   // COMMIT_PROGRESS of an evaluation, under CURVE: checked against the
-  // file and the model (master/eval_check.h) before JobControl applies
+  // file and the model (master/trust/eval_check.h) before JobControl applies
   // it, without mu_ (one batch read, one pull; the RPC thread waits). A
   // false one fences its worker (JobControl::RefuseEvaluation) and the
   // FENCED error is returned; kUnavailable when it could not be checked

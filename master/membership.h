@@ -136,7 +136,7 @@ class Membership {
   StatusOr<const WorkerEntry*> LiveWorker(const proto::NodeId& sender,
                                           const std::string& fenced_why, absl::Time now);
   // A live worker's heartbeat (LiveWorker's errors; the lease renewed):
-  // keeps its `stats` (bounded by the caller: master/peer_stats.h) and the
+  // keeps its `stats` (bounded by the caller: master/trust/peer_stats.h) and the
   // checkpoint it `paused_for`; while `round` is in progress and it paused
   // for it, the round holds it back (held_until). Each batch-size change
   // it reports for the first time is the event batch_size_changed.

@@ -15,7 +15,7 @@
 #include "cluster/model_format.h"
 #include "core/job_config.h"
 #include "core/status.h"
-#include "master/training_progress.h"
+#include "master/progress/training_progress.h"
 #include "nlohmann/json.hpp"
 #include "proto/eps.pb.h"
 

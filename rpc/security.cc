@@ -308,7 +308,7 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
       who = "workers";
       break;
     case proto::PULL:
-      // The master reads to check evaluations (master/eval_check.h).
+      // The master reads to check evaluations (master/trust/eval_check.h).
       allowed = caller == proto::ROLE_WORKER || caller == proto::ROLE_MASTER;
       who = "workers and the master";
       break;

@@ -11,9 +11,9 @@
 #include "core/metrics.h"
 #include "master/checkpoint_coordinator.h"
 #include "master/membership.h"
+#include "master/progress/training_progress.h"
 #include "master/progress_meter.h"
 #include "master/recovery.h"
-#include "master/training_progress.h"
 #include "proto/eps.pb.h"
 
 namespace eps {

@@ -1,7 +1,7 @@
-// Tests master/data_set.h: expanding data paths, cutting files into
+// Tests master/progress/data_set.h: expanding data paths, cutting files into
 // shards of whole lines, and the stored form of a data set.
 
-#include "master/data_set.h"
+#include "master/progress/data_set.h"
 
 #include <stdlib.h>
 

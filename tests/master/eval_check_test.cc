@@ -1,8 +1,8 @@
-// Tests master/eval_check.h: evaluation commits of a small file, honest and
+// Tests master/trust/eval_check.h: evaluation commits of a small file, honest and
 // made up, checked against the file and the model with scripted
 // parameters.
 
-#include "master/eval_check.h"
+#include "master/trust/eval_check.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/data_schema.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "core/data_schema.h"
 #include "rpc/message.h"
-#include "worker/record_parser.h"
 #include "tests/testing/temp_dir.h"
+#include "worker/record_parser.h"
 
 namespace eps {
 namespace {

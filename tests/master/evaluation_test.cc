@@ -1,17 +1,17 @@
-// Tests master/evaluation.h: results are kept per commit and queued for
+// Tests master/progress/evaluation.h: results are kept per commit and queued for
 // the store, the metrics come from all of them when the pass finishes,
 // who committed is known (or, after a restart with results, assumed), and
 // a new pass or a rollback drops what it should.
 
-#include "master/evaluation.h"
+#include "master/progress/evaluation.h"
 
 #include <cstdint>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "master/data_set.h"
-#include "master/shard_tracker.h"
+#include "master/progress/data_set.h"
+#include "master/progress/shard_tracker.h"
 #include "proto/eps.pb.h"
 #include "tests/master/unit_testing.h"
 #include "tests/testing/recording_events.h"

@@ -665,7 +665,7 @@ TEST_F(JobControlTest, CommitFromAFencedWorkerIsRefused) {
   EXPECT_EQ(ReasonOf(beat), proto::FENCED);
 }
 
-// Proven work (master/work_proof.h): under CURVE a training commit counts
+// Proven work (master/trust/work_proof.h): under CURVE a training commit counts
 // only what the servers' receipts cover; a worker that claims more is
 // fenced at once, its shard goes on from its last proven commit, and the
 // refusal says why.
@@ -712,7 +712,7 @@ TEST_F(JobControlTest, ACommitOverWhatTheServersSawPushedFencesItsWorker) {
   EXPECT_EQ(moved.start(), a.start() + kLineBytes);
 }
 
-// The master's check found an evaluation commit false (master/eval_check.h).
+// The master's check found an evaluation commit false (master/trust/eval_check.h).
 // A liar with nothing taken yet is only fenced; one whose evaluation was
 // taken before makes the evaluation start over, every worker registering
 // again, so the job's metrics come from none of its commits.

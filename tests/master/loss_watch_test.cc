@@ -1,9 +1,9 @@
-// Tests master/loss_watch.h: the recent loss weighs about the last window
+// Tests master/progress/loss_watch.h: the recent loss weighs about the last window
 // of records; a loss past the factor for kDivergedWindows windows is
 // divergence, judged against epoch 1's mean loss or ln 2, whichever is
 // lower; a healthy start's overshoot is not; a factor of 0 judges nothing.
 
-#include "master/loss_watch.h"
+#include "master/progress/loss_watch.h"
 
 #include <cstdint>
 #include <optional>

@@ -1,8 +1,8 @@
-// Tests master/shard_tracker.h: the TODO -> DOING -> DONE state machine,
+// Tests master/progress/shard_tracker.h: the TODO -> DOING -> DONE state machine,
 // exactly-once commits, Release, straggler splits and the persisted
 // records a restarted master rebuilds the tracker from.
 
-#include "master/shard_tracker.h"
+#include "master/progress/shard_tracker.h"
 
 #include <cstdint>
 #include <functional>
@@ -12,7 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "master/data_set.h"
+#include "master/progress/data_set.h"
 #include "tests/master/unit_testing.h"
 
 namespace eps {

@@ -1,9 +1,9 @@
-// Tests master/training_progress.h: passes over a tiny hand-made DataSet
+// Tests master/progress/training_progress.h: passes over a tiny hand-made DataSet
 // (three training shards, one eval shard), exactly-once commits and the
 // ledger, releases, epochs, the evaluation, checkpoints and what is handed
 // to the store.
 
-#include "master/training_progress.h"
+#include "master/progress/training_progress.h"
 
 #include <cstdint>
 #include <map>
@@ -18,8 +18,8 @@
 #include "core/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "master/data_set.h"
-#include "master/shard_tracker.h"
+#include "master/progress/data_set.h"
+#include "master/progress/shard_tracker.h"
 #include "master/state_store.h"
 #include "proto/eps.pb.h"
 #include "tests/master/unit_testing.h"

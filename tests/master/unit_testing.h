@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/job_config.h"
-#include "master/data_set.h"
+#include "master/progress/data_set.h"
 #include "master/state_store.h"
 #include "proto/eps.pb.h"
 

@@ -1,6 +1,6 @@
-// Tests master/work_proof.h with scripted commits and receipts.
+// Tests master/trust/work_proof.h with scripted commits and receipts.
 
-#include "master/work_proof.h"
+#include "master/trust/work_proof.h"
 
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "master/training_progress.h"
+#include "master/progress/training_progress.h"
 
 #include <algorithm>
 #include <cmath>

@@ -21,8 +21,8 @@
 //
 // Thread-safety: not thread-safe; JobControl's owner guards it.
 
-#ifndef EPS_MASTER_LOSS_WATCH_H_
-#define EPS_MASTER_LOSS_WATCH_H_
+#ifndef EPS_MASTER_PROGRESS_LOSS_WATCH_H_
+#define EPS_MASTER_PROGRESS_LOSS_WATCH_H_
 
 #include <cstdint>
 #include <optional>
@@ -90,4 +90,4 @@ class LossWatch {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_LOSS_WATCH_H_
+#endif  // EPS_MASTER_PROGRESS_LOSS_WATCH_H_

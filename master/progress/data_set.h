@@ -10,8 +10,8 @@
 //
 // Thread-safety: DataSet is an immutable value after CutIntoShards.
 
-#ifndef EPS_MASTER_DATA_SET_H_
-#define EPS_MASTER_DATA_SET_H_
+#ifndef EPS_MASTER_PROGRESS_DATA_SET_H_
+#define EPS_MASTER_PROGRESS_DATA_SET_H_
 
 #include <cstdint>
 #include <functional>
@@ -66,4 +66,4 @@ DataSet DataSetFromRecord(const proto::DataSetRecord& record);
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_DATA_SET_H_
+#endif  // EPS_MASTER_PROGRESS_DATA_SET_H_

@@ -23,8 +23,8 @@
 //
 // Thread-safety: one thread at a time (the master's RPC handler).
 
-#ifndef EPS_MASTER_EVAL_CHECK_H_
-#define EPS_MASTER_EVAL_CHECK_H_
+#ifndef EPS_MASTER_TRUST_EVAL_CHECK_H_
+#define EPS_MASTER_TRUST_EVAL_CHECK_H_
 
 #include <cstdint>
 #include <functional>
@@ -81,4 +81,4 @@ class EvalCheck {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_EVAL_CHECK_H_
+#endif  // EPS_MASTER_TRUST_EVAL_CHECK_H_

@@ -22,8 +22,8 @@
 //
 // Thread-safety: not thread-safe; the master guards it with its mutex.
 
-#ifndef EPS_MASTER_SHARD_TRACKER_H_
-#define EPS_MASTER_SHARD_TRACKER_H_
+#ifndef EPS_MASTER_PROGRESS_SHARD_TRACKER_H_
+#define EPS_MASTER_PROGRESS_SHARD_TRACKER_H_
 
 #include <cstdint>
 #include <deque>
@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "master/data_set.h"
+#include "master/progress/data_set.h"
 #include "proto/eps.pb.h"
 
 namespace eps {
@@ -153,4 +153,4 @@ class ShardTracker {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_SHARD_TRACKER_H_
+#endif  // EPS_MASTER_PROGRESS_SHARD_TRACKER_H_

@@ -1,4 +1,4 @@
-#include "master/loss_watch.h"
+#include "master/progress/loss_watch.h"
 
 #include <algorithm>
 #include <cmath>

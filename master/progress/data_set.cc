@@ -1,4 +1,4 @@
-#include "master/data_set.h"
+#include "master/progress/data_set.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "master/eval_check.h"
+#include "master/trust/eval_check.h"
 
 #include <algorithm>
 #include <cmath>

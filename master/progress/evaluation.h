@@ -16,8 +16,8 @@
 //
 // Thread-safety: not thread-safe; the master guards it with its mutex.
 
-#ifndef EPS_MASTER_EVALUATION_H_
-#define EPS_MASTER_EVALUATION_H_
+#ifndef EPS_MASTER_PROGRESS_EVALUATION_H_
+#define EPS_MASTER_PROGRESS_EVALUATION_H_
 
 #include <cstdint>
 #include <map>
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "master/event_log.h"
-#include "master/shard_tracker.h"
+#include "master/progress/shard_tracker.h"
 #include "master/state_store.h"
 #include "proto/eps.pb.h"
 
@@ -104,4 +104,4 @@ class Evaluation {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_EVALUATION_H_
+#endif  // EPS_MASTER_PROGRESS_EVALUATION_H_

@@ -1,4 +1,4 @@
-#include "master/peer_stats.h"
+#include "master/trust/peer_stats.h"
 
 #include <algorithm>
 #include <span>

@@ -1,4 +1,4 @@
-#include "master/work_proof.h"
+#include "master/trust/work_proof.h"
 
 #include <cmath>
 

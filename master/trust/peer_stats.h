@@ -13,8 +13,8 @@
 // Fields this master does not know are dropped (a newer peer is not
 // refused for them).
 
-#ifndef EPS_MASTER_PEER_STATS_H_
-#define EPS_MASTER_PEER_STATS_H_
+#ifndef EPS_MASTER_TRUST_PEER_STATS_H_
+#define EPS_MASTER_TRUST_PEER_STATS_H_
 
 #include <cstddef>
 #include <string>
@@ -37,4 +37,4 @@ Status CheckServerStats(proto::ServerStats& stats, const std::string& storage_er
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_PEER_STATS_H_
+#endif  // EPS_MASTER_TRUST_PEER_STATS_H_

@@ -17,8 +17,8 @@
 //
 // Thread-safety: not thread-safe; the master guards it with its mutex.
 
-#ifndef EPS_MASTER_TRAINING_PROGRESS_H_
-#define EPS_MASTER_TRAINING_PROGRESS_H_
+#ifndef EPS_MASTER_PROGRESS_TRAINING_PROGRESS_H_
+#define EPS_MASTER_PROGRESS_TRAINING_PROGRESS_H_
 
 #include <cstdint>
 #include <map>
@@ -33,11 +33,11 @@
 #include "absl/time/time.h"
 #include "core/job_config.h"
 #include "core/status.h"
-#include "master/data_set.h"
-#include "master/evaluation.h"
 #include "master/event_log.h"
-#include "master/loss_watch.h"
-#include "master/shard_tracker.h"
+#include "master/progress/data_set.h"
+#include "master/progress/evaluation.h"
+#include "master/progress/loss_watch.h"
+#include "master/progress/shard_tracker.h"
 #include "master/state_store.h"
 #include "proto/eps.pb.h"
 
@@ -292,4 +292,4 @@ class TrainingProgress {
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_TRAINING_PROGRESS_H_
+#endif  // EPS_MASTER_PROGRESS_TRAINING_PROGRESS_H_

@@ -14,8 +14,8 @@
 //
 // Thread-safety: a pure function.
 
-#ifndef EPS_MASTER_WORK_PROOF_H_
-#define EPS_MASTER_WORK_PROOF_H_
+#ifndef EPS_MASTER_TRUST_WORK_PROOF_H_
+#define EPS_MASTER_TRUST_WORK_PROOF_H_
 
 #include <cstdint>
 
@@ -35,4 +35,4 @@ Status CheckWorkProof(const WorkerCredentials& key, uint32_t worker,
 
 }  // namespace eps
 
-#endif  // EPS_MASTER_WORK_PROOF_H_
+#endif  // EPS_MASTER_TRUST_WORK_PROOF_H_

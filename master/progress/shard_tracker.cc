@@ -1,4 +1,4 @@
-#include "master/shard_tracker.h"
+#include "master/progress/shard_tracker.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "master/evaluation.h"
+#include "master/progress/evaluation.h"
 
 #include <algorithm>
 
