@@ -28,7 +28,7 @@ enum class Activation { kRelu, kSigmoid, kTanh };
 StatusOr<Activation> ParseActivation(const std::string& name);
 
 // The layer sizes of an MLP: `in` inputs, then Linear layers of `sizes`.
-// Shared by the CPU Mlp and the CUDA one (models/cuda_mlp.h).
+// Shared by the CPU Mlp and the CUDA one (models/cuda/cuda_mlp.h).
 class MlpShape {
  public:
   // REQUIRES: in >= 1, sizes non-empty, every size >= 1.

@@ -20,7 +20,7 @@
 #include "core/logging.h"
 #include "core/npy.h"
 #include "google/protobuf/util/json_util.h"
-#include "models/cuda_model.h"
+#include "models/cuda/cuda_model.h"
 #include "models/device.h"
 #include "models/metrics.h"
 #include "worker/line_reader.h"

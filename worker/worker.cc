@@ -17,7 +17,7 @@
 #include "core/data_schema.h"
 #include "core/file_util.h"
 #include "core/logging.h"
-#include "models/cuda_model.h"
+#include "models/cuda/cuda_model.h"
 #include "models/device.h"
 #include "rpc/message.h"
 #include "rpc/net.h"

@@ -2,7 +2,7 @@
 // batches, against the CPU model of the same options. Tests that need a GPU
 // skip, saying why, where none is visible.
 
-#include "models/cuda_model.h"
+#include "models/cuda/cuda_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
-#include "models/cuda_context.h"
+#include "models/cuda/cuda_context.h"
 
 namespace eps {
 namespace cuda {

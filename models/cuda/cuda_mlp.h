@@ -12,14 +12,14 @@
 // Thread-safety: one thread at a time (Forward keeps the activations that
 // Backward reads).
 
-#ifndef EPS_MODELS_CUDA_MLP_H_
-#define EPS_MODELS_CUDA_MLP_H_
+#ifndef EPS_MODELS_CUDA_CUDA_MLP_H_
+#define EPS_MODELS_CUDA_CUDA_MLP_H_
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "models/cuda_context.h"
+#include "models/cuda/cuda_context.h"
 #include "models/mlp.h"
 
 namespace eps {
@@ -65,4 +65,4 @@ class CudaMlp : public MlpShape {
 }  // namespace cuda
 }  // namespace eps
 
-#endif  // EPS_MODELS_CUDA_MLP_H_
+#endif  // EPS_MODELS_CUDA_CUDA_MLP_H_

@@ -1,7 +1,7 @@
 #include <algorithm>
 
-#include "models/cuda_context.h"
-#include "models/cuda_kernels.h"
+#include "models/cuda/cuda_context.h"
+#include "models/cuda/cuda_kernels.h"
 
 namespace eps {
 namespace cuda {

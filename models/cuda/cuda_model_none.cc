@@ -1,4 +1,4 @@
-#include "models/cuda_model.h"
+#include "models/cuda/cuda_model.h"
 
 namespace eps {
 

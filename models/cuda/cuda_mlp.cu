@@ -1,8 +1,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "models/cuda_kernels.h"
-#include "models/cuda_mlp.h"
+#include "models/cuda/cuda_kernels.h"
+#include "models/cuda/cuda_mlp.h"
 
 namespace eps {
 namespace cuda {

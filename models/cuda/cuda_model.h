@@ -9,14 +9,14 @@
 // and reused across calls, growing to the largest batch seen.
 //
 // Host code includes only this header; the CUDA code lives in the
-// models/cuda_*.cu files (models/cuda_model_none.cc when CUDA is off).
+// models/cuda_*.cu files (models/cuda/cuda_model_none.cc when CUDA is off).
 //
 // Thread-safety: as Model: const methods are safe for concurrent use;
 // ForwardBackward, one thread at a time per model (any thread: the model
 // selects its GPU on every call).
 
-#ifndef EPS_MODELS_CUDA_MODEL_H_
-#define EPS_MODELS_CUDA_MODEL_H_
+#ifndef EPS_MODELS_CUDA_CUDA_MODEL_H_
+#define EPS_MODELS_CUDA_CUDA_MODEL_H_
 
 #include <memory>
 
@@ -46,4 +46,4 @@ Status LoadCudaLibraries();
 
 }  // namespace eps
 
-#endif  // EPS_MODELS_CUDA_MODEL_H_
+#endif  // EPS_MODELS_CUDA_CUDA_MODEL_H_
