@@ -252,6 +252,76 @@ class JobControlTest : public ::testing::Test {
 
 // --- A whole job -----------------------------------------------------------------
 
+// The liveness tests' job: two servers and workers 0 and 1 training,
+// with the steps the bounds, health and trust tests share.
+class JobControlLivenessTest : public JobControlTest {
+ protected:
+  // Training on `data` with two servers (ports 5000, 5001) and workers 0
+  // and 1, all at t0.
+  void StartTrainingOn(DataSet data) {
+    control_->StartNew("job-1");
+    ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+    ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+    control_->DataScanned(std::make_pair(std::move(data), DataSet()), t0_);
+    ASSERT_EQ(control_->progress().phase(), JobPhase::kTraining);
+    ASSERT_EQ(AddWorker(t0_), 0u);
+    ASSERT_EQ(AddWorker(t0_), 1u);
+  }
+
+  // A job of 2 training lines and 2 eval lines: worker 0 trains them and
+  // holds the evaluation's shard, returned.
+  proto::ShardAssignment StartEvaluating() {
+    control_->StartNew("job-1");
+    EXPECT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+    EXPECT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+    control_->DataScanned(
+        std::make_pair(MakeData("/data/train-0", {2}), MakeData("/data/eval", {2})), t0_);
+    EXPECT_EQ(AddWorker(t0_), 0u);
+    const proto::ShardAssignment train = Assigned(0, t0_);
+    EXPECT_TRUE(Commit(0, CommitOf(train, train.start(), 2), At(100)).ok());
+    EXPECT_EQ(control_->progress().phase(), JobPhase::kEvaluating);
+    return Assigned(0, At(200));
+  }
+
+  // Checkpoint round `id`, requested at `now`, both workers paused, in
+  // which ps[`failing`] fails to write.
+  void FailCheckpointRound(uint64_t id, absl::Time now, uint32_t failing) {
+    Beat(now, {0, 1}, {});
+    ASSERT_EQ(control_->RequestCheckpoint().value(), id);
+    control_->Tick(now);
+    ASSERT_TRUE(WorkerBeat(0, now, id).ok());
+    ASSERT_TRUE(WorkerBeat(1, now, id).ok());
+    const std::optional<JobControl::CheckpointWrite> write = control_->NextCheckpointWrite(now);
+    ASSERT_TRUE(write.has_value());
+    std::vector<StatusOr<proto::ServerCheckpoint>> parts;
+    for (uint32_t slot : {0u, 1u}) {
+      if (slot == failing) {
+        parts.push_back(absl::UnavailableError(absl::StrCat("ps[", slot, "]: disk full")));
+      } else {
+        parts.push_back(Part(slot, id));
+      }
+    }
+    StateUpdate update;
+    EXPECT_FALSE(control_->CheckpointWritten(*write, parts, now, now, &update).has_value());
+  }
+
+  // Batch `i` of 8 lines of `a` from worker 0, at `loss` per record, at
+  // 100 ms + `i` ms (or at `now`).
+  Status CommitBatch(const proto::ShardAssignment& a, int i, double loss,
+                     std::optional<absl::Time> now = std::nullopt) {
+    proto::CommitProgressRequest request = CommitOf(a, a.start() + i * 8 * kLineBytes, 8);
+    request.set_loss_sum(8 * loss);
+    return Commit(0, request, now.value_or(At(100 + i)));
+  }
+
+  void ExpectStoppedWith(const std::string& words) {
+    EXPECT_TRUE(control_->over());
+    EXPECT_EQ(control_->progress().phase(), JobPhase::kFailed);
+    EXPECT_TRUE(control_->progress().stopped()) << "resumable";
+    EXPECT_THAT(control_->progress().failure(), HasSubstr(words));
+  }
+};
+
 }  // namespace eps
 
 #endif  // EPS_TESTS_MASTER_JOB_CONTROL_FIXTURE_H_
