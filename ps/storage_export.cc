@@ -1,0 +1,197 @@
+// ServerStorage's model files (docs/model-format.md): Export writes every
+// row this server holds, resident or not, as .npy parts of the export;
+// Import loads the rows it owns of one (the warm start).
+
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cluster/model_format.h"
+#include "cluster/placement.h"
+#include "core/logging.h"
+#include "core/npy.h"
+#include "ps/storage.h"
+
+namespace eps {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// One table's part of an export: its keys and rows, written in pieces.
+class ExportPart {
+ public:
+  static StatusOr<ExportPart> Create(const std::string& dir, const Table& table,
+                                     uint32_t server_id) {
+    const fs::path tables = fs::path(dir) / "params" / table.spec().name();
+    std::error_code error;
+    fs::create_directories(tables, error);
+    if (error) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create export dir ", tables.string(), ": ", error.message()));
+    }
+    const std::string stem = (tables / absl::StrCat("part-", server_id)).string();
+    ExportPart part;
+    part.dense_ = table.spec().kind() == proto::DENSE;
+    part.row_floats_ = table.row_floats();
+    ASSIGN_OR_RETURN(part.keys_, NpyWriter::Create(stem + ".keys.npy", "<u8", {}));
+    ASSIGN_OR_RETURN(part.rows_, NpyWriter::Create(stem + ".rows.npy", "<f4", {part.row_floats_}));
+    return part;
+  }
+
+  // `row`: row_floats floats, not necessarily aligned (a store's value).
+  Status Add(uint64_t key, const void* row) {
+    keys_buffer_.push_back(dense_ ? DecodeDenseChunkKey(key).chunk : key);
+    const size_t at = rows_buffer_.size();
+    rows_buffer_.resize(at + row_floats_);
+    std::memcpy(rows_buffer_.data() + at, row, sizeof(float) * row_floats_);
+    return keys_buffer_.size() >= kRowsPerWrite ? Write() : absl::OkStatus();
+  }
+
+  // Returns the rows written.
+  StatusOr<uint64_t> Close() {
+    RETURN_IF_ERROR(Write());
+    RETURN_IF_ERROR(keys_->Close());
+    RETURN_IF_ERROR(rows_->Close());
+    return keys_->rows();
+  }
+
+ private:
+  static constexpr size_t kRowsPerWrite = 4096;
+
+  Status Write() {
+    RETURN_IF_ERROR(keys_->Append(keys_buffer_.data(), keys_buffer_.size()));
+    RETURN_IF_ERROR(rows_->Append(rows_buffer_.data(), keys_buffer_.size()));
+    keys_buffer_.clear();
+    rows_buffer_.clear();
+    return absl::OkStatus();
+  }
+
+  bool dense_ = false;
+  uint32_t row_floats_ = 0;
+  std::unique_ptr<NpyWriter> keys_;
+  std::unique_ptr<NpyWriter> rows_;
+  std::vector<uint64_t> keys_buffer_;
+  std::vector<float> rows_buffer_;
+};
+
+}  // namespace
+
+StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir,
+                                           std::optional<uint32_t> passes_done) {
+  std::optional<uint32_t> server_id;
+  {
+    absl::MutexLock lock(&mu_);
+    server_id = server_id_;
+  }
+  if (!server_id.has_value()) {
+    return absl::FailedPreconditionError("no server id yet: nothing to export");
+  }
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  if (!broken_.ok()) return broken_;
+  if (tables_.empty()) return absl::FailedPreconditionError("no tables yet: nothing to export");
+  const absl::Time start = absl::Now();
+  if (passes_done.has_value()) {
+    NotePassesDone(*passes_done);
+    RETURN_IF_ERROR_CTX(ExpireLocked(*passes_done), "deleting expired rows before the export");
+  }
+  if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked());
+  ExportInfo info;
+  for (const std::unique_ptr<Table>& table : tables_) {
+    ASSIGN_OR_RETURN(ExportPart part, ExportPart::Create(dir, *table, *server_id));
+    if (store_ != nullptr) {
+      // Every row is in the store once flushed; rows in memory are the same.
+      // (A stored row may end in its last pass, which the export leaves out.)
+      const size_t row_bytes = sizeof(float) * table->stored_floats();
+      RETURN_IF_ERROR(store_->Scan(table->spec().id(), [&](uint64_t key, absl::string_view value) {
+        if (value.size() != row_bytes) {
+          return absl::DataLossError(absl::StrCat("key ", key, " of table '", table->spec().name(),
+                                                  "' holds ", value.size(), " bytes, expected ",
+                                                  row_bytes));
+        }
+        return part.Add(key, value.data());
+      }));
+    } else {
+      Status added;
+      table->VisitResident([&](uint64_t key, const float* row) {
+        if (added.ok()) added = part.Add(key, row);
+      });
+      RETURN_IF_ERROR(added);
+    }
+    ASSIGN_OR_RETURN(uint64_t rows, part.Close());
+    info.rows += rows;
+    info.bytes += rows * (sizeof(uint64_t) + sizeof(float) * table->row_floats());
+  }
+  info.duration = absl::Now() - start;
+  return info;
+}
+
+StatusOr<ImportInfo> ServerStorage::Import(const std::string& dir,
+                                           const std::function<bool(uint64_t)>& owned,
+                                           bool with_state) {
+  ASSIGN_OR_RETURN(const nlohmann::json manifest, ReadModelManifest(dir));
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  if (!broken_.ok()) return broken_;
+  if (tables_.empty()) return absl::FailedPreconditionError("no tables yet to import into");
+  const absl::Time start = absl::Now();
+  ImportInfo info;
+  for (const std::unique_ptr<Table>& table : tables_) {
+    const proto::TableSpec& spec = table->spec();
+    const nlohmann::json* entry = FindModelParam(manifest, spec.name());
+    const bool dense = spec.kind() == proto::DENSE;
+    const uint64_t size = dense ? spec.dense_size() : 0;
+    const auto number = [&](const char* key) {
+      return entry->contains(key) && (*entry)[key].is_number_unsigned()
+                 ? (*entry)[key].get<uint64_t>()
+                 : ~uint64_t{0};
+    };
+    if (entry == nullptr || entry->value("kind", "") != (dense ? "dense" : "embedding") ||
+        number("dim") != spec.dim() || number("size") != size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job.init_from: ", dir, " has no ", dense ? "dense tensor" : "embedding table", " '",
+          spec.name(), "' of ", dense ? absl::StrCat(size, " floats in chunks of ") : "",
+          spec.dim(), dense ? "" : " floats per row",
+          ", which this job's model has: a model of another type or size"));
+    }
+    const uint32_t width = with_state ? table->row_floats() : spec.dim();
+    std::vector<uint64_t> keys;
+    std::vector<float> values;
+    RETURN_IF_ERROR(ReadModelParam(
+        dir, *entry, spec.dim(),
+        [&](const uint64_t* ids, const float* rows, uint64_t n, uint64_t stride) -> Status {
+          if (with_state && stride != table->row_floats()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "job.init_from: the rows of '", spec.name(), "' in ", dir, " hold ",
+                stride - spec.dim(), " floats of optimizer state, this job's optimizer keeps ",
+                table->row_floats() - spec.dim(),
+                ": another optimizer; set job.init_optimizer_state = false to start it afresh"));
+          }
+          keys.clear();
+          values.clear();
+          for (uint64_t r = 0; r < n; ++r) {
+            if (dense && ids[r] >= DenseChunkCount(size, spec.dim())) {
+              return absl::DataLossError(absl::StrCat(dir, ": chunk ", ids[r], " of '",
+                                                      spec.name(), "' is past its end"));
+            }
+            const uint64_t key = dense ? DenseChunkKey(spec.id(), ids[r]) : ids[r];
+            if (!owned(key)) continue;
+            keys.push_back(key);
+            values.insert(values.end(), rows + r * stride, rows + r * stride + width);
+          }
+          RETURN_IF_ERROR(table->Put(keys, values, width));
+          info.rows += keys.size();
+          // Changed rows leave memory only once written.
+          if (budget_ != nullptr && budget_->over()) RETURN_IF_ERROR(FlushLocked());
+          return absl::OkStatus();
+        }));
+  }
+  if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked());
+  info.duration = absl::Now() - start;
+  return info;
+}
+
+}  // namespace eps
