@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/call_table.h"
 #include "core/logging.h"
 #include "fuzz/fuzz_support.h"
 #include "rpc/message.h"
@@ -71,6 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   RpcServerOptions options;
   options.max_frames = 8;
+  options.authorize = AuthorizeCall;
   std::unique_ptr<RpcServer> server =
       RpcServer::CreateUnstartedForTesting(options, DecodeLikeAHandler, curve);
   std::vector<zmq::message_t> frames;

@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cluster/call_table.h"
 #include "core/clock.h"
 #include "core/file_util.h"
 #include "core/logging.h"
@@ -170,6 +171,7 @@ Status Master::Impl::StartServing() {
   rpc_options.rate_limited = proto::REGISTER_WORKER;
   rpc_options.rate_limited_burst = 4;
   rpc_options.rate_limited_per_s = 1;
+  rpc_options.authorize = AuthorizeCall;
   ASSIGN_OR_RETURN(rpc_, RpcServer::Start(&factory_, rpc_options,
                                           [this](Message& request, Message* reply) {
                                             return Handle(request, reply);

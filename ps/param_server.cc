@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/call_table.h"
 #include "cluster/job_options.h"
 #include "cluster/job_progress.h"
 #include "cluster/member_session.h"
@@ -92,6 +93,7 @@ Status ParamServer::Impl::Start() {
   RpcServerOptions rpc_options;
   rpc_options.endpoint = absl::StrCat("tcp://", host, ":", options_.port);
   rpc_options.num_threads = options_.threads;
+  rpc_options.authorize = AuthorizeCall;
   rpc_options.max_frames = 2 * 64;
   rpc_options.name = "ps";
   ASSIGN_OR_RETURN(rpc_, RpcServer::Start(&factory_, rpc_options,

@@ -5,9 +5,10 @@
 // WRONG_OWNER for others), heartbeats its stats, and exits when the master
 // says the job is over.
 //
-// Who may call what is the RpcServer's to decide (AuthorizeCall,
-// rpc/security.h): CHECKPOINT, RESTORE and FENCE_WORKERS come from the
-// master only, PULL and PUSH from workers; others get kPermissionDenied.
+// Who may call what is the RpcServer's to decide, with the job's call table
+// (cluster/call_table.h): CHECKPOINT, RESTORE and FENCE_WORKERS come from
+// the master only, PULL and PUSH from workers; others get
+// kPermissionDenied.
 //
 // Fencing: the master sends FENCE_WORKERS with every worker whose lease expired. The
 // server remembers them for its lifetime (worker ids are never reused, so

@@ -232,6 +232,11 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
     return absl::InvalidArgumentError(
         "rpc server: max_frames must be >= 0 and max_in_flight_per_peer >= 1");
   }
+  if (factory->options().security.curve && !options.authorize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rpc server ", options.name,
+                     ": under CURVE it needs an authorizer (RpcServerOptions.authorize)"));
+  }
   std::unique_ptr<RpcServer> server(new RpcServer(options, std::move(handler), factory->options()));
   ASSIGN_OR_RETURN(zmq::socket_t frontend,
                    factory->BindRouter(options.endpoint, &server->endpoint_));
@@ -346,7 +351,7 @@ Status RpcServer::Authorize(absl::string_view peer, const proto::Envelope& heade
     }
     role = authenticated.value_or(proto::ROLE_UNSPECIFIED);
   }
-  if (status.ok()) status = AuthorizeCall(header.method(), role);
+  if (status.ok() && options_.authorize) status = options_.authorize(header.method(), role);
   if (status.ok() && curve_ && role == proto::ROLE_WORKER) status = CheckCredential(header);
   // Not ready to check yet: the worker retries, no refusal.
   if (absl::IsUnavailable(status)) return status;

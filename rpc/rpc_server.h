@@ -7,9 +7,10 @@
 // `max_frames`, an envelope that does not parse or speaks another protocol
 // version. Those get an INVALID_ARGUMENT reply; nothing a peer sends can
 // crash the process. Then it authorizes the call by the sender's role
-// (AuthorizeCall, rpc/security.h): under CURVE the role of the peer's key,
-// which the envelope must not contradict; without, the role the envelope
-// claims. Under CURVE a worker's request (but its registration and reads
+// with the authorizer it was given (RpcServerOptions.authorize; the job's
+// members pass cluster/call_table.h's AuthorizeCall): under CURVE the role
+// of the peer's key, which the envelope must not contradict; without, the
+// role the envelope claims. The transport itself knows no call table. Under CURVE a worker's request (but its registration and reads
 // of the cluster map) must also carry the credential of the worker id it
 // claims (WorkerCredentials); until the server has the credentials' key it
 // answers such requests UNAVAILABLE (NOT_READY). A refusal is a
@@ -77,6 +78,12 @@ struct RpcServerOptions {
   proto::Method rate_limited = proto::METHOD_UNSPECIFIED;
   double rate_limited_burst = 4;
   double rate_limited_per_s = 1;
+  // Whether a peer of `caller`'s role may call `method`: OK, or the
+  // refusal (PERMISSION_DENIED), or UNIMPLEMENTED for a method unknown to
+  // the build (answered, not counted as a refusal). Required under CURVE
+  // (Start refuses a server without one); without CURVE, empty lets every
+  // claimed role call every method (in-process tests and fakes).
+  std::function<Status(proto::Method method, proto::Role caller)> authorize;
 };
 
 // Handles one request. `reply` arrives with its request id and method set;

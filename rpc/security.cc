@@ -281,55 +281,6 @@ proto::Role ServingRole(proto::Method method) {
   return method < 32 ? proto::ROLE_MASTER : proto::ROLE_SERVER;
 }
 
-Status AuthorizeCall(proto::Method method, proto::Role caller) {
-  bool allowed = false;
-  const char* who = "";
-  switch (method) {
-    case proto::REGISTER_SERVER:
-      allowed = caller == proto::ROLE_SERVER;
-      who = "servers";
-      break;
-    case proto::HEARTBEAT:
-      allowed = caller == proto::ROLE_SERVER || caller == proto::ROLE_WORKER;
-      who = "servers and workers";
-      break;
-    case proto::GET_CLUSTER_MAP:
-      allowed = caller != proto::ROLE_UNSPECIFIED;
-      who = "members of the job";
-      break;
-    case proto::REGISTER_WORKER:
-    case proto::DEREGISTER:
-    case proto::GET_SHARD:
-    case proto::COMMIT_PROGRESS:
-    case proto::SPLIT_SHARD:
-    case proto::SHARD_UNREADABLE:
-    case proto::PUSH:
-      allowed = caller == proto::ROLE_WORKER;
-      who = "workers";
-      break;
-    case proto::PULL:
-      // The master reads to check evaluations (master/trust/eval_check.h).
-      allowed = caller == proto::ROLE_WORKER || caller == proto::ROLE_MASTER;
-      who = "workers and the master";
-      break;
-    case proto::FENCE_WORKERS:
-    case proto::CHECKPOINT:
-    case proto::RESTORE:
-    case proto::EXPORT:
-      allowed = caller == proto::ROLE_MASTER;
-      who = "the master";
-      break;
-    default:
-      // Unknown to this build: no role may call it.
-      return absl::UnimplementedError(absl::StrCat("unknown method ", static_cast<int>(method)));
-  }
-  if (allowed) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat(proto::Method_Name(method), " is for ", who, ", not for ",
-                   caller == proto::ROLE_UNSPECIFIED ? "a peer of no role"
-                                                     : absl::StrCat("a ", RoleName(caller))));
-}
-
 StatusOr<WorkerCredentials> WorkerCredentials::ForMaster(const SecurityOptions& security) {
   if (sodium_init() < 0) return absl::InternalError("libsodium cannot start");
   std::array<uint8_t, 32> secret;

@@ -81,13 +81,6 @@ Status WriteJobKeys(const std::string& dir);
 // server (32-63).
 proto::Role ServingRole(proto::Method method);
 
-// Whether a peer of `caller`'s role may call `method`: RESTORE,
-// FENCE_WORKERS and CHECKPOINT only the master; REGISTER_SERVER only a
-// server; the data and training methods only workers; tools only read the
-// cluster map. PERMISSION_DENIED saying who may; UNIMPLEMENTED for a method
-// this build does not know.
-Status AuthorizeCall(proto::Method method, proto::Role caller);
-
 // Proves that a worker's request comes from the worker the master
 // registered under that id: the master issues each worker a credential (an
 // HMAC of its id under a key derived from the master's secret key, so a

@@ -34,36 +34,6 @@ Status WorkerOptions::Validate() const {
   return job.Validate();
 }
 
-namespace {
-
-// The autoscaler's launch id of this process (EPS_LAUNCH_ID, set by its
-// launcher); 0 for a worker started by hand or a malformed value.
-uint64_t LaunchId() {
-  const char* value = std::getenv("EPS_LAUNCH_ID");
-  uint64_t id = 0;
-  if (value == nullptr || !absl::SimpleAtoi(value, &id)) return 0;
-  return id;
-}
-
-// The secret its launcher handed this launch: EPS_LAUNCH_SECRET, or the
-// first line of the file EPS_LAUNCH_SECRET_FILE names; empty when neither.
-std::string LaunchSecret() {
-  if (const char* value = std::getenv("EPS_LAUNCH_SECRET"); value != nullptr) return value;
-  const char* path = std::getenv("EPS_LAUNCH_SECRET_FILE");
-  if (path == nullptr) return "";
-  StatusOr<std::string> contents = ReadSmallFile(path, 4096);
-  if (!contents.ok()) {
-    LOG(WARNING) << "EPS_LAUNCH_SECRET_FILE: " << contents.status().message()
-                 << "; the master will refuse this launch id without its secret";
-    return "";
-  }
-  return std::string(absl::StripAsciiWhitespace(
-      absl::string_view(*contents).substr(0, contents->find('\n'))));
-}
-
-
-}  // namespace
-
 Status Worker::Impl::Register(Session& session) {
   const auto registration = [this] {
     Message request;
@@ -71,8 +41,8 @@ Status Worker::Impl::Register(Session& session) {
     proto::RegisterWorkerRequest* body = request.header().mutable_register_worker_request();
     body->set_hostname(Hostname());
     body->set_pid(static_cast<uint32_t>(getpid()));
-    body->set_launch_id(LaunchId());
-    if (body->launch_id() != 0) body->set_launch_secret(LaunchSecret());
+    body->set_launch_id(options_.launch_id);
+    if (options_.launch_id != 0) body->set_launch_secret(options_.launch_secret);
     body->set_device(device_);
     AddSharedOptions(options_.job.SharedOptions(), body->mutable_job_options());
     return request;

@@ -56,6 +56,12 @@ struct WorkerOptions {
   // CURVE and the job's keys, from [security] (LoadSecurity); off when
   // default-made (in-process tests).
   SecurityOptions security;
+  // The autoscaler's launch of this process and the secret its launcher
+  // handed it (eps-worker reads them from EPS_LAUNCH_ID and
+  // EPS_LAUNCH_SECRET or EPS_LAUNCH_SECRET_FILE); 0 for a worker started
+  // by hand.
+  uint64_t launch_id = 0;
+  std::string launch_secret;
 
   Status Validate() const;
 };
