@@ -24,7 +24,6 @@
 #include "core/logging.h"
 #include "core/metrics.h"
 #include "core/status.h"
-#include "ps/push_deduplicator.h"
 #include "ps/row_quota.h"
 #include "ps/storage.h"
 #include "ps/table.h"
@@ -72,13 +71,6 @@ namespace {
 
 // Most keys one request may carry per table (bounds the reply too).
 constexpr size_t kMaxKeysPerTable = size_t{1} << 22;
-
-Status FencedError(uint32_t worker) {
-  return ErrorWithReason(
-      absl::StatusCode::kFailedPrecondition,
-      absl::StrCat("worker ", worker, " is fenced (its lease expired); it must register again"),
-      proto::FENCED);
-}
 
 }  // namespace
 
@@ -131,246 +123,6 @@ Status ParamServer::Impl::Start() {
   return absl::OkStatus();
 }
 
-std::unique_ptr<MemberSession> ParamServer::Impl::NewSession() {
-  MemberSessionOptions session_options;
-  session_options.master = options_.master;
-  session_options.role = proto::ROLE_SERVER;
-  session_options.master_wait = options_.master_wait;
-  return std::make_unique<MemberSession>(&factory_, session_options);
-}
-
-Status ParamServer::Impl::CheckWorkerCredentials(const proto::RegisterServerReply& reply) {
-  if (!options_.security.curve) return absl::OkStatus();
-  StatusOr<WorkerCredentials> credentials = WorkerCredentials::FromKey(reply.worker_credential_key());
-  if (!credentials.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the master's registration answer carries no valid key of workers' credentials (",
-        credentials.status().message(), "): are the master and this server the same eps build?"));
-  }
-  {
-    absl::MutexLock lock(&receipts_mu_);
-    receipt_key_ = *credentials;
-  }
-  rpc_->SetWorkerCredentials(*std::move(credentials));
-  return absl::OkStatus();
-}
-
-std::string ParamServer::Impl::ReceiptFor(uint32_t sender, uint64_t seq,
-                                          const proto::WorkBatch& batch, bool first_time) {
-  absl::MutexLock lock(&receipts_mu_);
-  if (!receipt_key_.has_value()) return std::string();
-  std::string tag = receipt_key_->Receipt(sender, batch);
-  if (first_time) {
-    last_receipts_[sender] = LastReceipt{.seq = seq, .tag = tag};
-    return tag;
-  }
-  const auto last = last_receipts_.find(sender);
-  if (last == last_receipts_.end() || last->second.seq != seq || last->second.tag != tag) {
-    return std::string();
-  }
-  return tag;
-}
-
-Message ParamServer::Impl::RegisterRequest(bool rejoin) const {
-  Message request;
-  request.header().set_method(proto::REGISTER_SERVER);
-  proto::RegisterServerRequest* body = request.header().mutable_register_server_request();
-  body->set_endpoint(endpoint_);
-  body->set_hostname(Hostname());
-  body->set_pid(static_cast<uint32_t>(getpid()));
-  body->set_stored_job(storage_->stored_job());
-  if (rejoin) {
-    // The slot this process holds (a memory-only server has no SERVER file).
-    body->set_stored_server_id(id_);
-    body->set_rejoin(true);
-  } else if (const std::optional<uint32_t> stored = storage_->stored_server_id();
-             stored.has_value()) {
-    body->set_stored_server_id(*stored);
-  }
-  AddSharedOptions(options_.shared_options, body->mutable_job_options());
-  return request;
-}
-
-void ParamServer::Impl::StartHeartbeats() {
-  proto::NodeId self;
-  self.set_role(proto::ROLE_SERVER);
-  self.set_id(id_);
-  // A server never checks its lease (it pushes nothing); the master wait
-  // stands in for it.
-  session_->Start(self, options_.heartbeat, options_.master_wait, SessionHooks());
-}
-
-Status ParamServer::Impl::Rejoin(const Status& why) {
-  if (rejoined_ && !answered_.load()) {
-    // It took the slot back and was refused again before any heartbeat
-    // went through: registering once more would only loop.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the master refuses ps[", id_, "]'s heartbeats right after it took its slot back: ",
-        why.message()));
-  }
-  LOG(WARNING) << "the master no longer counts this server (" << why.message()
-               << "); registering again as ps[" << id_ << "]";
-  session_->Stop();
-  rejoined_ = true;
-  answered_.store(false);
-  session_ = NewSession();
-  StatusOr<Message> reply = session_->Register(RegisterRequest(/*rejoin=*/true));
-  if (ReasonOf(reply.status()) == proto::JOB_OVER) {
-    LOG(INFO) << "the job is over; exiting";
-    Stop(absl::OkStatus());
-    return absl::OkStatus();
-  }
-  if (!reply.ok()) {
-    return Annotate(reply.status(), absl::StrCat("ps[", id_, "] cannot take its slot back"));
-  }
-  const uint32_t slot = reply->header().register_server_reply().server_id();
-  RETURN_IF_ERROR(CheckWorkerCredentials(reply->header().register_server_reply()));
-  if (slot != id_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("ps[", id_, "] registered again but the master answered slot ", slot));
-  }
-  LOG(INFO) << "back in the job as ps[" << id_ << "]: the master restores what it needs";
-  StartHeartbeats();
-  return absl::OkStatus();
-}
-
-Status ParamServer::Impl::Wait() {
-  if (!started_) return absl::FailedPreconditionError("Wait without a successful Start");
-  while (true) {
-    Status why;
-    {
-      absl::MutexLock lock(&mu_);
-      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || rejoin_; };
-      mu_.Await(absl::Condition(&wake));
-      if (stop_) break;
-      rejoin_ = false;
-      why = rejoin_why_;
-    }
-    if (Status rejoined = Rejoin(why); !rejoined.ok()) Stop(rejoined);
-  }
-  session_->Stop();
-  if (!summarized_) {
-    summarized_ = true;
-    const proto::ServerStats stats = Stats();
-    LOG(INFO) << "summary: " << stats.rows() << " rows, " << stats.pulls() << " pulls ("
-              << rows_pulled_.load() << " rows), " << stats.pushes() << " pushes ("
-              << rows_pushed_.load() << " rows), " << stats.pushes_fenced() << " pushes fenced, "
-              << stats.pushes_deduplicated() << " pushes deduplicated";
-  }
-  absl::MutexLock lock(&mu_);
-  return stop_reason_;
-}
-
-MemberSession::Hooks ParamServer::Impl::SessionHooks() {
-  MemberSession::Hooks hooks;
-  hooks.fill_heartbeat = [this](proto::HeartbeatRequest* request) {
-    *request->mutable_server() = Stats();
-    request->set_endpoint(endpoint_);
-    const std::string write_error = storage_->write_error();
-    if (!write_error.empty() && !write_error_reported_) {
-      write_error_reported_ = true;
-      LOG(ERROR) << "cannot write: " << write_error << "; telling the master";
-    }
-    request->set_storage_error(write_error);
-  };
-  hooks.on_reply = [this](const proto::HeartbeatReply& body) {
-    answered_.store(true);
-    OnHeartbeatReply(body);
-  };
-  // The first heartbeat's reply brings the map: PULL and PUSH are served
-  // from then on.
-  hooks.follow_map = [this](uint64_t) { return RefreshClusterMap(); };
-  hooks.on_end = [this](MemberSession::State state, const Status& status) {
-    if (state == MemberSession::State::kFenced) {
-      // Cut off past its lease (or replaced): Wait registers again, and the
-      // master says whether the slot is still this process's.
-      absl::MutexLock lock(&mu_);
-      rejoin_ = true;
-      rejoin_why_ = status;
-    } else {
-      Stop(status);  // OK when the job is over
-    }
-  };
-  return hooks;
-}
-
-Status ParamServer::Impl::RefreshClusterMap() {
-  Message request;
-  request.header().set_method(proto::GET_CLUSTER_MAP);
-  request.header().mutable_get_cluster_map_request();
-  CallOptions call;
-  call.attempt_timeout = options_.rpc_timeout;
-  call.max_attempts = 1;
-  ASSIGN_OR_RETURN(Message reply, session_->Call(std::move(request), call));
-  ASSIGN_OR_RETURN(Placement placement,
-                   Placement::FromProto(reply.header().get_cluster_map_reply().map()));
-  std::vector<bool> owned(placement.num_partitions(), false);
-  for (uint32_t p : placement.PartitionsOf(id_)) owned[p] = true;
-  const size_t count = placement.PartitionsOf(id_).size();
-  absl::MutexLock lock(&mu_);
-  LOG(INFO) << "cluster map v" << placement.version() << ": " << count << " of "
-            << placement.num_partitions() << " partitions are here";
-  placement_ = std::make_shared<const Placement>(std::move(placement));
-  owned_ = std::move(owned);
-  return absl::OkStatus();
-}
-
-proto::ServerStats ParamServer::Impl::Stats() const {
-  proto::ServerStats stats;
-  const StorageStats storage = storage_->stats();
-  stats.set_rows(storage.rows_in_memory);
-  stats.set_bytes(storage.memory_bytes);
-  stats.set_rows_on_disk(storage.rows_on_disk);
-  stats.set_disk_bytes(storage.disk_bytes);
-  stats.set_store_memory_bytes(storage.store_memory_bytes);
-  stats.set_hits(storage.hits);
-  stats.set_misses(storage.misses);
-  stats.set_evictions(storage.evictions);
-  stats.set_last_flush_ms(storage.last_flush_ms);
-  stats.set_memory_budget_bytes(options_.storage.memory_budget_mb << 20);
-  stats.set_pulls(pulls_.load());
-  stats.set_pushes(pushes_.load());
-  stats.set_pushes_fenced(pushes_fenced_.load());
-  stats.set_pushes_deduplicated(pushes_deduplicated_.load());
-  stats.set_updates_refused(storage.updates_refused);
-  stats.set_rows_admitted(storage.rows_admitted);
-  stats.set_updates_rejected(storage.updates_rejected);
-  stats.set_admission_candidates(storage.admission_candidates);
-  stats.set_rows_expired(storage.rows_expired);
-  if (rpc_ != nullptr) {
-    stats.set_requests_refused(rpc_->refused());
-    stats.set_requests_unauthenticated(rpc_->unauthenticated() + factory_.handshakes_refused());
-    stats.set_requests_limited(rpc_->limited() + rows_limited_.load());
-  }
-  HistogramToProto(pull_latency_.Snapshot(), stats.mutable_pull_latency());
-  HistogramToProto(push_latency_.Snapshot(), stats.mutable_push_latency());
-  HistogramToProto(dense_staleness_.Snapshot(), stats.mutable_dense_staleness());
-  return stats;
-}
-
-void ParamServer::Impl::OnHeartbeatReply(const proto::HeartbeatReply& body) {
-  if (body.shutdown()) {
-    LOG(INFO) << "the master says the job is "
-              << (body.state() == proto::JOB_FINISHED ? "finished" : "over") << "; exiting";
-    return;
-  }
-  if (body.has_training_passes_done()) storage_->NotePassesDone(body.training_passes_done());
-  const absl::Time now = absl::Now();
-  if (now - last_progress_ < options_.progress_interval) return;
-  const double seconds = absl::ToDoubleSeconds(now - last_progress_);
-  const uint64_t pulled = rows_pulled_.load();
-  const uint64_t pushed = rows_pushed_.load();
-  const proto::ServerStats stats = Stats();
-  LOG(INFO) << stats.rows() << " rows (" << stats.bytes() / (1 << 20) << " MiB), "
-            << absl::StrFormat("%.0f", (pulled - rows_pulled_before_) / seconds)
-            << " rows pulled/s, "
-            << absl::StrFormat("%.0f", (pushed - rows_pushed_before_) / seconds)
-            << " rows pushed/s; " << JobProgress(body);
-  rows_pulled_before_ = pulled;
-  rows_pushed_before_ = pushed;
-  last_progress_ = now;
-}
-
 void ParamServer::Impl::Stop(const Status& result) {
   absl::MutexLock lock(&mu_);
   if (stop_reason_.ok()) stop_reason_ = result;
@@ -412,15 +164,12 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
   }
 }
 
-bool ParamServer::Impl::IsFenced(const proto::NodeId& sender) const {
-  return sender.role() == proto::ROLE_WORKER && fenced_.contains(sender.id());
-}
-
 Status ParamServer::Impl::CheckNotFenced(const proto::NodeId& sender, proto::Method method) {
-  absl::ReaderMutexLock lock(&fence_mu_);
-  if (!IsFenced(sender)) return absl::OkStatus();
-  if (method == proto::PUSH) pushes_fenced_.fetch_add(1, std::memory_order_relaxed);
-  return FencedError(sender.id());
+  Status fenced = gate_.CheckNotFenced(sender);
+  if (!fenced.ok() && method == proto::PUSH) {
+    pushes_fenced_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return fenced;
 }
 
 Status ParamServer::Impl::HandleFenceWorkers(const Message& request, Message* reply) {
@@ -428,29 +177,13 @@ Status ParamServer::Impl::HandleFenceWorkers(const Message& request, Message* re
     return absl::InvalidArgumentError("FENCE_WORKERS without its body");
   }
   const proto::FenceWorkersRequest& body = request.header().fence_workers_request();
-  std::vector<uint32_t> added;
-  size_t fenced = 0;
-  {
-    absl::MutexLock lock(&fence_mu_);
-    for (uint32_t worker : body.worker_ids()) {
-      if (fenced_.insert(worker).second) {
-        // Under fence_mu_: no push of this worker is between its fence
-        // check and its record in dedup_ now, and none will be again.
-        dedup_->Forget(worker);
-        added.push_back(worker);
-      }
-    }
-    fenced = fenced_.size();
+  const WorkerGate::Fenced fenced =
+      gate_.Fence(std::span(body.worker_ids().data(), body.worker_ids().size()));
+  if (!fenced.added.empty()) {
+    LOG(INFO) << "fenced worker(s) " << absl::StrJoin(fenced.added, ", ") << " (membership epoch "
+              << body.membership_epoch() << "); " << fenced.total << " fenced in all";
   }
-  {
-    absl::MutexLock lock(&receipts_mu_);
-    for (uint32_t worker : added) last_receipts_.erase(worker);
-  }
-  if (!added.empty()) {
-    LOG(INFO) << "fenced worker(s) " << absl::StrJoin(added, ", ") << " (membership epoch "
-              << body.membership_epoch() << "); " << fenced << " fenced in all";
-  }
-  reply->header().mutable_fence_workers_reply()->set_fenced(fenced);
+  reply->header().mutable_fence_workers_reply()->set_fenced(fenced.total);
   return absl::OkStatus();
 }
 
@@ -599,19 +332,13 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   // applied.
   const proto::NodeId& sender = request.header().sender();
   RETURN_IF_ERROR(AdmitRows(sender));
-  bool first_time = true;
-  {
-    absl::ReaderMutexLock lock(&fence_mu_);
-    if (IsFenced(sender)) {
-      pushes_fenced_.fetch_add(1, std::memory_order_relaxed);
-      return FencedError(sender.id());
-    }
-    // Sequence numbers are per worker; other senders have no id space of
-    // their own to key them by.
-    if (sender.role() == proto::ROLE_WORKER) {
-      first_time = dedup_->FirstTime(sender.id(), request.header().push_request().client_seq());
-    }
+  const WorkerGate::Push admitted =
+      gate_.AdmitPush(sender, request.header().push_request().client_seq());
+  if (admitted == WorkerGate::Push::kFenced) {
+    pushes_fenced_.fetch_add(1, std::memory_order_relaxed);
+    return gate_.CheckNotFenced(sender);
   }
+  const bool first_time = admitted == WorkerGate::Push::kFirstTime;
   proto::PushReply* answer = reply->header().mutable_push_reply();
   const proto::PushRequest& push = request.header().push_request();
   // Receipts exist under CURVE only (no key otherwise): no lock on the way.
@@ -621,7 +348,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
       options_.security.curve && push.has_batch() && sender.role() == proto::ROLE_WORKER;
   if (!first_time) {
     if (receipted) {
-      answer->set_receipt(ReceiptFor(sender.id(), push.client_seq(), push.batch(), false));
+      answer->set_receipt(gate_.ReceiptFor(sender.id(), push.client_seq(), push.batch(), false));
     }
     VLOG(2) << "push " << request.header().push_request().client_seq() << " of worker "
             << sender.id() << " repeats one already applied";
@@ -658,7 +385,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     if (from <= before) dense_staleness_.Observe(before - from);
   }
   if (receipted) {
-    answer->set_receipt(ReceiptFor(sender.id(), push.client_seq(), push.batch(), true));
+    answer->set_receipt(gate_.ReceiptFor(sender.id(), push.client_seq(), push.batch(), true));
   }
   answer->set_applied(true);
   pushes_.fetch_add(1, std::memory_order_relaxed);

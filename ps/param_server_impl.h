@@ -1,6 +1,8 @@
-// ParamServer::Impl: the server's dispatch, fences and serving
-// (param_server.cc) and its storage handlers: CHECKPOINT, EXPORT and
-// RESTORE (param_server_storage.cc). Private to ps/.
+// ParamServer::Impl: the server's dispatch and serving (param_server.cc),
+// its session with the master, registration and rejoin
+// (param_server_session.cc), and its storage handlers: CHECKPOINT, EXPORT
+// and RESTORE (param_server_storage.cc). What passes from workers (fences,
+// pushes applied once, receipts) is its WorkerGate. Private to ps/.
 
 #ifndef EPS_PS_PARAM_SERVER_IMPL_H_
 #define EPS_PS_PARAM_SERVER_IMPL_H_
@@ -22,10 +24,10 @@
 #include "core/metrics.h"
 #include "core/status.h"
 #include "ps/param_server.h"
-#include "ps/push_deduplicator.h"
 #include "ps/row_quota.h"
 #include "ps/storage.h"
 #include "ps/table.h"
+#include "ps/worker_gate.h"
 #include "rpc/message.h"
 #include "rpc/rpc_server.h"
 #include "rpc/security.h"
@@ -36,7 +38,7 @@ namespace eps {
 class ParamServer::Impl {
  public:
   explicit Impl(const ParamServerOptions& options)
-      : options_(options), dedup_(std::make_unique<PushDeduplicator>()) {}
+      : options_(options) {}
   ~Impl() {
     RequestStop();
     if (session_) session_->Stop();
@@ -71,7 +73,6 @@ class ParamServer::Impl {
   Status HandleRestore(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);
   // FENCED when `sender` is a fenced worker (counting a refused push).
   Status CheckNotFenced(const proto::NodeId& sender, proto::Method method);
-  bool IsFenced(const proto::NodeId& sender) const ABSL_SHARED_LOCKS_REQUIRED(fence_mu_);
   // The table `table_id` if known; kInvalidArgument otherwise.
   StatusOr<Table*> FindTable(uint32_t table_id) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   // kFailedPrecondition/WRONG_OWNER unless this server owns every key;
@@ -150,33 +151,9 @@ class ParamServer::Impl {
   // fence_mu_ and mu_.
   absl::Mutex restore_mu_;
 
-  // Held shared while a request is checked against the fence and, for a
-  // push, recorded by dedup_; exclusively while workers are fenced. So a
-  // push is either recorded before its worker is fenced (and forgotten with
-  // it) or refused, and dedup_ never keeps state for a fenced worker. A
-  // restore replaces dedup_ (under both locks, exclusively): what was
-  // applied before it is gone, so a retry of it must be applied again.
-  mutable absl::Mutex fence_mu_ ABSL_ACQUIRED_AFTER(restore_mu_);
-  absl::flat_hash_set<uint32_t> fenced_ ABSL_GUARDED_BY(fence_mu_);
-  std::unique_ptr<PushDeduplicator> dedup_ ABSL_GUARDED_BY(fence_mu_);
-
-  // Under CURVE, from the master's registration answer: the key the
-  // receipts for pushes are made with (PushReply.receipt), and each
-  // worker's last receipt with its push's sequence number. A repeat of
-  // that push gets the receipt again; a repeat of an older one, or one
-  // naming another batch, gets none: a push applied once is one receipt.
-  // Taken after fence_mu_.
-  absl::Mutex receipts_mu_ ABSL_ACQUIRED_AFTER(fence_mu_);
-  std::optional<WorkerCredentials> receipt_key_ ABSL_GUARDED_BY(receipts_mu_);
-  struct LastReceipt {
-    uint64_t seq = 0;
-    std::string tag;
-  };
-  absl::flat_hash_map<uint32_t, LastReceipt> last_receipts_ ABSL_GUARDED_BY(receipts_mu_);
-  // The receipt for worker `sender`'s push `seq` of `batch`; `first_time`:
-  // applied now (else a repeat). Empty when none is due.
-  std::string ReceiptFor(uint32_t sender, uint64_t seq, const proto::WorkBatch& batch,
-                         bool first_time) ABSL_LOCKS_EXCLUDED(receipts_mu_);
+  // The fence list, the pushes applied and their receipts (a restore
+  // forgets the pushes, under restore_mu_).
+  WorkerGate gate_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);

@@ -109,8 +109,7 @@ Status ParamServer::Impl::HandleRestore(const Message& request, Message* reply) 
     // otherwise the pushes applied so far are gone (even after a failure:
     // the store then holds its last flushed state).
     if (!absl::IsNotFound(info.status()) && !absl::IsDataLoss(info.status())) {
-      absl::MutexLock fence_lock(&fence_mu_);
-      dedup_ = std::make_unique<PushDeduplicator>();
+      gate_.ForgetPushes();
     }
     if (info.ok() && import) {
       const uint32_t partitions = static_cast<uint32_t>(owned.size());
