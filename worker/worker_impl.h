@@ -1,6 +1,7 @@
 // Worker::Impl, shared by worker.cc (sessions: registration, heartbeats,
-// the training loop) and worker_step.cc (a step: its pulls, its math, its
-// pushes and commit through the step pipeline). Private to the worker.
+// the loader, the end of a session) and trainer.cc (the loop over a
+// session's batches, and a step: its pulls, its math, its pushes and commit
+// through the step pipeline). Private to the worker.
 
 #ifndef EPS_WORKER_WORKER_IMPL_H_
 #define EPS_WORKER_WORKER_IMPL_H_
@@ -123,6 +124,11 @@ class Worker::Impl {
   // One registration: trains until the job ends (OK), the worker is asked to
   // stop (OK), it is fenced (FENCED) or something fails.
   Status RunSession();
+  // The trainer (trainer.cc): trains the session's batches as the loader
+  // hands them over, one step each through the pipeline, pausing for
+  // checkpoints, reporting unreadable shards and logging progress lines,
+  // until the loader runs dry, the session is over or a step fails.
+  Status TrainBatches(Session& session, RpcChannel& master);
   Status Register(Session& session);
   StatusOr<proto::ClusterMap> FetchClusterMap(RpcChannel& master);
   StatusOr<proto::ClusterMap> AwaitClusterMap(RpcChannel& master);

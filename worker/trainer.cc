@@ -1,4 +1,5 @@
-// Worker::Impl's steps (worker_impl.h): the pulls a batch needs, its
+// Worker::Impl's trainer (worker_impl.h): the loop over a session's
+// batches (TrainBatches), and each step: the pulls a batch needs, its
 // forward and backward pass, and the push and commit it hands to the step
 // pipeline.
 
@@ -7,14 +8,103 @@
 #include <new>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "core/failpoint.h"
 #include "core/logging.h"
 #include "models/batch.h"
 #include "rpc/message.h"
 #include "worker/worker_impl.h"
 
 namespace eps {
+
+Status Worker::Impl::TrainBatches(Session& session, RpcChannel& master) {
+  const absl::Time started = absl::Now();
+  absl::Time last_progress = started;
+  uint64_t records_at_progress = records_committed_.load();
+  uint64_t session_records = 0;
+  double loss_sum_since = 0;
+  uint64_t loss_count_since = 0;
+  Status status;
+  // Looked up once a session, not once a batch.
+  const bool hang_trainer = FailpointArmed("worker.hang_trainer", session.self.id());
+  // The batch sizer times whole steps: from one step's hand-over to the
+  // pipeline to the next.
+  absl::Time step_ended = absl::Now();
+  while (std::shared_ptr<PreparedBatch> prepared = session.loader->Pop()) {
+    if (session.over.load()) break;  // fenced: nothing queued may land
+    if (!prepared->unreadable.empty()) {
+      // Every batch of the shard before it is committed: the master checks
+      // the file from there and skips the rest, or stops the job.
+      status = session.pipeline->Drain();
+      if (status.ok()) status = ReportUnreadable(session, master, *prepared);
+      if (!status.ok()) break;
+      continue;
+    }
+    // No step is in flight while the master asks to pause for a
+    // coordinated checkpoint: the moment to pause.
+    if (!BeginStep(session)) break;
+    // Until the pipeline takes the step (its on_end then ends it).
+    absl::Cleanup end_step = [&session] { EndStep(session); };
+    StepResult result;
+    if (prepared->batch.size() > 0) {
+      status = Train(session, prepared, &result);
+      if (!status.ok()) break;
+    }
+    const double loss_sum = result.loss_sum;
+    std::move(end_step).Cancel();  // the step's on_end ends it, queued or refused
+    status = session.pipeline->Enqueue(MakeStep(session, prepared, std::move(result)));
+    if (!status.ok()) break;
+    if (hang_trainer) {
+      // As a trainer stuck in a device call: in its next step, holding its
+      // shard, heartbeating, until the process is asked to stop.
+      LOG(WARNING) << "failpoint worker.hang_trainer=" << session.self.id()
+                   << ": the trainer hangs";
+      {
+        absl::MutexLock lock(&session.mu);
+        ++session.steps_in_flight;
+      }
+      while (!SleepUnlessStopping(absl::Hours(1))) {
+      }
+      break;
+    }
+    const absl::Time now = absl::Now();
+    if (prepared->shard.phase() == proto::TRAIN) {
+      const uint64_t records = static_cast<uint64_t>(prepared->batch.size());
+      session_records += records;
+      loss_sum_since += loss_sum;
+      loss_count_since += records;
+      if (std::optional<BatchSizer::Change> change =
+              batch_size_.StepDone(prepared->batch.size(), now - step_ended)) {
+        session.loader->SetBatchSize(change->to);
+      }
+      Throttle(started, session_records);
+    }
+    step_ended = now;
+    if (now - last_progress >= absl::Seconds(options_.job.job.progress_interval_s)) {
+      const uint64_t records = records_committed_.load();
+      std::string job;
+      {
+        absl::MutexLock lock(&mu_);
+        job = job_progress_;
+      }
+      LOG(INFO) << records << " records trained, "
+                << absl::StrFormat("%.0f", (records - records_at_progress) /
+                                               absl::ToDoubleSeconds(now - last_progress))
+                << " records/s, loss "
+                << (loss_count_since ? absl::StrFormat("%.5f", loss_sum_since / loss_count_since)
+                                     : std::string("n/a"))
+                << (prepared->shard.phase() == proto::EVAL ? " (evaluating)" : "") << "; " << job;
+      last_progress = now;
+      records_at_progress = records;
+      loss_sum_since = 0;
+      loss_count_since = 0;
+    }
+  }
+  return status;
+}
 
 Status Worker::Impl::PullParams(Session& session, PsClient& ps, Pulled which,
                                 std::span<const uint64_t> keys, ParamBuffers* params,
