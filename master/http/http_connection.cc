@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "core/json_text.h"
+#include "master/http/json_text.h"
 
 namespace eps {
 namespace {

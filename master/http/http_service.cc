@@ -22,7 +22,7 @@
 #include "core/logging.h"
 #include "httplib.h"
 #include "master/http/http_connection.h"
-#include "core/json_text.h"
+#include "master/http/json_text.h"
 
 namespace eps {
 namespace {

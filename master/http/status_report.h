@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "core/json_text.h"
+#include "master/http/json_text.h"
 #include "master/job_control.h"
 #include "nlohmann/json.hpp"
 

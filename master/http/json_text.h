@@ -1,9 +1,9 @@
-// JSON as text for what eps writes (/status, HTTP answers, status files).
+// JSON as text for what the master's HTTP port answers (/status, errors).
 //
 // Thread-safety: a pure function.
 
-#ifndef EPS_CORE_JSON_TEXT_H_
-#define EPS_CORE_JSON_TEXT_H_
+#ifndef EPS_MASTER_HTTP_JSON_TEXT_H_
+#define EPS_MASTER_HTTP_JSON_TEXT_H_
 
 #include <string>
 
@@ -18,4 +18,4 @@ std::string DumpJson(const nlohmann::json& doc);
 
 }  // namespace eps
 
-#endif  // EPS_CORE_JSON_TEXT_H_
+#endif  // EPS_MASTER_HTTP_JSON_TEXT_H_

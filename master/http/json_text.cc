@@ -1,4 +1,4 @@
-#include "core/json_text.h"
+#include "master/http/json_text.h"
 
 namespace eps {
 
