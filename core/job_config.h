@@ -211,6 +211,13 @@ struct JobConfig {
     // Longest time a changed row stays unwritten to the store, in ms, in
     // [1, 86400000] (a day). Default 1000.
     int64_t flush_interval_ms = 1000;
+    // How long a server keeps trying to reach the master (at startup, and
+    // when it stops answering), in seconds, in [0, 604800] (a week).
+    // Default 30.
+    int64_t master_wait_s = 30;
+    // Time one attempt of a server's call to the master may take, in ms,
+    // in [1, 86400000]. Default 10000.
+    int64_t rpc_timeout_ms = 10000;
     // "flush": a push is acknowledged once applied in memory (a crash loses
     // at most the last flush interval); "every_push": only once its rows
     // are in the store's write-ahead log (a crash loses no acknowledged
@@ -286,8 +293,9 @@ struct JobConfig {
     int64_t rpc_timeout_ms = 10000;
     // Attempts per remote call before it fails, in [1, 1000]. Default 3.
     int64_t rpc_attempts = 3;
-    // How long a worker or server keeps trying to reach the master at
-    // startup, in seconds, in [0, 604800] (a week). Default 30.
+    // How long a worker keeps trying to reach the master (at startup, and
+    // when it stops answering), in seconds, in [0, 604800] (a week).
+    // Default 30. A server's: ps.master_wait_s.
     int64_t master_wait_s = 30;
     // Caps a worker's training rate, in records/s, in [0, 1e9]; 0 = no cap.
     // For demos and tests of elasticity on small data. Default 0.

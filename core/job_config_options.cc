@@ -71,6 +71,9 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("ps.threads", &ps.threads, "request threads per server");
   v.Visit("ps.memory_budget_mb", &ps.memory_budget_mb, "hot-tier budget in MiB, 0 unlimited");
   v.Visit("ps.flush_interval_ms", &ps.flush_interval_ms, "longest time rows stay unflushed");
+  v.Visit("ps.master_wait_s", &ps.master_wait_s,
+          "seconds a server keeps trying to reach the master");
+  v.Visit("ps.rpc_timeout_ms", &ps.rpc_timeout_ms, "time per attempt of a server's call");
   v.Visit("ps.durability", &ps.durability, "flush or every_push");
   v.Visit("ps.dense_chunk_floats", &ps.dense_chunk_floats, "floats per dense-tensor chunk");
   v.Visit("ps.max_new_rows_s", &ps.max_new_rows_s,
@@ -99,7 +102,7 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("worker.rpc_timeout_ms", &worker.rpc_timeout_ms, "time per attempt of a call");
   v.Visit("worker.rpc_attempts", &worker.rpc_attempts, "attempts per call");
   v.Visit("worker.master_wait_s", &worker.master_wait_s,
-          "seconds to keep trying to reach the master at startup");
+          "seconds a worker keeps trying to reach the master");
   v.Visit("worker.compute_threads", &worker.compute_threads,
           "CPU threads of the model math; 0 = every core");
   v.Visit("worker.max_records_per_s", &worker.max_records_per_s,

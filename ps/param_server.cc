@@ -38,8 +38,8 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   ParamServerOptions options;
   options.threads = static_cast<int>(config.ps.threads);
   options.heartbeat = absl::Milliseconds(config.master.heartbeat_ms);
-  options.master_wait = absl::Seconds(config.worker.master_wait_s);
-  options.rpc_timeout = absl::Milliseconds(config.worker.rpc_timeout_ms);
+  options.master_wait = absl::Seconds(config.ps.master_wait_s);
+  options.rpc_timeout = absl::Milliseconds(config.ps.rpc_timeout_ms);
   options.progress_interval = absl::Seconds(config.job.progress_interval_s);
   options.storage.memory_budget_mb = config.ps.memory_budget_mb;
   options.storage.admission_memory_mb = config.ps.admission_memory_mb;

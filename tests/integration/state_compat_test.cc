@@ -79,6 +79,7 @@ std::string WriteJobConfig(const TempDir& dir) {
                                "[ps]\n"
                                "num_servers = 1\n"
                                "partitions = 16\n"
+                               "master_wait_s = 60\n"
                                "[worker]\n"
                                "batch_size = 256\n"
                                "master_wait_s = 60\n"

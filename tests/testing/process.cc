@@ -158,6 +158,8 @@ std::string WriteFaultJobConfig(const std::string& dir, const std::string& name,
                                "[ps]\n"
                                "num_servers = 2\n"
                                "partitions = 16\n"
+                               "master_wait_s = 60\n"
+                               "rpc_timeout_ms = 2000\n"
                                "[worker]\n"
                                "batch_size = 1024\n"
                                "master_wait_s = 60\n"
