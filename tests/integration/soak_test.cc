@@ -80,8 +80,6 @@ std::string WriteJobConfig(const TempDir& dir, int64_t epochs) {
                                "[ps]\n"
                                "num_servers = 2\n"
                                "partitions = 16\n"
-                               "master_wait_s = 60\n"
-                               "rpc_timeout_ms = 2000\n"
                                "[worker]\n"
                                "batch_size = 256\n"
                                "max_records_per_s = ", kRecordsPerWorkerPerS, "\n"

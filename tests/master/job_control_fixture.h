@@ -314,6 +314,14 @@ class JobControlLivenessTest : public JobControlTest {
     return Commit(0, request, now.value_or(At(100 + i)));
   }
 
+  // Worker 0's commit of the 2 records of `eval` (StartEvaluating), labels
+  // 1 and 0, with `predictions`.
+  Status CommitEvaluation(const proto::ShardAssignment& eval, std::vector<float> predictions) {
+    proto::CommitProgressReply reply;
+    return control_->Commit(WorkerNode(0), CommitOf(eval, eval.start(), 2),
+                            std::vector<float>{1, 0}, predictions, At(300), &reply);
+  }
+
   void ExpectStoppedWith(const std::string& words) {
     EXPECT_TRUE(control_->over());
     EXPECT_EQ(control_->progress().phase(), JobPhase::kFailed);

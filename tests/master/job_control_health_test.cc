@@ -150,11 +150,8 @@ TEST_F(JobControlLivenessTest, NoCheckpointIsTakenWhileTheLossIsPastTheFactor) {
 
 TEST_F(JobControlLivenessTest, ANaNPredictionInTheEvaluationStopsTheJob) {
   const proto::ShardAssignment eval = StartEvaluating();
-  const std::vector<float> labels = {1, 0};
-  const std::vector<float> predictions = {0.7f, std::numeric_limits<float>::quiet_NaN()};
-  proto::CommitProgressReply reply;
-  const Status refused = control_->Commit(WorkerNode(0), CommitOf(eval, eval.start(), 2), labels,
-                                          predictions, At(300), &reply);
+  const Status refused =
+      CommitEvaluation(eval, {0.7f, std::numeric_limits<float>::quiet_NaN()});
   EXPECT_EQ(ReasonOf(refused), proto::JOB_OVER);
   ExpectStoppedWith("the model diverged: worker[0] predicted NaN for the evaluation");
   EXPECT_FALSE(control_->progress().eval_auc().has_value()) << "never evaluated";
@@ -162,12 +159,8 @@ TEST_F(JobControlLivenessTest, ANaNPredictionInTheEvaluationStopsTheJob) {
 
 TEST_F(JobControlLivenessTest, AnEvaluationWorseThanKnowingNothingIsNeverFinished) {
   const proto::ShardAssignment eval = StartEvaluating();
-  proto::CommitProgressReply reply;
   // Certain and wrong on every record: a clamped log loss of 16.1.
-  ASSERT_TRUE(control_
-                  ->Commit(WorkerNode(0), CommitOf(eval, eval.start(), 2), std::vector<float>{1, 0},
-                           std::vector<float>{0.0f, 1.0f}, At(300), &reply)
-                  .ok());
+  ASSERT_TRUE(CommitEvaluation(eval, {0.0f, 1.0f}).ok());
   ExpectStoppedWith(
       "the model diverged: its evaluation log loss, 16.11810, is over "
       "job.divergence_factor (2) times that of a model that knows nothing");
@@ -177,12 +170,7 @@ TEST_F(JobControlLivenessTest, AnEvaluationWorseThanKnowingNothingIsNeverFinishe
 // An out-of-range finite prediction is a broken request, not a model.
 TEST_F(JobControlLivenessTest, AnOutOfRangePredictionIsABadRequest) {
   const proto::ShardAssignment eval = StartEvaluating();
-  proto::CommitProgressReply reply;
-  EXPECT_EQ(control_
-                ->Commit(WorkerNode(0), CommitOf(eval, eval.start(), 2), std::vector<float>{1, 0},
-                         std::vector<float>{1.5f, 0.2f}, At(300), &reply)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CommitEvaluation(eval, {1.5f, 0.2f}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(control_->over());
 }
 

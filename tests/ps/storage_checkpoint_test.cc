@@ -313,10 +313,7 @@ TEST(ServerStorage, RestoreWhileOpenReplacesEveryRowAndWritesNoDiscardedOne) {
 
 TEST(ServerStorage, FlusherRunsAgainAfterRestore) {
   TempDir temp;
-  StorageOptions options;
-  options.data_dir = temp.path();
-  options.flush_interval = absl::Milliseconds(10);
-  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  std::unique_ptr<ServerStorage> storage = OpenFlushingOften(temp.path());
   ASSERT_NE(storage, nullptr);
   StatusOr<CheckpointInfo> checkpoint = storage->Checkpoint(1);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();

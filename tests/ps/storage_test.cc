@@ -389,10 +389,7 @@ TEST(ServerStorage, AdmittedRowsAreStoredAndReadBackOverBudget) {
 
 TEST(ServerStorage, FlusherWritesChangedRows) {
   TempDir temp;
-  StorageOptions options;
-  options.data_dir = temp.path();
-  options.flush_interval = absl::Milliseconds(10);
-  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  std::unique_ptr<ServerStorage> storage = OpenFlushingOften(temp.path());
   ASSERT_NE(storage, nullptr);
   PushAll(*storage, 0, Keys(1, 100), 1.0f);
   const absl::Time deadline = absl::Now() + absl::Seconds(20);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "ps/storage.h"
 #include "tests/testing/temp_dir.h"
@@ -46,6 +47,14 @@ inline std::unique_ptr<ServerStorage> MustOpen(const StorageOptions& options,
   Status created = (*storage)->CreateTables(job);
   EXPECT_TRUE(created.ok()) << created;
   return created.ok() ? *std::move(storage) : nullptr;
+}
+
+// A storage in `dir` that flushes every 10 ms.
+inline std::unique_ptr<ServerStorage> OpenFlushingOften(const std::string& dir) {
+  StorageOptions options;
+  options.data_dir = dir;
+  options.flush_interval = absl::Milliseconds(10);
+  return MustOpen(options);
 }
 
 inline std::vector<uint64_t> Keys(uint64_t first, size_t n) {

@@ -45,10 +45,7 @@ TEST_F(PsClientTest, WaitsForANewOwnerThatLearnsTheMapLate) {
   servers_[1]->AdoptMapAfterRefusals(8, moved);
   refreshed_map_ = moved;
   const std::vector<uint64_t> wide = MakeKeys(100);
-  CallOptions call;
-  call.attempt_timeout = absl::Seconds(2);
-  call.max_attempts = 1;
-  std::unique_ptr<PsClient> client = MakeClient(size_t{4} << 20, call);
+  std::unique_ptr<PsClient> client = ClientGivingUpAfter(absl::Seconds(2), 1);
   const std::vector<PsClient::Keys> tables = {{kWide, wide}};
   std::vector<std::vector<float>> out;
   const Status status = client->Pull(tables, &out);
@@ -60,17 +57,10 @@ TEST_F(PsClientTest, WaitsForANewOwnerThatLearnsTheMapLate) {
 TEST_F(PsClientTest, EndlessWrongOwnerFailsWithinTheCallTime) {
   // Server 0 refuses its keys and nobody else takes them.
   servers_[0]->SetMap(MovePartitions(/*from=*/0, /*to=*/1));
-  CallOptions call;
-  call.attempt_timeout = absl::Milliseconds(150);
-  call.max_attempts = 2;
-  std::unique_ptr<PsClient> client = MakeClient(size_t{4} << 20, call);
-  const std::vector<uint64_t> wide = MakeKeys(50);
-  const std::vector<PsClient::Keys> tables = {{kWide, wide}};
-  std::vector<std::vector<float>> out;
-  const absl::Time start = absl::Now();
-  const Status status = client->Pull(tables, &out);
+  absl::Duration took;
+  const Status status = PullGivingUp(absl::Milliseconds(150), 2, &took);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(took, absl::Seconds(2));
   EXPECT_GE(refreshes_, 1);
 }
 
@@ -80,11 +70,8 @@ TEST_F(PsClientTest, RetriesNotReadyUntilTheServerHasTheMap) {
   const std::vector<uint64_t> wide = MakeKeys(120);
   const std::vector<uint64_t> deep = MakeKeys(60, /*salt=*/300);
   std::unique_ptr<PsClient> client = MakeClient();
+  ASSERT_NO_FATAL_FAILURE(ExpectPulls(*client, wide, deep));
   const std::vector<PsClient::Keys> tables = {{kWide, wide}, {kDeep, deep}};
-  std::vector<std::vector<float>> out;
-  ASSERT_TRUE(client->Pull(tables, &out).ok());
-  ExpectRows(kWide, wide, out[0]);
-  ExpectRows(kDeep, deep, out[1]);
   EXPECT_EQ(servers_[1]->requests(), 4);
   EXPECT_EQ(servers_[0]->requests(), 1);
   EXPECT_EQ(refreshes_, 0);  // NOT_READY is no reason to refetch the map
@@ -103,17 +90,10 @@ TEST_F(PsClientTest, RetriesNotReadyUntilTheServerHasTheMap) {
 TEST_F(PsClientTest, NotReadyForeverFailsWithinTheCallTime) {
   servers_[2]->FailNext(
       -1, ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet", proto::NOT_READY));
-  CallOptions call;
-  call.attempt_timeout = absl::Milliseconds(100);
-  call.max_attempts = 2;
-  std::unique_ptr<PsClient> client = MakeClient(size_t{4} << 20, call);
-  const std::vector<uint64_t> wide = MakeKeys(50);
-  const std::vector<PsClient::Keys> tables = {{kWide, wide}};
-  std::vector<std::vector<float>> out;
-  const absl::Time start = absl::Now();
-  const Status status = client->Pull(tables, &out);
+  absl::Duration took;
+  const Status status = PullGivingUp(absl::Milliseconds(100), 2, &took);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(took, absl::Seconds(2));
 }
 
 // A server telling the worker to slow down (its row quota) did nothing:
@@ -133,10 +113,7 @@ TEST_F(PsClientTest, SlowDownIsWaitedOutAndNamedWhenItLasts) {
   EXPECT_EQ(refreshes_, 0);
 
   servers_[1]->FailNext(-1, slow_down);
-  CallOptions call;
-  call.attempt_timeout = absl::Milliseconds(100);
-  call.max_attempts = 2;
-  std::unique_ptr<PsClient> impatient = MakeClient(size_t{4} << 20, call);
+  std::unique_ptr<PsClient> impatient = ClientGivingUpAfter(absl::Milliseconds(100), 2);
   const Status status = impatient->Pull(tables, &out);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(status.message(), HasSubstr("ps.max_new_rows_per_worker_s"));
@@ -146,10 +123,7 @@ TEST_F(PsClientTest, DeadServerIsDeadlineExceededNamingIt) {
   // Server 1's port is closed: nobody listens there any more.
   const std::string dead = MoveServerOneToAClosedPort();
   ASSERT_FALSE(dead.empty());
-  CallOptions call;
-  call.attempt_timeout = absl::Milliseconds(100);
-  call.max_attempts = 2;
-  std::unique_ptr<PsClient> client = MakeClient(size_t{4} << 20, call);
+  std::unique_ptr<PsClient> client = ClientGivingUpAfter(absl::Milliseconds(100), 2);
   const std::vector<uint64_t> wide = MakeKeys(100);
   const std::vector<float> wide_grads = GradsFor(kWide, wide);
   const std::vector<PsClient::Keys> tables = {{kWide, wide}};
@@ -170,10 +144,7 @@ TEST_F(PsClientTest, DeadServerIsDeadlineExceededNamingIt) {
 TEST_F(PsClientTest, AbandonedCallsFailAtOnceWithAborted) {
   const std::string dead = MoveServerOneToAClosedPort();
   ASSERT_FALSE(dead.empty());
-  CallOptions call;
-  call.attempt_timeout = absl::Seconds(20);
-  call.max_attempts = 3;
-  std::unique_ptr<PsClient> client = MakeClient(size_t{4} << 20, call);
+  std::unique_ptr<PsClient> client = ClientGivingUpAfter(absl::Seconds(20), 3);
   const absl::Time start = absl::Now();
   client->set_abandon([start] { return absl::Now() - start > absl::Milliseconds(200); });
   const std::vector<uint64_t> wide = MakeKeys(100);

@@ -158,11 +158,7 @@ TEST_F(PsClientTest, PullReroutesRefusedKeysAfterWrongOwner) {
   const std::vector<uint64_t> wide = MakeKeys(300);
   const std::vector<uint64_t> deep = MakeKeys(100, /*salt=*/400);
   std::unique_ptr<PsClient> client = MakeClient();
-  const std::vector<PsClient::Keys> tables = {{kWide, wide}, {kDeep, deep}};
-  std::vector<std::vector<float>> out;
-  ASSERT_TRUE(client->Pull(tables, &out).ok());
-  ExpectRows(kWide, wide, out[0]);
-  ExpectRows(kDeep, deep, out[1]);
+  ASSERT_NO_FATAL_FAILURE(ExpectPulls(*client, wide, deep));
   EXPECT_EQ(refreshes_, 1);
   EXPECT_EQ(client->map_version(), 2u);
 

@@ -314,6 +314,37 @@ class PsClientTest : public ::testing::Test {
     return client;
   }
 
+  // Pulls `wide` and `deep` with `client` and expects every row.
+  static void ExpectPulls(PsClient& client, const std::vector<uint64_t>& wide,
+                          const std::vector<uint64_t>& deep) {
+    const std::vector<PsClient::Keys> tables = {{kWide, wide}, {kDeep, deep}};
+    std::vector<std::vector<float>> out;
+    ASSERT_TRUE(client.Pull(tables, &out).ok());
+    ExpectRows(kWide, wide, out[0]);
+    ExpectRows(kDeep, deep, out[1]);
+  }
+
+  // A client whose calls get `attempts` attempts of `attempt_timeout` each.
+  std::unique_ptr<PsClient> ClientGivingUpAfter(absl::Duration attempt_timeout, int attempts) {
+    CallOptions call;
+    call.attempt_timeout = attempt_timeout;
+    call.max_attempts = attempts;
+    return MakeClient(size_t{4} << 20, call);
+  }
+
+  // A pull of 50 keys by a client whose calls get `attempts` attempts of
+  // `attempt_timeout` each: what it ended with, and how long it took.
+  Status PullGivingUp(absl::Duration attempt_timeout, int attempts, absl::Duration* took) {
+    std::unique_ptr<PsClient> client = ClientGivingUpAfter(attempt_timeout, attempts);
+    const std::vector<uint64_t> wide = MakeKeys(50);
+    const std::vector<PsClient::Keys> tables = {{kWide, wide}};
+    std::vector<std::vector<float>> out;
+    const absl::Time start = absl::Now();
+    const Status status = client->Pull(tables, &out);
+    *took = absl::Now() - start;
+    return status;
+  }
+
   static CallOptions Patient() {
     CallOptions call;
     call.attempt_timeout = absl::Seconds(3);
