@@ -123,19 +123,14 @@ Status Membership::TakeRegistration(absl::Time now) {
   }
   const double capacity = static_cast<double>(max_workers);
   const double refill = std::max(8.0, capacity / 8);
-  registrations_left_ =
-      registrations_refilled_ == absl::InfinitePast()
-          ? capacity
-          : std::min(capacity, registrations_left_ +
-                                   refill * absl::ToDoubleSeconds(now - registrations_refilled_));
-  registrations_refilled_ = now;
-  if (registrations_left_ < 1) {
+  if (!registrations_.has_value()) registrations_.emplace(capacity, refill, now);
+  registrations_->Refill(now);
+  if (!registrations_->TakeOne()) {
     return ErrorWithReason(absl::StatusCode::kResourceExhausted,
                            absl::StrCat("more than ", refill,
                                         " worker registrations a second; wait and ask again"),
                            proto::SLOW_DOWN);
   }
-  registrations_left_ -= 1;
   return absl::OkStatus();
 }
 

@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "core/job_config.h"
 #include "core/status.h"
+#include "core/token_bucket.h"
 #include "master/event_log.h"
 #include "proto/eps.pb.h"
 
@@ -274,9 +275,8 @@ class Membership {
   std::map<uint32_t, WorkerEntry> workers_;
   std::map<uint32_t, ServerEntry> servers_;
   uint32_t next_worker_id_ = 0;
-  // See TakeRegistration.
-  double registrations_left_ = 0;
-  absl::Time registrations_refilled_ = absl::InfinitePast();
+  // See TakeRegistration; made full at the first registration.
+  std::optional<TokenBucket> registrations_;
   uint32_t next_server_id_ = 0;
   proto::ClusterMap cluster_map_;
   uint64_t generation_ = 0;

@@ -7,13 +7,6 @@
 
 namespace eps {
 
-void RowQuota::Refill(Bucket& bucket, uint64_t capacity, absl::Time now) {
-  const double elapsed = std::max(0.0, absl::ToDoubleSeconds(now - bucket.refilled));
-  bucket.tokens = std::min<double>(static_cast<double>(capacity),
-                                   bucket.tokens + elapsed * static_cast<double>(capacity));
-  bucket.refilled = now;
-}
-
 Status RowQuota::Admit(uint32_t worker) {
   // Every pull and push asks: once no worker creates rows, no lock.
   if (kept_.load(std::memory_order_relaxed) == 0 && total_full_.load(std::memory_order_relaxed)) {
@@ -22,10 +15,10 @@ Status RowQuota::Admit(uint32_t worker) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   if (total_rows_s_ > 0 && !total_full_.load(std::memory_order_relaxed)) {
-    Refill(total_, total_rows_s_, now);
-    if (total_.tokens >= static_cast<double>(total_rows_s_)) {
+    total_.Refill(now);
+    if (total_.full()) {
       total_full_.store(true, std::memory_order_relaxed);
-    } else if (total_.tokens <= 0) {
+    } else if (total_.tokens() <= 0) {
       return ErrorWithReason(
           absl::StatusCode::kResourceExhausted,
           absl::StrCat("the workers together created more than ps.max_new_rows_s = ",
@@ -35,13 +28,13 @@ Status RowQuota::Admit(uint32_t worker) {
   }
   auto it = buckets_.find(worker);
   if (it == buckets_.end()) return absl::OkStatus();  // full
-  Refill(it->second, rows_per_s_, now);
-  if (it->second.tokens >= static_cast<double>(rows_per_s_)) {
+  it->second.Refill(now);
+  if (it->second.full()) {
     buckets_.erase(it);  // as good as new
     kept_.store(buckets_.size(), std::memory_order_relaxed);
     return absl::OkStatus();
   }
-  if (it->second.tokens > 0) return absl::OkStatus();
+  if (it->second.tokens() > 0) return absl::OkStatus();
   return ErrorWithReason(
       absl::StatusCode::kResourceExhausted,
       absl::StrCat("worker ", worker, " created more than ps.max_new_rows_per_worker_s = ",
@@ -54,25 +47,26 @@ void RowQuota::Charge(uint32_t worker, uint64_t rows) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   if (total_rows_s_ > 0) {
+    const double total = static_cast<double>(total_rows_s_);
     if (total_full_.load(std::memory_order_relaxed)) {
-      total_ = Bucket{static_cast<double>(total_rows_s_), now};
+      total_ = TokenBucket(total, total, now);
     } else {
-      Refill(total_, total_rows_s_, now);
+      total_.Refill(now);
     }
-    total_.tokens -= static_cast<double>(rows);
+    total_.Spend(static_cast<double>(rows));
     total_full_.store(false, std::memory_order_relaxed);
   }
   if (rows_per_s_ == 0) return;
-  auto [it, added] =
-      buckets_.try_emplace(worker, Bucket{static_cast<double>(rows_per_s_), now});
-  if (!added) Refill(it->second, rows_per_s_, now);
-  it->second.tokens -= static_cast<double>(rows);
+  const double per_s = static_cast<double>(rows_per_s_);
+  TokenBucket& bucket = buckets_.try_emplace(worker, TokenBucket(per_s, per_s, now)).first->second;
+  bucket.Refill(now);
+  bucket.Spend(static_cast<double>(rows));
   // Forget the buckets that have refilled: they are as good as new.
   constexpr size_t kSweepAbove = 1024;
   if (buckets_.size() > kSweepAbove) {
     absl::erase_if(buckets_, [&](auto& entry) {
-      Refill(entry.second, rows_per_s_, now);
-      return entry.second.tokens >= static_cast<double>(rows_per_s_);
+      entry.second.Refill(now);
+      return entry.second.full();
     });
   }
   kept_.store(buckets_.size(), std::memory_order_relaxed);

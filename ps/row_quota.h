@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/clock.h"
 #include "core/status.h"
+#include "core/token_bucket.h"
 
 namespace eps {
 
@@ -35,7 +36,11 @@ class RowQuota {
   // `rows_per_s` per worker and `total_rows_s` for all together, 0:
   // unlimited. `clock` must outlive this.
   RowQuota(uint64_t rows_per_s, const Clock* clock, uint64_t total_rows_s = 0)
-      : rows_per_s_(rows_per_s), total_rows_s_(total_rows_s), clock_(clock) {}
+      : rows_per_s_(rows_per_s),
+        total_rows_s_(total_rows_s),
+        clock_(clock),
+        total_(static_cast<double>(total_rows_s), static_cast<double>(total_rows_s),
+               absl::InfinitePast()) {}
 
   // OK when `worker` may create rows now; kResourceExhausted with reason
   // SLOW_DOWN while it, or all workers together, owe rows.
@@ -46,22 +51,15 @@ class RowQuota {
   size_t workers_kept() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Bucket {
-    double tokens = 0;
-    absl::Time refilled;
-  };
-  // Refills `bucket` (of `capacity` rows a second) up to now.
-  static void Refill(Bucket& bucket, uint64_t capacity, absl::Time now);
-
   const uint64_t rows_per_s_;
   const uint64_t total_rows_s_;
   const Clock* const clock_;
   mutable absl::Mutex mu_;
   // Only workers whose bucket is not full.
-  absl::flat_hash_map<uint32_t, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, TokenBucket> buckets_ ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> kept_{0};  // buckets_.size(), read without mu_
   // All workers' bucket, and whether it is full (read without mu_).
-  Bucket total_ ABSL_GUARDED_BY(mu_);
+  TokenBucket total_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> total_full_{true};
 };
 

@@ -409,18 +409,15 @@ Status RpcServer::TakeRateLimited(const std::string& routing_id) {
   // Connections whose buckets have refilled are as good as new: forgotten,
   // so the map holds only connections that called recently.
   if (rate_buckets_.size() >= 1024) {
-    absl::erase_if(rate_buckets_, [&](const auto& entry) {
-      return entry.second.left + per_s * absl::ToDoubleSeconds(now - entry.second.refilled) >= burst;
+    absl::erase_if(rate_buckets_, [&](auto& entry) {
+      entry.second.Refill(now);
+      return entry.second.full();
     });
   }
-  auto [it, fresh] = rate_buckets_.try_emplace(routing_id, Bucket{.left = burst, .refilled = now});
-  Bucket& bucket = it->second;
-  if (!fresh) {
-    bucket.left =
-        std::min(burst, bucket.left + per_s * absl::ToDoubleSeconds(now - bucket.refilled));
-    bucket.refilled = now;
-  }
-  if (bucket.left < 1) {
+  TokenBucket& bucket =
+      rate_buckets_.try_emplace(routing_id, TokenBucket(burst, per_s, now)).first->second;
+  bucket.Refill(now);
+  if (!bucket.TakeOne()) {
     limited_.fetch_add(1, std::memory_order_relaxed);
     return ErrorWithReason(
         absl::StatusCode::kResourceExhausted,
@@ -429,7 +426,6 @@ Status RpcServer::TakeRateLimited(const std::string& routing_id) {
                      " a second at most); wait and ask again"),
         proto::SLOW_DOWN);
   }
-  bucket.left -= 1;
   return absl::OkStatus();
 }
 

@@ -44,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/status.h"
+#include "core/token_bucket.h"
 #include "rpc/message.h"
 #include "rpc/security.h"
 #include "rpc/socket_factory.h"
@@ -181,12 +182,8 @@ class RpcServer {
   absl::Mutex refusals_mu_;
   // The peers whose refusal was logged.
   absl::flat_hash_set<std::string> refusals_logged_ ABSL_GUARDED_BY(refusals_mu_);
-  struct Bucket {
-    double left = 0;
-    absl::Time refilled;
-  };
   absl::Mutex rate_mu_;
-  absl::flat_hash_map<std::string, Bucket> rate_buckets_ ABSL_GUARDED_BY(rate_mu_);
+  absl::flat_hash_map<std::string, TokenBucket> rate_buckets_ ABSL_GUARDED_BY(rate_mu_);
   std::thread proxy_thread_;
   std::vector<std::thread> handler_threads_;
 };
