@@ -15,13 +15,15 @@
 //   ps.crash_in_checkpoint=N  a parameter server kills itself (SIGKILL) once
 //                             checkpoint N is written, before it replies
 //                             (ps/storage.cc).
+//   ps.fail_expiry=N          a parameter server's sweep of expired rows
+//                             after N passes fails (ps/storage.cc).
 //   worker.hang_trainer=ID    worker ID's trainer hangs after its first
 //                             committed batch, in its step and holding its
 //                             shard, while its heartbeats go on, until the
-//                             process is asked to stop (worker/worker.cc).
+//                             process is asked to stop (worker/trainer.cc).
 //   worker.oom_above=N        a worker's step over N records fails as out of
 //                             memory (std::bad_alloc), as a device's would
-//                             (worker/worker.cc).
+//                             (worker/trainer.cc).
 //
 // Thread-safety: safe for concurrent use.
 

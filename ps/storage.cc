@@ -212,6 +212,7 @@ void ServerStorage::StartFlusher() {
     // count of before it would expire rows the checkpoint brought back).
     absl::MutexLock lock(&mu_);
     swept_through_.reset();
+    failed_through_.reset();
     passes_due_.reset();
   }
   if (store) flusher_ = std::thread([this] { FlushLoop(); });
@@ -267,7 +268,8 @@ void ServerStorage::ExpireLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || (passes_due_.has_value() && swept_through_ != passes_due_);
+        return stopping_ || (passes_due_.has_value() && swept_through_ != passes_due_ &&
+                             failed_through_ != passes_due_);
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
@@ -277,9 +279,10 @@ void ServerStorage::ExpireLoop() {
     const Status swept = ExpireLocked(due);
     if (swept.ok()) continue;
     LOG(ERROR) << "deleting expired rows: " << swept;
-    // Again at the next pass (or stop), not in a loop.
+    // Again at the next pass (or stop), not in a loop; an export before
+    // then sweeps again.
     absl::MutexLock lock(&mu_);
-    swept_through_ = due;
+    failed_through_ = due;
   }
 }
 
@@ -292,6 +295,10 @@ Status ServerStorage::ExpireLocked(uint32_t passes_done) {
   const absl::Time start = absl::Now();
   uint64_t expired = 0;
   Status result;
+  if (FailpointArmed("ps.fail_expiry", passes_done)) {
+    return absl::UnavailableError(
+        absl::StrCat("failpoint ps.fail_expiry=", passes_done, ": the sweep fails"));
+  }
   for (const std::unique_ptr<Table>& table : tables_) {
     const uint64_t stored = store_ != nullptr ? store_->ApproximateRows(table->spec().id()) : 0;
     StatusOr<uint64_t> rows = table->Expire(passes_done);

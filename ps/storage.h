@@ -312,6 +312,9 @@ class ServerStorage {
   // a restored server must not expire by the pass count of before it.
   std::optional<uint32_t> passes_due_ ABSL_GUARDED_BY(mu_);
   std::optional<uint32_t> swept_through_ ABSL_GUARDED_BY(mu_);
+  // The passes done whose background sweep failed: the expirer waits for
+  // the next pass, but the export sweeps again (a failed sweep is no sweep).
+  std::optional<uint32_t> failed_through_ ABSL_GUARDED_BY(mu_);
   uint64_t rows_expired_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
