@@ -39,8 +39,11 @@ WaitBounds::Verdict WaitBounds::Check(const Facts& facts, absl::Time now) {
                              " s): a hung trainer?"));
   }
 
-  // An export due needs no worker.
-  if (facts.workers_alive > 0 || facts.recovering || facts.export_due ||
+  // The holders fenced now are alive no more (each is alive and named
+  // once). An export due needs no worker.
+  const size_t workers_alive =
+      facts.workers_alive - std::min(facts.workers_alive, verdict.fence.size());
+  if (workers_alive > 0 || facts.recovering || facts.export_due ||
       job_.master.worker_wait_s == 0) {
     no_workers_since_ = absl::InfiniteFuture();
   } else if (no_workers_since_ == absl::InfiniteFuture()) {

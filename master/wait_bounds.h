@@ -47,8 +47,10 @@ class WaitBounds {
     size_t servers_alive = 0;
     bool all_servers_alive = true;
     size_t workers_alive = 0;
-    // Each alive holder of a shard in progress, with its last progress or
-    // the end of a checkpoint round that held it back, whichever is later.
+    // Each alive holder of a shard in progress (once), with its last
+    // progress or the end of a checkpoint round that held it back,
+    // whichever is later. Those fenced by the verdict count as not alive
+    // for the workers' wait.
     std::vector<std::pair<uint32_t, absl::Time>> holders;
     uint64_t checkpoint_failures = 0;
     std::string last_checkpoint_failure;

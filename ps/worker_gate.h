@@ -1,13 +1,14 @@
 // WorkerGate: what a parameter server lets through from workers. The fence
-// list, which pushes were applied, and the receipts of applied pushes, under
-// one reader-writer lock:
+// list and which pushes were applied, under one reader-writer lock, and the
+// receipts of applied pushes, under a second one taken after it:
 //   - a fenced worker's PULL and PUSH are refused FENCED;
 //   - a push passes the fence and is recorded (PushDeduplicator: applied
 //     once per server process) in one step with the lock held shared, and
 //     fencing takes it exclusively and forgets the worker's pushes and its
 //     last receipt: so a push is either recorded before its worker is
-//     fenced (and forgotten with it) or refused, and nothing is kept for a
-//     fenced worker;
+//     fenced (and forgotten with it) or refused, and no push record is
+//     kept for a fenced worker (a push admitted just before its fence may
+//     still leave its receipt, which no later push of the worker can use);
 //   - under CURVE (SetReceiptKey) an applied push earns a receipt,
 //     HMAC(K, worker, batch) (WorkerCredentials::Receipt). A repeat of the
 //     worker's last push gets it again; a repeat of an older one, or one

@@ -14,7 +14,8 @@
 // serving socket admits only peers whose public key public_keys lists, and
 // knows their role from it (ZapAuthenticator, a ZAP handler); RpcServer then
 // refuses a request whose envelope claims another role, or whose method
-// that role may not call (AuthorizeCall), with PERMISSION_DENIED.
+// that role may not call (the authorizer it was given: cluster/call_table.h's
+// AuthorizeCall), with PERMISSION_DENIED.
 //
 // Thread-safety: SecurityOptions is a value; ZapAuthenticator is safe for
 // concurrent use of its counters.

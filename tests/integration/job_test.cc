@@ -329,7 +329,7 @@ TEST(Job, UnreachableMasterFailsWithinTheWaitAndSaysSo) {
     // Port 1 on loopback: nobody listens there.
     auto [code, output] =
         RunToExit(dir, {BinaryPath(binary), "--config", config, "--master", "tcp://127.0.0.1:1",
-                        "--data.train=x", "--worker.master_wait_s=2",
+                        "--data.train=x", "--worker.master_wait_s=2", "--ps.master_wait_s=2",
                         JobKeysFlag(dir.Join("keys"))});
     const absl::Duration took = absl::Now() - start;
     EXPECT_EQ(code, 1) << binary << ": " << output;

@@ -105,6 +105,17 @@ TEST_F(WaitBoundsTest, TimeARecoveryHeldEveryWorkerDoesNotCount) {
   EXPECT_EQ(bounds_.Check(facts, At(9.5)).fence.size(), 1u);
 }
 
+TEST_F(WaitBoundsTest, TheLastWorkerFencedStartsTheWorkersWaitAtOnce) {
+  WaitBounds::Facts facts = Training();
+  facts.holders = {{3, At(0)}};
+  ASSERT_EQ(bounds_.Check(facts, At(6)).fence.size(), 1u);
+  ASSERT_TRUE(bounds_.WorkersWait(At(6)).has_value()) << "its only worker is fenced";
+  facts.holders.clear();
+  facts.workers_alive = 0;
+  EXPECT_TRUE(bounds_.Check(facts, At(26)).stop.empty());
+  EXPECT_FALSE(bounds_.Check(facts, At(27)).stop.empty()) << "20 s from the fence";
+}
+
 TEST_F(WaitBoundsTest, NoWorkerForTheWorkerWaitStopsTheJobResumably) {
   WaitBounds::Facts facts = Training();
   facts.workers_alive = 0;
