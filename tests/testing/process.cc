@@ -387,21 +387,39 @@ StatusOr<int> LocalJob::WaitForMaster(absl::Duration timeout) {
   return absl::DeadlineExceededError(what);
 }
 
+// The stacks of every thread of `process`, when gdb is there to read them
+// (for a process that does not exit: where it waits); empty otherwise.
+static std::string ThreadStacks(const std::string& dir, const std::string& name,
+                                Process& process) {
+  if (!std::filesystem::exists("/usr/bin/gdb")) return "";
+  const std::string log = absl::StrCat(dir, "/", name, ".stacks");
+  StatusOr<std::unique_ptr<Process>> gdb = Process::Start(
+      {"/usr/bin/gdb", "-p", std::to_string(process.pid()), "-batch", "-nx", "-ex",
+       "thread apply all bt"},
+      log);
+  if (!gdb.ok() || !(*gdb)->Wait(absl::Seconds(60)).has_value()) return "";
+  std::string stacks = (*gdb)->Log();
+  if (stacks.size() > 20000) stacks = stacks.substr(0, 20000) + "...";
+  return absl::StrCat("\n---- ", name, "'s threads (gdb) ----\n", stacks);
+}
+
 std::vector<std::optional<int>> LocalJob::WaitForOthers(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<std::optional<int>> codes;
   std::vector<std::string> running;
+  std::string stacks;
   for (auto* group : {&servers_, &workers_}) {
     for (size_t i = 0; i < group->size(); ++i) {
       codes.push_back((*group)[i]->Wait(std::max(absl::ZeroDuration(), deadline - absl::Now())));
       if (!codes.back().has_value()) {
         running.push_back(absl::StrCat(group == &servers_ ? "server-" : "worker-", i));
+        absl::StrAppend(&stacks, ThreadStacks(dir_, running.back(), *(*group)[i]));
       }
     }
   }
   if (!running.empty()) {
     RecordFailure(absl::StrCat(absl::StrJoin(running, ", "), " still running ",
-                               absl::FormatDuration(timeout), " after the wait began"));
+                               absl::FormatDuration(timeout), " after the wait began", stacks));
   }
   return codes;
 }
