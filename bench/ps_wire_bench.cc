@@ -4,6 +4,7 @@
 // measured in the same run (a plain TCP stream of as many bytes).
 //
 //   build/bench/ps_wire_bench [--reps=N] [--keys=N] [--modes=off,curve]
+//                             [--request_mb=N]
 //
 // The server runs in this process with its own threads and sockets, behind
 // a stand-in master that registers it, hands it a job of two embedding
@@ -14,7 +15,8 @@
 // 1-key pull (median of 200). Bytes counted: the keys sent and the floats
 // returned (a pull) or sent (a push); GB/s is those bytes over the time.
 // The share of the loopback limit is the stream's time for those bytes
-// over the call's.
+// over the call's. --request_mb caps each request the client sends (and so
+// each reply) at N MiB: the client's default is 4.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -214,7 +216,8 @@ Status TimeTable(PsClient& client, const std::string& mode, uint32_t table, uint
   return absl::OkStatus();
 }
 
-Status RunMode(const std::string& mode, uint64_t keys, int reps, std::vector<Row>* rows) {
+Status RunMode(const std::string& mode, uint64_t keys, int reps, size_t request_bytes,
+               std::vector<Row>* rows) {
   const bool curve = mode == "curve";
   const std::string dir = absl::StrCat("/tmp/eps-wire-bench-", getpid(), "-", mode);
   SecurityOptions master_security, server_security, worker_security;
@@ -256,7 +259,8 @@ Status RunMode(const std::string& mode, uint64_t keys, int reps, std::vector<Row
   call.attempt_timeout = absl::Seconds(60);
   call.max_attempts = 1;
   PsClient client(&worker_factory, self, BenchJob(), call,
-                  [&master]() -> StatusOr<proto::ClusterMap> { return master->Map(); });
+                  [&master]() -> StatusOr<proto::ClusterMap> { return master->Map(); },
+                  request_bytes);
   RETURN_IF_ERROR(client.SetClusterMap(master->Map()));
 
   RETURN_IF_ERROR(TimeTable(client, mode, kNarrow, 16, keys, reps, rows));
@@ -286,22 +290,26 @@ int main(int argc, char** argv) {
   int64_t reps = 3;
   int64_t keys = 1'000'000;
   std::string modes = "off,curve";
+  int64_t request_mb = 4;
   for (int i = 1; i < argc; ++i) {
     const std::vector<std::string> flag = absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
     const bool ok = flag.size() == 2 &&
                     ((flag[0] == "--reps" && absl::SimpleAtoi(flag[1], &reps) && reps > 0) ||
                      (flag[0] == "--keys" && absl::SimpleAtoi(flag[1], &keys) && keys >= 10) ||
-                     (flag[0] == "--modes" && (modes = flag[1], true)));
+                     (flag[0] == "--modes" && (modes = flag[1], true)) ||
+                     (flag[0] == "--request_mb" && absl::SimpleAtoi(flag[1], &request_mb) &&
+                      request_mb >= 1 && request_mb <= 48));
     if (!ok) {
-      std::cerr << "usage: ps_wire_bench [--reps=N] [--keys=N] [--modes=off,curve] (bad: "
+      std::cerr << "usage: ps_wire_bench [--reps=N] [--keys=N] [--modes=off,curve] "
+                   "[--request_mb=1..48] (bad: "
                 << argv[i] << ")\n";
       return 2;
     }
   }
   std::vector<eps::Row> rows;
   for (const std::string& mode : std::vector<std::string>(absl::StrSplit(modes, ','))) {
-    if (eps::Status run = eps::RunMode(mode, static_cast<uint64_t>(keys),
-                                       static_cast<int>(reps), &rows);
+    if (eps::Status run = eps::RunMode(mode, static_cast<uint64_t>(keys), static_cast<int>(reps),
+                                       static_cast<size_t>(request_mb) << 20, &rows);
         !run.ok()) {
       std::cerr << "ps_wire_bench: " << mode << ": " << run.message() << "\n";
       return 1;
