@@ -29,11 +29,8 @@ TEST(ServerStorage, AFailedSweepIsNoSweepAndTheExportSaysSo) {
   TempDir dir;
   StorageOptions options;
   options.data_dir = dir.Join("data");
-  proto::JobSpec job = TwoTables();
-  job.mutable_tables(1)->set_ttl_passes(1);
-  std::unique_ptr<ServerStorage> storage = MustOpen(options, job);
+  std::unique_ptr<ServerStorage> storage = OpenExpiring(options);
   ASSERT_NE(storage, nullptr);
-  ASSERT_TRUE(storage->SetServerId(4).ok());
   const std::vector<uint64_t> keys = Keys(1, 100);
   PushAll(*storage, 1, keys, 2.0f);  // pass 0, untrained after: expired once 2 are done
   ASSERT_TRUE(storage->Flush().ok());

@@ -175,10 +175,7 @@ void ExpectExported(ServerStorage& storage, const std::string& dir, uint32_t tab
 
 TEST(ServerStorage, ExportWritesEveryRowEvictedOrNot) {
   TempDir dir;
-  StorageOptions options;
-  options.data_dir = dir.Join("data");
-  options.memory_budget_mb = 1;
-  std::unique_ptr<ServerStorage> storage = MustOpen(options);
+  std::unique_ptr<ServerStorage> storage = MustOpen(OverBudget(dir.Join("data")));
   ASSERT_NE(storage, nullptr);
   EXPECT_TRUE(absl::IsFailedPrecondition(storage->Export(dir.Join("model")).status()));
   ASSERT_TRUE(storage->SetServerId(4).ok());
@@ -204,14 +201,8 @@ TEST(ServerStorage, ExportWritesEveryRowEvictedOrNot) {
 // leaves out the rows' last pass.
 TEST(ServerStorage, ExpiredRowsLeaveTheStoreWhichShrinks) {
   TempDir dir;
-  StorageOptions options;
-  options.data_dir = dir.Join("data");
-  options.memory_budget_mb = 1;
-  proto::JobSpec job = TwoTables();
-  job.mutable_tables(1)->set_ttl_passes(1);
-  std::unique_ptr<ServerStorage> storage = MustOpen(options, job);
+  std::unique_ptr<ServerStorage> storage = OpenExpiring(OverBudget(dir.Join("data")));
   ASSERT_NE(storage, nullptr);
-  ASSERT_TRUE(storage->SetServerId(4).ok());
   // Pass 0 trains 40,000 rows of "wide" (and 1,000 of "emb", which keeps
   // every row); pass 1 trains 4,000 of them again.
   const std::vector<uint64_t> all = Keys(1, 40000);

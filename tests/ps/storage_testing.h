@@ -49,6 +49,27 @@ inline std::unique_ptr<ServerStorage> MustOpen(const StorageOptions& options,
   return created.ok() ? *std::move(storage) : nullptr;
 }
 
+// Options of a storage in `data_dir` with a hot tier of 1 MiB, which a few
+// tens of thousands of rows overflow.
+inline StorageOptions OverBudget(const std::string& data_dir) {
+  StorageOptions options;
+  options.data_dir = data_dir;
+  options.memory_budget_mb = 1;
+  return options;
+}
+
+// A storage of `options` whose table 1 ("wide") deletes rows untrained for
+// a pass, as server 4.
+inline std::unique_ptr<ServerStorage> OpenExpiring(const StorageOptions& options) {
+  proto::JobSpec job = TwoTables();
+  job.mutable_tables(1)->set_ttl_passes(1);
+  std::unique_ptr<ServerStorage> storage = MustOpen(options, job);
+  if (storage != nullptr) {
+    EXPECT_TRUE(storage->SetServerId(4).ok());
+  }
+  return storage;
+}
+
 // A storage in `dir` that flushes every 10 ms.
 inline std::unique_ptr<ServerStorage> OpenFlushingOften(const std::string& dir) {
   StorageOptions options;
