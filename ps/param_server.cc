@@ -1,24 +1,17 @@
 #include "ps/param_server.h"
 #include "ps/param_server_impl.h"
 
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
-#include <optional>
 #include <span>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/call_table.h"
 #include "cluster/job_options.h"
-#include "cluster/job_progress.h"
-#include "cluster/member_session.h"
 #include "cluster/placement.h"
 #include "core/clock.h"
 #include "core/logging.h"
@@ -336,7 +329,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
       gate_.AdmitPush(sender, request.header().push_request().client_seq());
   if (admitted == WorkerGate::Push::kFenced) {
     pushes_fenced_.fetch_add(1, std::memory_order_relaxed);
-    return gate_.CheckNotFenced(sender);
+    return WorkerGate::FencedError(sender.id());
   }
   const bool first_time = admitted == WorkerGate::Push::kFirstTime;
   proto::PushReply* answer = reply->header().mutable_push_reply();

@@ -9,14 +9,11 @@
 
 #include <atomic>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/member_session.h"
 #include "cluster/placement.h"
@@ -148,7 +145,7 @@ class ParamServer::Impl {
   // Held shared by every PULL, PUSH and CHECKPOINT from validation to
   // reply, exclusively by a RESTORE: tables are swapped only while no
   // request uses them, and requests arriving meanwhile wait. Taken before
-  // fence_mu_ and mu_.
+  // the gate's locks and mu_.
   absl::Mutex restore_mu_;
 
   // The fence list, the pushes applied and their receipts (a restore

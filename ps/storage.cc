@@ -3,7 +3,6 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -14,12 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "cluster/model_format.h"
 #include "cluster/placement.h"
 #include "core/failpoint.h"
 #include "core/file_util.h"
 #include "core/logging.h"
-#include "core/npy.h"
 #include "ps/admission.h"
 
 namespace eps {

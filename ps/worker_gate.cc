@@ -11,13 +11,16 @@ bool WorkerGate::IsFenced(const proto::NodeId& sender) const {
   return sender.role() == proto::ROLE_WORKER && fenced_.contains(sender.id());
 }
 
-Status WorkerGate::CheckNotFenced(const proto::NodeId& sender) const {
-  absl::ReaderMutexLock lock(&mu_);
-  if (!IsFenced(sender)) return absl::OkStatus();
+Status WorkerGate::FencedError(uint32_t worker) {
   return ErrorWithReason(
       absl::StatusCode::kFailedPrecondition,
-      absl::StrCat("worker ", sender.id(), " is fenced (its lease expired); it must register again"),
+      absl::StrCat("worker ", worker, " is fenced (its lease expired); it must register again"),
       proto::FENCED);
+}
+
+Status WorkerGate::CheckNotFenced(const proto::NodeId& sender) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return IsFenced(sender) ? FencedError(sender.id()) : absl::OkStatus();
 }
 
 WorkerGate::Push WorkerGate::AdmitPush(const proto::NodeId& sender, uint64_t seq) {
@@ -54,15 +57,21 @@ void WorkerGate::ForgetPushes() {
 }
 
 void WorkerGate::SetReceiptKey(WorkerCredentials key) {
+  auto shared = std::make_shared<const WorkerCredentials>(std::move(key));
   absl::MutexLock lock(&receipts_mu_);
-  receipt_key_ = std::move(key);
+  receipt_key_ = std::move(shared);
 }
 
 std::string WorkerGate::ReceiptFor(uint32_t sender, uint64_t seq, const proto::WorkBatch& batch,
                                    bool first_time) {
+  std::shared_ptr<const WorkerCredentials> key;
+  {
+    absl::MutexLock lock(&receipts_mu_);
+    key = receipt_key_;
+  }
+  if (key == nullptr) return std::string();
+  std::string tag = key->Receipt(sender, batch);
   absl::MutexLock lock(&receipts_mu_);
-  if (!receipt_key_.has_value()) return std::string();
-  std::string tag = receipt_key_->Receipt(sender, batch);
   if (first_time) {
     last_receipts_[sender] = LastReceipt{.seq = seq, .tag = tag};
     return tag;

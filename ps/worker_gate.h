@@ -24,7 +24,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,6 +46,8 @@ class WorkerGate {
   // FENCED (kFailedPrecondition) when `sender` is a fenced worker; every
   // other sender passes.
   Status CheckNotFenced(const proto::NodeId& sender) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The refusal of fenced worker `worker`'s calls.
+  static Status FencedError(uint32_t worker);
 
   enum class Push { kFenced, kFirstTime, kRepeat };
   // Push `seq` of `sender`, valid and about to be applied: refused when the
@@ -79,7 +80,8 @@ class WorkerGate {
   std::unique_ptr<PushDeduplicator> dedup_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex receipts_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::optional<WorkerCredentials> receipt_key_ ABSL_GUARDED_BY(receipts_mu_);
+  // Set once the server registered; the HMAC is made outside the lock.
+  std::shared_ptr<const WorkerCredentials> receipt_key_ ABSL_GUARDED_BY(receipts_mu_);
   struct LastReceipt {
     uint64_t seq = 0;
     std::string tag;

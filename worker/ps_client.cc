@@ -146,7 +146,7 @@ std::vector<PsClient::Request> PsClient::Plan(
 }
 
 Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method,
-                          const std::function<Message(const Request&)>& build,
+                          const std::function<Message(const Request&, bool first)>& build,
                           const std::function<Status(const Request&, Message&)>& on_reply) {
   if (placement_ == nullptr) RETURN_IF_ERROR(Refresh());
   std::vector<std::vector<uint32_t>> remaining(tables.size());
@@ -160,7 +160,7 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
     std::vector<uint64_t> calls;
     for (const Request& request : requests) {
       calls.push_back(channel_.Start(placement_->server(request.server).endpoint(),
-                                     build(request), options_));
+                                     build(request, calls.empty()), options_));
     }
     // Wait for every call, even after an error, so none is left pending.
     Status first_error;
@@ -226,7 +226,7 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
   for (size_t t = 0; t < tables.size(); ++t) {
     (*out)[t].resize(tables[t].keys.size() * table(tables[t].table_id).dim());
   }
-  auto build = [&](const Request& request) {
+  auto build = [&](const Request& request, bool /*first*/) {
     Message message;
     message.header().set_method(proto::PULL);
     proto::PullRequest* body = message.header().mutable_pull_request();
@@ -283,14 +283,19 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
   for (size_t t = 0; t < tables.size(); ++t) {
     CHECK_EQ(grads[t].size(), tables[t].keys.size() * table(tables[t].table_id).dim());
   }
-  auto build = [&](const Request& request) {
+  auto build = [&](const Request& request, bool first) {
     Message message;
     message.header().set_method(proto::PUSH);
     proto::PushRequest* body = message.header().mutable_push_request();
     body->set_client_seq(++push_seq_);
     if (lr_scale != 1.0f) body->set_lr_scale(lr_scale);
     body->set_pass(pass);
-    if (batch != nullptr) *body->mutable_batch() = *batch;
+    // The batch (for its receipt) in one request per round, until a reply
+    // brought the receipt: a round whose carrier was refused re-plans, and
+    // its next round's first request carries it again.
+    if (batch != nullptr && first && (receipt == nullptr || receipt->empty())) {
+      *body->mutable_batch() = *batch;
+    }
     for (const Piece& piece : request.pieces) {
       const uint32_t dim = table(tables[piece.table].table_id).dim();
       body->add_table_ids(tables[piece.table].table_id);

@@ -87,8 +87,11 @@ class PsClient {
   // highest when it took a table in several messages). `pass` is 1 + the
   // training pass (epoch) the gradients come from, 0 when not known
   // (PushRequest.pass). `batch`, when given, names the training records the
-  // gradients come from; under CURVE the servers answer with a receipt for
-  // it, and `receipt` (when given) gets it (empty when none came).
+  // gradients come from. One request of the push carries it (the first of a
+  // routing round, until a reply brought its receipt): every server makes
+  // the same receipt, so one HMAC per push is enough. Under CURVE the server
+  // answers with the receipt, and `receipt` (when given) gets it (empty
+  // when none came).
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
   Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
               float lr_scale = 1.0f, const Versions* based_on = nullptr,
@@ -135,11 +138,12 @@ class PsClient {
                     const google::protobuf::RepeatedField<uint64_t>& reply_versions,
                     bool lowest, Versions* versions) const;
   // Sends every key of `tables` to its server, in rounds: `build` makes a
-  // request's message, `on_reply` takes its successful reply. Requests
+  // request's message (told whether it is the round's first request),
+  // `on_reply` takes its successful reply. Requests
   // answered WRONG_OWNER or NOT_READY are re-routed and re-sent; the first
   // other error is returned once every call has finished.
   Status Exchange(std::span<const Keys> tables, absl::string_view method,
-                  const std::function<Message(const Request&)>& build,
+                  const std::function<Message(const Request&, bool first)>& build,
                   const std::function<Status(const Request&, Message&)>& on_reply);
   // What the servers answered in a routing round, besides replies.
   struct RoundOutcome {

@@ -3,19 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cluster/job_options.h"
 #include "cluster/job_progress.h"
 #include "core/data_schema.h"
-#include "core/file_util.h"
 #include "core/logging.h"
 #include "models/cuda/cuda_model.h"
 #include "models/device.h"

@@ -218,5 +218,53 @@ TEST_F(PsClientTest, PushAfterWrongOwnerAppliesEveryKeyOnce) {
   }
 }
 
+// A push names its batch in one request, not in every server's: each server
+// would make the same receipt (an HMAC) for it.
+TEST_F(PsClientTest, OneRequestOfAPushCarriesItsBatchForTheReceipt) {
+  const std::vector<uint64_t> wide = MakeKeys(400);
+  const std::vector<float> wide_grads = GradsFor(kWide, wide);
+  const std::vector<PsClient::Keys> tables = {{kWide, wide}};
+  const std::vector<std::span<const float>> grads = {wide_grads};
+  proto::WorkBatch batch;
+  batch.set_shard_id(3);
+  batch.set_records(400);
+  std::unique_ptr<PsClient> client = MakeClient();
+  std::string receipt;
+  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, &batch, &receipt).ok());
+  int batches = 0;
+  for (const auto& server : servers_) {
+    EXPECT_FALSE(server->pushed().empty()) << "every server took keys";
+    if (server->batches() == 1) {
+      EXPECT_EQ(receipt, absl::StrCat("receipt of ps ", server->info().id()));
+    }
+    batches += server->batches();
+  }
+  EXPECT_EQ(batches, 1);
+}
+
+// The request carrying the batch refused (WRONG_OWNER): the next round's
+// first request carries it, and the receipt still comes.
+TEST_F(PsClientTest, ARefusedCarrierPassesTheBatchOnToTheNextRound) {
+  const proto::ClusterMap moved = MovePartitions(/*from=*/0, /*to=*/1);
+  servers_[0]->SetMap(moved);
+  servers_[1]->SetMap(moved);
+  refreshed_map_ = moved;
+  const std::vector<uint64_t> wide = MakeKeys(400);
+  const std::vector<float> wide_grads = GradsFor(kWide, wide);
+  const std::vector<PsClient::Keys> tables = {{kWide, wide}};
+  const std::vector<std::span<const float>> grads = {wide_grads};
+  proto::WorkBatch batch;
+  batch.set_shard_id(3);
+  std::unique_ptr<PsClient> client = MakeClient();
+  std::string receipt;
+  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, &batch, &receipt).ok());
+  EXPECT_EQ(servers_[0]->refusals(), 1);
+  EXPECT_EQ(servers_[0]->batches(), 0) << "refused: applied nothing";
+  EXPECT_FALSE(receipt.empty());
+  int batches = 0;
+  for (const auto& server : servers_) batches += server->batches();
+  EXPECT_EQ(batches, 1) << "once applied, the batch goes no further";
+}
+
 }  // namespace
 }  // namespace eps

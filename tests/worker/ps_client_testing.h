@@ -168,6 +168,12 @@ class FakePs {
     auto it = refused_.find(table);
     return it == refused_.end() ? std::vector<uint64_t>() : it->second;
   }
+  // Applied pushes that named their batch (each answered with the receipt
+  // "receipt of ps <id>").
+  int batches() const {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
   // (table, key) -> gradient rows applied, in arrival order.
   std::map<std::pair<uint32_t, uint64_t>, std::vector<std::vector<float>>> pushed() const {
     absl::MutexLock lock(&mu_);
@@ -245,7 +251,11 @@ class FakePs {
       if (extra) rows.back() = 0;
     }
     if (push) {
-      reply->header().mutable_push_reply();
+      proto::PushReply* answer = reply->header().mutable_push_reply();
+      if (request.header().push_request().has_batch()) {
+        ++batches_;
+        answer->set_receipt(absl::StrCat("receipt of ps ", id_));
+      }
     } else {
       reply->header().mutable_pull_reply();
     }
@@ -262,6 +272,7 @@ class FakePs {
   PullReplyMode pull_mode_ ABSL_GUARDED_BY(mu_) = PullReplyMode::kNormal;
   int requests_ ABSL_GUARDED_BY(mu_) = 0;
   int refusals_ ABSL_GUARDED_BY(mu_) = 0;
+  int batches_ ABSL_GUARDED_BY(mu_) = 0;
   size_t max_request_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, std::vector<uint64_t>> pulled_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::vector<uint64_t>> refused_ ABSL_GUARDED_BY(mu_);
