@@ -45,8 +45,6 @@ class TokenBucket {
 
   double tokens() const { return tokens_; }
   bool full() const { return tokens_ >= capacity_; }
-  double capacity() const { return capacity_; }
-  double per_s() const { return per_s_; }
 
  private:
   double capacity_;

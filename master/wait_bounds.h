@@ -13,7 +13,8 @@
 //   - checkpoints that keep failing (checkpoint.max_failures in a row)
 //     leave nothing newer to return to: the job stops, resumably.
 // The caller describes the job at each tick (Facts) and acts on the
-// Verdict; Waits() words the waits it times for /status `waiting_for`.
+// Verdict; ServersWait() and WorkersWait() word the waits it times for
+// /status `waiting_for`.
 //
 // Time is passed in; the unit holds no lock, reads no clock, does no I/O.
 //

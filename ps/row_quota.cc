@@ -47,12 +47,7 @@ void RowQuota::Charge(uint32_t worker, uint64_t rows) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   if (total_rows_s_ > 0) {
-    const double total = static_cast<double>(total_rows_s_);
-    if (total_full_.load(std::memory_order_relaxed)) {
-      total_ = TokenBucket(total, total, now);
-    } else {
-      total_.Refill(now);
-    }
+    total_.Refill(now);
     total_.Spend(static_cast<double>(rows));
     total_full_.store(false, std::memory_order_relaxed);
   }

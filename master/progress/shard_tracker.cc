@@ -40,13 +40,13 @@ std::optional<ShardTracker::Assignment> ShardTracker::Assign(uint32_t worker) {
                     .lines = shard.spec.lines - shard.committed_lines};
 }
 
-StatusOr<ShardTracker::CommitResult> ShardTracker::Commit(uint32_t worker, uint64_t shard_id,
-                                                          uint64_t begin, uint64_t end,
-                                                          uint64_t lines) {
+StatusOr<ShardTracker::CommitResult> ShardTracker::CheckCommit(uint32_t worker,
+                                                               uint64_t shard_id, uint64_t begin,
+                                                               uint64_t end, uint64_t lines) const {
   if (shard_id >= shards_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown shard ", shard_id));
   }
-  Shard& shard = shards_[shard_id];
+  const Shard& shard = shards_[shard_id];
   if (begin > end || end > shard.spec.end || begin < shard.spec.begin) {
     return absl::InvalidArgumentError(absl::StrCat("commit [", begin, ", ", end,
                                                    ") is outside shard ", shard_id, " [",
@@ -85,6 +85,15 @@ StatusOr<ShardTracker::CommitResult> ShardTracker::Commit(uint32_t worker, uint6
                      " lines, which does not fit the ", left, " lines left in [",
                      shard.committed_offset, ", ", shard.spec.end, ")"));
   }
+  return CommitResult::kApplied;
+}
+
+StatusOr<ShardTracker::CommitResult> ShardTracker::Commit(uint32_t worker, uint64_t shard_id,
+                                                          uint64_t begin, uint64_t end,
+                                                          uint64_t lines) {
+  ASSIGN_OR_RETURN(const CommitResult result, CheckCommit(worker, shard_id, begin, end, lines));
+  if (result == CommitResult::kDuplicate) return result;
+  Shard& shard = shards_[shard_id];
   shard.committed_offset = end;
   shard.committed_line += lines;
   shard.committed_lines += lines;

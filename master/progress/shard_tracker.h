@@ -95,6 +95,9 @@ class ShardTracker {
   //     not the committed offset (a gap or an overlap).
   StatusOr<CommitResult> Commit(uint32_t worker, uint64_t shard_id, uint64_t begin, uint64_t end,
                                 uint64_t lines);
+  // What Commit would answer, changing nothing.
+  StatusOr<CommitResult> CheckCommit(uint32_t worker, uint64_t shard_id, uint64_t begin,
+                                     uint64_t end, uint64_t lines) const;
 
   // Puts every shard `worker` holds back to TODO (at its committed offset,
   // ahead of untouched shards). Returns their ids.

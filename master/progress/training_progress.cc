@@ -269,15 +269,15 @@ StatusOr<TrainingProgress::Split> TrainingProgress::SplitShard(
 
 std::optional<TrainingProgress::EvalRange> TrainingProgress::EvalRangeOf(
     uint32_t worker, const proto::CommitProgressRequest& commit) const {
-  if (commit.phase() != proto::EVAL || !IsCurrentPass(/*eval=*/true, commit.epoch()) ||
-      commit.shard_id() >= tracker_->num_shards()) {
+  if (commit.phase() != proto::EVAL || !IsCurrentPass(/*eval=*/true, commit.epoch())) {
     return std::nullopt;
   }
+  // Only what Commit would apply; it answers the rest.
+  const StatusOr<ShardTracker::CommitResult> would =
+      tracker_->CheckCommit(worker, commit.shard_id(), commit.begin_offset(), commit.end_offset(),
+                            commit.lines());
+  if (!would.ok() || *would != ShardTracker::CommitResult::kApplied) return std::nullopt;
   const ShardTracker::Shard& shard = tracker_->shard(commit.shard_id());
-  if (shard.state != ShardTracker::State::kDoing || shard.holder != worker ||
-      shard.committed_offset != commit.begin_offset() || commit.end_offset() > shard.spec.end) {
-    return std::nullopt;
-  }
   return EvalRange{.path = eval_data_.files[shard.spec.file], .first_line = shard.committed_line};
 }
 

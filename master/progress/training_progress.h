@@ -214,7 +214,6 @@ class TrainingProgress {
   // (by file, then offset), malformed lines left out: what eps-predict
   // gives for the same files. Empty before the evaluation pass.
   void EvalInDataOrder(std::vector<float>* labels, std::vector<float>* predictions) const;
-  const Evaluation& evaluation() const { return evaluation_; }
   std::optional<double> eval_auc() const { return evaluation_.auc(); }
   std::optional<double> eval_logloss() const { return evaluation_.logloss(); }
   uint64_t eval_records() const { return evaluation_.records(); }

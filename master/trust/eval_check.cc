@@ -21,6 +21,15 @@ Status NotCheckedNow(absl::string_view why) {
                          proto::SLOW_DOWN);
 }
 
+// The commit's range of `path` could not be read: now (a passing read
+// error: the worker sends it again), or ever (the file is gone, unreadable
+// or shorter than the scan saw: the job's data changed under it).
+Status Unreadable(const std::string& path, const Status& status) {
+  if (absl::IsUnavailable(status)) return NotCheckedNow(absl::StrCat(path, ": ", status.message()));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the master cannot read ", path, " to check an evaluation commit: ", status.message()));
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<EvalCheck>> EvalCheck::Create(const JobConfig& job, int sample,
@@ -43,9 +52,7 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
   };
   StatusOr<std::unique_ptr<LineReader>> opened =
       LineReader::Open(path, commit.begin_offset(), commit.end_offset(), first_line);
-  if (!opened.ok()) {
-    return NotCheckedNow(absl::StrCat(path, ": ", opened.status().message()));
-  }
+  if (!opened.ok()) return Unreadable(path, opened.status());
   std::unique_ptr<LineReader> reader = *std::move(opened);
   // Every valid record of the range, as the worker's shard loader reads it.
   const Schema& schema = parser_.schema();
@@ -85,9 +92,7 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
       if (slot < k) sampled[slot] = {index, std::string(line)};
     }
   }
-  if (!reader->status().ok()) {
-    return NotCheckedNow(absl::StrCat(path, ": ", reader->status().message()));
-  }
+  if (!reader->status().ok()) return Unreadable(path, reader->status());
   if (lines != commit.lines() || malformed != commit.malformed()) {
     return lie(absl::StrCat("claims ", commit.lines(), " lines (", commit.malformed(),
                             " malformed) where the file has ", lines, " (", malformed, ")"));

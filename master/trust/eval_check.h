@@ -63,8 +63,11 @@ class EvalCheck {
   //   kPermissionDenied: the commit does not match the file (lines,
   //     malformed, a label) or a sampled prediction differs from the
   //     model's; the message names the record (file:line) and both values.
-  //   kUnavailable with reason SLOW_DOWN: the file cannot be read, or
+  //   kUnavailable with reason SLOW_DOWN: a passing read error, or
   //     `source` failed: nothing was decided (the worker sends it again).
+  //   kFailedPrecondition: the range can never be read (the file is gone,
+  //     unreadable, or shorter than the scan saw), naming the file: no
+  //     evaluation of it can be checked (the master stops the job).
   Status Check(const std::string& path, uint64_t first_line,
                const proto::CommitProgressRequest& commit, std::span<const float> labels,
                std::span<const float> predictions, const ParamSource& source);

@@ -174,9 +174,19 @@ TEST_P(EvalCheckTest, WithoutParametersNothingIsDecided) {
   EXPECT_EQ(waits.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ReasonOf(waits), proto::SLOW_DOWN) << "the worker sends it again after a pause";
   EXPECT_THAT(waits.message(), HasSubstr("ps[0] did not answer"));
-  EXPECT_EQ(check_->Check(dir_.Join("gone.txt"), 1, Commit(), labels_, predictions_, source_)
-                .code(),
-            absl::StatusCode::kUnavailable);
+}
+
+// A file the master can never read again (gone, or cut short) is no reason
+// to send the commit again forever: the answer names it.
+TEST_P(EvalCheckTest, AFileThatCannotBeReadIsNamedNotRetried) {
+  const Status gone =
+      check_->Check(dir_.Join("gone.txt"), 1, Commit(), labels_, predictions_, source_);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(ReasonOf(gone), proto::SLOW_DOWN);
+  EXPECT_THAT(gone.message(), HasSubstr("the master cannot read " + dir_.Join("gone.txt")));
+  std::filesystem::resize_file(path_, end_ / 2);
+  const Status cut = check_->Check(path_, 1, Commit(), labels_, predictions_, source_);
+  EXPECT_EQ(cut.code(), absl::StatusCode::kFailedPrecondition) << cut;
 }
 
 // A model that diverged predicts NaN for the worker and for the master

@@ -167,6 +167,21 @@ TEST_F(JobControlLivenessTest, AnEvaluationWorseThanKnowingNothingIsNeverFinishe
   EXPECT_NE(control_->progress().phase(), JobPhase::kFinished);
 }
 
+// Only an evaluation commit Commit would apply is checked against the file
+// (EvalRangeOf): a range Commit refuses (reversed, or a gap) is answered by
+// Commit, not sent to the check.
+TEST_F(JobControlLivenessTest, OnlyACommitThatWouldApplyIsCheckedAgainstTheFile) {
+  const proto::ShardAssignment eval = StartEvaluating();
+  proto::CommitProgressRequest commit = CommitOf(eval, eval.start(), 2);
+  EXPECT_TRUE(control_->EvalRangeOf(WorkerNode(0), commit).has_value());
+  proto::CommitProgressRequest reversed = commit;
+  reversed.set_end_offset(reversed.begin_offset() - 1);
+  EXPECT_FALSE(control_->EvalRangeOf(WorkerNode(0), reversed).has_value());
+  proto::CommitProgressRequest gap = CommitOf(eval, eval.start() + kLineBytes, 1);
+  EXPECT_FALSE(control_->EvalRangeOf(WorkerNode(0), gap).has_value());
+  EXPECT_FALSE(control_->EvalRangeOf(WorkerNode(1), commit).has_value()) << "not its shard";
+}
+
 // An out-of-range finite prediction is a broken request, not a model.
 TEST_F(JobControlLivenessTest, AnOutOfRangePredictionIsABadRequest) {
   const proto::ShardAssignment eval = StartEvaluating();
