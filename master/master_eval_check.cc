@@ -47,8 +47,10 @@ Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
     ASSIGN_OR_RETURN(proto::ClusterMap map, current_map());
     RETURN_IF_ERROR(check_ps_->SetClusterMap(map));
   }
-  const bool dense_cached = !check_dense_.empty() && check_dense_generation_ == generation;
   const std::vector<ParamSpec>& specs = eval_check_->params();
+  // The buffers are eval_check_'s, kept from the last check.
+  const bool dense_cached =
+      check_dense_generation_ == generation && params->size() == specs.size();
   std::vector<PsClient::Keys> tables(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     tables[i].table_id = check_tables_.ids[i];
@@ -61,17 +63,14 @@ Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
   std::vector<std::vector<float>> pulled;
   RETURN_IF_ERROR(check_ps_->Pull(tables, &pulled));
   params->resize(specs.size());
-  check_dense_.resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     if (specs[i].kind == ParamSpec::Kind::kEmbedding) {
       (*params)[i] = std::move(pulled[i]);
-      continue;
+    } else if (!dense_cached) {
+      // Whole chunks arrive; the model sees the tensor.
+      (*params)[i] = std::move(pulled[i]);
+      (*params)[i].resize(specs[i].size);
     }
-    if (!dense_cached) {
-      check_dense_[i] = std::move(pulled[i]);
-      check_dense_[i].resize(specs[i].size);
-    }
-    (*params)[i] = check_dense_[i];
   }
   check_dense_generation_ = generation;
   return absl::OkStatus();

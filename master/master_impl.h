@@ -169,11 +169,10 @@ class Master::Impl {
   std::unique_ptr<EvalCheck> eval_check_;
   std::unique_ptr<PsClient> check_ps_;
   ParamTables check_tables_;  // of eval_check_'s model, with check_ps_
-  // The dense tensors the last check pulled, and the membership generation
-  // they were pulled in: the evaluation pushes nothing, and a restore of
-  // the servers starts a new generation.
-  std::vector<std::vector<float>> check_dense_;
-  uint64_t check_dense_generation_ = 0;
+  // The membership generation the dense tensors in eval_check_'s buffers
+  // were pulled in (none yet: nullopt): the evaluation pushes nothing, and
+  // a restore of the servers starts a new generation.
+  std::optional<uint64_t> check_dense_generation_;
   HttpService http_{clock_};
   std::thread job_thread_;
   std::string rpc_endpoint_;

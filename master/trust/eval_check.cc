@@ -121,13 +121,12 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
     }
   }
   const Batch batch = builder.Finish();
-  ParamBuffers params;
-  const Status pulled = source(batch, &params);
+  const Status pulled = source(batch, &params_);
   if (!pulled.ok()) {
     return NotCheckedNow(absl::StrCat(path, ": the parameters: ", pulled.message()));
   }
   std::vector<float> recomputed;
-  model_->ForwardBackward(batch, params, &recomputed, nullptr);
+  model_->ForwardBackward(batch, params_, &recomputed, nullptr);
   for (size_t j = 0; j < sampled.size(); ++j) {
     const size_t index = sampled[j].first;
     const float claimed = predictions[index];

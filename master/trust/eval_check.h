@@ -48,7 +48,9 @@ class EvalCheck {
  public:
   // Fills the parameters a forward pass over `batch` reads (Model::params()
   // order): each embedding table's rows of batch.keys, each dense tensor
-  // whole. kUnavailable when they cannot be had now.
+  // whole. kUnavailable when they cannot be had now. `params` are the same
+  // buffers from check to check, as the source left them: a source may
+  // keep the dense tensors it filled before instead of filling them again.
   using ParamSource = std::function<Status(const Batch& batch, ParamBuffers* params)>;
 
   // The model and parser of `job`; `sample` records checked per commit
@@ -80,6 +82,7 @@ class EvalCheck {
   RecordParser parser_;
   const int sample_;
   std::mt19937_64 random_;
+  ParamBuffers params_;  // given to the ParamSource, kept between checks
 };
 
 }  // namespace eps
