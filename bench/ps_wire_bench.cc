@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -218,8 +219,16 @@ Status TimeTable(PsClient& client, const std::string& mode, uint32_t table, uint
 
 Status RunMode(const std::string& mode, uint64_t keys, int reps, size_t request_bytes,
                std::vector<Row>* rows) {
+  if (mode != "off" && mode != "curve") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown mode '", mode, "' (off or curve)"));
+  }
   const bool curve = mode == "curve";
   const std::string dir = absl::StrCat("/tmp/eps-wire-bench-", getpid(), "-", mode);
+  // The job's secret keys go with the run, whatever ends it.
+  absl::Cleanup remove_keys = [&dir] {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  };
   SecurityOptions master_security, server_security, worker_security;
   std::string credential_key;
   std::string credential;
@@ -277,10 +286,7 @@ Status RunMode(const std::string& mode, uint64_t keys, int reps, size_t request_
   }
   rows->push_back(Row{mode, "1-key pull", 1, 16, Median(trips), 8 + 64});
   server.RequestStop();
-  RETURN_IF_ERROR(server.Wait());
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
-  return absl::OkStatus();
+  return server.Wait();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "master/http/json_text.h"
 
 namespace eps {
 
@@ -14,7 +15,7 @@ EventLog::EventLog(std::string path, const Clock* clock)
 void EventLog::Record(const std::string& event, nlohmann::json fields) {
   nlohmann::json line = {{"time", absl::ToUnixMillis(clock_->Now()) / 1000.0}, {"event", event}};
   for (auto& [key, value] : fields.items()) line[key] = value;
-  std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string text = DumpJson(line, /*indent=*/-1);
   absl::MutexLock lock(&queue_mu_);
   queue_.push_back(std::move(text));
 }

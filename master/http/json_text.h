@@ -1,4 +1,5 @@
-// JSON as text for what the master's HTTP port answers (/status, errors).
+// JSON as text for what the master writes: its HTTP port's answers
+// (/status, errors) and its event log's lines.
 //
 // Thread-safety: a pure function.
 
@@ -11,10 +12,10 @@
 
 namespace eps {
 
-// `doc` as text, indented by 2. Strings from outside (the job name, file
-// paths, error messages naming them) need not be UTF-8: invalid bytes are
-// replaced (U+FFFD) instead of throwing.
-std::string DumpJson(const nlohmann::json& doc);
+// `doc` as text, indented by `indent` (-1: on one line). Strings from
+// outside (the job name, file paths, error messages naming them) need not
+// be UTF-8: invalid bytes are replaced (U+FFFD) instead of throwing.
+std::string DumpJson(const nlohmann::json& doc, int indent = 2);
 
 }  // namespace eps
 
