@@ -37,18 +37,47 @@ bool LimitMallocArenas(int arenas) {
 #endif
 }
 
-bool FixMmapThreshold(size_t bytes) {
+namespace {
+
+// Sets mallopt's `param` unless the user set it through the environment
+// (`variable`, or `tunable` in GLIBC_TUNABLES).
+bool SetUnlessUserSet(int param, size_t bytes, const char* variable, const char* tunable) {
 #if defined(__GLIBC__)
-  if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr) return false;
+  if (std::getenv(variable) != nullptr) return false;
   if (const char* tunables = std::getenv("GLIBC_TUNABLES");
-      tunables != nullptr && std::strstr(tunables, "mmap_threshold") != nullptr) {
+      tunables != nullptr && std::strstr(tunables, tunable) != nullptr) {
     return false;
   }
-  return ::mallopt(M_MMAP_THRESHOLD, static_cast<int>(bytes)) == 1;
+  return ::mallopt(param, static_cast<int>(bytes)) == 1;
+#else
+  (void)param, (void)bytes, (void)variable, (void)tunable;
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool FixMmapThreshold(size_t bytes) {
+#if defined(__GLIBC__)
+  return SetUnlessUserSet(M_MMAP_THRESHOLD, bytes, "MALLOC_MMAP_THRESHOLD_", "mmap_threshold");
 #else
   (void)bytes;
   return false;
 #endif
+}
+
+bool FixTrimThreshold(size_t bytes) {
+#if defined(__GLIBC__)
+  return SetUnlessUserSet(M_TRIM_THRESHOLD, bytes, "MALLOC_TRIM_THRESHOLD_", "trim_threshold");
+#else
+  (void)bytes;
+  return false;
+#endif
+}
+
+void TuneForMessages() {
+  FixMmapThreshold(size_t{8} << 20);
+  FixTrimThreshold(size_t{32} << 20);
 }
 
 }  // namespace eps

@@ -17,6 +17,17 @@
 // around long-lived blocks stays resident (the soak's server: 41.5 MiB
 // after warm-up with the dynamic threshold, 32.8 MiB with a fixed one).
 //
+//
+// A server and a worker move messages of up to 4 MiB (PsClient cuts every
+// request, and so every reply, there) many times a second. Each served by
+// its own mmap, every one of their pages faults in afresh and is zeroed: a
+// wdl step at 1 server and 1 worker spent about 15% of the server's CPU in
+// page faults. TuneForMessages serves blocks under 8 MiB from the arenas
+// and keeps up to 32 MiB free at the top of a heap, so message buffers are
+// reused; the periodic TrimFreeMemory still hands the rest back. Measured
+// (bench/e2e.sh's wdl at (1, 1), 200,000 rows): 13.0-13.5k samples/s
+// before, 14.7-15.5k after.
+//
 // Thread-safety: TrimFreeMemory is safe for concurrent use;
 // LimitMallocArenas should run before the process's threads allocate.
 
@@ -50,6 +61,16 @@ bool LimitMallocArenas(int arenas);
 // GLIBC_TUNABLES). Call at startup. True when it set it. The default is
 // glibc's own starting threshold.
 bool FixMmapThreshold(size_t bytes = 128 << 10);
+
+// Keeps up to `bytes` free at the top of each malloc heap instead of giving
+// it back at once, unless the user set it (MALLOC_TRIM_THRESHOLD_, or
+// trim_threshold in GLIBC_TUNABLES). True when it set it.
+bool FixTrimThreshold(size_t bytes);
+
+// The thresholds of a process on the pull and push path (a server, a
+// worker): FixMmapThreshold(8 MiB) and FixTrimThreshold(32 MiB). Call at
+// startup, and TrimFreeMemory from a periodic loop.
+void TuneForMessages();
 
 }  // namespace eps
 

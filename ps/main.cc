@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   // pull and push path never waits for another's), and two for RocksDB's
   // background jobs and the rest.
   eps::LimitMallocArenas(static_cast<int>(config->ps.threads) + 2);
-  eps::FixMmapThreshold();
+  eps::TuneForMessages();
   eps::ParamServerOptions options = eps::ParamServerOptions::FromConfig(*config);
   options.master = master;
   options.port = port;

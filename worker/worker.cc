@@ -12,6 +12,7 @@
 #include "cluster/job_progress.h"
 #include "core/data_schema.h"
 #include "core/logging.h"
+#include "core/memory.h"
 #include "models/cuda/cuda_model.h"
 #include "models/device.h"
 #include "rpc/message.h"
@@ -164,6 +165,7 @@ MemberSession::Hooks Worker::Impl::MemberHooks(Session& session) {
   };
   hooks.on_reply = [this, &session](const proto::HeartbeatReply& body) {
     OnHeartbeatReply(session, body);
+    TrimFreeMemory(absl::Now());  // what the arenas keep (TuneForMessages), off the step path
   };
   // The map is only noted: the parameter clients belong to the loader and
   // the trainer, and each fetches the map itself on WRONG_OWNER (see
@@ -211,6 +213,9 @@ void Worker::Impl::FillHeartbeat(Session& session, proto::HeartbeatRequest* requ
   HistogramToProto(session.staleness.staleness.Snapshot(), stats->mutable_dense_staleness());
   stats->set_dense_staleness_max(session.staleness.max_staleness.load());
   HistogramToProto(session.staleness.waits.Snapshot(), stats->mutable_staleness_wait());
+  HistogramToProto(session.batch_wait.Snapshot(), stats->mutable_batch_wait());
+  HistogramToProto(session.compute.Snapshot(), stats->mutable_compute());
+  HistogramToProto(session.push_wait.Snapshot(), stats->mutable_push_wait());
   absl::MutexLock lock(&session.mu);
   request->set_paused_for_checkpoint(session.steps_in_flight > 0 ? 0 : session.pause_for);
 }

@@ -95,6 +95,11 @@ class Worker::Impl {
     LatencyHistogram push_latency;
     // What the session's steps trained with (the step pipeline counts).
     StepPipeline::Stats staleness;
+    // Where the trainer's time went, per step (WorkerStats.batch_wait,
+    // compute, push_wait; the dense wait is in `staleness`).
+    LatencyHistogram batch_wait;
+    LatencyHistogram compute;
+    LatencyHistogram push_wait;
     // Heartbeat thread only: the committed records per second reported,
     // sampled at least a second apart.
     absl::Time rate_sampled;

@@ -45,6 +45,25 @@ json StalenessSummary(const proto::Histogram& wire, const char* counted) {
   return summary;
 }
 
+// Where a worker's steps spent their time: per step, the mean milliseconds
+// it waited for its batch, for the dense tensors and to hand the step over
+// (its pushes and commits), and computed (null before any step).
+json StepTimes(const proto::WorkerStats& stats) {
+  StatusOr<HistogramSnapshot> compute = HistogramFromProto(stats.compute());
+  const uint64_t steps = compute.ok() ? compute->count : 0;
+  json times = {{"steps", steps}};
+  for (const auto& [name, wire] : {std::pair{"batch_wait", &stats.batch_wait()},
+                                   std::pair{"dense_wait", &stats.staleness_wait()},
+                                   std::pair{"compute", &stats.compute()},
+                                   std::pair{"push_wait", &stats.push_wait()}}) {
+    StatusOr<HistogramSnapshot> snapshot = HistogramFromProto(*wire);
+    times[name] = steps == 0 || !snapshot.ok()
+                      ? json(nullptr)
+                      : json(1e3 * snapshot->sum / static_cast<double>(steps));
+  }
+  return times;
+}
+
 }  // namespace
 
 json StatusDocument(const JobControl& control, absl::Time now) {
@@ -154,7 +173,8 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"records", worker.records},
          {"records_per_s", worker.state == PeerState::kAlive ? worker.records_per_s : 0.0},
          {"batch_size", worker.stats.batch_size()},
-         {"dense_staleness", staleness}});
+         {"dense_staleness", staleness},
+         {"step_ms", StepTimes(worker.stats)}});
   }
   doc["workers"] = workers;
   json servers = json::array();
@@ -373,6 +393,17 @@ std::string MetricsText(const JobControl& control) {
              "Per step a worker started: the time it waited for a copy of the dense tensors "
              "within worker.max_staleness.");
   for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.staleness_wait());
+  out.Family("eps_worker_batch_wait_seconds", MetricType::kHistogram,
+             "Per step: the time a worker's trainer waited for its next batch (read, parsed, "
+             "its embedding rows pulled).");
+  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.batch_wait());
+  out.Family("eps_worker_compute_seconds", MetricType::kHistogram,
+             "Per step: the time a worker's trainer computed (forward and backward).");
+  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.compute());
+  out.Family("eps_worker_push_wait_seconds", MetricType::kHistogram,
+             "Per step: the time a worker's trainer waited to hand the step over (its pushes and "
+             "commits behind it, at worker.max_staleness).");
+  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.push_wait());
 
   auto per_server = [&out, &servers](const char* name, MetricType type, const char* help,
                                      const std::function<double(const ServerEntry&)>& value) {

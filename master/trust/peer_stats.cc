@@ -32,6 +32,9 @@ Status CheckWorkerStats(proto::WorkerStats& stats) {
   RETURN_IF_ERROR(CheckHistogram(stats.pull_latency(), latency, "pull_latency"));
   RETURN_IF_ERROR(CheckHistogram(stats.push_latency(), latency, "push_latency"));
   RETURN_IF_ERROR(CheckHistogram(stats.staleness_wait(), latency, "staleness_wait"));
+  RETURN_IF_ERROR(CheckHistogram(stats.batch_wait(), latency, "batch_wait"));
+  RETURN_IF_ERROR(CheckHistogram(stats.compute(), latency, "compute"));
+  RETURN_IF_ERROR(CheckHistogram(stats.push_wait(), latency, "push_wait"));
   RETURN_IF_ERROR(
       CheckHistogram(stats.dense_staleness(), CountHistogram::Bounds(), "dense_staleness"));
   if (stats.batch_size_changes_size() > kMaxBatchSizeChanges) {

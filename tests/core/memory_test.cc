@@ -100,5 +100,32 @@ TEST(FixMmapThreshold, LeavesTheUsersSettingAlone) {
   ::unsetenv("MALLOC_MMAP_THRESHOLD_");
 }
 
+// A message buffer of a few MiB, freed and allocated again, reuses the
+// heap's pages: it is not a mapping of its own, and freeing it does not
+// hand its pages back (glibc's defaults do both, so every buffer faults in
+// afresh).
+TEST(TuneForMessages, ReusesAMessageBufferInsteadOfMappingItAgain) {
+  if (!kGlibcMalloc) GTEST_SKIP() << "AddressSanitizer replaces glibc's malloc";
+  TuneForMessages();
+  constexpr size_t kBytes = size_t{4} << 20;
+  const size_t mapped_before = ::mallinfo2().hblks;
+  char* buffer = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(buffer, nullptr);
+  buffer[0] = buffer[kBytes - 1] = 1;
+  EXPECT_EQ(::mallinfo2().hblks, mapped_before) << "a 4 MiB buffer got a mapping of its own";
+  std::free(buffer);
+  EXPECT_GE(::mallinfo2().fordblks, kBytes) << "the freed buffer went back to the system";
+  FixMmapThreshold();  // as the other tests expect
+}
+
+TEST(FixTrimThreshold, LeavesTheUsersSettingAlone) {
+  ::setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=65536", 1);
+  EXPECT_FALSE(FixTrimThreshold(1 << 20));
+  ::unsetenv("GLIBC_TUNABLES");
+  ::setenv("MALLOC_TRIM_THRESHOLD_", "65536", 1);
+  EXPECT_FALSE(FixTrimThreshold(1 << 20));
+  ::unsetenv("MALLOC_TRIM_THRESHOLD_");
+}
+
 }  // namespace
 }  // namespace eps

@@ -94,7 +94,16 @@ TEST(Job, DistributedRunMatchesSingleProcessAccuracy) {
   EXPECT_EQ(status["shards"]["done"], status["shards"]["total"]);
   ASSERT_EQ(status["workers"].size(), 2u);
   uint64_t worker_records = 0;
-  for (const json& worker : status["workers"]) worker_records += worker["records"].get<uint64_t>();
+  for (const json& worker : status["workers"]) {
+    worker_records += worker["records"].get<uint64_t>();
+    // Where its steps' time went, as its last heartbeat said.
+    const json& step = worker["step_ms"];
+    EXPECT_GT(step["steps"].get<uint64_t>(), 0u) << worker.dump();
+    EXPECT_GT(step["compute"].get<double>(), 0.0) << worker.dump();
+    for (const char* wait : {"batch_wait", "dense_wait", "push_wait"}) {
+      EXPECT_GE(step[wait].get<double>(), 0.0) << wait << ": " << worker.dump();
+    }
+  }
   EXPECT_EQ(worker_records, CountTrainRecords(dir));
   ASSERT_EQ(status["servers"].size(), 2u);
   for (const json& server : status["servers"]) {

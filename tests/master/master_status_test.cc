@@ -190,6 +190,9 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
     HistogramToProto(staleness.Snapshot(), stats->mutable_dense_staleness());
     stats->set_dense_staleness_max(3);
     HistogramToProto(pulls.Snapshot(), stats->mutable_staleness_wait());
+    // Three steps computed; one wait for a batch; no push_wait reported.
+    HistogramToProto(pulls.Snapshot(), stats->mutable_compute());
+    HistogramToProto(pushes.Snapshot(), stats->mutable_batch_wait());
     ASSERT_TRUE(worker->Call(proto::HEARTBEAT, std::move(beat)).ok());
   }
 
@@ -223,6 +226,9 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            {"eps_worker_push_seconds", "histogram"},
            {"eps_worker_dense_staleness", "histogram"},
            {"eps_worker_staleness_wait_seconds", "histogram"},
+           {"eps_worker_batch_wait_seconds", "histogram"},
+           {"eps_worker_compute_seconds", "histogram"},
+           {"eps_worker_push_wait_seconds", "histogram"},
            {"eps_server_rows", "gauge"},
            {"eps_server_rows_on_disk", "gauge"},
            {"eps_server_memory_bytes", "gauge"},
@@ -268,6 +274,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            absl::StrCat("\neps_worker_dense_staleness_bucket", w, ",le=\"1\"} 3\n"),
            absl::StrCat("\neps_worker_dense_staleness_count", w, "} 4\n"),
            absl::StrCat("\neps_worker_staleness_wait_seconds_count", w, "} 3\n"),
+           absl::StrCat("\neps_worker_compute_seconds_count", w, "} 3\n"),
+           absl::StrCat("\neps_worker_batch_wait_seconds_count", w, "} 1\n"),
            absl::StrCat("\neps_worker_records_committed_total", w, "} 2\n"),
            absl::StrCat("\neps_worker_pull_seconds_bucket", w, ",le=\"0.0016\"} 0\n"),
            absl::StrCat("\neps_worker_pull_seconds_bucket", w, ",le=\"0.0032\"} 2\n"),
@@ -324,6 +332,13 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
   EXPECT_EQ(trained["p99"], 4);
   EXPECT_EQ(trained["max"], 3);
   EXPECT_NEAR(trained["wait_s"].get<double>(), 0.306, 1e-6);  // the pulls histogram's sum
+  // Where the steps' time went, in ms per step computed.
+  const json& step = doc["workers"][0]["step_ms"];
+  EXPECT_EQ(step["steps"], 3);
+  EXPECT_NEAR(step["compute"].get<double>(), 306.0 / 3, 1e-6);
+  EXPECT_NEAR(step["dense_wait"].get<double>(), 306.0 / 3, 1e-6);
+  EXPECT_NEAR(step["batch_wait"].get<double>(), 0.05 / 3, 1e-6);
+  EXPECT_TRUE(step["push_wait"].is_null()) << step;  // not reported
 
   // The worker goes silent and its lease runs out: it counts as dead, its
   // rate drops to 0, its counters and histograms stay.
