@@ -1,5 +1,8 @@
 #include "ps/write_queue.h"
 
+#include <algorithm>
+#include <tuple>
+
 #include "absl/time/clock.h"
 #include "core/logging.h"
 
@@ -75,13 +78,26 @@ void WriteQueue::CommitLoop() {
       queued_bytes_ = 0;
       last_seq = next_seq_ - 1;
     }
-    // Everything queued so far, in order, as one atomic write; a later image
-    // of a key in the batch wins.
+    // Everything queued so far as one atomic write, with only the last image
+    // of each key (the one a write in queue order would leave), in key
+    // order: RocksDB's memtable inserts keys in order at a fraction of the
+    // cost of random ones (its skip list resumes from the last insert).
     writes.clear();
     writes.reserve(batch.size());
     for (const Entry& entry : batch) {
       writes.push_back(KvWrite{entry.table, entry.key, entry.bytes, entry.erase});
     }
+    const auto key_order = [](const KvWrite& a, const KvWrite& b) {
+      return std::tie(a.table, a.key) < std::tie(b.table, b.key);
+    };
+    std::stable_sort(writes.begin(), writes.end(), key_order);
+    // Of equal keys, the last in queue order stays (stable: it sorts last).
+    size_t kept = 0;
+    for (size_t i = 0; i < writes.size(); ++i) {
+      if (i + 1 < writes.size() && !key_order(writes[i], writes[i + 1])) continue;
+      writes[kept++] = writes[i];
+    }
+    writes.resize(kept);
     const absl::Time start = absl::Now();
     Status written = store_->Write(writes, /*sync=*/false);
     last_write_us_.store(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)),
