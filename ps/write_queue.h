@@ -3,7 +3,8 @@
 // Tables append row images (key + bytes) while holding the row's stripe
 // lock, so the queue holds every key's writes in the order they were made;
 // one committer thread writes whatever has queued up as one atomic batch
-// (group commit) and advances durable_seq(). A row whose latest image is
+// (group commit: each key's last image only, in key order, which RocksDB's
+// memtable inserts fastest) and advances durable_seq(). A row whose latest image is
 // durable may leave memory: the store then holds exactly what memory held.
 //
 // Thread-safety: safe for concurrent use.

@@ -3,7 +3,7 @@
 # loopback. Waits for the job and prints its final metrics.
 #
 #   scripts/run_local.sh [JOB.ini] [--servers N] [--workers M] [--rows R]
-#                        [--section.key=value ...]
+#                        [--servers-in-memory] [--section.key=value ...]
 #
 # With no JOB.ini it runs examples/local.ini. For a config in examples/ (no
 # JOB.ini included) it first generates Criteo-format data with a planted
@@ -11,13 +11,15 @@
 # --section.key=value options go to every process, overriding the config
 # file (e.g. --data.train=DIR --data.eval=DIR to train on your data). Logs
 # and data go to ${EPS_RUN_DIR:-./eps-run}. Every process is stopped when
-# the script exits, however it exits.
+# the script exits, however it exits. --servers-in-memory starts the servers
+# without --data-dir: their parameters live in memory only and a crash
+# loses them (for measuring what the store of record costs).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
 usage() {
   echo "usage: scripts/run_local.sh [JOB.ini] [--servers N] [--workers M] [--rows R]" \
-    "[--section.key=value ...]" >&2
+    "[--servers-in-memory] [--section.key=value ...]" >&2
   exit 2
 }
 
@@ -26,6 +28,7 @@ overrides=()
 servers=2
 workers=2
 rows=500000
+servers_in_memory=false
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --servers) [ "$#" -ge 2 ] || usage; servers="$2"; shift 2 ;;
@@ -34,6 +37,7 @@ while [ "$#" -gt 0 ]; do
     --servers=*) servers="${1#*=}"; shift ;;
     --workers=*) workers="${1#*=}"; shift ;;
     --rows=*) rows="${1#*=}"; shift ;;
+    --servers-in-memory) servers_in_memory=true; shift ;;
     -h|--help) usage ;;
     --*.*=*) overrides+=("$1"); shift ;;
     -*) echo "run_local.sh: unknown option $1" >&2; usage ;;
@@ -120,7 +124,9 @@ http="$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' "$run_dir/master/master.json")"
 echo "eps: master at $endpoint; status page at $http/ (JSON at /status, metrics at /metrics); logs in $run_dir/logs" >&2
 
 for i in $(seq 0 $((servers - 1))); do
-  "$bin/eps-server" --config "$config" --master "$endpoint" --data-dir "$run_dir/server-$i" \
+  server_dir=(--data-dir "$run_dir/server-$i")
+  [ "$servers_in_memory" = true ] && server_dir=()
+  "$bin/eps-server" --config "$config" --master "$endpoint" "${server_dir[@]}" \
     "${extra[@]}" >"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!)
 done
