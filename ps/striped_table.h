@@ -36,6 +36,9 @@ constexpr uint32_t kNumStripes = 1u << kStripeBits;
 
 // An index entry holding this slot is empty.
 constexpr uint32_t kEmptySlot = std::numeric_limits<uint32_t>::max();
+// A key the store was not asked about: it is proven new (see
+// StripedTable::stored_rows_resident_).
+constexpr uint32_t kProvenNew = kEmptySlot - 1;
 constexpr uint32_t kMinIndexCapacity = 16;
 // Largest index capacity: 2^31 entries is far beyond memory.
 constexpr uint32_t kMaxIndexCapacity = 1u << 31;
@@ -105,6 +108,9 @@ class StripedTable final : public Table {
  public:
   StripedTable(const proto::TableSpec& spec, uint64_t seed, std::unique_ptr<Optimizer> optimizer,
                const TableStorage& storage);
+  // Called once by Table::Create, before any other call: the store's table
+  // held no row when the table was made.
+  void StoreStartsEmpty() { stored_rows_resident_.store(true, std::memory_order_relaxed); }
 
   const proto::TableSpec& spec() const override { return spec_; }
   using Table::Pull;
@@ -257,6 +263,12 @@ class StripedTable final : public Table {
   std::atomic<uint64_t> admitted_{0};
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> expired_{0};
+  // True while every row the store holds is also in memory, so that a key
+  // absent from memory is new and the store need not be asked about it:
+  // from a table made over an empty store table (Table::Create) until its
+  // first eviction. Cleared under the evicting stripe's lock and read under
+  // the reading stripe's, so a key's reader sees its own stripe's eviction.
+  std::atomic<bool> stored_rows_resident_{false};
 };
 
 inline void StripedTable::Locate(uint32_t slot, uint32_t* block, uint32_t* offset) const {

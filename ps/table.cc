@@ -133,10 +133,16 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       Stripe& stripe = stripes_[s];
       absl::MutexLock lock(&stripe.mu);
       evictions_seen[s] = stripe.evictions;
+      // Read under this stripe's lock: an eviction from it cleared it first.
+      const bool absent_is_new = stored_rows_resident_.load(std::memory_order_relaxed);
       for (uint32_t j = begin[s]; j < begin[s + 1]; ++j) {
         const uint32_t i = order[j];
         prefetched[j] = kEmptySlot;
         if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;
+        if (absent_is_new) {
+          prefetched[j] = kProvenNew;
+          continue;
+        }
         prefetched[j] = static_cast<uint32_t>(fetch_keys.size());
         fetch_keys.push_back(keys[i]);
       }
@@ -202,13 +208,14 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
           if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;  // a duplicate
           const uint32_t f = prefetched[j];
           CHECK_NE(f, kEmptySlot);
-          if (!found[f] && !may_create(keys[i])) {
+          const bool stored = f != kProvenNew && found[f];
+          if (!stored && !may_create(keys[i])) {
             rowless[j] = true;
             continue;
           }
           InsertLocked(stripe, keys[i], hashes[i],
-                       found[f] ? images.data() + size_t{f} * stored_floats_ : nullptr);
-          *created += !found[f];
+                       stored ? images.data() + size_t{f} * stored_floats_ : nullptr);
+          *created += !stored;
         }
         continue;  // resolve again
       }
@@ -440,8 +447,18 @@ StatusOr<std::unique_ptr<Table>> Table::Create(const proto::TableSpec& spec, uin
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": a memory budget needs a store to evict rows to"));
   }
-  return std::unique_ptr<Table>(
-      new table_internal::StripedTable(spec, seed, *std::move(optimizer), storage));
+  auto table = std::make_unique<table_internal::StripedTable>(spec, seed, *std::move(optimizer),
+                                                               storage);
+  // A table over an empty store table knows every stored row until it
+  // evicts one (a restart, a restore or a second table over the same store
+  // finds rows: they are asked about as before). A failed look proves
+  // nothing either.
+  if (storage.store != nullptr) {
+    const Status empty = storage.store->Scan(
+        spec.id(), [](uint64_t, absl::string_view) { return absl::CancelledError("a row"); });
+    if (empty.ok()) table->StoreStartsEmpty();
+  }
+  return std::unique_ptr<Table>(std::move(table));
 }
 
 }  // namespace eps

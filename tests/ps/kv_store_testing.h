@@ -5,10 +5,13 @@
 #ifndef EPS_TESTS_PS_KV_STORE_TESTING_H_
 #define EPS_TESTS_PS_KV_STORE_TESTING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,6 +42,46 @@ inline uint64_t VersionOf(const char* value) {
   std::memcpy(&version, value + 8, 8);
   return version;
 }
+
+// A KvStore that forwards to another, counts reads and writes, fails them on
+// command, and shows every write to `before_write` first (when set).
+class FailingKvStore final : public KvStore {
+ public:
+  explicit FailingKvStore(std::unique_ptr<KvStore> base) : base_(std::move(base)) {}
+
+  std::atomic<bool> fail_reads{false};
+  std::atomic<bool> fail_writes{false};
+  std::atomic<int> reads{0};
+  std::atomic<int> writes{0};
+  std::function<void(std::span<const KvWrite>)> before_write;
+
+  Status CreateTable(uint32_t table) override { return base_->CreateTable(table); }
+  Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
+                  std::span<char> out, std::vector<bool>* found) override {
+    ++reads;
+    if (fail_reads) return absl::UnavailableError("injected read failure");
+    return base_->MultiGet(table, keys, value_bytes, out, found);
+  }
+  Status Write(std::span<const KvWrite> batch, bool sync) override {
+    ++writes;
+    if (before_write) before_write(batch);
+    if (fail_writes) return absl::UnavailableError("injected write failure");
+    return base_->Write(batch, sync);
+  }
+  Status Scan(uint32_t table,
+              const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+    if (fail_reads) return absl::UnavailableError("injected read failure");
+    return base_->Scan(table, visit);
+  }
+  Status Compact(uint32_t table) override { return base_->Compact(table); }
+  Status Checkpoint(const std::string& dir) override { return base_->Checkpoint(dir); }
+  uint64_t ApproximateRows(uint32_t table) override { return base_->ApproximateRows(table); }
+  uint64_t ApproximateDiskBytes() override { return base_->ApproximateDiskBytes(); }
+  uint64_t ApproximateMemoryBytes() override { return base_->ApproximateMemoryBytes(); }
+
+ private:
+  std::unique_ptr<KvStore> base_;
+};
 
 inline std::vector<KvWrite> WritesFor(uint32_t table, const std::vector<uint64_t>& keys,
                                       const std::vector<std::string>& values) {

@@ -37,6 +37,7 @@
 #include "ps/kv_store.h"
 #include "ps/table.h"
 #include "ps/write_queue.h"
+#include "tests/ps/kv_store_testing.h"
 
 namespace eps {
 namespace {
@@ -73,43 +74,6 @@ std::unique_ptr<KvStore> OpenRocks(const std::string& dir) {
   CHECK(store.ok()) << store.status();
   return *std::move(store);
 }
-
-// A KvStore that forwards to another and fails reads or writes on command.
-class FailingKvStore final : public KvStore {
- public:
-  explicit FailingKvStore(std::unique_ptr<KvStore> base) : base_(std::move(base)) {}
-
-  std::atomic<bool> fail_reads{false};
-  std::atomic<bool> fail_writes{false};
-  std::atomic<int> reads{0};
-  std::atomic<int> writes{0};
-
-  Status CreateTable(uint32_t table) override { return base_->CreateTable(table); }
-  Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
-                  std::span<char> out, std::vector<bool>* found) override {
-    ++reads;
-    if (fail_reads) return absl::UnavailableError("injected read failure");
-    return base_->MultiGet(table, keys, value_bytes, out, found);
-  }
-  Status Write(std::span<const KvWrite> batch, bool sync) override {
-    ++writes;
-    if (fail_writes) return absl::UnavailableError("injected write failure");
-    return base_->Write(batch, sync);
-  }
-  Status Scan(uint32_t table,
-              const std::function<Status(uint64_t, absl::string_view)>& visit) override {
-    if (fail_reads) return absl::UnavailableError("injected read failure");
-    return base_->Scan(table, visit);
-  }
-  Status Compact(uint32_t table) override { return base_->Compact(table); }
-  Status Checkpoint(const std::string& dir) override { return base_->Checkpoint(dir); }
-  uint64_t ApproximateRows(uint32_t table) override { return base_->ApproximateRows(table); }
-  uint64_t ApproximateDiskBytes() override { return base_->ApproximateDiskBytes(); }
-  uint64_t ApproximateMemoryBytes() override { return base_->ApproximateMemoryBytes(); }
-
- private:
-  std::unique_ptr<KvStore> base_;
-};
 
 // A gradient row for SgdSpec(): signed powers of two in [1/4, 4].
 std::vector<float> RandomGrad(std::mt19937_64& rng) {
@@ -600,6 +564,30 @@ TEST_P(TieredTable, DirtyRowsStayInMemoryUntilWritten) {
   const uint64_t misses = table_->stats().misses;
   ExpectWeights(keys, "read back");
   EXPECT_GE(table_->stats().misses - misses, keys.size() - kBudgetRows);
+}
+
+// A table made over an empty store knows every stored row, so it creates
+// rows for new ids without asking the store; made over a store that holds
+// rows (a restart), it asks about every id not in memory and finds them.
+TEST_P(TieredTable, NewIdsAreLookedUpOnlyInAStoreThatHeldRows) {
+  Open(/*budget_rows=*/0, /*every_push=*/false);
+  const std::vector<uint64_t> keys = DistinctKeys(1000, 11);
+  std::mt19937_64 rng(11);
+  std::vector<float> grads;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::vector<float> g = RandomGrad(rng);
+    grads.insert(grads.end(), g.begin(), g.end());
+  }
+  ASSERT_TRUE(Push(keys, grads).ok());
+  ExpectWeights(DistinctKeys(1000, 12), "never pushed");
+  EXPECT_EQ(store_->reads, 0) << "a store that started empty was asked about new ids";
+  ASSERT_TRUE(Flush().ok());
+  if (GetParam() == BackEnd::kMemory) return;  // reopening starts an empty store
+
+  Close();
+  Open(/*budget_rows=*/0, /*every_push=*/false);
+  ExpectWeights(keys, "after reopening");
+  EXPECT_GT(store_->reads, 0);
 }
 
 TEST_P(TieredTable, PulledOnlyRowsAreNotWritten) {
