@@ -26,7 +26,9 @@
 // ps.durability = every_push, where a push returns only once its rows are
 // durable. Over the memory budget, rows whose latest image is durable leave
 // memory (GCLOCK order: a small use count per row); a miss reads them back with one MultiGet per
-// request, outside the stripe lock.
+// request, outside the stripe lock. A table made over an empty store table
+// asks the store nothing until its first eviction: until then every stored
+// row is also in memory, so a key it does not hold is new.
 //
 // Thread-safety: safe for concurrent use. Stripe locks are held only for
 // in-memory work, never across store reads or writes.
