@@ -77,7 +77,7 @@ bool FixTrimThreshold(size_t bytes) {
 
 void TuneForMessages() {
   FixMmapThreshold(size_t{8} << 20);
-  FixTrimThreshold(size_t{32} << 20);
+  FixTrimThreshold(size_t{4} << 20);
 }
 
 }  // namespace eps

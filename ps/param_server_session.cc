@@ -150,8 +150,8 @@ MemberSession::Hooks ParamServer::Impl::SessionHooks() {
   hooks.on_reply = [this](const proto::HeartbeatReply& body) {
     answered_.store(true);
     OnHeartbeatReply(body);
-    // The message buffers the arenas keep (TuneForMessages) go back when
-    // unused, off the request path.
+    // What the arenas keep free (TuneForMessages) goes back every 30 s, off
+    // the request path.
     TrimFreeMemory(absl::Now());
   };
   // The first heartbeat's reply brings the map: PULL and PUSH are served

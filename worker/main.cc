@@ -13,7 +13,6 @@
 #include "core/file_util.h"
 #include "core/flags.h"
 #include "core/logging.h"
-#include "core/memory.h"
 #include "core/signal_watcher.h"
 #include "worker/worker.h"
 
@@ -68,7 +67,6 @@ int main(int argc, char** argv) {
     std::cerr << "eps-worker: " << valid.message() << "\n";
     return 2;
   }
-  eps::TuneForMessages();
   eps::SetLogNode("worker");
   eps::StatusOr<eps::SecurityOptions> security =
       eps::LoadSecurity(options.job.security, eps::proto::ROLE_WORKER);

@@ -165,7 +165,7 @@ MemberSession::Hooks Worker::Impl::MemberHooks(Session& session) {
   };
   hooks.on_reply = [this, &session](const proto::HeartbeatReply& body) {
     OnHeartbeatReply(session, body);
-    TrimFreeMemory(absl::Now());  // what the arenas keep (TuneForMessages), off the step path
+    TrimFreeMemory(absl::Now());  // free pages back every 30 s, off the step path
   };
   // The map is only noted: the parameter clients belong to the loader and
   // the trainer, and each fetches the map itself on WRONG_OWNER (see

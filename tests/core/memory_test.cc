@@ -107,12 +107,12 @@ TEST(FixMmapThreshold, LeavesTheUsersSettingAlone) {
 TEST(TuneForMessages, ReusesAMessageBufferInsteadOfMappingItAgain) {
   if (!kGlibcMalloc) GTEST_SKIP() << "AddressSanitizer replaces glibc's malloc";
   TuneForMessages();
-  constexpr size_t kBytes = size_t{4} << 20;
+  constexpr size_t kBytes = size_t{2} << 20;
   const size_t mapped_before = ::mallinfo2().hblks;
   char* buffer = static_cast<char*>(std::malloc(kBytes));
   ASSERT_NE(buffer, nullptr);
   buffer[0] = buffer[kBytes - 1] = 1;
-  EXPECT_EQ(::mallinfo2().hblks, mapped_before) << "a 4 MiB buffer got a mapping of its own";
+  EXPECT_EQ(::mallinfo2().hblks, mapped_before) << "a 2 MiB buffer got a mapping of its own";
   std::free(buffer);
   EXPECT_GE(::mallinfo2().fordblks, kBytes) << "the freed buffer went back to the system";
   FixMmapThreshold();  // as the other tests expect
