@@ -1,9 +1,13 @@
 #include "ps/write_queue.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <thread>
 #include <tuple>
 
 #include "absl/time/clock.h"
+#include "core/failpoint.h"
 #include "core/logging.h"
 
 namespace eps {
@@ -98,6 +102,16 @@ void WriteQueue::CommitLoop() {
       writes[kept++] = writes[i];
     }
     writes.resize(kept);
+    const uint64_t write = batches_.load(std::memory_order_relaxed) + 1;
+    if (FailpointArmed("ps.kill_in_store_write", write)) {
+      // A kill in the middle of a write: once the write has had 100 us.
+      LOG(WARNING) << "failpoint ps.kill_in_store_write=" << write << ": killing this server "
+                   << "(SIGKILL) while it writes " << writes.size() << " rows";
+      std::thread([] {
+        absl::SleepFor(absl::Microseconds(100));
+        raise(SIGKILL);
+      }).detach();
+    }
     const absl::Time start = absl::Now();
     Status written = store_->Write(writes, /*sync=*/false);
     last_write_us_.store(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)),
