@@ -39,6 +39,14 @@ bool LimitMallocArenas(int arenas) {
 
 namespace {
 
+#if defined(__GLIBC__)
+constexpr int kMmapThreshold = M_MMAP_THRESHOLD;
+constexpr int kTrimThreshold = M_TRIM_THRESHOLD;
+#else
+constexpr int kMmapThreshold = 0;
+constexpr int kTrimThreshold = 0;
+#endif
+
 // Sets mallopt's `param` unless the user set it through the environment
 // (`variable`, or `tunable` in GLIBC_TUNABLES).
 bool SetUnlessUserSet(int param, size_t bytes, const char* variable, const char* tunable) {
@@ -58,21 +66,11 @@ bool SetUnlessUserSet(int param, size_t bytes, const char* variable, const char*
 }  // namespace
 
 bool FixMmapThreshold(size_t bytes) {
-#if defined(__GLIBC__)
-  return SetUnlessUserSet(M_MMAP_THRESHOLD, bytes, "MALLOC_MMAP_THRESHOLD_", "mmap_threshold");
-#else
-  (void)bytes;
-  return false;
-#endif
+  return SetUnlessUserSet(kMmapThreshold, bytes, "MALLOC_MMAP_THRESHOLD_", "mmap_threshold");
 }
 
 bool FixTrimThreshold(size_t bytes) {
-#if defined(__GLIBC__)
-  return SetUnlessUserSet(M_TRIM_THRESHOLD, bytes, "MALLOC_TRIM_THRESHOLD_", "trim_threshold");
-#else
-  (void)bytes;
-  return false;
-#endif
+  return SetUnlessUserSet(kTrimThreshold, bytes, "MALLOC_TRIM_THRESHOLD_", "trim_threshold");
 }
 
 void TuneForMessages() {
