@@ -375,35 +375,45 @@ std::string MetricsText(const JobControl& control) {
   for (const auto& [id, worker] : workers) {
     out.Sample({{"worker", id}}, static_cast<double>(worker->records));
   }
-  out.Family("eps_worker_pull_seconds", MetricType::kHistogram,
-             "Duration of a worker's pulls as its trainer sees them (all servers, network, "
-             "retries).");
-  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.pull_latency());
-  out.Family("eps_worker_push_seconds", MetricType::kHistogram,
-             "Duration of a worker's pushes as its trainer sees them (all servers, network, "
-             "retries).");
-  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.push_latency());
-  out.Family("eps_worker_dense_staleness", MetricType::kHistogram,
-             "Per step a worker started: the updates of the dense tensors its copy missed, as the "
-             "worker knew them (worker.max_staleness bounds them).");
-  for (const auto& [id, worker] : workers) {
-    histogram("worker", id, worker->stats.dense_staleness());
+  // The histograms a worker reports in its heartbeats.
+  using WorkerHistogram = const proto::Histogram& (proto::WorkerStats::*)() const;
+  const struct {
+    const char* name;
+    const char* help;
+    WorkerHistogram field;
+  } worker_histograms[] = {
+      {"eps_worker_pull_seconds",
+       "Duration of a worker's pulls as its trainer sees them (all servers, network, retries).",
+       &proto::WorkerStats::pull_latency},
+      {"eps_worker_push_seconds",
+       "Duration of a worker's pushes as its trainer sees them (all servers, network, retries).",
+       &proto::WorkerStats::push_latency},
+      {"eps_worker_dense_staleness",
+       "Per step a worker started: the updates of the dense tensors its copy missed, as the "
+       "worker knew them (worker.max_staleness bounds them).",
+       &proto::WorkerStats::dense_staleness},
+      {"eps_worker_staleness_wait_seconds",
+       "Per step a worker started: the time it waited for a copy of the dense tensors within "
+       "worker.max_staleness.",
+       &proto::WorkerStats::staleness_wait},
+      {"eps_worker_batch_wait_seconds",
+       "Per step: the time a worker's trainer waited for its next batch (read, parsed, its "
+       "embedding rows pulled).",
+       &proto::WorkerStats::batch_wait},
+      {"eps_worker_compute_seconds",
+       "Per step: the time a worker's trainer computed (forward and backward).",
+       &proto::WorkerStats::compute},
+      {"eps_worker_push_wait_seconds",
+       "Per step: the time a worker's trainer waited to hand the step over (its pushes and "
+       "commits behind it, at worker.max_staleness).",
+       &proto::WorkerStats::push_wait},
+  };
+  for (const auto& family : worker_histograms) {
+    out.Family(family.name, MetricType::kHistogram, family.help);
+    for (const auto& [id, worker] : workers) {
+      histogram("worker", id, (worker->stats.*family.field)());
+    }
   }
-  out.Family("eps_worker_staleness_wait_seconds", MetricType::kHistogram,
-             "Per step a worker started: the time it waited for a copy of the dense tensors "
-             "within worker.max_staleness.");
-  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.staleness_wait());
-  out.Family("eps_worker_batch_wait_seconds", MetricType::kHistogram,
-             "Per step: the time a worker's trainer waited for its next batch (read, parsed, "
-             "its embedding rows pulled).");
-  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.batch_wait());
-  out.Family("eps_worker_compute_seconds", MetricType::kHistogram,
-             "Per step: the time a worker's trainer computed (forward and backward).");
-  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.compute());
-  out.Family("eps_worker_push_wait_seconds", MetricType::kHistogram,
-             "Per step: the time a worker's trainer waited to hand the step over (its pushes and "
-             "commits behind it, at worker.max_staleness).");
-  for (const auto& [id, worker] : workers) histogram("worker", id, worker->stats.push_wait());
 
   auto per_server = [&out, &servers](const char* name, MetricType type, const char* help,
                                      const std::function<double(const ServerEntry&)>& value) {
