@@ -17,15 +17,14 @@
 // around long-lived blocks stays resident (the soak's server: 41.5 MiB
 // after warm-up with the dynamic threshold, 32.8 MiB with a fixed one).
 //
-//
 // A server moves messages of up to 4 MiB (PsClient cuts every request, and
 // so every reply, there) many times a second. Each served by its own mmap,
 // every one of their pages faults in afresh and is zeroed: a wdl step at 1
 // server and 1 worker spent about 15% of the server's CPU in page faults.
 // TuneForMessages serves blocks under 8 MiB from the arenas and keeps up
-// to 4 MiB free at the top of a heap, so message buffers are reused; a
-// TrimFreeMemory every 30 s hands back what the heaps hold free between
-// long-lived blocks. Measured (bench/e2e.sh's wdl at (1, 1), 200,000 rows):
+// to 4 MiB free at the top of a heap, so message buffers are reused; the
+// TrimFreeMemory after every heartbeat (MemberSession, at most every 30 s)
+// hands back what the heaps hold free between long-lived blocks. Measured (bench/e2e.sh's wdl at (1, 1), 200,000 rows):
 // 13.0-13.5k samples/s before, 15.6-15.8k after; a 5-minute soak kept the
 // server within +1.5%. With 32 MiB kept at a heap's top the server drifted
 // +21% in that soak; tuning the worker too (17k samples/s) drifted it +8%,
@@ -71,7 +70,7 @@ bool FixMmapThreshold(size_t bytes = 128 << 10);
 bool FixTrimThreshold(size_t bytes);
 
 // A server's thresholds: FixMmapThreshold(8 MiB) and FixTrimThreshold(4
-// MiB). Call at startup, and TrimFreeMemory from a periodic loop.
+// MiB). Call at startup.
 void TuneForMessages();
 
 }  // namespace eps

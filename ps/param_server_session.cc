@@ -17,7 +17,6 @@
 #include "cluster/member_session.h"
 #include "cluster/placement.h"
 #include "core/logging.h"
-#include "core/memory.h"
 #include "ps/param_server_impl.h"
 #include "rpc/message.h"
 #include "rpc/net.h"
@@ -150,9 +149,6 @@ MemberSession::Hooks ParamServer::Impl::SessionHooks() {
   hooks.on_reply = [this](const proto::HeartbeatReply& body) {
     answered_.store(true);
     OnHeartbeatReply(body);
-    // What the arenas keep free (TuneForMessages) goes back every 30 s, off
-    // the request path.
-    TrimFreeMemory(absl::Now());
   };
   // The first heartbeat's reply brings the map: PULL and PUSH are served
   // from then on.

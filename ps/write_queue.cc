@@ -118,12 +118,12 @@ void WriteQueue::CommitLoop() {
                          std::memory_order_relaxed);
     absl::MutexLock lock(&mu_);
     if (!written.ok()) {
-      LOG(ERROR) << "writing " << batch.size() << " rows to the store failed: " << written;
+      LOG(ERROR) << "writing " << writes.size() << " rows to the store failed: " << written;
       error_ = written;
       continue;
     }
     batches_.fetch_add(1, std::memory_order_relaxed);
-    rows_.fetch_add(batch.size(), std::memory_order_relaxed);
+    rows_.fetch_add(writes.size(), std::memory_order_relaxed);  // each key once
     durable_seq_.store(last_seq, std::memory_order_release);
     batch.clear();
   }

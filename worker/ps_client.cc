@@ -279,6 +279,9 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
                       uint32_t pass, const proto::WorkBatch* batch, std::string* receipt) {
   const ScopedLatency timer(push_latency_);
   if (versions != nullptr) versions->assign(tables.size(), {});
+  if (receipt != nullptr) receipt->clear();
+  // Only a caller who takes the receipt sends the batch it is made for.
+  bool receipt_wanted = batch != nullptr && receipt != nullptr;
   CHECK_EQ(tables.size(), grads.size());
   for (size_t t = 0; t < tables.size(); ++t) {
     CHECK_EQ(grads[t].size(), tables[t].keys.size() * table(tables[t].table_id).dim());
@@ -293,9 +296,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     // The batch (for its receipt) in one request per round, until a reply
     // brought the receipt: a round whose carrier was refused re-plans, and
     // its next round's first request carries it again.
-    if (batch != nullptr && first && (receipt == nullptr || receipt->empty())) {
-      *body->mutable_batch() = *batch;
-    }
+    if (receipt_wanted && first) *body->mutable_batch() = *batch;
     for (const Piece& piece : request.pieces) {
       const uint32_t dim = table(tables[piece.table].table_id).dim();
       body->add_table_ids(tables[piece.table].table_id);
@@ -321,7 +322,10 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
   };
   return Exchange(tables, "PUSH", build, [&](const Request& request, Message& reply) {
     NoteVersions(request, reply.header().push_reply().versions(), /*lowest=*/false, versions);
-    if (receipt != nullptr && receipt->empty()) *receipt = reply.header().push_reply().receipt();
+    if (receipt_wanted && !reply.header().push_reply().receipt().empty()) {
+      *receipt = reply.header().push_reply().receipt();
+      receipt_wanted = false;
+    }
     return absl::OkStatus();
   });
 }

@@ -86,12 +86,13 @@ class PsClient {
   // given) gets each server's versions once the push is applied (the
   // highest when it took a table in several messages). `pass` is 1 + the
   // training pass (epoch) the gradients come from, 0 when not known
-  // (PushRequest.pass). `batch`, when given, names the training records the
-  // gradients come from. One request of the push carries it (the first of a
-  // routing round, until a reply brought its receipt): every server makes
-  // the same receipt, so one HMAC per push is enough. Under CURVE the server
-  // answers with the receipt, and `receipt` (when given) gets it (empty
-  // when none came).
+  // (PushRequest.pass). `batch` names the training records the gradients
+  // come from, for a receipt: under CURVE the server answers with one and
+  // `receipt` gets it (cleared first; empty when none came). Both or
+  // neither: without `receipt` no batch is sent. One request of the push
+  // carries the batch (the first of a routing round, until a reply brought
+  // the receipt): every server makes the same receipt, so one HMAC per push
+  // is enough.
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
   Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
               float lr_scale = 1.0f, const Versions* based_on = nullptr,

@@ -33,25 +33,21 @@ Status Worker::Impl::TrainBatches(Session& session, RpcChannel& master) {
   // The batch sizer times whole steps: from one step's hand-over to the
   // pipeline to the next.
   absl::Time step_ended = absl::Now();
-  // Where the trainer waits (WorkerStats.batch_wait, push_wait).
-  absl::Time asked = absl::Now();
-  const auto next_batch = [&session, &asked] {
-    asked = absl::Now();
+  // Where the trainer waits: for its batch (WorkerStats.batch_wait) and to
+  // hand a step over (push_wait).
+  const auto next_batch = [&session] {
+    const ScopedLatency waiting(&session.batch_wait);
     return session.loader->Pop();
   };
-  const auto hand_over = [&session](auto&& wait) -> Status {
-    const absl::Time started = absl::Now();
-    Status status = wait();
-    session.push_wait.Observe(absl::Now() - started);
-    return status;
-  };
   while (std::shared_ptr<PreparedBatch> prepared = next_batch()) {
-    session.batch_wait.Observe(absl::Now() - asked);
     if (session.over.load()) break;  // fenced: nothing queued may land
     if (!prepared->unreadable.empty()) {
       // Every batch of the shard before it is committed: the master checks
       // the file from there and skips the rest, or stops the job.
-      status = hand_over([&session] { return session.pipeline->Drain(); });
+      {
+        const ScopedLatency waiting(&session.push_wait);
+        status = session.pipeline->Drain();
+      }
       if (status.ok()) status = ReportUnreadable(session, master, *prepared);
       if (!status.ok()) break;
       continue;
@@ -68,9 +64,10 @@ Status Worker::Impl::TrainBatches(Session& session, RpcChannel& master) {
     }
     const double loss_sum = result.loss_sum;
     std::move(end_step).Cancel();  // the step's on_end ends it, queued or refused
-    status = hand_over([&] {
-      return session.pipeline->Enqueue(MakeStep(session, prepared, std::move(result)));
-    });
+    {
+      const ScopedLatency waiting(&session.push_wait);
+      status = session.pipeline->Enqueue(MakeStep(session, prepared, std::move(result)));
+    }
     if (!status.ok()) break;
     if (hang_trainer) {
       // As a trainer stuck in a device call: in its next step, holding its
@@ -164,11 +161,9 @@ Status Worker::Impl::Train(Session& session, const std::shared_ptr<PreparedBatch
     }
   }
   const float lr_scale = eval ? 1.0f : batch_size_.LrScale(prepared->batch.size());
-  const absl::Time computing = absl::Now();
-  Status status = Step(session, *prepared, std::shared_ptr<const Batch>(prepared, &prepared->batch),
-                       prepared->params, copy, lr_scale, result);
-  session.compute.Observe(absl::Now() - computing);
-  return status;
+  const ScopedLatency computing(&session.compute);
+  return Step(session, *prepared, std::shared_ptr<const Batch>(prepared, &prepared->batch),
+              prepared->params, copy, lr_scale, result);
 }
 
 Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,

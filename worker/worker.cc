@@ -12,7 +12,6 @@
 #include "cluster/job_progress.h"
 #include "core/data_schema.h"
 #include "core/logging.h"
-#include "core/memory.h"
 #include "models/cuda/cuda_model.h"
 #include "models/device.h"
 #include "rpc/message.h"
@@ -165,7 +164,6 @@ MemberSession::Hooks Worker::Impl::MemberHooks(Session& session) {
   };
   hooks.on_reply = [this, &session](const proto::HeartbeatReply& body) {
     OnHeartbeatReply(session, body);
-    TrimFreeMemory(absl::Now());  // free pages back every 30 s, off the step path
   };
   // The map is only noted: the parameter clients belong to the loader and
   // the trainer, and each fetches the map itself on WRONG_OWNER (see

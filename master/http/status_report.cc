@@ -45,22 +45,23 @@ json StalenessSummary(const proto::Histogram& wire, const char* counted) {
   return summary;
 }
 
-// Where a worker's steps spent their time: per step, the mean milliseconds
-// it waited for its batch, for the dense tensors and to hand the step over
-// (its pushes and commits), and computed (null before any step).
+// Where a worker's steps spent their time: the mean milliseconds of each
+// wait for its batch, for the dense tensors and to hand a step over (its
+// pushes and commits), and of each step's compute (null when none was
+// measured or reported); `steps` counts the steps computed.
 json StepTimes(const proto::WorkerStats& stats) {
-  StatusOr<HistogramSnapshot> compute = HistogramFromProto(stats.compute());
-  const uint64_t steps = compute.ok() ? compute->count : 0;
-  json times = {{"steps", steps}};
-  for (const auto& [name, wire] : {std::pair{"batch_wait", &stats.batch_wait()},
-                                   std::pair{"dense_wait", &stats.staleness_wait()},
-                                   std::pair{"compute", &stats.compute()},
-                                   std::pair{"push_wait", &stats.push_wait()}}) {
-    StatusOr<HistogramSnapshot> snapshot = HistogramFromProto(*wire);
-    times[name] = steps == 0 || !snapshot.ok()
-                      ? json(nullptr)
-                      : json(1e3 * snapshot->sum / static_cast<double>(steps));
-  }
+  uint64_t steps = 0;
+  const auto mean_ms = [](const proto::Histogram& wire, uint64_t* count = nullptr) -> json {
+    StatusOr<HistogramSnapshot> snapshot = HistogramFromProto(wire);
+    if (!snapshot.ok() || snapshot->count == 0) return nullptr;
+    if (count != nullptr) *count = snapshot->count;
+    return 1e3 * snapshot->sum / static_cast<double>(snapshot->count);
+  };
+  json times = {{"batch_wait", mean_ms(stats.batch_wait())},
+                {"dense_wait", mean_ms(stats.staleness_wait())},
+                {"compute", mean_ms(stats.compute(), &steps)},
+                {"push_wait", mean_ms(stats.push_wait())}};
+  times["steps"] = steps;
   return times;
 }
 
@@ -376,7 +377,7 @@ std::string MetricsText(const JobControl& control) {
     out.Sample({{"worker", id}}, static_cast<double>(worker->records));
   }
   // The histograms a worker reports in its heartbeats.
-  using WorkerHistogram = const proto::Histogram& (proto::WorkerStats::*)() const;
+  using WorkerHistogram = const proto::Histogram& (*)(const proto::WorkerStats&);
   const struct {
     const char* name;
     const char* help;
@@ -384,34 +385,34 @@ std::string MetricsText(const JobControl& control) {
   } worker_histograms[] = {
       {"eps_worker_pull_seconds",
        "Duration of a worker's pulls as its trainer sees them (all servers, network, retries).",
-       &proto::WorkerStats::pull_latency},
+       [](const proto::WorkerStats& s) -> const proto::Histogram& { return s.pull_latency(); }},
       {"eps_worker_push_seconds",
        "Duration of a worker's pushes as its trainer sees them (all servers, network, retries).",
-       &proto::WorkerStats::push_latency},
+       [](const proto::WorkerStats& s) -> const proto::Histogram& { return s.push_latency(); }},
       {"eps_worker_dense_staleness",
        "Per step a worker started: the updates of the dense tensors its copy missed, as the "
        "worker knew them (worker.max_staleness bounds them).",
-       &proto::WorkerStats::dense_staleness},
+       [](const proto::WorkerStats& s) -> const proto::Histogram& { return s.dense_staleness(); }},
       {"eps_worker_staleness_wait_seconds",
        "Per step a worker started: the time it waited for a copy of the dense tensors within "
        "worker.max_staleness.",
-       &proto::WorkerStats::staleness_wait},
+       [](const proto::WorkerStats& s) -> const proto::Histogram& { return s.staleness_wait(); }},
       {"eps_worker_batch_wait_seconds",
        "Per step: the time a worker's trainer waited for its next batch (read, parsed, its "
        "embedding rows pulled).",
-       &proto::WorkerStats::batch_wait},
+       [](const proto::WorkerStats& s) -> const proto::Histogram& { return s.batch_wait(); }},
       {"eps_worker_compute_seconds",
        "Per step: the time a worker's trainer computed (forward and backward).",
-       &proto::WorkerStats::compute},
+       [](const proto::WorkerStats& s) -> const proto::Histogram& { return s.compute(); }},
       {"eps_worker_push_wait_seconds",
        "Per step: the time a worker's trainer waited to hand the step over (its pushes and "
        "commits behind it, at worker.max_staleness).",
-       &proto::WorkerStats::push_wait},
+       [](const proto::WorkerStats& s) -> const proto::Histogram& { return s.push_wait(); }},
   };
   for (const auto& family : worker_histograms) {
     out.Family(family.name, MetricType::kHistogram, family.help);
     for (const auto& [id, worker] : workers) {
-      histogram("worker", id, (worker->stats.*family.field)());
+      histogram("worker", id, family.field(worker->stats));
     }
   }
 

@@ -116,6 +116,7 @@ TEST(TuneForMessages, ReusesAMessageBufferInsteadOfMappingItAgain) {
   std::free(buffer);
   EXPECT_GE(::mallinfo2().fordblks, kBytes) << "the freed buffer went back to the system";
   FixMmapThreshold();  // as the other tests expect
+  FixTrimThreshold(128 << 10);
 }
 
 TEST(FixTrimThreshold, LeavesTheUsersSettingAlone) {

@@ -57,6 +57,7 @@ TEST(WriteQueue, WritesEachKeysLastImageInKeyOrder) {
   const std::vector<Row> want = {
       {0, 2, "e", false}, {0, 3, "d", false}, {0, 7, "", true}, {1, 9, "c", false}};
   EXPECT_EQ(batches[1], want);
+  EXPECT_EQ(queue.rows_written(), 1u + want.size());  // each key once per write
 
   std::vector<bool> found;
   std::string value(1, '\0');

@@ -151,10 +151,7 @@ TEST_F(PsClientTest, PushOfAFewKeysKeepsThem) {
 TEST_F(PsClientTest, PullReroutesRefusedKeysAfterWrongOwner) {
   // Server 0 has handed its partitions to server 1 (map v2); the client
   // still routes by v1.
-  const proto::ClusterMap moved = MovePartitions(/*from=*/0, /*to=*/1);
-  servers_[0]->SetMap(moved);
-  servers_[1]->SetMap(moved);
-  refreshed_map_ = moved;
+  const proto::ClusterMap moved = HandOverPartitions(/*from=*/0, /*to=*/1);
   const std::vector<uint64_t> wide = MakeKeys(300);
   const std::vector<uint64_t> deep = MakeKeys(100, /*salt=*/400);
   std::unique_ptr<PsClient> client = MakeClient();
@@ -183,10 +180,7 @@ TEST_F(PsClientTest, PullReroutesRefusedKeysAfterWrongOwner) {
 }
 
 TEST_F(PsClientTest, PushAfterWrongOwnerAppliesEveryKeyOnce) {
-  const proto::ClusterMap moved = MovePartitions(/*from=*/2, /*to=*/0);
-  servers_[2]->SetMap(moved);
-  servers_[0]->SetMap(moved);
-  refreshed_map_ = moved;
+  const proto::ClusterMap moved = HandOverPartitions(/*from=*/2, /*to=*/0);
   const std::vector<uint64_t> wide = MakeKeys(400);
   const std::vector<uint64_t> deep = MakeKeys(200, /*salt=*/900);
   const std::vector<float> wide_grads = GradsFor(kWide, wide);
@@ -240,15 +234,25 @@ TEST_F(PsClientTest, OneRequestOfAPushCarriesItsBatchForTheReceipt) {
     batches += server->batches();
   }
   EXPECT_EQ(batches, 1);
+
+  // A receipt string the caller left filled is not taken for this push's.
+  receipt = "a stale receipt";
+  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, &batch, &receipt).ok());
+  batches = 0;
+  for (const auto& server : servers_) batches += server->batches();
+  EXPECT_EQ(batches, 2);
+  EXPECT_THAT(receipt, ::testing::StartsWith("receipt of ps "));
+  // Without a receipt to take, no batch is sent (no server makes one).
+  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, &batch, nullptr).ok());
+  batches = 0;
+  for (const auto& server : servers_) batches += server->batches();
+  EXPECT_EQ(batches, 2);
 }
 
 // The request carrying the batch refused (WRONG_OWNER): the next round's
 // first request carries it, and the receipt still comes.
 TEST_F(PsClientTest, ARefusedCarrierPassesTheBatchOnToTheNextRound) {
-  const proto::ClusterMap moved = MovePartitions(/*from=*/0, /*to=*/1);
-  servers_[0]->SetMap(moved);
-  servers_[1]->SetMap(moved);
-  refreshed_map_ = moved;
+  HandOverPartitions(/*from=*/0, /*to=*/1);
   const std::vector<uint64_t> wide = MakeKeys(400);
   const std::vector<float> wide_grads = GradsFor(kWide, wide);
   const std::vector<PsClient::Keys> tables = {{kWide, wide}};

@@ -293,7 +293,6 @@ class PsClientTest : public ::testing::Test {
     refreshed_map_ = map_;
   }
 
-  // A client whose refresh_map returns refreshed_map_ (and counts calls).
   // Points server 1 of the map at a port nobody listens on any more;
   // returns that endpoint.
   std::string MoveServerOneToAClosedPort() {
@@ -309,6 +308,7 @@ class PsClientTest : public ::testing::Test {
     return dead;
   }
 
+  // A client whose refresh_map returns refreshed_map_ (and counts calls).
   std::unique_ptr<PsClient> MakeClient(size_t max_request_bytes = size_t{4} << 20,
                                        CallOptions call = Patient(), bool install_map = true) {
     proto::NodeId self;
@@ -375,6 +375,16 @@ class PsClientTest : public ::testing::Test {
     for (int p = 0; p < moved.partition_owner_size(); ++p) {
       if (moved.partition_owner(p) == from) moved.set_partition_owner(p, to);
     }
+    return moved;
+  }
+
+  // MovePartitions(from, to), known to both servers and what the client's
+  // refresh returns.
+  proto::ClusterMap HandOverPartitions(uint32_t from, uint32_t to) {
+    const proto::ClusterMap moved = MovePartitions(from, to);
+    servers_[from]->SetMap(moved);
+    servers_[to]->SetMap(moved);
+    refreshed_map_ = moved;
     return moved;
   }
 
