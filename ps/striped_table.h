@@ -36,9 +36,6 @@ constexpr uint32_t kNumStripes = 1u << kStripeBits;
 
 // An index entry holding this slot is empty.
 constexpr uint32_t kEmptySlot = std::numeric_limits<uint32_t>::max();
-// A key the store was not asked about: it is proven new (see
-// StripedTable::stored_rows_resident_).
-constexpr uint32_t kProvenNew = kEmptySlot - 1;
 constexpr uint32_t kMinIndexCapacity = 16;
 // Largest index capacity: 2^31 entries is far beyond memory.
 constexpr uint32_t kMaxIndexCapacity = 1u << 31;
@@ -106,11 +103,10 @@ static_assert(sizeof(IndexEntry) == 8);
 
 class StripedTable final : public Table {
  public:
+  // `store_started_empty`: the store's table held no row when the table
+  // was made (see AbsentIsNewLocked).
   StripedTable(const proto::TableSpec& spec, uint64_t seed, std::unique_ptr<Optimizer> optimizer,
-               const TableStorage& storage);
-  // Called once by Table::Create, before any other call: the store's table
-  // held no row when the table was made.
-  void StoreStartsEmpty() { stored_rows_resident_.store(true, std::memory_order_relaxed); }
+               const TableStorage& storage, bool store_started_empty);
 
   const proto::TableSpec& spec() const override { return spec_; }
   using Table::Pull;
@@ -172,6 +168,15 @@ class StripedTable final : public Table {
     // was released is current only if no eviction happened meanwhile.
     uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
   };
+
+  // True when a key of `stripe` that is not in memory is new, so the store
+  // need not be asked about it: the table was made over an empty store
+  // table and the stripe has dropped no row since (a row leaves memory
+  // before the store only through DropLocked, or the expiry sweep's
+  // erases, which both count as evictions).
+  bool AbsentIsNewLocked(const Stripe& stripe) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu) {
+    return store_started_empty_ && stripe.evictions == 0;
+  }
 
   // Resolves every key's row (reading missing ones from the store or
   // creating them), then calls visit(position in keys, row) for each key,
@@ -263,12 +268,7 @@ class StripedTable final : public Table {
   std::atomic<uint64_t> admitted_{0};
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> expired_{0};
-  // True while every row the store holds is also in memory, so that a key
-  // absent from memory is new and the store need not be asked about it:
-  // from a table made over an empty store table (Table::Create) until its
-  // first eviction. Cleared under the evicting stripe's lock and read under
-  // the reading stripe's, so a key's reader sees its own stripe's eviction.
-  std::atomic<bool> stored_rows_resident_{false};
+  const bool store_started_empty_;
 };
 
 inline void StripedTable::Locate(uint32_t slot, uint32_t* block, uint32_t* offset) const {

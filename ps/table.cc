@@ -45,7 +45,8 @@ class ABSL_SCOPED_LOCKABLE ScopedUnlock {
 }  // namespace
 
 StripedTable::StripedTable(const proto::TableSpec& spec, uint64_t seed,
-                           std::unique_ptr<Optimizer> optimizer, const TableStorage& storage)
+                           std::unique_ptr<Optimizer> optimizer, const TableStorage& storage,
+                           bool store_started_empty)
     : spec_(spec),
       seed_(seed),
       optimizer_(std::move(optimizer)),
@@ -55,7 +56,8 @@ StripedTable::StripedTable(const proto::TableSpec& spec, uint64_t seed,
       ttl_passes_(spec.ttl_passes()),
       stored_floats_(row_floats_ + (ttl_passes_ > 0 ? 1 : 0)),
       bytes_per_row_(sizeof(float) * stored_floats_ + sizeof(SlotMeta) + 2 * sizeof(IndexEntry)),
-      stripes_(std::make_unique<Stripe[]>(kNumStripes)) {
+      stripes_(std::make_unique<Stripe[]>(kNumStripes)),
+      store_started_empty_(store_started_empty) {
   const uint64_t fit = std::max<uint64_t>(1, kMaxBlockFloats / stored_floats_);
   max_block_rows_ = static_cast<uint32_t>(std::min<uint64_t>(kMaxBlockRows, std::bit_floor(fit)));
   min_block_rows_ = std::min(kMinBlockRows, max_block_rows_);
@@ -133,16 +135,13 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       Stripe& stripe = stripes_[s];
       absl::MutexLock lock(&stripe.mu);
       evictions_seen[s] = stripe.evictions;
-      // Read under this stripe's lock: an eviction from it cleared it first.
-      const bool absent_is_new = stored_rows_resident_.load(std::memory_order_relaxed);
+      // Nothing to read: its absent keys are made below without a read (an
+      // eviction meanwhile sends them to the store after all).
+      if (AbsentIsNewLocked(stripe)) continue;
       for (uint32_t j = begin[s]; j < begin[s + 1]; ++j) {
         const uint32_t i = order[j];
         prefetched[j] = kEmptySlot;
         if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;
-        if (absent_is_new) {
-          prefetched[j] = kProvenNew;
-          continue;
-        }
         prefetched[j] = static_cast<uint32_t>(fetch_keys.size());
         fetch_keys.push_back(keys[i]);
       }
@@ -185,7 +184,7 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
         hits += (last - first) - absent.size();
       }
       if (absent.empty()) break;
-      if (storage_.store == nullptr) {
+      if (storage_.store == nullptr || AbsentIsNewLocked(stripe)) {
         for (uint32_t j : absent) {
           const uint32_t i = order[j];
           slots[j] = FindLocked(stripe, keys[i], hashes[i]);  // a duplicate inserted just now
@@ -208,14 +207,13 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
           if (FindLocked(stripe, keys[i], hashes[i]) != kEmptySlot) continue;  // a duplicate
           const uint32_t f = prefetched[j];
           CHECK_NE(f, kEmptySlot);
-          const bool stored = f != kProvenNew && found[f];
-          if (!stored && !may_create(keys[i])) {
+          if (!found[f] && !may_create(keys[i])) {
             rowless[j] = true;
             continue;
           }
           InsertLocked(stripe, keys[i], hashes[i],
-                       stored ? images.data() + size_t{f} * stored_floats_ : nullptr);
-          *created += !stored;
+                       found[f] ? images.data() + size_t{f} * stored_floats_ : nullptr);
+          *created += !found[f];
         }
         continue;  // resolve again
       }
@@ -447,18 +445,20 @@ StatusOr<std::unique_ptr<Table>> Table::Create(const proto::TableSpec& spec, uin
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": a memory budget needs a store to evict rows to"));
   }
-  auto table = std::make_unique<table_internal::StripedTable>(spec, seed, *std::move(optimizer),
-                                                               storage);
   // A table over an empty store table knows every stored row until it
-  // evicts one (a restart, a restore or a second table over the same store
-  // finds rows: they are asked about as before). A failed look proves
-  // nothing either.
-  if (storage.store != nullptr) {
-    const Status empty = storage.store->Scan(
-        spec.id(), [](uint64_t, absl::string_view) { return absl::CancelledError("a row"); });
-    if (empty.ok()) table->StoreStartsEmpty();
+  // drops one (a restart or a restore finds rows: they are asked about as
+  // before). The estimate spares a restarted server's big store the scan;
+  // the scan (to the first row) is the proof. A failed look proves nothing.
+  bool store_started_empty = false;
+  if (storage.store != nullptr && storage.store->ApproximateRows(spec.id()) == 0) {
+    store_started_empty =
+        storage.store
+            ->Scan(spec.id(),
+                   [](uint64_t, absl::string_view) { return absl::CancelledError("a row"); })
+            .ok();
   }
-  return std::unique_ptr<Table>(std::move(table));
+  return std::unique_ptr<Table>(new table_internal::StripedTable(
+      spec, seed, *std::move(optimizer), storage, store_started_empty));
 }
 
 }  // namespace eps

@@ -27,8 +27,9 @@
 // durable. Over the memory budget, rows whose latest image is durable leave
 // memory (GCLOCK order: a small use count per row); a miss reads them back with one MultiGet per
 // request, outside the stripe lock. A table made over an empty store table
-// asks the store nothing until its first eviction: until then every stored
-// row is also in memory, so a key it does not hold is new.
+// asks the store nothing about a stripe's keys until the stripe first drops
+// a row: until then every stored row of it is also in memory, so a key it
+// does not hold is new.
 //
 // Thread-safety: safe for concurrent use. Stripe locks are held only for
 // in-memory work, never across store reads or writes.

@@ -143,9 +143,6 @@ uint64_t StripedTable::EvictLocked(Stripe& stripe, uint64_t count, uint64_t step
       continue;
     }
     if (!DurableLocked(meta)) continue;  // the flusher has to write it first
-    // The row stays in the store only: a key absent from memory may be
-    // stored from now on.
-    stored_rows_resident_.store(false, std::memory_order_relaxed);
     DropLocked(stripe, slot);
     ++evicted;
   }
