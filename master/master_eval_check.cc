@@ -90,15 +90,16 @@ Status Master::Impl::CheckEvaluation(const proto::NodeId& sender,
   if (!range.has_value()) return absl::OkStatus();
   const Status checked = eval_check_->Check(
       range->path, range->first_line, commit, labels, predictions,
-      [this](const Batch& batch, ParamBuffers* params) { return PullForCheck(batch, params); });
+      [this](const Batch& batch, ParamBuffers* params) { return PullForCheck(batch, params); },
+      clock_->Now());
   if (checked.ok()) return absl::OkStatus();
   if (absl::IsFailedPrecondition(checked)) {
     // No evaluation of this data can be checked: the job stops, and
     // JobControl::Commit answers the worker that it is over.
     absl::MutexLock lock(&mu_);
-    control_->Stop(absl::StrCat(checked.message(),
-                                "; put the file back as it was when the job started (its data "
-                                "must not change while it runs), then run eps-master --resume"),
+    control_->Stop(absl::StrCat("worker[", sender.id(), "]'s evaluation commit of [",
+                                commit.begin_offset(), ", ", commit.end_offset(), "): ",
+                                checked.message(), ", then run eps-master --resume"),
                    clock_->Now());
     changed_.SignalAll();
     return absl::OkStatus();

@@ -21,16 +21,35 @@ Status NotCheckedNow(absl::string_view why) {
                          proto::SLOW_DOWN);
 }
 
-// The commit's range of `path` could not be read: now (a passing read
-// error: the worker sends it again), or ever (the file is gone, unreadable
-// or shorter than the scan saw: the job's data changed under it).
-Status Unreadable(const std::string& path, const Status& status) {
-  if (absl::IsUnavailable(status)) return NotCheckedNow(absl::StrCat(path, ": ", status.message()));
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the master cannot read ", path, " to check an evaluation commit: ", status.message()));
+// What to do about a file the master cannot read, by the read's error.
+std::string Remedy(const std::string& path, const Status& status) {
+  if (absl::IsPermissionDenied(status)) return absl::StrCat("give the master read access to ", path);
+  if (absl::IsUnavailable(status)) return absl::StrCat("make ", path, " readable again");
+  return absl::StrCat("put ", path, " back as it was when the job started (its data must not "
+                      "change while it runs)");
 }
 
 }  // namespace
+
+Status EvalCheck::Unreadable(const std::string& path, uint64_t begin, const Status& status,
+                             absl::Time now) {
+  // A passing read error: the worker sends the commit again, until the same
+  // range has failed for longer than a shard may go without progress.
+  if (absl::IsUnavailable(status)) {
+    if (!read_failure_.has_value() || read_failure_->path != path ||
+        read_failure_->begin != begin) {
+      read_failure_ = ReadFailure{path, begin, now};
+    }
+    if (now - read_failure_->since <= read_patience_) return NotCheckedNow(status.message());
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the master cannot read ", path, " to check an evaluation commit",
+      absl::IsUnavailable(status)
+          ? absl::StrCat(" (failing for ", absl::FormatDuration(now - read_failure_->since),
+                         ", master.progress_timeout_s)")
+          : "",
+      ": ", status.message(), "; ", Remedy(path, status)));
+}
 
 StatusOr<std::unique_ptr<EvalCheck>> EvalCheck::Create(const JobConfig& job, int sample,
                                                        uint64_t seed) {
@@ -38,13 +57,14 @@ StatusOr<std::unique_ptr<EvalCheck>> EvalCheck::Create(const JobConfig& job, int
   ASSIGN_OR_RETURN(ModelOptions options, ModelOptions::FromConfig(job));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(options));
   return std::unique_ptr<EvalCheck>(
-      new EvalCheck(std::move(model), RecordParser(std::move(schema)), sample, seed));
+      new EvalCheck(std::move(model), RecordParser(std::move(schema)), sample, seed,
+                    absl::Seconds(job.master.progress_timeout_s)));
 }
 
 Status EvalCheck::Check(const std::string& path, uint64_t first_line,
                         const proto::CommitProgressRequest& commit,
                         std::span<const float> labels, std::span<const float> predictions,
-                        const ParamSource& source) {
+                        const ParamSource& source, absl::Time now) {
   const auto lie = [&](const std::string& what) {
     return absl::PermissionDeniedError(absl::StrCat("its evaluation of ", path, " [",
                                                     commit.begin_offset(), ", ",
@@ -52,7 +72,7 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
   };
   StatusOr<std::unique_ptr<LineReader>> opened =
       LineReader::Open(path, commit.begin_offset(), commit.end_offset(), first_line);
-  if (!opened.ok()) return Unreadable(path, opened.status());
+  if (!opened.ok()) return Unreadable(path, commit.begin_offset(), opened.status(), now);
   std::unique_ptr<LineReader> reader = *std::move(opened);
   // Every valid record of the range, as the worker's shard loader reads it.
   const Schema& schema = parser_.schema();
@@ -92,7 +112,10 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
       if (slot < k) sampled[slot] = {index, std::string(line)};
     }
   }
-  if (!reader->status().ok()) return Unreadable(path, reader->status());
+  if (!reader->status().ok()) {
+    return Unreadable(path, commit.begin_offset(), reader->status(), now);
+  }
+  read_failure_.reset();
   if (lines != commit.lines() || malformed != commit.malformed()) {
     return lie(absl::StrCat("claims ", commit.lines(), " lines (", commit.malformed(),
                             " malformed) where the file has ", lines, " (", malformed, ")"));

@@ -29,10 +29,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
 
+#include "absl/time/time.h"
 #include "core/job_config.h"
 #include "core/status.h"
 #include "models/batch.h"
@@ -61,28 +63,49 @@ class EvalCheck {
   const std::vector<ParamSpec>& params() const { return model_->params(); }
 
   // Checks `commit` (EVAL) of the file `path`, whose range starts at line
-  // `first_line`, with its `labels` and `predictions`:
+  // `first_line`, with its `labels` and `predictions`, at time `now`:
   //   kPermissionDenied: the commit does not match the file (lines,
   //     malformed, a label) or a sampled prediction differs from the
   //     model's; the message names the record (file:line) and both values.
   //   kUnavailable with reason SLOW_DOWN: a passing read error, or
   //     `source` failed: nothing was decided (the worker sends it again).
   //   kFailedPrecondition: the range can never be read (the file is gone,
-  //     unreadable, or shorter than the scan saw), naming the file: no
-  //     evaluation of it can be checked (the master stops the job).
+  //     unreadable, or shorter than the scan saw), or its read has failed
+  //     for longer than master.progress_timeout_s; the message names the
+  //     file and what to do. No evaluation of it can be checked (the master
+  //     stops the job). data.on_unreadable = skip does not apply: the
+  //     worker read the range, so the data is there and the fault is the
+  //     master's view of it; skipping would drop evaluated records.
   Status Check(const std::string& path, uint64_t first_line,
                const proto::CommitProgressRequest& commit, std::span<const float> labels,
-               std::span<const float> predictions, const ParamSource& source);
+               std::span<const float> predictions, const ParamSource& source, absl::Time now);
 
  private:
-  EvalCheck(std::unique_ptr<Model> model, RecordParser parser, int sample, uint64_t seed)
-      : model_(std::move(model)), parser_(std::move(parser)), sample_(sample), random_(seed) {}
+  EvalCheck(std::unique_ptr<Model> model, RecordParser parser, int sample, uint64_t seed,
+            absl::Duration read_patience)
+      : model_(std::move(model)),
+        parser_(std::move(parser)),
+        sample_(sample),
+        random_(seed),
+        read_patience_(read_patience) {}
+
+  // The answer to a read of `path` from `begin` that failed with `status`.
+  Status Unreadable(const std::string& path, uint64_t begin, const Status& status,
+                    absl::Time now);
 
   std::unique_ptr<Model> model_;
   RecordParser parser_;
   const int sample_;
   std::mt19937_64 random_;
   ParamBuffers params_;  // given to the ParamSource, kept between checks
+  const absl::Duration read_patience_;
+  // The range whose read has failed with passing errors since `since`.
+  struct ReadFailure {
+    std::string path;
+    uint64_t begin = 0;
+    absl::Time since;
+  };
+  std::optional<ReadFailure> read_failure_;
 };
 
 }  // namespace eps

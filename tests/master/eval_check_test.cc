@@ -22,6 +22,9 @@
 namespace eps {
 namespace {
 
+// The time the checks run at (EvalCheck::Check's `now`).
+const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
+
 using ::testing::HasSubstr;
 
 constexpr int kRecords = 40;
@@ -130,11 +133,11 @@ class EvalCheckTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(EvalCheckTest, AnHonestCommitPasses) {
-  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, predictions_, source_).ok());
+  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, predictions_, source_, kNow).ok());
 }
 
 TEST_P(EvalCheckTest, LabelsCopiedIntoPredictionsFail) {
-  const Status refused = check_->Check(path_, 1, Commit(), labels_, labels_, source_);
+  const Status refused = check_->Check(path_, 1, Commit(), labels_, labels_, source_, kNow);
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(refused.message(), HasSubstr("where the model predicts"));
   EXPECT_THAT(refused.message(), HasSubstr(path_ + ":"));
@@ -143,26 +146,26 @@ TEST_P(EvalCheckTest, LabelsCopiedIntoPredictionsFail) {
 TEST_P(EvalCheckTest, OnePredictionMovedFailsWhenSampled) {
   std::vector<float> nudged = predictions_;
   nudged[17] = nudged[17] > 0.5f ? nudged[17] - 0.01f : nudged[17] + 0.01f;
-  const Status refused = check_->Check(path_, 1, Commit(), labels_, nudged, source_);
+  const Status refused = check_->Check(path_, 1, Commit(), labels_, nudged, source_, kNow);
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
   // Record 17 of the valid ones is line 19 (line 6 is malformed).
   EXPECT_THAT(refused.message(), HasSubstr(path_ + ":19 "));
   // Within the tolerance, a CUDA worker's sums: accepted.
   nudged[17] = predictions_[17] + kEvalCheckTolerance / 2;
-  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, nudged, source_).ok());
+  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, nudged, source_, kNow).ok());
 }
 
 TEST_P(EvalCheckTest, AFlippedLabelFails) {
   std::vector<float> labels = labels_;
   labels[3] = 1.0f - labels[3];
-  EXPECT_THAT(check_->Check(path_, 1, Commit(), labels, predictions_, source_).message(),
+  EXPECT_THAT(check_->Check(path_, 1, Commit(), labels, predictions_, source_, kNow).message(),
               HasSubstr("has label"));
 }
 
 TEST_P(EvalCheckTest, MiscountedLinesFail) {
   proto::CommitProgressRequest commit = Commit();
   commit.set_malformed(0);
-  EXPECT_THAT(check_->Check(path_, 1, commit, labels_, predictions_, source_).message(),
+  EXPECT_THAT(check_->Check(path_, 1, commit, labels_, predictions_, source_, kNow).message(),
               HasSubstr("where the file has 41 (1)"));
 }
 
@@ -170,7 +173,7 @@ TEST_P(EvalCheckTest, WithoutParametersNothingIsDecided) {
   const auto down = [](const Batch&, ParamBuffers*) {
     return absl::DeadlineExceededError("ps[0] did not answer");
   };
-  const Status waits = check_->Check(path_, 1, Commit(), labels_, labels_, down);
+  const Status waits = check_->Check(path_, 1, Commit(), labels_, labels_, down, kNow);
   EXPECT_EQ(waits.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ReasonOf(waits), proto::SLOW_DOWN) << "the worker sends it again after a pause";
   EXPECT_THAT(waits.message(), HasSubstr("ps[0] did not answer"));
@@ -180,13 +183,41 @@ TEST_P(EvalCheckTest, WithoutParametersNothingIsDecided) {
 // to send the commit again forever: the answer names it.
 TEST_P(EvalCheckTest, AFileThatCannotBeReadIsNamedNotRetried) {
   const Status gone =
-      check_->Check(dir_.Join("gone.txt"), 1, Commit(), labels_, predictions_, source_);
+      check_->Check(dir_.Join("gone.txt"), 1, Commit(), labels_, predictions_, source_, kNow);
   EXPECT_EQ(gone.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(ReasonOf(gone), proto::SLOW_DOWN);
   EXPECT_THAT(gone.message(), HasSubstr("the master cannot read " + dir_.Join("gone.txt")));
   std::filesystem::resize_file(path_, end_ / 2);
-  const Status cut = check_->Check(path_, 1, Commit(), labels_, predictions_, source_);
+  const Status cut = check_->Check(path_, 1, Commit(), labels_, predictions_, source_, kNow);
   EXPECT_EQ(cut.code(), absl::StatusCode::kFailedPrecondition) << cut;
+}
+
+// A read error that may pass (here ENOTDIR: the path's directory became a
+// file) is tried again, but not for ever: once the same range has failed
+// for longer than master.progress_timeout_s, the answer names the file and
+// what to do. Each error says its own remedy.
+TEST_P(EvalCheckTest, APassingReadErrorIsRetriedForAShardsPatienceThenNamed) {
+  const std::string under_a_file = path_ + "/eval.txt";
+  const absl::Duration patience = absl::Seconds(job_.master.progress_timeout_s);
+  const auto check = [&](absl::Time now) {
+    return check_->Check(under_a_file, 1, Commit(), labels_, predictions_, source_, now);
+  };
+  Status waits = check(kNow);
+  EXPECT_EQ(waits.code(), absl::StatusCode::kUnavailable) << waits;
+  EXPECT_EQ(ReasonOf(waits), proto::SLOW_DOWN);
+  waits = check(kNow + patience);
+  EXPECT_EQ(waits.code(), absl::StatusCode::kUnavailable) << waits;
+  const Status named = check(kNow + patience + absl::Seconds(1));
+  EXPECT_EQ(named.code(), absl::StatusCode::kFailedPrecondition) << named;
+  EXPECT_THAT(named.message(), HasSubstr("master.progress_timeout_s"));
+  EXPECT_THAT(named.message(), HasSubstr("make " + under_a_file + " readable again"));
+  // A range that reads again starts the count afresh.
+  ASSERT_TRUE(check_->Check(path_, 1, Commit(), labels_, predictions_, source_, kNow).ok());
+  EXPECT_EQ(check(kNow + patience + absl::Seconds(2)).code(), absl::StatusCode::kUnavailable);
+
+  const Status gone = check_->Check(dir_.Join("gone.txt"), 1, Commit(), labels_, predictions_,
+                                    source_, kNow);
+  EXPECT_THAT(gone.message(), HasSubstr("put " + dir_.Join("gone.txt") + " back as it was"));
 }
 
 // A model that diverged predicts NaN for the worker and for the master
@@ -201,8 +232,8 @@ TEST_P(EvalCheckTest, ANaNIsALieOnlyWhereTheModelGivesANumber) {
     return absl::OkStatus();
   };
   const std::vector<float> nans(predictions_.size(), std::numeric_limits<float>::quiet_NaN());
-  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, nans, diverged).ok());
-  const Status refused = check_->Check(path_, 1, Commit(), labels_, nans, source_);
+  EXPECT_TRUE(check_->Check(path_, 1, Commit(), labels_, nans, diverged, kNow).ok());
+  const Status refused = check_->Check(path_, 1, Commit(), labels_, nans, source_, kNow);
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(refused.message(), HasSubstr("predicts nan"));
 }
