@@ -15,9 +15,11 @@
 //   ps.crash_in_checkpoint=N  a parameter server kills itself (SIGKILL) once
 //                             checkpoint N is written, before it replies
 //                             (ps/storage.cc).
-//   ps.kill_in_store_write=N  a parameter server kills itself (SIGKILL) 100 us
-//                             into its N-th write to its store, a flush's or
-//                             an every_push push's (ps/write_queue.cc).
+//   ps.kill_in_store_write=N  a parameter server kills itself (SIGKILL) as
+//                             its N-th write to its store (a flush's or an
+//                             every_push push's) starts, saying on stderr
+//                             whether the write had returned by then
+//                             (ps/write_queue.cc).
 //   ps.fail_expiry=N          a parameter server's sweep of expired rows
 //                             after N passes fails (ps/storage.cc).
 //   worker.hang_trainer=ID    worker ID's trainer hangs after its first

@@ -1,8 +1,11 @@
 #include "ps/write_queue.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -68,6 +71,8 @@ void WriteQueue::SkipSequenceNumbersForTesting(uint64_t n) {
 void WriteQueue::CommitLoop() {
   std::vector<Entry> batch;
   std::vector<KvWrite> writes;
+  // Failpoint ps.kill_in_store_write=N, looked up once.
+  const std::optional<uint64_t> kill_in_write = FailpointValue("ps.kill_in_store_write");
   while (true) {
     uint64_t last_seq;
     {
@@ -102,17 +107,30 @@ void WriteQueue::CommitLoop() {
       writes[kept++] = writes[i];
     }
     writes.resize(kept);
-    const uint64_t write = batches_.load(std::memory_order_relaxed) + 1;
-    if (FailpointArmed("ps.kill_in_store_write", write)) {
-      // A kill in the middle of a write: once the write has had 100 us.
+    // Failpoint: a thread spinning on another core kills the process
+    // (SIGKILL) as soon as this write starts, and says first on stderr
+    // whether the write had returned by then (batches_ counts it).
+    std::atomic<bool> writing{false};
+    if (const uint64_t write = batches_.load(std::memory_order_relaxed) + 1;
+        kill_in_write == write) {
       LOG(WARNING) << "failpoint ps.kill_in_store_write=" << write << ": killing this server "
-                   << "(SIGKILL) while it writes " << writes.size() << " rows";
-      std::thread([] {
-        absl::SleepFor(absl::Microseconds(100));
+                   << "(SIGKILL) in its write of " << writes.size() << " rows";
+      std::atomic<bool> spinning{false};
+      std::thread([this, &writing, &spinning, write] {
+        spinning.store(true);
+        while (!writing.load()) {
+        }
+        const bool returned = batches_.load(std::memory_order_relaxed) >= write;
+        const absl::string_view where =
+            returned ? "killed after the store write returned\n" : "killed inside the store write\n";
+        (void)!::write(STDERR_FILENO, where.data(), where.size());
         raise(SIGKILL);
       }).detach();
+      while (!spinning.load()) {
+      }
     }
     const absl::Time start = absl::Now();
+    writing.store(true);
     Status written = store_->Write(writes, /*sync=*/false);
     last_write_us_.store(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)),
                          std::memory_order_relaxed);

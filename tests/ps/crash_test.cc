@@ -228,6 +228,7 @@ struct ModeFigures {
   uint64_t acked_lost = 0;
   int64_t max_loss_window_ms = 0;  // kill time - earliest lost ack
   int64_t max_flush_ms = 0;        // the longest flush seen
+  int kills_inside_a_write = 0;    // with in_store_write: as the child logged
 };
 
 // Starts, kills and checks kKillsPerMode children in one data dir.
@@ -321,7 +322,13 @@ ModeFigures RunKills(bool every_push, int64_t budget_mb, bool in_store_write = f
     int64_t max_flush_ms = 0;
     for (const Flush& flush : acks.flushes)
       max_flush_ms = std::max(max_flush_ms, flush.duration_ms);
-    std::cout << mode << " kill " << kill << " after " << absl::FormatDuration(delay) << ": acked "
+    const std::string log = in_store_write ? ReadLog(log_path) : std::string();
+    const bool inside = log.find("killed inside the store write") != std::string::npos;
+    figures.kills_inside_a_write += inside;
+    std::cout << mode << " kill " << kill << " "
+              << (in_store_write ? (inside ? "inside a store write" : "after a store write")
+                                 : "after " + absl::FormatDuration(delay))
+              << ": acked "
               << acked << " batches, lost " << lost.size() << " of them (loss window " << window_ms
               << " ms), batch in flight " << (in_flight_stored ? "stored" : "not (fully) stored")
               << "; " << acks.flushes.size() << " flushes seen, longest " << max_flush_ms << " ms";
@@ -380,6 +387,10 @@ TEST(CrashTest, EveryPushKeepsEveryAcknowledgedPushKilledInsideAStoreWrite) {
       RunKills(/*every_push=*/true, /*budget_mb=*/1, /*in_store_write=*/true);
   EXPECT_EQ(figures.acked_lost, 0u);
   EXPECT_GT(figures.acked, 0u);
+  std::cout << figures.kills_inside_a_write << " of " << kKillsPerMode
+            << " kills fell inside a store write\n";
+  EXPECT_GT(figures.kills_inside_a_write, 0) << "no kill fell inside a store write";
+  RecordProperty("kills_inside_a_write", figures.kills_inside_a_write);
 }
 
 TEST(CrashTest, FlushLosesAtMostOneFlushInterval) {
