@@ -19,7 +19,22 @@ const char* PeerStateName(PeerState state) {
   return "unknown";
 }
 
-Membership::Membership(const JobConfig& job, EventSink* events) : job_(job), events_(events) {}
+namespace {
+
+// Worker registrations admitted per second, once master.max_workers
+// registered at once.
+double RegistrationsPerS(int64_t max_workers) {
+  return std::max(8.0, static_cast<double>(max_workers) / 8);
+}
+
+}  // namespace
+
+Membership::Membership(const JobConfig& job, EventSink* events)
+    : job_(job),
+      events_(events),
+      // Full at the first registration (refilled from the infinite past).
+      registrations_(static_cast<double>(job.MaxWorkers()), RegistrationsPerS(job.MaxWorkers()),
+                     absl::InfinitePast()) {}
 
 StatusOr<Membership::Claim> Membership::ClaimSlot(const proto::RegisterServerRequest& request) {
   for (auto& [id, server] : servers_) {
@@ -121,13 +136,10 @@ Status Membership::TakeRegistration(absl::Time now) {
                                         "to leave (or raise master.max_workers)"),
                            proto::SLOW_DOWN);
   }
-  const double capacity = static_cast<double>(max_workers);
-  const double refill = std::max(8.0, capacity / 8);
-  if (!registrations_.has_value()) registrations_.emplace(capacity, refill, now);
-  registrations_->Refill(now);
-  if (!registrations_->TakeOne()) {
+  registrations_.Refill(now);
+  if (!registrations_.TakeOne()) {
     return ErrorWithReason(absl::StatusCode::kResourceExhausted,
-                           absl::StrCat("more than ", refill,
+                           absl::StrCat("more than ", RegistrationsPerS(max_workers),
                                         " worker registrations a second; wait and ask again"),
                            proto::SLOW_DOWN);
   }

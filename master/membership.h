@@ -275,8 +275,8 @@ class Membership {
   std::map<uint32_t, WorkerEntry> workers_;
   std::map<uint32_t, ServerEntry> servers_;
   uint32_t next_worker_id_ = 0;
-  // See TakeRegistration; made full at the first registration.
-  std::optional<TokenBucket> registrations_;
+  // See TakeRegistration.
+  TokenBucket registrations_;
   uint32_t next_server_id_ = 0;
   proto::ClusterMap cluster_map_;
   uint64_t generation_ = 0;

@@ -157,10 +157,10 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
   const absl::Time deadline = absl::Now() + options_.attempt_timeout * options_.max_attempts;
   for (int round = 0; round < kMaxRoutingRounds; ++round) {
     std::vector<Request> requests = Plan(tables, remaining);
-    std::vector<uint64_t> calls;
-    for (const Request& request : requests) {
-      calls.push_back(channel_.Start(placement_->server(request.server).endpoint(),
-                                     build(request, calls.empty()), options_));
+    std::vector<uint64_t> calls(requests.size());
+    for (size_t r = 0; r < requests.size(); ++r) {
+      calls[r] = channel_.Start(placement_->server(requests[r].server).endpoint(),
+                                build(requests[r], /*first=*/r == 0), options_);
     }
     // Wait for every call, even after an error, so none is left pending.
     Status first_error;
