@@ -46,17 +46,13 @@ for rows in $row_counts; do
       EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" "$root/examples/local.ini" --servers 1 \
         --workers 1 "${flags[@]}" --data.train="$data/train" --data.eval="$data/eval" \
         "${overrides[@]}" >"$run.txt" 2>"$run.log"
-      /usr/bin/python3 - "$rows" "$store" "$run/master" >>"$results" <<'PY'
+      PYTHONPATH="$root/bench" /usr/bin/python3 - "$rows" "$store" "$run/master" >>"$results" <<'PY'
 import json, sys
+from job_results import Job
 rows, store, master = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-events = [json.loads(line) for line in open(f"{master}/events.jsonl")]
-start = next(e["time"] for e in events if e["event"] == "epoch_started")
-end = next(e["time"] for e in events if e["event"] == "epoch_finished")
-final = json.load(open(f"{master}/final_status.json"))
-print(json.dumps({"rows": rows, "store": store,
-                  "records_per_s": final["records_per_epoch"] / (end - start),
-                  "ids": sum(s["rows"] for s in final["servers"]),
-                  "auc": final["metrics"]["eval_auc"]}))
+job = Job(master)
+print(json.dumps({"rows": rows, "store": store, "records_per_s": job.samples_per_s,
+                  "ids": sum(s["rows"] for s in job.final["servers"]), "auc": job.auc}))
 PY
     done
   done

@@ -73,16 +73,14 @@ for model in $models; do
     EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" "$config" --servers "$servers" \
       --workers "$workers" --data.train="$data/train" --data.eval="$data/eval" \
       "${overrides[@]}" >"$run.txt" 2>"$run.log"
-    /usr/bin/python3 - "$model" "$servers" "$workers" "$run/master" >>"$results" <<'PY'
+    PYTHONPATH="$root/bench" /usr/bin/python3 - "$model" "$servers" "$workers" "$run/master" \
+      >>"$results" <<'PY'
 import json, sys
+from job_results import Job
 model, servers, workers, master = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-events = [json.loads(line) for line in open(f"{master}/events.jsonl")]
-start = next(e["time"] for e in events if e["event"] == "epoch_started")
-end = next(e["time"] for e in events if e["event"] == "epoch_finished")
-final = json.load(open(f"{master}/final_status.json"))
+job = Job(master)
 print(json.dumps({"model": model, "system": f"eps ({servers}, {workers})",
-                  "samples_per_s": final["records_per_epoch"] / (end - start),
-                  "auc": final["metrics"]["eval_auc"]}))
+                  "samples_per_s": job.samples_per_s, "auc": job.auc}))
 PY
   done
   echo "e2e: $model in PyTorch, $threads thread(s)" >&2

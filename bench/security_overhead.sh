@@ -52,22 +52,17 @@ for model in $models; do
       EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" "$config" --servers 1 --workers 1 \
         --data.train="$data/train" --data.eval="$data/eval" "${mode_flag[@]}" \
         "${overrides[@]}" >"$run.txt" 2>"$run.log"
-      /usr/bin/python3 - "$model" "$mode" "$run/master" >>"$results" <<'PY'
+      PYTHONPATH="$root/bench" /usr/bin/python3 - "$model" "$mode" "$run/master" >>"$results" <<'PY'
 import json, sys
+from job_results import Job
 model, mode, master = sys.argv[1:4]
-events = [json.loads(line) for line in open(f"{master}/events.jsonl")]
-start = next(e["time"] for e in events if e["event"] == "epoch_started")
-end = next(e["time"] for e in events if e["event"] == "epoch_finished")
-eval_start = next(e["time"] for e in events if e["event"] == "evaluation_started")
-eval_end = next(e["time"] for e in events if e["event"] == "evaluation_finished")
-eval_records = next(e["records"] for e in events if e["event"] == "evaluation_finished")
-job_start = next(e["time"] for e in events if e["event"] == "job_started")
-final = json.load(open(f"{master}/final_status.json"))
-print(json.dumps({"model": model, "mode": mode,
-                  "samples_per_s": final["records_per_epoch"] / (end - start),
-                  "eval_per_s": eval_records / (eval_end - eval_start),
-                  "job_s": eval_end - job_start,
-                  "auc": final["metrics"]["eval_auc"]}))
+job = Job(master)
+evaluated = job.event("evaluation_finished")
+eval_start = job.event("evaluation_started")["time"]
+print(json.dumps({"model": model, "mode": mode, "samples_per_s": job.samples_per_s,
+                  "eval_per_s": evaluated["records"] / (evaluated["time"] - eval_start),
+                  "job_s": evaluated["time"] - job.event("job_started")["time"],
+                  "auc": job.auc}))
 PY
     done
   done

@@ -51,14 +51,12 @@ for model in $models; do
     EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" "$config" --servers 2 --workers "$workers" \
       --data.train="$data/train" --data.eval="$data/eval" --worker.max_staleness="$bound" \
       "${overrides[@]}" >"$run.txt" 2>"$run.log"
-    line="$(/usr/bin/python3 - "$model" "$bound" "$run/master" "$first" <<'PY'
-import json, sys
+    line="$(PYTHONPATH="$root/bench" /usr/bin/python3 - "$model" "$bound" "$run/master" "$first" <<'PY'
+import sys
+from job_results import Job
 model, bound, master, first = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-events = [json.loads(line) for line in open(f"{master}/events.jsonl")]
-start = next(e["time"] for e in events if e["event"] == "epoch_started")
-end = next(e["time"] for e in events if e["event"] == "epoch_finished")
-final = json.load(open(f"{master}/final_status.json"))
-rate = final["records_per_epoch"] / (end - start)
+job = Job(master)
+final, rate = job.final, job.samples_per_s
 p99 = max_seen = waited = 0
 for w in final.get("workers", []):
     s = w.get("dense_staleness") or {}
