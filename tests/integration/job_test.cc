@@ -100,9 +100,11 @@ TEST(Job, DistributedRunMatchesSingleProcessAccuracy) {
     const json& step = worker["step_ms"];
     EXPECT_GT(step["steps"].get<uint64_t>(), 0u) << worker.dump();
     EXPECT_GT(step["compute"].get<double>(), 0.0) << worker.dump();
-    for (const char* wait : {"batch_wait", "dense_wait", "push_wait"}) {
+    for (const char* wait : {"batch_wait", "push_wait"}) {
       EXPECT_GE(step[wait].get<double>(), 0.0) << wait << ": " << worker.dump();
     }
+    // LR has no dense tensors to wait for.
+    EXPECT_TRUE(step["dense_wait"].is_null()) << worker.dump();
   }
   EXPECT_EQ(worker_records, CountTrainRecords(dir));
   ASSERT_EQ(status["servers"].size(), 2u);
