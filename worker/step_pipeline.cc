@@ -150,15 +150,17 @@ Status StepPipeline::RunStep(Lane& lane, Step& step) {
     return hooks_.abandoned() ? absl::CancelledError("the worker's session ended")
                               : absl::OkStatus();
   };
-  for (Step::Push& push : step.pushes) {
+  const auto run = [&](Step::Push& push, bool counted) -> Status {
     // A fenced session pushes nothing more, not even a step's second half.
     RETURN_IF_ERROR(abandoned());
     PsClient::Versions applied;
     RETURN_IF_ERROR(push(lane, &applied));
     absl::MutexLock lock(&mu_);
     RaiseTo(applied, &known_);
-    --pushes_pending_;
-  }
+    if (counted) --pushes_pending_;
+    return absl::OkStatus();
+  };
+  for (Step::Push& push : step.pushes) RETURN_IF_ERROR(run(push, true));
   RETURN_IF_ERROR(abandoned());
   // The step changed the dense tensors: the next steps want them back. Its
   // pushes are applied, so it is committed even when that pull fails (the
@@ -166,6 +168,7 @@ Status StepPipeline::RunStep(Lane& lane, Step& step) {
   // would be trained and pushed again.
   const Status refreshed =
       !step.pushes.empty() && hooks_.pull_dense ? Refresh(lane) : absl::OkStatus();
+  for (Step::Push& push : step.late_pushes) RETURN_IF_ERROR(run(push, false));
   RETURN_IF_ERROR(step.commit(lane));
   return refreshed;
 }

@@ -13,7 +13,10 @@
 //
 // Dense tensors (when the model has some): the pipeline keeps the worker's
 // copy, the values with the versions the servers reported, pulls it first
-// and again after every step that pushed. The trainer starts a step from a
+// and again after every step's pushes of dense gradients, before its late
+// pushes (embedding rows, which the copy does not hold) and its commit: the
+// next step waits for one round trip of the dense tensors only. The
+// trainer starts a step from a
 // copy only while it misses at most `max_staleness` updates the worker
 // knows of: the pushes the servers said they applied since the copy was
 // pulled (other workers' among them, by the versions in the replies) and
@@ -63,6 +66,11 @@ class StepPipeline {
     // the servers answered (PsClient::Push's `versions`).
     using Push = std::function<Status(Lane&, PsClient::Versions* applied)>;
     std::vector<Push> pushes;
+    // Pushes of the rest of the step's gradients, those that do not change
+    // the dense copy (embedding rows): run after the copy is pulled again,
+    // while the next step computes from it, and not counted against the
+    // bound. The commit still waits for them.
+    std::vector<Push> late_pushes;
     // Commits the step's batch; runs once every push is acknowledged.
     std::function<Status(Lane&)> commit;
     // Runs exactly once once the step is over, whatever happened to it:
@@ -133,7 +141,8 @@ class StepPipeline {
   // pulled, plus its own pushes not acknowledged yet.
   uint64_t Lag(const DenseCopy& copy) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
-  // Runs one step (its pushes, a dense pull when it pushed, its commit).
+  // Runs one step (its pushes, a dense pull when it pushed, its late
+  // pushes, its commit).
   Status RunStep(Lane& lane, Step& step);
   // Pulls a new dense copy and installs it.
   Status Refresh(Lane& lane);

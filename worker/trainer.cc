@@ -3,6 +3,7 @@
 // forward and backward pass, and the push and commit it hands to the step
 // pipeline.
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <new>
@@ -220,6 +221,7 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
                << "; pushing nothing of it, telling the master";
     result->loss_sum = std::numeric_limits<double>::quiet_NaN();
     result->pushes.clear();
+    result->late_pushes.clear();
     return absl::OkStatus();
   }
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -238,35 +240,55 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
   work.set_begin_offset(prepared.begin);
   work.set_end_offset(prepared.end);
   work.set_records(static_cast<uint32_t>(batch->size()));
-  result->pushes.push_back([this, &session, batch = std::move(batch), copy,
-                            grads = std::move(grads), lr_scale, pass, work = std::move(work),
-                            receipts = result->receipts](
-                               StepPipeline::Lane& lane, PsClient::Versions* applied) -> Status {
-    const std::vector<ParamSpec>& specs = model_->params();
-    std::vector<PsClient::Keys> keys(specs.size());
-    std::vector<std::span<const float>> values(specs.size());
-    for (size_t i = 0; i < specs.size(); ++i) {
-      keys[i].table_id = session.table_ids[i];
-      keys[i].keys = specs[i].kind == ParamSpec::Kind::kEmbedding
-                         ? std::span<const uint64_t>(batch->keys)
-                         : std::span<const uint64_t>(session.dense_keys[i]);
-      values[i] = grads[i];
-    }
-    // A worker that was frozen past its lease must not push: its shard may
-    // be another worker's by now.
-    RETURN_IF_ERROR(CheckLease(session));
-    std::string receipt;
-    RETURN_IF_ERROR(Annotate(lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr,
-                                           applied, pass, &work, &receipt),
-                             "push"));
-    if (!receipt.empty()) {
-      proto::WorkReceipt& proof = receipts->emplace_back();
-      proof.set_records(work.records());
-      proof.set_tag(std::move(receipt));
-    }
-    records_pushed_.fetch_add(static_cast<uint64_t>(batch->size()));
-    return absl::OkStatus();
-  });
+  // Two pushes when the model has a dense copy: first the gradients of the
+  // copy's tensors (the next step waits for them and the copy pulled after
+  // them), then the rest, the late push, while the next step computes. The
+  // last push made carries the batch: its receipt counts the records once.
+  const std::vector<ParamSpec>& specs = model_->params();
+  const bool split = has_step_params_ &&
+                     std::any_of(specs.begin(), specs.end(),
+                                 [](const ParamSpec& spec) { return !spec.pull_each_step; });
+  auto shared_grads = std::make_shared<const ParamBuffers>(std::move(grads));
+  for (const bool copied : split ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
+    const bool last = !split || !copied;
+    // The parameters this push carries: all of them, or those of one side.
+    const auto carries = [split, copied](const ParamSpec& spec) {
+      return !split || spec.pull_each_step == copied;
+    };
+    StepPipeline::Step::Push push =
+        [this, &session, batch, copy, grads = shared_grads, lr_scale, pass, work, last, carries,
+         receipts = result->receipts](StepPipeline::Lane& lane,
+                                      PsClient::Versions* applied) -> Status {
+      const std::vector<ParamSpec>& specs = model_->params();
+      std::vector<PsClient::Keys> keys(specs.size());
+      std::vector<std::span<const float>> values(specs.size());
+      for (size_t i = 0; i < specs.size(); ++i) {
+        keys[i].table_id = session.table_ids[i];
+        if (!carries(specs[i])) continue;  // no keys: nothing pushed
+        keys[i].keys = specs[i].kind == ParamSpec::Kind::kEmbedding
+                           ? std::span<const uint64_t>(batch->keys)
+                           : std::span<const uint64_t>(session.dense_keys[i]);
+        values[i] = (*grads)[i];
+      }
+      // A worker that was frozen past its lease must not push: its shard
+      // may be another worker's by now.
+      RETURN_IF_ERROR(CheckLease(session));
+      std::string receipt;
+      RETURN_IF_ERROR(Annotate(lane.ps->Push(keys, values, lr_scale,
+                                             copy ? &copy->versions : nullptr, applied, pass,
+                                             last ? &work : nullptr, last ? &receipt : nullptr),
+                               "push"));
+      if (!last) return absl::OkStatus();
+      if (!receipt.empty()) {
+        proto::WorkReceipt& proof = receipts->emplace_back();
+        proof.set_records(work.records());
+        proof.set_tag(std::move(receipt));
+      }
+      records_pushed_.fetch_add(static_cast<uint64_t>(batch->size()));
+      return absl::OkStatus();
+    };
+    (copied ? result->pushes : result->late_pushes).push_back(std::move(push));
+  }
   return absl::OkStatus();
 }
 
@@ -342,6 +364,7 @@ StepPipeline::Step Worker::Impl::MakeStep(Session& session,
   ParamBuffers().swap(prepared->params);
   StepPipeline::Step step;
   step.pushes = std::move(result.pushes);
+  step.late_pushes = std::move(result.late_pushes);
   step.commit = [this, &session, prepared = std::move(prepared), loss_sum = result.loss_sum,
                  predictions = std::move(result.predictions),
                  receipts = std::move(result.receipts)](StepPipeline::Lane& lane) {

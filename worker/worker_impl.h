@@ -160,6 +160,7 @@ class Worker::Impl {
   // predictions.
   struct StepResult {
     std::vector<StepPipeline::Step::Push> pushes;
+    std::vector<StepPipeline::Step::Push> late_pushes;
     double loss_sum = 0;
     std::vector<float> predictions;
     // The servers' receipts for the pushes, filled as they are applied

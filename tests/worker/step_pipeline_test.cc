@@ -64,10 +64,28 @@ class Script {
   }
 
   // A step of `pushes` pushes (each applied as one update, plus `others`
-  // updates by other workers before it) and a commit, named `name`.
+  // updates by other workers before it), `late` late pushes (which change
+  // no dense tensor; they fail with `late_result`) and a commit, named
+  // `name`. Every push waits for its release.
   StepPipeline::Step Step(const std::string& name, int pushes = 1, uint64_t others = 0,
-                          Status push_result = absl::OkStatus()) {
+                          Status push_result = absl::OkStatus(), int late = 0,
+                          Status late_result = absl::OkStatus()) {
     StepPipeline::Step step;
+    for (int p = 0; p < late; ++p) {
+      step.late_pushes.push_back(
+          [this, name, late_result](StepPipeline::Lane&, PsClient::Versions* applied) {
+            absl::MutexLock lock(&mu_);
+            ++pushes_started_;
+            auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return free_ || released_ > 0;
+            };
+            mu_.Await(absl::Condition(&go));
+            if (!free_) --released_;
+            log_.push_back(absl::StrCat("late push ", name, late_result.ok() ? "" : " failed"));
+            *applied = At(0);  // the servers' replies name no dense tensor's version
+            return late_result;
+          });
+    }
     for (int p = 0; p < pushes; ++p) {
       step.pushes.push_back([this, name, others, push_result](StepPipeline::Lane&,
                                                               PsClient::Versions* applied) {
@@ -224,6 +242,45 @@ TEST(StepPipeline, AtStalenessOneTheNextStepOverlapsOnePush) {
   ASSERT_TRUE(pipeline.Drain().ok());
   EXPECT_THAT(script.log(), ElementsAre("pull v0", "push a", "pull v1", "commit a", "push b",
                                         "pull v2", "commit b"));
+}
+
+// Late pushes (embedding rows) go after the pull of the new copy: at
+// max_staleness 0 the next step starts once the dense gradients are
+// applied and pulled back, while the late push of the step before is in
+// flight; that step is committed only after it.
+TEST(StepPipeline, TheNextStepDoesNotWaitForLatePushes) {
+  Script script;
+  StepPipeline pipeline(/*max_staleness=*/0, script.Hooks());
+  EXPECT_EQ(VersionOf(pipeline.AwaitDense()), 0u);
+  ASSERT_TRUE(pipeline.Enqueue(script.Step("a", 1, 0, absl::OkStatus(), /*late=*/1)).ok());
+  {
+    AsyncAwait next(&pipeline);
+    EXPECT_TRUE(next.WaitedFor(absl::Milliseconds(200)));  // push a in flight
+    script.Release();                                       // push a; its late push is held
+    const bool started = !next.WaitedFor(absl::Seconds(10));
+    if (!started) script.Release(4);  // lets the pipeline and the test end
+    ASSERT_TRUE(started) << "the next step waited for the late push";
+    EXPECT_EQ(VersionOf(next.result()), 1u);
+  }
+  EXPECT_THAT(script.AwaitLog(3), ElementsAre("pull v0", "push a", "pull v1"));
+  ASSERT_TRUE(pipeline.Enqueue(script.Step("b", 1, 0, absl::OkStatus(), /*late=*/1)).ok());
+  script.AwaitPushesStarted(2);  // a's late push, held
+  EXPECT_THAT(script.log(), ElementsAre("pull v0", "push a", "pull v1"));  // a not committed
+  script.Release(3);
+  ASSERT_TRUE(pipeline.Drain().ok());
+  EXPECT_THAT(script.log(), ElementsAre("pull v0", "push a", "pull v1", "late push a", "commit a",
+                                        "push b", "pull v2", "late push b", "commit b"));
+}
+
+// A late push that fails stops the pipeline before the step's commit.
+TEST(StepPipeline, AFailedLatePushCommitsNothing) {
+  Script script(/*free_pushes=*/true);
+  StepPipeline pipeline(/*max_staleness=*/0, script.Hooks());
+  const Status down = absl::DeadlineExceededError("server 1 does not answer");
+  ASSERT_TRUE(pipeline.Enqueue(script.Step("a", 1, 0, absl::OkStatus(), 1, down)).ok());
+  EXPECT_EQ(pipeline.Drain(), down);
+  pipeline.Stop();
+  EXPECT_THAT(script.log(), ElementsAre("pull v0", "push a", "pull v1", "late push a failed"));
 }
 
 // Every step started counts the updates its copy missed, their largest,
