@@ -348,7 +348,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     answer->set_applied(false);
     for (Table* table : tables) answer->add_versions(DenseVersion(*table).load());
     pushes_deduplicated_.fetch_add(1, std::memory_order_relaxed);
-    return absl::OkStatus();
+    return push.reply_rows() ? ReplyRows(tables, keys, reply) : absl::OkStatus();
   }
   uint64_t rows = 0;
   uint64_t created = 0;
@@ -383,6 +383,19 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   answer->set_applied(true);
   pushes_.fetch_add(1, std::memory_order_relaxed);
   rows_pushed_.fetch_add(rows, std::memory_order_relaxed);
+  return push.reply_rows() ? ReplyRows(tables, keys, reply) : absl::OkStatus();
+}
+
+Status ParamServer::Impl::ReplyRows(std::span<Table* const> tables,
+                                    std::span<const std::span<const uint64_t>> keys,
+                                    Message* reply) {
+  // Read after the versions the reply carries were raised: the rows hold
+  // at least that many pushes. The push made every row, so none is new.
+  for (size_t i = 0; i < tables.size(); ++i) {
+    std::span<float> out = reply->AddUninitializedArray<float>(keys[i].size() * tables[i]->dim());
+    uint64_t created = 0;
+    RETURN_IF_ERROR(tables[i]->Pull(keys[i], out, &created));
+  }
   return absl::OkStatus();
 }
 

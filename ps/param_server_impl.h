@@ -60,6 +60,10 @@ class ParamServer::Impl {
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   Status HandlePush(const Message& request, Message* reply)
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // A push's reply_rows: the pushed keys' rows of each table, as frames.
+  Status ReplyRows(std::span<Table* const> tables,
+                   std::span<const std::span<const uint64_t>> keys, Message* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   Status HandleFenceWorkers(const Message& request, Message* reply);
   // Writes this server's rows into a model export (from the master).
   Status HandleExport(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);

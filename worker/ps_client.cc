@@ -218,14 +218,56 @@ void PsClient::NoteVersions(const Request& request,
   }
 }
 
-Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
-                      Versions* versions) {
-  const ScopedLatency timer(pull_latency_);
+void PsClient::SizeRows(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
+                        Versions* versions) const {
   if (versions != nullptr) versions->assign(tables.size(), {});
   out->resize(tables.size());
   for (size_t t = 0; t < tables.size(); ++t) {
     (*out)[t].resize(tables[t].keys.size() * table(tables[t].table_id).dim());
   }
+}
+
+Status PsClient::ScatterRows(std::span<const Keys> tables, const Request& request,
+                             const Message& reply, absl::string_view method,
+                             const google::protobuf::RepeatedField<uint64_t>& reply_versions,
+                             std::vector<std::vector<float>>* out, Versions* versions) const {
+  const std::string& endpoint = placement_->server(request.server).endpoint();
+  if (reply.num_frames() != request.pieces.size()) {
+    return absl::DataLossError(absl::StrCat(method, " reply from ", endpoint, " has ",
+                                            reply.num_frames(), " frames for ",
+                                            request.pieces.size(), " tables"));
+  }
+  for (size_t p = 0; p < request.pieces.size(); ++p) {
+    const Piece& piece = request.pieces[p];
+    const uint32_t dim = table(tables[piece.table].table_id).dim();
+    StatusOr<std::span<const float>> values = reply.Array<float>(p);
+    if (!values.ok() || values->size() != piece.positions.size() * dim) {
+      return absl::DataLossError(
+          absl::StrCat(method, " reply from ", endpoint, " has the wrong number of values"));
+    }
+    float* target = (*out)[piece.table].data();
+    for (size_t i = 0; i < piece.positions.size(); ++i) {
+      std::memcpy(target + static_cast<size_t>(piece.positions[i]) * dim,
+                  values->data() + i * dim, dim * sizeof(float));
+    }
+  }
+  NoteVersions(request, reply_versions, /*lowest=*/true, versions);
+  return absl::OkStatus();
+}
+
+void PsClient::ForgetUnknownVersions(Versions* versions) {
+  if (versions == nullptr) return;
+  for (std::vector<uint64_t>& per_server : *versions) {
+    for (uint64_t& version : per_server) {
+      if (version == kNoVersion) version = 0;
+    }
+  }
+}
+
+Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
+                      Versions* versions) {
+  const ScopedLatency timer(pull_latency_);
+  SizeRows(tables, out, versions);
   auto build = [&](const Request& request, bool /*first*/) {
     Message message;
     message.header().set_method(proto::PULL);
@@ -239,47 +281,22 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
     }
     return message;
   };
-  auto scatter = [&](const Request& request, Message& reply) -> Status {
-    const std::string& endpoint = placement_->server(request.server).endpoint();
-    if (reply.num_frames() != request.pieces.size()) {
-      return absl::DataLossError(absl::StrCat("PULL reply from ", endpoint, " has ",
-                                              reply.num_frames(), " frames for ",
-                                              request.pieces.size(), " tables"));
-    }
-    for (size_t p = 0; p < request.pieces.size(); ++p) {
-      const Piece& piece = request.pieces[p];
-      const uint32_t dim = table(tables[piece.table].table_id).dim();
-      StatusOr<std::span<const float>> values = reply.Array<float>(p);
-      if (!values.ok() || values->size() != piece.positions.size() * dim) {
-        return absl::DataLossError(
-            absl::StrCat("PULL reply from ", endpoint, " has the wrong number of values"));
-      }
-      float* target = (*out)[piece.table].data();
-      for (size_t i = 0; i < piece.positions.size(); ++i) {
-        std::memcpy(target + static_cast<size_t>(piece.positions[i]) * dim,
-                    values->data() + i * dim, dim * sizeof(float));
-      }
-    }
-    NoteVersions(request, reply.header().pull_reply().versions(), /*lowest=*/true, versions);
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(Exchange(tables, "PULL", build, scatter));
-  if (versions != nullptr) {
-    for (std::vector<uint64_t>& per_server : *versions) {
-      for (uint64_t& version : per_server) {
-        if (version == kNoVersion) version = 0;
-      }
-    }
-  }
+  RETURN_IF_ERROR(Exchange(tables, "PULL", build, [&](const Request& request, Message& reply) {
+    return ScatterRows(tables, request, reply, "PULL", reply.header().pull_reply().versions(),
+                       out, versions);
+  }));
+  ForgetUnknownVersions(versions);
   return absl::OkStatus();
 }
 
 Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
                       float lr_scale, const Versions* based_on, Versions* versions,
-                      uint32_t pass, const proto::WorkBatch* batch, std::string* receipt) {
+                      uint32_t pass, const proto::WorkBatch* batch, std::string* receipt,
+                      Rows* after) {
   const ScopedLatency timer(push_latency_);
   if (versions != nullptr) versions->assign(tables.size(), {});
   if (receipt != nullptr) receipt->clear();
+  if (after != nullptr) SizeRows(tables, &after->values, &after->versions);
   // Only a caller who takes the receipt sends the batch it is made for.
   bool receipt_wanted = batch != nullptr && receipt != nullptr;
   CHECK_EQ(tables.size(), grads.size());
@@ -293,6 +310,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     body->set_client_seq(++push_seq_);
     if (lr_scale != 1.0f) body->set_lr_scale(lr_scale);
     body->set_pass(pass);
+    if (after != nullptr) body->set_reply_rows(true);
     // The batch (for its receipt) in one request per round, until a reply
     // brought the receipt: a round whose carrier was refused re-plans, and
     // its next round's first request carries it again.
@@ -320,14 +338,19 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     }
     return message;
   };
-  return Exchange(tables, "PUSH", build, [&](const Request& request, Message& reply) {
-    NoteVersions(request, reply.header().push_reply().versions(), /*lowest=*/false, versions);
-    if (receipt_wanted && !reply.header().push_reply().receipt().empty()) {
-      *receipt = reply.header().push_reply().receipt();
+  RETURN_IF_ERROR(Exchange(tables, "PUSH", build, [&](const Request& request, Message& reply) {
+    const proto::PushReply& answer = reply.header().push_reply();
+    NoteVersions(request, answer.versions(), /*lowest=*/false, versions);
+    if (receipt_wanted && !answer.receipt().empty()) {
+      *receipt = answer.receipt();
       receipt_wanted = false;
     }
-    return absl::OkStatus();
-  });
+    return after == nullptr ? absl::OkStatus()
+                            : ScatterRows(tables, request, reply, "PUSH", answer.versions(),
+                                          &after->values, &after->versions);
+  }));
+  if (after != nullptr) ForgetUnknownVersions(&after->versions);
+  return absl::OkStatus();
 }
 
 }  // namespace eps

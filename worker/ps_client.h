@@ -78,6 +78,12 @@ class PsClient {
   Status Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
               Versions* versions = nullptr);
 
+  // Rows and their versions, as Pull gives them.
+  struct Rows {
+    std::vector<std::vector<float>> values;
+    Versions versions;
+  };
+
   // Pushes grads[i] (keys x dim floats) for tables[i].keys; the servers
   // apply them at `lr_scale` times the learning rate. `based_on` (when
   // given) tells each server the versions the gradients were computed
@@ -93,11 +99,15 @@ class PsClient {
   // carries the batch (the first of a routing round, until a reply brought
   // the receipt): every server makes the same receipt, so one HMAC per push
   // is enough.
+  // `after` (when given) gets the pushed rows as the push left them, with
+  // each server's version of what it sent (the lowest over its messages),
+  // as Pull would give them right after the push, without a pull.
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
   Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
               float lr_scale = 1.0f, const Versions* based_on = nullptr,
               Versions* versions = nullptr, uint32_t pass = 0,
-              const proto::WorkBatch* batch = nullptr, std::string* receipt = nullptr);
+              const proto::WorkBatch* batch = nullptr, std::string* receipt = nullptr,
+              Rows* after = nullptr);
 
   const proto::TableSpec& table(uint32_t id) const { return job_.tables(static_cast<int>(id)); }
 
@@ -132,6 +142,18 @@ class PsClient {
   std::vector<Request> Plan(std::span<const Keys> tables,
                             const std::vector<std::vector<uint32_t>>& positions) const;
   Status Refresh();
+  // Sizes out[t] for tables[t]'s rows and empties *versions (when given).
+  void SizeRows(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
+                Versions* versions) const;
+  // Copies the rows a reply to `request` carries (a frame per piece) into
+  // *out, and their versions (the lowest per server) into *versions.
+  // kDataLoss when the reply's frames do not fit the request.
+  Status ScatterRows(std::span<const Keys> tables, const Request& request, const Message& reply,
+                     absl::string_view method,
+                     const google::protobuf::RepeatedField<uint64_t>& reply_versions,
+                     std::vector<std::vector<float>>* out, Versions* versions) const;
+  // A version no reply gave (marked while taking the lowest) becomes 0.
+  static void ForgetUnknownVersions(Versions* versions);
   // Records `reply_versions` (one per piece of `request`, as a reply
   // carries them) into `versions`, keeping the lower (`lowest`) or the
   // higher of what a server said in several messages.

@@ -138,11 +138,15 @@ Status StepPipeline::status() const {
 Status StepPipeline::Refresh(Lane& lane) {
   auto copy = std::make_shared<DenseCopy>();
   RETURN_IF_ERROR(hooks_.pull_dense(lane, copy.get()));
+  Install(std::move(copy));
+  return absl::OkStatus();
+}
+
+void StepPipeline::Install(std::shared_ptr<const DenseCopy> copy) {
   absl::MutexLock lock(&mu_);
   RaiseTo(copy->versions, &known_);
   copy_ = std::move(copy);
   changed_.SignalAll();
-  return absl::OkStatus();
 }
 
 Status StepPipeline::RunStep(Lane& lane, Step& step) {
@@ -150,14 +154,19 @@ Status StepPipeline::RunStep(Lane& lane, Step& step) {
     return hooks_.abandoned() ? absl::CancelledError("the worker's session ended")
                               : absl::OkStatus();
   };
+  std::shared_ptr<DenseCopy> read_back;  // what the last push read back
   const auto run = [&](Step::Push& push, bool counted) -> Status {
     // A fenced session pushes nothing more, not even a step's second half.
     RETURN_IF_ERROR(abandoned());
     PsClient::Versions applied;
-    RETURN_IF_ERROR(push(lane, &applied));
+    auto copy = std::make_shared<DenseCopy>();
+    RETURN_IF_ERROR(push(lane, &applied, copy.get()));
     absl::MutexLock lock(&mu_);
     RaiseTo(applied, &known_);
-    if (counted) --pushes_pending_;
+    if (counted) {
+      --pushes_pending_;
+      read_back = copy->values.empty() ? nullptr : std::move(copy);
+    }
     return absl::OkStatus();
   };
   for (Step::Push& push : step.pushes) RETURN_IF_ERROR(run(push, true));
@@ -166,8 +175,14 @@ Status StepPipeline::RunStep(Lane& lane, Step& step) {
   // pushes are applied, so it is committed even when that pull fails (the
   // pipeline stops on the failure after the commit): otherwise its records
   // would be trained and pushed again.
-  const Status refreshed =
-      !step.pushes.empty() && hooks_.pull_dense ? Refresh(lane) : absl::OkStatus();
+  Status refreshed;
+  if (!step.pushes.empty() && hooks_.pull_dense) {
+    if (read_back != nullptr) {
+      Install(std::move(read_back));
+    } else {
+      refreshed = Refresh(lane);
+    }
+  }
   for (Step::Push& push : step.late_pushes) RETURN_IF_ERROR(run(push, false));
   RETURN_IF_ERROR(step.commit(lane));
   return refreshed;

@@ -13,9 +13,10 @@
 //
 // Dense tensors (when the model has some): the pipeline keeps the worker's
 // copy, the values with the versions the servers reported, pulls it first
-// and again after every step's pushes of dense gradients, before its late
-// pushes (embedding rows, which the copy does not hold) and its commit: the
-// next step waits for one round trip of the dense tensors only. The
+// and again after every step's pushes of dense gradients (or takes it from
+// their replies), before its late pushes (embedding rows, which the copy
+// does not hold) and its commit: the next step waits for one round trip of
+// the dense tensors only. The
 // trainer starts a step from a
 // copy only while it misses at most `max_staleness` updates the worker
 // knows of: the pushes the servers said they applied since the copy was
@@ -63,8 +64,12 @@ class StepPipeline {
   };
   struct Step {
     // Each pushes part of the step's gradients and reports the versions
-    // the servers answered (PsClient::Push's `versions`).
-    using Push = std::function<Status(Lane&, PsClient::Versions* applied)>;
+    // the servers answered (PsClient::Push's `versions`). A push of the
+    // copy's tensors may also read them back as it left them into `copy`
+    // (values and versions, as pull_dense gives them; PsClient::Push's
+    // `after`): when the last of a step's pushes did, the pipeline installs
+    // that copy instead of pulling one.
+    using Push = std::function<Status(Lane&, PsClient::Versions* applied, DenseCopy* copy)>;
     std::vector<Push> pushes;
     // Pushes of the rest of the step's gradients, those that do not change
     // the dense copy (embedding rows): run after the copy is pulled again,
@@ -146,6 +151,7 @@ class StepPipeline {
   Status RunStep(Lane& lane, Step& step);
   // Pulls a new dense copy and installs it.
   Status Refresh(Lane& lane);
+  void Install(std::shared_ptr<const DenseCopy> copy);
   // Waits (in slices, to see `abandoned`) until `ready` holds; the
   // failure or kCancelled otherwise.
   Status AwaitLocked(const std::function<bool()>& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -123,13 +123,10 @@ Status Worker::Impl::PullParams(Session& session, PsClient& ps, Pulled which,
                                 std::span<const uint64_t> keys, ParamBuffers* params,
                                 PsClient::Versions* versions) {
   const std::vector<ParamSpec>& specs = model_->params();
-  const auto wanted = [which](const ParamSpec& spec) {
-    return which == Pulled::kAll || spec.pull_each_step == (which == Pulled::kAtStep);
-  };
   std::vector<PsClient::Keys> tables(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     tables[i].table_id = session.table_ids[i];
-    if (!wanted(specs[i])) continue;  // no keys: nothing pulled
+    if (!Wanted(which, specs[i])) continue;  // no keys: nothing pulled
     tables[i].keys = specs[i].kind == ParamSpec::Kind::kEmbedding
                          ? keys
                          : std::span<const uint64_t>(session.dense_keys[i]);
@@ -137,14 +134,24 @@ Status Worker::Impl::PullParams(Session& session, PsClient& ps, Pulled which,
   std::vector<std::vector<float>> pulled;
   RETURN_IF_ERROR_CTX(ps.Pull(tables, &pulled, versions),
                       which == Pulled::kAtStep ? "pull of the dense tensors" : "pull");
+  TakeRows(which, &pulled, params);
+  return absl::OkStatus();
+}
+
+bool Worker::Impl::Wanted(Pulled which, const ParamSpec& spec) {
+  return which == Pulled::kAll || spec.pull_each_step == (which == Pulled::kAtStep);
+}
+
+void Worker::Impl::TakeRows(Pulled which, std::vector<std::vector<float>>* rows,
+                            ParamBuffers* params) const {
+  const std::vector<ParamSpec>& specs = model_->params();
   params->resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (!wanted(specs[i])) continue;
-    (*params)[i] = std::move(pulled[i]);
+    if (!Wanted(which, specs[i])) continue;
+    (*params)[i] = std::move((*rows)[i]);
     // Dense tensors arrive as whole chunks; the model sees the tensor.
     if (specs[i].kind == ParamSpec::Kind::kDense) (*params)[i].resize(specs[i].size);
   }
-  return absl::OkStatus();
 }
 
 Status Worker::Impl::Train(Session& session, const std::shared_ptr<PreparedBatch>& prepared,
@@ -251,14 +258,17 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
   auto shared_grads = std::make_shared<const ParamBuffers>(std::move(grads));
   for (const bool copied : split ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
     const bool last = !split || !copied;
+    // The copy's tensors come back with the reply: no pull after the push.
+    const bool read_back = has_step_params_ && copied;
     // The parameters this push carries: all of them, or those of one side.
     const auto carries = [split, copied](const ParamSpec& spec) {
       return !split || spec.pull_each_step == copied;
     };
     StepPipeline::Step::Push push =
         [this, &session, batch, copy, grads = shared_grads, lr_scale, pass, work, last, carries,
-         receipts = result->receipts](StepPipeline::Lane& lane,
-                                      PsClient::Versions* applied) -> Status {
+         read_back, receipts = result->receipts](
+            StepPipeline::Lane& lane, PsClient::Versions* applied,
+            StepPipeline::DenseCopy* next) -> Status {
       const std::vector<ParamSpec>& specs = model_->params();
       std::vector<PsClient::Keys> keys(specs.size());
       std::vector<std::span<const float>> values(specs.size());
@@ -274,10 +284,16 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
       // may be another worker's by now.
       RETURN_IF_ERROR(CheckLease(session));
       std::string receipt;
-      RETURN_IF_ERROR(Annotate(lane.ps->Push(keys, values, lr_scale,
-                                             copy ? &copy->versions : nullptr, applied, pass,
-                                             last ? &work : nullptr, last ? &receipt : nullptr),
-                               "push"));
+      PsClient::Rows rows;
+      RETURN_IF_ERROR(Annotate(
+          lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr, applied, pass,
+                        last ? &work : nullptr, last ? &receipt : nullptr,
+                        read_back ? &rows : nullptr),
+          "push"));
+      if (read_back) {
+        TakeRows(Pulled::kAtStep, &rows.values, &next->values);
+        next->versions = std::move(rows.versions);
+      }
       if (!last) return absl::OkStatus();
       if (!receipt.empty()) {
         proto::WorkReceipt& proof = receipts->emplace_back();

@@ -156,6 +156,10 @@ class Worker::Impl {
   Status PullParams(Session& session, PsClient& ps, Pulled which,
                     std::span<const uint64_t> keys, ParamBuffers* params,
                     PsClient::Versions* versions);
+  static bool Wanted(Pulled which, const ParamSpec& spec);
+  // Moves the rows of `which` parameters a pull or a push read (per model
+  // parameter) into *params, each dense tensor's chunks cut to its size.
+  void TakeRows(Pulled which, std::vector<std::vector<float>>* rows, ParamBuffers* params) const;
   // What a step computed: its pushes, for the pipeline, its loss and its
   // predictions.
   struct StepResult {

@@ -3,6 +3,9 @@
 // The fixture is in tests/ps/param_server_fixture.h.
 
 #include <cmath>
+#include <cstring>
+#include <span>
+#include <vector>
 
 #include "core/metrics.h"
 #include "tests/ps/param_server_fixture.h"
@@ -148,6 +151,49 @@ TEST_F(ParamServerTest, DenseVersionsCountPushesAndPushesReportTheirStaleness) {
   EXPECT_EQ(staleness->counts[0], 1u);  // 0
   EXPECT_EQ(staleness->counts[1], 1u);  // 1
   EXPECT_EQ(staleness->counts[3], 1u);  // (2, 4]
+}
+
+// PushRequest.reply_rows: the reply carries the pushed rows as the push
+// left them (what a pull right after it reads), and so does a repeat's.
+TEST_F(ParamServerTest, APushAnswersWithTheRowsItLeftWhenAsked) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> chunks = DenseKeysHere();
+  ASSERT_FALSE(chunks.empty());
+  const std::vector<uint64_t> rows = EmbKeys(3, /*here=*/true);
+  const uint64_t seq = NextSeq();
+  auto push = [&](uint64_t client_seq) -> StatusOr<Message> {
+    Message request = PushRequest({kEmb, kDense}, {rows, chunks},
+                                  {Grads(rows.size()), Grads(chunks.size())}, client_seq);
+    request.header().mutable_push_request()->set_reply_rows(true);
+    return Call(std::move(request));
+  };
+  StatusOr<Message> reply = push(seq);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  StatusOr<Message> pulled = Call(PullRequest({kEmb, kDense}, {rows, chunks}));
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_EQ(reply->num_frames(), 2u);
+  for (size_t t = 0; t < 2; ++t) {
+    StatusOr<std::span<const float>> got = reply->Array<float>(t);
+    StatusOr<std::span<const float>> want = pulled->Array<float>(t);
+    ASSERT_TRUE(got.ok() && want.ok());
+    EXPECT_THAT(std::vector<float>(got->begin(), got->end()),
+                ::testing::ElementsAreArray(want->begin(), want->end()))
+        << "table " << t;
+  }
+  EXPECT_THAT(reply->header().push_reply().versions(), ::testing::ElementsAre(0, 1));
+  // A repeat applies nothing and answers with the rows as they are.
+  StatusOr<Message> again = push(seq);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->header().push_reply().applied());
+  ASSERT_EQ(again->num_frames(), 2u);
+  EXPECT_EQ(again->frame(1).size(), reply->frame(1).size());
+  EXPECT_EQ(std::memcmp(again->frame(1).data(), reply->frame(1).data(), reply->frame(1).size()),
+            0);
+  // Not asked: no rows.
+  reply = Call(PushRequest({kEmb}, {rows}, {Grads(rows.size())}));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->num_frames(), 0u);
 }
 
 // ps.max_new_rows_per_worker_s: a worker that created more rows than its

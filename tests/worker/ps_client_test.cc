@@ -120,6 +120,41 @@ TEST_F(PsClientTest, PushDeliversEachRowOnceToItsOwner) {
   EXPECT_EQ(rows, wide.size() + deep.size());
 }
 
+// A push that reads its rows back gets them as a pull would, from every
+// message of the push, with each server's lowest version of them.
+TEST_F(PsClientTest, APushReadsItsRowsBack) {
+  const std::vector<uint64_t> wide = MakeKeys(500);
+  const std::vector<uint64_t> deep = MakeKeys(300, /*salt=*/800);
+  const std::vector<float> wide_grads = GradsFor(kWide, wide);
+  const std::vector<float> deep_grads = GradsFor(kDeep, deep);
+  std::unique_ptr<PsClient> client = MakeClient(/*max_request_bytes=*/2048);
+  const std::vector<PsClient::Keys> tables = {{kWide, wide}, {kDeep, deep}};
+  const std::vector<std::span<const float>> grads = {wide_grads, deep_grads};
+  PsClient::Versions applied;
+  PsClient::Rows after;
+  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, &applied, 0, nullptr, nullptr, &after)
+                  .ok());
+  ASSERT_EQ(after.values.size(), 2u);
+  ExpectRows(kWide, wide, after.values[0]);
+  ExpectRows(kDeep, deep, after.values[1]);
+  ASSERT_EQ(after.versions.size(), 2u);
+  int several = 0;  // (table, server) pairs sent in several messages
+  for (size_t t = 0; t < 2; ++t) {
+    ASSERT_EQ(after.versions[t].size(), servers_.size());
+    for (size_t s = 0; s < servers_.size(); ++s) {
+      EXPECT_GE(after.versions[t][s], 1u) << "table " << t << " server " << s;
+      // The rows hold the lowest version of their messages, the push
+      // reached the highest.
+      EXPECT_LE(after.versions[t][s], applied[t][s]) << "table " << t << " server " << s;
+      several += after.versions[t][s] < applied[t][s];
+    }
+  }
+  EXPECT_GT(several, 0);
+  // Without `after`, the servers are not asked for rows.
+  ASSERT_TRUE(client->Push(tables, grads).ok());
+  for (const auto& server : servers_) EXPECT_TRUE(server->pulled(kWide).empty());
+}
+
 TEST_F(PsClientTest, PushOfAFewKeysKeepsThem) {
   // A handful of keys per server (like a dense tensor's chunks): key frames
   // of at most 32 bytes, which ZeroMQ keeps inside the message itself.

@@ -239,9 +239,12 @@ class FakePs {
           pushed_[{table, keys[i]}].emplace_back(grads.begin() + i * dim,
                                                  grads.begin() + (i + 1) * dim);
         }
-        continue;
+        // Its version: the requests this server took.
+        reply->header().mutable_push_reply()->add_versions(requests_);
+        if (!request.header().push_request().reply_rows()) continue;
+      } else {
+        pulled_[table].insert(pulled_[table].end(), keys.begin(), keys.end());
       }
-      pulled_[table].insert(pulled_[table].end(), keys.begin(), keys.end());
       if (pull_mode_ == PullReplyMode::kMissingFrame && t + 1 == table_ids.size()) break;
       const size_t extra = pull_mode_ == PullReplyMode::kExtraValue ? 1 : 0;
       std::span<float> rows = reply->AddUninitializedArray<float>(keys.size() * dim + extra);

@@ -73,7 +73,8 @@ class Script {
     StepPipeline::Step step;
     for (int p = 0; p < late; ++p) {
       step.late_pushes.push_back(
-          [this, name, late_result](StepPipeline::Lane&, PsClient::Versions* applied) {
+          [this, name, late_result](StepPipeline::Lane&, PsClient::Versions* applied,
+                                                              StepPipeline::DenseCopy*) {
             absl::MutexLock lock(&mu_);
             ++pushes_started_;
             auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -88,7 +89,8 @@ class Script {
     }
     for (int p = 0; p < pushes; ++p) {
       step.pushes.push_back([this, name, others, push_result](StepPipeline::Lane&,
-                                                              PsClient::Versions* applied) {
+                                                              PsClient::Versions* applied,
+                                                              StepPipeline::DenseCopy* copy) {
         absl::MutexLock lock(&mu_);
         ++pushes_started_;
         auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return free_ || released_ > 0; };
@@ -101,6 +103,11 @@ class Script {
         version_ += others + 1;
         *applied = At(version_);
         log_.push_back(absl::StrCat("push ", name));
+        if (read_back_) {
+          copy->values = {{static_cast<float>(version_)}};
+          copy->versions = At(version_);
+          log_.push_back(absl::StrCat("read back v", version_));
+        }
         return absl::OkStatus();
       });
     }
@@ -130,6 +137,12 @@ class Script {
     ++pulls_released_;
   }
   void Abandon() { abandoned_ = true; }
+  // Pushes from now on read the dense tensors back (PsClient::Push's
+  // `after`).
+  void ReadBack() {
+    absl::MutexLock lock(&mu_);
+    read_back_ = true;
+  }
 
   // Waits until `n` pushes have begun (taken by the pipeline's thread).
   void AwaitPushesStarted(int n) {
@@ -162,6 +175,7 @@ class Script {
   int pulls_released_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
   Status pull_result_ ABSL_GUARDED_BY(mu_);
+  bool read_back_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> abandoned_{false};
   std::atomic<int> ended_{0};
 };
@@ -272,6 +286,24 @@ TEST(StepPipeline, TheNextStepDoesNotWaitForLatePushes) {
                                         "push b", "pull v2", "late push b", "commit b"));
 }
 
+// A push that reads the dense tensors back spares the pull after it: the
+// next step starts from what its reply carried.
+TEST(StepPipeline, APushThatReadsTheCopyBackNeedsNoPull) {
+  Script script;
+  script.ReadBack();
+  StepPipeline pipeline(/*max_staleness=*/0, script.Hooks());
+  EXPECT_EQ(VersionOf(pipeline.AwaitDense()), 0u);
+  ASSERT_TRUE(pipeline.Enqueue(script.Step("a", 1, /*others=*/2)).ok());
+  {
+    AsyncAwait next(&pipeline);
+    EXPECT_TRUE(next.WaitedFor(absl::Milliseconds(200)));  // push a in flight
+    script.Release();
+    EXPECT_EQ(VersionOf(next.result()), 3u);  // a's and two others' updates
+  }
+  ASSERT_TRUE(pipeline.Drain().ok());
+  EXPECT_THAT(script.log(), ElementsAre("pull v0", "push a", "read back v3", "commit a"));
+}
+
 // A late push that fails stops the pipeline before the step's commit.
 TEST(StepPipeline, AFailedLatePushCommitsNothing) {
   Script script(/*free_pushes=*/true);
@@ -359,7 +391,8 @@ TEST(StepPipeline, TensorsOutsideTheCopyDoNotHoldItBack) {
   StepPipeline pipeline(/*max_staleness=*/0, hooks);
   for (int i = 0; i < 3; ++i) {
     StepPipeline::Step step;
-    step.pushes.push_back([&](StepPipeline::Lane&, PsClient::Versions* applied) {
+    step.pushes.push_back([&](StepPipeline::Lane&, PsClient::Versions* applied,
+                                                              StepPipeline::DenseCopy*) {
       *applied = {{++version}, {10 * version.load()}};
       return absl::OkStatus();
     });
