@@ -18,6 +18,7 @@
 #include "core/hashing.h"
 #include "core/logging.h"
 #include "datagen/zipf.h"
+#include "ps/optimizer.h"
 #include "ps/storage.h"
 #include "ps/table.h"
 #include "rpc/security.h"
@@ -183,12 +184,43 @@ void BM_MemoryPerRow(benchmark::State& state) {
   }
 }
 
+// One optimizer update of a row of `dim` weights (a dense tensor's chunk
+// is a row of job.dense_chunk_floats = 16,384): what a push of an MLP costs
+// the server per chunk, before any table work.
+void BM_OptimizerApply(benchmark::State& state) {
+  const int dim = static_cast<int>(state.range(1));
+  proto::OptimizerSpec spec;
+  spec.set_kind(static_cast<proto::OptimizerSpec::Kind>(state.range(0)));
+  spec.set_learning_rate(0.001f);
+  spec.set_epsilon(1e-8f);
+  spec.set_beta1(0.9f);
+  spec.set_beta2(0.999f);
+  spec.set_ftrl_beta(1.0f);
+  std::unique_ptr<Optimizer> optimizer = *Optimizer::Create(spec);
+  std::vector<float> weights(dim, 0.01f);
+  std::vector<float> row_state(optimizer->state_floats(dim));
+  optimizer->InitState(row_state.data(), dim);
+  std::vector<float> grads(dim);
+  for (int i = 0; i < dim; ++i) grads[i] = 0.001f * static_cast<float>(i % 7 - 3);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        optimizer->Apply(weights.data(), row_state.data(), grads.data(), dim));
+  }
+  state.SetItemsProcessed(state.iterations() * dim);
+  state.SetLabel(proto::OptimizerSpec::Kind_Name(spec.kind()));
+}
+
 // Wall-clock rates: a tiered request also waits for the store's reads.
 BENCHMARK(BM_Pull)->ArgNames({"dim", "tiered"})->ArgsProduct({{16, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Push)->ArgNames({"dim", "tiered"})->ArgsProduct({{16, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_PushReceipt)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(BM_OptimizerApply)->ArgNames({"kind", "dim"})
+    ->ArgsProduct({{proto::OptimizerSpec::SGD, proto::OptimizerSpec::ADAGRAD,
+                    proto::OptimizerSpec::ADAM, proto::OptimizerSpec::FTRL},
+                   {16, 16384}})
+    ->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_MemoryPerRow)->ArgNames({"dim"})->Arg(16)->Arg(64)->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -129,6 +129,10 @@ class AdamOptimizer final : public Optimizer {
     const float eps = epsilon_;
     const float clip = this->clip();
     int finite = 1;
+    // The new values are a scratch row apart from the old (Apply). Said so,
+    // the loop vectorizes: its seven streams need 15 alias checks, more
+    // than GCC versions a loop for (10), and ran 7x slower than Adagrad's.
+#pragma GCC ivdep
     for (int i = 0; i < dim; ++i) {
       const float g = Clip(grad[i], clip) + l2 * weights[i];
       const float m_i = b1 * m[i] + (1.0f - b1) * g;
