@@ -452,6 +452,7 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckOneOf("checkpoint.on_server_failure", checkpoint.on_server_failure,
                              {"rollback", "continue"}));
   RETURN_IF_ERROR(CheckOneOf("ps.durability", ps.durability, {"flush", "every_push"}));
+  RETURN_IF_ERROR(CheckOneOf("worker.dense_wire", worker.dense_wire, {"float32", "bfloat16"}));
   RETURN_IF_ERROR(CheckOneOf("security.mode", security.mode, {"curve", "off"}));
   return ValidateAutoscale(autoscale);
 }

@@ -99,6 +99,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("worker.prefetch_batches", &worker.prefetch_batches, "batches prepared ahead");
   v.Visit("worker.max_staleness", &worker.max_staleness,
           "updates of a dense tensor a step's copy may miss");
+  v.Visit("worker.dense_wire", &worker.dense_wire,
+          "float32 or bfloat16: how a step's dense tensors travel");
   v.Visit("worker.rpc_timeout_ms", &worker.rpc_timeout_ms, "time per attempt of a call");
   v.Visit("worker.rpc_attempts", &worker.rpc_attempts, "attempts per call");
   v.Visit("worker.master_wait_s", &worker.master_wait_s,

@@ -20,6 +20,7 @@
 #include "ps/row_quota.h"
 #include "ps/storage.h"
 #include "ps/table.h"
+#include "rpc/bfloat16.h"
 #include "rpc/message.h"
 #include "rpc/net.h"
 #include "rpc/rpc_server.h"
@@ -261,12 +262,12 @@ Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
   uint64_t created = 0;
   Status pulled;
   proto::PullReply* answer = reply->header().mutable_pull_reply();
+  const bool dense_bf16 = request.header().pull_request().dense_bf16();
   for (size_t i = 0; i < tables.size() && pulled.ok(); ++i) {
     // Read before the rows: they hold at least this many pushes.
     answer->add_versions(DenseVersion(*tables[i]).load(std::memory_order_acquire));
-    std::span<float> out = reply->AddUninitializedArray<float>(keys[i].size() * tables[i]->dim());
     uint64_t table_created = 0;
-    pulled = tables[i]->Pull(keys[i], out, &table_created);
+    pulled = AddRows(*tables[i], keys[i], dense_bf16, reply, &table_created);
     created += table_created;
     rows += keys[i].size();
   }
@@ -296,13 +297,25 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PUSH with learning-rate scale ", lr_scale, ": it must be finite and in (0, 2^20]"));
   }
+  const proto::PushRequest& push = request.header().push_request();
   std::vector<Table*> tables;
   std::vector<std::span<const uint64_t>> keys;
   std::vector<std::span<const float>> grads;
+  // Gradients that came as bfloat16, widened (PushRequest.dense_bf16).
+  std::vector<std::vector<float>> widened;
+  widened.reserve(static_cast<size_t>(table_ids.size()));
   for (int i = 0; i < table_ids.size(); ++i) {
     ASSIGN_OR_RETURN(Table * table, FindTable(table_ids[i]));
     ASSIGN_OR_RETURN(std::span<const uint64_t> table_keys, request.Array<uint64_t>(2 * i));
-    ASSIGN_OR_RETURN(std::span<const float> table_grads, request.Array<float>(2 * i + 1));
+    std::span<const float> table_grads;
+    if (push.dense_bf16() && table->spec().kind() == proto::DENSE) {
+      ASSIGN_OR_RETURN(std::span<const uint16_t> narrow, request.Array<uint16_t>(2 * i + 1));
+      std::vector<float>& wide = widened.emplace_back(narrow.size());
+      FromBfloat16(narrow, wide);
+      table_grads = wide;
+    } else {
+      ASSIGN_OR_RETURN(table_grads, request.Array<float>(2 * i + 1));
+    }
     if (table_grads.size() != table_keys.size() * table->dim()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "PUSH to table '", table->spec().name(), "': ", table_keys.size(), " keys x dim ",
@@ -333,7 +346,6 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   }
   const bool first_time = admitted == WorkerGate::Push::kFirstTime;
   proto::PushReply* answer = reply->header().mutable_push_reply();
-  const proto::PushRequest& push = request.header().push_request();
   // Receipts exist under CURVE only (no key otherwise): no lock on the way.
   // A receipt says the push was applied: given once it was (below), and
   // to a repeat of the push that was.
@@ -348,7 +360,8 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     answer->set_applied(false);
     for (Table* table : tables) answer->add_versions(DenseVersion(*table).load());
     pushes_deduplicated_.fetch_add(1, std::memory_order_relaxed);
-    return push.reply_rows() ? ReplyRows(tables, keys, reply) : absl::OkStatus();
+    return push.reply_rows() ? ReplyRows(tables, keys, push.dense_bf16(), reply)
+                           : absl::OkStatus();
   }
   uint64_t rows = 0;
   uint64_t created = 0;
@@ -383,19 +396,31 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   answer->set_applied(true);
   pushes_.fetch_add(1, std::memory_order_relaxed);
   rows_pushed_.fetch_add(rows, std::memory_order_relaxed);
-  return push.reply_rows() ? ReplyRows(tables, keys, reply) : absl::OkStatus();
+  return push.reply_rows() ? ReplyRows(tables, keys, push.dense_bf16(), reply)
+                           : absl::OkStatus();
 }
 
 Status ParamServer::Impl::ReplyRows(std::span<Table* const> tables,
                                     std::span<const std::span<const uint64_t>> keys,
-                                    Message* reply) {
+                                    bool dense_bf16, Message* reply) {
   // Read after the versions the reply carries were raised: the rows hold
   // at least that many pushes. The push made every row, so none is new.
   for (size_t i = 0; i < tables.size(); ++i) {
-    std::span<float> out = reply->AddUninitializedArray<float>(keys[i].size() * tables[i]->dim());
     uint64_t created = 0;
-    RETURN_IF_ERROR(tables[i]->Pull(keys[i], out, &created));
+    RETURN_IF_ERROR(AddRows(*tables[i], keys[i], dense_bf16, reply, &created));
   }
+  return absl::OkStatus();
+}
+
+Status ParamServer::Impl::AddRows(Table& table, std::span<const uint64_t> keys, bool dense_bf16,
+                                  Message* reply, uint64_t* created) {
+  const size_t values = keys.size() * table.dim();
+  if (!dense_bf16 || table.spec().kind() != proto::DENSE) {
+    return table.Pull(keys, reply->AddUninitializedArray<float>(values), created);
+  }
+  std::vector<float> rows(values);
+  RETURN_IF_ERROR(table.Pull(keys, rows, created));
+  ToBfloat16(rows, reply->AddUninitializedArray<uint16_t>(values));
   return absl::OkStatus();
 }
 

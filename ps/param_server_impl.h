@@ -62,8 +62,12 @@ class ParamServer::Impl {
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   // A push's reply_rows: the pushed keys' rows of each table, as frames.
   Status ReplyRows(std::span<Table* const> tables,
-                   std::span<const std::span<const uint64_t>> keys, Message* reply)
-      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+                   std::span<const std::span<const uint64_t>> keys, bool dense_bf16,
+                   Message* reply) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // Adds the rows of `keys` as a frame of the reply: float32, or bfloat16
+  // for a DENSE table when `dense_bf16`.
+  static Status AddRows(Table& table, std::span<const uint64_t> keys, bool dense_bf16,
+                        Message* reply, uint64_t* created);
   Status HandleFenceWorkers(const Message& request, Message* reply);
   // Writes this server's rows into a model export (from the master).
   Status HandleExport(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);

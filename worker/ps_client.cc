@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/logging.h"
+#include "rpc/bfloat16.h"
 #include "rpc/message.h"
 
 namespace eps {
@@ -237,11 +238,23 @@ Status PsClient::ScatterRows(std::span<const Keys> tables, const Request& reques
                                             reply.num_frames(), " frames for ",
                                             request.pieces.size(), " tables"));
   }
+  std::vector<float> widened;  // a frame that came as bfloat16
   for (size_t p = 0; p < request.pieces.size(); ++p) {
     const Piece& piece = request.pieces[p];
     const uint32_t dim = table(tables[piece.table].table_id).dim();
-    StatusOr<std::span<const float>> values = reply.Array<float>(p);
-    if (!values.ok() || values->size() != piece.positions.size() * dim) {
+    const size_t count = piece.positions.size() * dim;
+    StatusOr<std::span<const float>> values = absl::DataLossError("");
+    if (Bf16(tables[piece.table].table_id)) {
+      StatusOr<std::span<const uint16_t>> narrow = reply.Array<uint16_t>(p);
+      if (narrow.ok() && narrow->size() == count) {
+        widened.resize(count);
+        FromBfloat16(*narrow, widened);
+        values = std::span<const float>(widened);
+      }
+    } else {
+      values = reply.Array<float>(p);
+    }
+    if (!values.ok() || values->size() != count) {
       return absl::DataLossError(
           absl::StrCat(method, " reply from ", endpoint, " has the wrong number of values"));
     }
@@ -272,6 +285,7 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
     Message message;
     message.header().set_method(proto::PULL);
     proto::PullRequest* body = message.header().mutable_pull_request();
+    if (dense_bf16_) body->set_dense_bf16(true);
     for (const Piece& piece : request.pieces) {
       body->add_table_ids(tables[piece.table].table_id);
       std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
@@ -311,6 +325,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     if (lr_scale != 1.0f) body->set_lr_scale(lr_scale);
     body->set_pass(pass);
     if (after != nullptr) body->set_reply_rows(true);
+    if (dense_bf16_) body->set_dense_bf16(true);
     // The batch (for its receipt) in one request per round, until a reply
     // brought the receipt: a round whose carrier was refused re-plans, and
     // its next round's first request carries it again.
@@ -329,10 +344,20 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
       for (size_t i = 0; i < piece.positions.size(); ++i) {
         keys[i] = tables[piece.table].keys[piece.positions[i]];
       }
+      const std::span<const float> from = grads[piece.table];
+      if (Bf16(tables[piece.table].table_id)) {
+        std::span<uint16_t> values =
+            message.AddUninitializedArray<uint16_t>(piece.positions.size() * dim);
+        for (size_t i = 0; i < piece.positions.size(); ++i) {
+          ToBfloat16(from.subspan(static_cast<size_t>(piece.positions[i]) * dim, dim),
+                     values.subspan(i * dim, dim));
+        }
+        continue;
+      }
       std::span<float> values = message.AddUninitializedArray<float>(piece.positions.size() * dim);
       for (size_t i = 0; i < piece.positions.size(); ++i) {
         std::memcpy(values.data() + i * dim,
-                    grads[piece.table].data() + static_cast<size_t>(piece.positions[i]) * dim,
+                    from.data() + static_cast<size_t>(piece.positions[i]) * dim,
                     dim * sizeof(float));
       }
     }

@@ -117,6 +117,12 @@ class PsClient {
   // for a server that will not answer.
   void set_abandon(std::function<bool()> abandon) { abandon_ = std::move(abandon); }
 
+  // With `bf16`, the rows and gradients of DENSE tables travel as
+  // bfloat16 from now on (PullRequest.dense_bf16, PushRequest.dense_bf16;
+  // worker.dense_wire): half the bytes, each value within 2^-8 of its
+  // float32 (relative).
+  void set_dense_bf16(bool bf16) { dense_bf16_ = bf16; }
+
   // Every Pull and Push from now on, failed ones included, is timed whole
   // (routing, every server's answer, re-sending) into `pull` / `push`;
   // nullptr times nothing. The histograms must outlive the client; several
@@ -186,6 +192,9 @@ class PsClient {
   const MapSource refresh_map_;
   std::function<bool()> abandon_;
   const size_t max_request_bytes_;
+  bool dense_bf16_ = false;
+  // Whether table `id`'s values travel as bfloat16.
+  bool Bf16(uint32_t id) const { return dense_bf16_ && table(id).kind() == proto::DENSE; }
   RpcChannel channel_;
   std::unique_ptr<Placement> placement_;
   uint64_t push_seq_ = 0;

@@ -404,6 +404,9 @@ StepPipeline::Hooks Worker::Impl::PipelineHooks(Session& session) {
     StepPipeline::Lane lane;
     lane.master = std::make_unique<RpcChannel>(&factory_, session.self);
     lane.ps = MakePsClient(session, lane.master.get());
+    // The step's dense traffic only: evaluation and the batches' pulls
+    // read the model in float32.
+    lane.ps->set_dense_bf16(options_.job.worker.dense_wire == "bfloat16");
     return lane;
   };
   if (has_step_params_) {

@@ -522,6 +522,18 @@ TEST(JobConfig, BadMlpSettingsNameTheOption) {
   }
 }
 
+TEST(JobConfig, DenseWireIsFloat32OrBfloat16) {
+  JobConfig config = ValidConfig();
+  EXPECT_EQ(config.worker.dense_wire, "bfloat16");
+  config.worker.dense_wire = "float32";
+  EXPECT_TRUE(config.Validate().ok());
+  config.worker.dense_wire = "fp16";
+  const Status status = config.Validate();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("worker.dense_wire"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("float32, bfloat16"));
+}
+
 TEST(JobConfig, PerTableOverridesApplyOverTheSection) {
   JobConfig config = ValidConfig();
   config.optimizer.type = "adam";

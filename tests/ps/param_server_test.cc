@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/metrics.h"
+#include "rpc/bfloat16.h"
 #include "tests/ps/param_server_fixture.h"
 
 namespace eps {
@@ -194,6 +195,54 @@ TEST_F(ParamServerTest, APushAnswersWithTheRowsItLeftWhenAsked) {
   reply = Call(PushRequest({kEmb}, {rows}, {Grads(rows.size())}));
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->num_frames(), 0u);
+}
+
+// dense_bf16: a DENSE table's rows (pulled, or read back by a push) come
+// as bfloat16, its gradients are taken as bfloat16 and applied in float32;
+// an embedding table's frames stay float32.
+TEST_F(ParamServerTest, DenseRowsAndGradientsTravelAsBfloat16WhenAsked) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> chunks = DenseKeysHere();
+  ASSERT_FALSE(chunks.empty());
+  const std::vector<uint64_t> rows = EmbKeys(3, /*here=*/true);
+  auto pull = [&](bool bf16) -> StatusOr<Message> {
+    Message request = PullRequest({kEmb, kDense}, {rows, chunks});
+    request.header().mutable_pull_request()->set_dense_bf16(bf16);
+    return Call(std::move(request));
+  };
+  StatusOr<Message> exact = pull(false);
+  StatusOr<Message> narrow = pull(true);
+  ASSERT_TRUE(exact.ok() && narrow.ok());
+  EXPECT_EQ(narrow->frame(0).size(), exact->frame(0).size());  // embedding: float32
+  std::span<const float> dense = *exact->Array<float>(1);
+  std::span<const uint16_t> dense_bf16 = *narrow->Array<uint16_t>(1);
+  ASSERT_EQ(dense_bf16.size(), dense.size());
+  for (size_t i = 0; i < dense.size(); ++i) ASSERT_EQ(dense_bf16[i], ToBfloat16(dense[i])) << i;
+
+  // Gradients exact in bfloat16 give the same update either way.
+  std::vector<float> grads = Grads(chunks.size());  // multiples of 1/4: exact
+  std::vector<uint16_t> grads_bf16(grads.size());
+  ToBfloat16(grads, grads_bf16);
+  Message push;
+  push.header().set_method(proto::PUSH);
+  push.header().mutable_push_request()->set_client_seq(NextSeq());
+  push.header().mutable_push_request()->add_table_ids(kDense);
+  push.header().mutable_push_request()->set_dense_bf16(true);
+  push.header().mutable_push_request()->set_reply_rows(true);
+  push.AddArray(chunks);
+  push.AddArray(std::span<const uint16_t>(grads_bf16));
+  StatusOr<Message> pushed = Call(std::move(push));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  StatusOr<Message> after = pull(false);
+  ASSERT_TRUE(after.ok());
+  std::span<const float> updated = *after->Array<float>(1);
+  std::span<const uint16_t> read_back = *pushed->Array<uint16_t>(0);
+  ASSERT_EQ(read_back.size(), updated.size());
+  for (size_t i = 0; i < updated.size(); ++i) {
+    ASSERT_EQ(updated[i], Sgd(dense[i], grads[i])) << i;
+    ASSERT_EQ(read_back[i], ToBfloat16(updated[i])) << i;
+  }
 }
 
 // ps.max_new_rows_per_worker_s: a worker that created more rows than its
