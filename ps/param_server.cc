@@ -144,7 +144,7 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
     // Requests can arrive as soon as the port is bound, while Start still
     // fills in id_ and tables_. Only the heartbeat thread, started after
     // that, installs the map; so with a map both are complete and visible.
-    absl::MutexLock lock(&mu_);
+    absl::ReaderMutexLock lock(&mu_);
     if (placement_ == nullptr) {
       return ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet",
                              proto::NOT_READY);
@@ -207,7 +207,8 @@ Status ParamServer::Impl::CheckKeys(const Table& table, std::span<const uint64_t
       }
     }
   }
-  absl::MutexLock lock(&mu_);
+  // Shared: request threads check keys side by side; only a new map writes.
+  absl::ReaderMutexLock lock(&mu_);
   if (placement_ == nullptr) {
     return ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet",
                            proto::NOT_READY);
