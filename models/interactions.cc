@@ -64,19 +64,34 @@ inline const float* Vector(const float* z, const float* fields, int a, int dim) 
 
 void DotForward(const float* z_rows, const float* in, int n, int stride, int offset,
                 int num_fields, int dim, float* out, int out_stride, int out_offset) {
-#pragma omp parallel for schedule(static) if (n >= kMinParallelExamples)
-  for (int i = 0; i < n; ++i) {
-    const float* z = z_rows + static_cast<size_t>(i) * dim;
-    const float* fields = in + static_cast<size_t>(i) * stride + offset;
-    float* dots = out + static_cast<size_t>(i) * out_stride + out_offset;
-    int p = 0;
-    for (int a = 1; a <= num_fields; ++a) {
-      const float* ta = Vector(z, fields, a, dim);
-      for (int b = 0; b < a; ++b) {
+  const int vectors = num_fields + 1;
+#pragma omp parallel if (n >= kMinParallelExamples)
+  {
+    // The example's vectors by component: columns[k * vectors + b] is
+    // component k of vector b. Each dot then accumulates over k, in k's
+    // order (the sums of a plain loop, bit for bit), with the pairs of
+    // one vector side by side in vector lanes.
+    std::vector<float> columns(static_cast<size_t>(vectors) * dim);
+#pragma omp for schedule(static)
+    for (int i = 0; i < n; ++i) {
+      const float* z = z_rows + static_cast<size_t>(i) * dim;
+      const float* fields = in + static_cast<size_t>(i) * stride + offset;
+      float* dots = out + static_cast<size_t>(i) * out_stride + out_offset;
+      for (int b = 0; b < vectors; ++b) {
         const float* tb = Vector(z, fields, b, dim);
-        float dot = 0;
-        for (int k = 0; k < dim; ++k) dot += ta[k] * tb[k];
-        dots[p++] = dot;
+        for (int k = 0; k < dim; ++k) columns[static_cast<size_t>(k) * vectors + b] = tb[k];
+      }
+      // The pairs (a, b < a) of vector a are dots[a (a - 1) / 2 + b].
+      for (int a = 1; a <= num_fields; ++a) {
+        const float* ta = Vector(z, fields, a, dim);
+        float* pairs = dots + a * (a - 1) / 2;
+        for (int b = 0; b < a; ++b) pairs[b] = 0;
+        for (int k = 0; k < dim; ++k) {
+          const float x = ta[k];
+          const float* column = columns.data() + static_cast<size_t>(k) * vectors;
+#pragma omp simd
+          for (int b = 0; b < a; ++b) pairs[b] += x * column[b];
+        }
       }
     }
   }
@@ -100,6 +115,8 @@ void DotBackward(const float* z_rows, const float* in, int n, int stride, int of
         const float* tb = Vector(z, fields, b, dim);
         float* dtb = b == 0 ? dz : dfields + static_cast<size_t>(b - 1) * dim;
         const float gp = g[p++];
+        // dta and dtb are different vectors (b < a).
+#pragma omp simd
         for (int k = 0; k < dim; ++k) {
           dta[k] += gp * tb[k];
           dtb[k] += gp * ta[k];

@@ -35,7 +35,9 @@ void MultiplyByDerivative(Activation activation, const float* output, float* del
   Eigen::Map<Eigen::ArrayXf> d(delta, static_cast<Eigen::Index>(count));
   switch (activation) {
     case Activation::kRelu:
-      d = (y > 0.0f).select(d, 0.0f);
+      // A plain loop: Eigen's select compiled to a branch per value here
+      // (half of them mispredicted), 7% of a wdl step.
+      for (size_t i = 0; i < count; ++i) delta[i] = output[i] > 0.0f ? delta[i] : 0.0f;
       break;
     case Activation::kSigmoid:
       d *= y * (1.0f - y);
