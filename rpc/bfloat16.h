@@ -2,7 +2,8 @@
 // same 8-bit exponent, 7 bits of mantissa), rounded to nearest even. A
 // dense tensor's rows and gradients can travel so (worker.dense_wire):
 // half the bytes, the same range as float32, a relative error of at most
-// 2^-8 per value. The servers keep and update float32.
+// 2^-8 per normal value (subnormals keep 7 bits less their leading zeros),
+// finite values staying finite. The servers keep and update float32.
 //
 // Thread-safety: pure functions.
 
@@ -21,7 +22,13 @@ inline uint16_t ToBfloat16(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   // A NaN stays a NaN (rounding could carry it into infinity).
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  const uint16_t rounded = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  // A finite value stays finite: the largest ones (over 3.39e38) would
+  // round to infinity, and a gradient that was finite be refused.
+  if ((rounded & 0x7fffu) == 0x7f80u && (bits & 0x7fffffffu) != 0x7f800000u) {
+    return static_cast<uint16_t>(rounded - 1);
+  }
+  return rounded;
 }
 
 inline float FromBfloat16(uint16_t value) {

@@ -311,6 +311,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
   if (versions != nullptr) versions->assign(tables.size(), {});
   if (receipt != nullptr) receipt->clear();
   if (after != nullptr) SizeRows(tables, &after->values, &after->versions);
+  bool read_back_ok = true;
   // Only a caller who takes the receipt sends the batch it is made for.
   bool receipt_wanted = batch != nullptr && receipt != nullptr;
   CHECK_EQ(tables.size(), grads.size());
@@ -370,11 +371,26 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
       *receipt = answer.receipt();
       receipt_wanted = false;
     }
-    return after == nullptr ? absl::OkStatus()
-                            : ScatterRows(tables, request, reply, "PUSH", answer.versions(),
-                                          &after->values, &after->versions);
+    if (after == nullptr || !read_back_ok) return absl::OkStatus();
+    // The push is applied whatever its rows look like: a reply without
+    // them (a server that does not read them back) only costs a pull.
+    if (Status rows = ScatterRows(tables, request, reply, "PUSH", answer.versions(),
+                                  &after->values, &after->versions);
+        !rows.ok()) {
+      LOG(WARNING) << "a push was applied but its rows did not come back (" << rows
+                   << "); they will be pulled";
+      read_back_ok = false;
+    }
+    return absl::OkStatus();
   }));
-  if (after != nullptr) ForgetUnknownVersions(&after->versions);
+  if (after != nullptr) {
+    if (read_back_ok) {
+      ForgetUnknownVersions(&after->versions);
+    } else {
+      after->values.clear();
+      after->versions.clear();
+    }
+  }
   return absl::OkStatus();
 }
 

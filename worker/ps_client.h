@@ -101,7 +101,8 @@ class PsClient {
   // is enough.
   // `after` (when given) gets the pushed rows as the push left them, with
   // each server's version of what it sent (the lowest over its messages),
-  // as Pull would give them right after the push, without a pull.
+  // as Pull would give them right after the push, without a pull; left
+  // empty when a reply did not carry them (the push still succeeds).
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
   Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
               float lr_scale = 1.0f, const Versions* based_on = nullptr,

@@ -38,7 +38,9 @@ StepPipeline::StepPipeline(int64_t max_staleness, Hooks hooks)
 
 StepPipeline::~StepPipeline() { Stop(); }
 
-uint64_t StepPipeline::Lag(const DenseCopy& copy) const {
+uint64_t StepPipeline::Lag(const DenseCopy& copy) const { return Behind(copy) + pushes_pending_; }
+
+uint64_t StepPipeline::Behind(const DenseCopy& copy) const {
   uint64_t behind = 0;
   // Only the tensors the copy holds: pushes also answer for dense tensors
   // pulled with the batches instead (ParamSpec::pull_each_step false).
@@ -49,7 +51,7 @@ uint64_t StepPipeline::Lag(const DenseCopy& copy) const {
       }
     }
   }
-  return behind + pushes_pending_;
+  return behind;
 }
 
 Status StepPipeline::AwaitLocked(const std::function<bool()>& ready) {
@@ -177,7 +179,16 @@ Status StepPipeline::RunStep(Lane& lane, Step& step) {
   // would be trained and pushed again.
   Status refreshed;
   if (!step.pushes.empty() && hooks_.pull_dense) {
+    // A copy read back in several messages of one server holds the rows
+    // of the first at its version only: behind what the last one said.
+    // Installing it could leave every step waiting for a copy that only a
+    // step would refresh; such a copy is pulled again instead.
+    bool current = false;
     if (read_back != nullptr) {
+      absl::MutexLock lock(&mu_);
+      current = Behind(*read_back) == 0;
+    }
+    if (current) {
       Install(std::move(read_back));
     } else {
       refreshed = Refresh(lane);

@@ -1,11 +1,12 @@
 // StepPipeline: the network half of a worker's training steps, on a thread
 // of its own, so that the trainer computes the next step while the last
-// one's gradients are pushed, its batch committed and the dense tensors
-// pulled again.
+// one's gradients are pushed, its batch committed and the dense copy
+// renewed.
 //
 // The trainer hands over each step as a Step: its pushes (none for an
-// evaluation batch, a diverged one or one without records; two for a step
-// trained in halves) and its commit. The pipeline runs steps strictly in
+// evaluation batch, a diverged one or one without records; one per half of
+// a step trained in halves), its late pushes (the same, for what the copy
+// does not hold) and its commit. The pipeline runs steps strictly in
 // order, a step's commit only after its pushes were acknowledged, so a
 // batch is committed only once its updates are applied. The first failure
 // stops the pipeline: nothing queued after it is pushed or committed (those
@@ -67,8 +68,9 @@ class StepPipeline {
     // the servers answered (PsClient::Push's `versions`). A push of the
     // copy's tensors may also read them back as it left them into `copy`
     // (values and versions, as pull_dense gives them; PsClient::Push's
-    // `after`): when the last of a step's pushes did, the pipeline installs
-    // that copy instead of pulling one.
+    // `after`): when the last of a step's pushes did, and the copy misses
+    // nothing the replies told of, the pipeline installs it instead of
+    // pulling one.
     using Push = std::function<Status(Lane&, PsClient::Versions* applied, DenseCopy* copy)>;
     std::vector<Push> pushes;
     // Pushes of the rest of the step's gradients, those that do not change
@@ -145,6 +147,8 @@ class StepPipeline {
   // Updates a copy misses: what the worker knows was applied since it was
   // pulled, plus its own pushes not acknowledged yet.
   uint64_t Lag(const DenseCopy& copy) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The updates the servers' replies told of that `copy` misses.
+  uint64_t Behind(const DenseCopy& copy) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
   // Runs one step (its pushes, a dense pull when it pushed, its late
   // pushes, its commit).

@@ -252,9 +252,14 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
   // them), then the rest, the late push, while the next step computes. The
   // last push made carries the batch: its receipt counts the records once.
   const std::vector<ParamSpec>& specs = model_->params();
-  const bool split = has_step_params_ &&
-                     std::any_of(specs.begin(), specs.end(),
-                                 [](const ParamSpec& spec) { return !spec.pull_each_step; });
+  // Split only when the late push carries keys: a push without any sends
+  // nothing, and would bring back no receipt for the batch.
+  bool split = false;
+  for (size_t i = 0; i < specs.size() && has_step_params_; ++i) {
+    if (specs[i].pull_each_step) continue;
+    split |= specs[i].kind == ParamSpec::Kind::kEmbedding ? !batch->keys.empty()
+                                                          : !session.dense_keys[i].empty();
+  }
   auto shared_grads = std::make_shared<const ParamBuffers>(std::move(grads));
   for (const bool copied : split ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
     const bool last = !split || !copied;
@@ -290,7 +295,7 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
                         last ? &work : nullptr, last ? &receipt : nullptr,
                         read_back ? &rows : nullptr),
           "push"));
-      if (read_back) {
+      if (read_back && !rows.values.empty()) {
         TakeRows(Pulled::kAtStep, &rows.values, &next->values);
         next->versions = std::move(rows.versions);
       }

@@ -6,8 +6,9 @@
 // Three threads share the loop. A loader thread reads, parses and pulls the
 // next batches' embedding rows (worker.prefetch_batches ahead); the calling
 // thread computes steps; the step pipeline's thread (worker/step_pipeline.h)
-// pushes each step's gradients, pulls the dense tensors again and commits
-// the batch, while the next step computes from a copy of the dense tensors
+// pushes each step's gradients (the dense ones first, their reply bringing
+// the new dense copy back), then the embedding rows', and commits the
+// batch, while the next step computes from a copy of the dense tensors
 // at most worker.max_staleness updates old. A batch's progress is committed
 // to the master only after its pushes were acknowledged, so a worker dying
 // at any moment loses no committed record.

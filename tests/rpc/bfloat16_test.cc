@@ -3,6 +3,7 @@
 
 #include "rpc/bfloat16.h"
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -26,6 +27,10 @@ TEST(Bfloat16, KeepsWhatItCanHoldExactly) {
   const float inf = std::numeric_limits<float>::infinity();
   EXPECT_EQ(FromBfloat16(ToBfloat16(inf)), inf);
   EXPECT_EQ(FromBfloat16(ToBfloat16(-inf)), -inf);
+  // The largest floats stay finite (the largest bfloat16), not inf.
+  const float largest = std::numeric_limits<float>::max();
+  EXPECT_EQ(FromBfloat16(ToBfloat16(largest)), std::bit_cast<float>(0x7f7f0000u));
+  EXPECT_EQ(FromBfloat16(ToBfloat16(-largest)), -std::bit_cast<float>(0x7f7f0000u));
   // A NaN whose payload lies in the dropped bits stays a NaN, not an inf.
   EXPECT_TRUE(std::isnan(FromBfloat16(ToBfloat16(std::bit_cast<float>(0x7f800001u)))));
   EXPECT_TRUE(std::isnan(FromBfloat16(ToBfloat16(std::nanf("")))));

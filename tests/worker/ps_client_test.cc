@@ -151,8 +151,32 @@ TEST_F(PsClientTest, APushReadsItsRowsBack) {
   }
   EXPECT_GT(several, 0);
   // Without `after`, the servers are not asked for rows.
+  int asked = 0;
+  for (const auto& server : servers_) asked += server->rows_asked();
+  EXPECT_GT(asked, 0);
   ASSERT_TRUE(client->Push(tables, grads).ok());
-  for (const auto& server : servers_) EXPECT_TRUE(server->pulled(kWide).empty());
+  int asked_after = 0;
+  for (const auto& server : servers_) asked_after += server->rows_asked();
+  EXPECT_EQ(asked_after, asked);
+}
+
+// A server that answers a push without its rows: the push succeeded (it
+// was applied) and `after` is empty, so that the caller pulls instead.
+TEST_F(PsClientTest, APushWhoseRowsDoNotComeBackStillSucceeds) {
+  const std::vector<uint64_t> wide = MakeKeys(50);
+  const std::vector<float> wide_grads = GradsFor(kWide, wide);
+  for (const auto& server : servers_) server->IgnoreReplyRows();
+  std::unique_ptr<PsClient> client = MakeClient();
+  const std::vector<PsClient::Keys> tables = {{kWide, wide}};
+  const std::vector<std::span<const float>> grads = {wide_grads};
+  PsClient::Rows after;
+  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, nullptr, nullptr, &after)
+                  .ok());
+  EXPECT_TRUE(after.values.empty());
+  EXPECT_TRUE(after.versions.empty());
+  size_t rows = 0;
+  for (const auto& server : servers_) rows += server->pushed().size();
+  EXPECT_EQ(rows, wide.size());
 }
 
 TEST_F(PsClientTest, PushOfAFewKeysKeepsThem) {

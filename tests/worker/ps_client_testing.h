@@ -138,6 +138,16 @@ class FakePs {
     fail_next_ = n;
     fail_status_ = std::move(status);
   }
+  // Pushes asking for their rows back (PushRequest.reply_rows) get none.
+  void IgnoreReplyRows() {
+    absl::MutexLock lock(&mu_);
+    ignore_reply_rows_ = true;
+  }
+  // Tables of pushes that asked for their rows back.
+  int rows_asked() const {
+    absl::MutexLock lock(&mu_);
+    return rows_asked_;
+  }
   void SetPullReplyMode(PullReplyMode mode) {
     absl::MutexLock lock(&mu_);
     pull_mode_ = mode;
@@ -242,6 +252,8 @@ class FakePs {
         // Its version: the requests this server took.
         reply->header().mutable_push_reply()->add_versions(requests_);
         if (!request.header().push_request().reply_rows()) continue;
+        ++rows_asked_;
+        if (ignore_reply_rows_) continue;  // an old server: no rows back
       } else {
         pulled_[table].insert(pulled_[table].end(), keys.begin(), keys.end());
       }
@@ -276,6 +288,8 @@ class FakePs {
   int requests_ ABSL_GUARDED_BY(mu_) = 0;
   int refusals_ ABSL_GUARDED_BY(mu_) = 0;
   int batches_ ABSL_GUARDED_BY(mu_) = 0;
+  int rows_asked_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ignore_reply_rows_ ABSL_GUARDED_BY(mu_) = false;
   size_t max_request_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, std::vector<uint64_t>> pulled_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::vector<uint64_t>> refused_ ABSL_GUARDED_BY(mu_);

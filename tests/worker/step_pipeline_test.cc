@@ -104,9 +104,11 @@ class Script {
         *applied = At(version_);
         log_.push_back(absl::StrCat("push ", name));
         if (read_back_) {
-          copy->values = {{static_cast<float>(version_)}};
-          copy->versions = At(version_);
-          log_.push_back(absl::StrCat("read back v", version_));
+          // Read back in several messages: the first's version.
+          const uint64_t version = version_ - read_back_lag_;
+          copy->values = {{static_cast<float>(version)}};
+          copy->versions = At(version);
+          log_.push_back(absl::StrCat("read back v", version));
         }
         return absl::OkStatus();
       });
@@ -139,9 +141,10 @@ class Script {
   void Abandon() { abandoned_ = true; }
   // Pushes from now on read the dense tensors back (PsClient::Push's
   // `after`).
-  void ReadBack() {
+  void ReadBack(uint64_t lag = 0) {
     absl::MutexLock lock(&mu_);
     read_back_ = true;
+    read_back_lag_ = lag;
   }
 
   // Waits until `n` pushes have begun (taken by the pipeline's thread).
@@ -176,6 +179,8 @@ class Script {
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
   Status pull_result_ ABSL_GUARDED_BY(mu_);
   bool read_back_ ABSL_GUARDED_BY(mu_) = false;
+  // How far behind the push's own version a read-back copy is.
+  uint64_t read_back_lag_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> abandoned_{false};
   std::atomic<int> ended_{0};
 };
@@ -302,6 +307,25 @@ TEST(StepPipeline, APushThatReadsTheCopyBackNeedsNoPull) {
   }
   ASSERT_TRUE(pipeline.Drain().ok());
   EXPECT_THAT(script.log(), ElementsAre("pull v0", "push a", "read back v3", "commit a"));
+}
+
+// A copy read back behind what the push's replies said (rows from several
+// messages of one server) is not installed: at max_staleness 0 the next
+// step would wait for it forever. The pipeline pulls instead.
+TEST(StepPipeline, ACopyReadBackBehindThePushIsPulledAgain) {
+  Script script(/*free_pushes=*/true);
+  script.ReadBack(/*lag=*/1);
+  StepPipeline pipeline(/*max_staleness=*/0, script.Hooks());
+  EXPECT_EQ(VersionOf(pipeline.AwaitDense()), 0u);
+  ASSERT_TRUE(pipeline.Enqueue(script.Step("a", 1, /*others=*/2)).ok());
+  AsyncAwait next(&pipeline);
+  const bool started = !next.WaitedFor(absl::Seconds(10));
+  if (!started) pipeline.Stop();  // ends the wait (kCancelled)
+  ASSERT_TRUE(started) << "the next step waited for a copy no step would refresh";
+  EXPECT_EQ(VersionOf(next.result()), 3u);
+  ASSERT_TRUE(pipeline.Drain().ok());
+  EXPECT_THAT(script.log(),
+              ElementsAre("pull v0", "push a", "read back v2", "pull v3", "commit a"));
 }
 
 // A late push that fails stops the pipeline before the step's commit.
