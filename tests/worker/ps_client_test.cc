@@ -238,7 +238,7 @@ TEST_F(PsClientTest, PullReroutesRefusedKeysAfterWrongOwner) {
   }
 }
 
-TEST_F(PsClientTest, PushAfterWrongOwnerAppliesEveryKeyOnce) {
+TEST_F(PsClientTest, PushAfterWrongOwnerAppliesEveryKeyOnceAndReadsEveryRowBack) {
   const proto::ClusterMap moved = HandOverPartitions(/*from=*/2, /*to=*/0);
   const std::vector<uint64_t> wide = MakeKeys(400);
   const std::vector<uint64_t> deep = MakeKeys(200, /*salt=*/900);
@@ -248,10 +248,17 @@ TEST_F(PsClientTest, PushAfterWrongOwnerAppliesEveryKeyOnce) {
   std::unique_ptr<PsClient> client = MakeClient(/*max_request_bytes=*/1024);
   const std::vector<PsClient::Keys> tables = {{kWide, wide}, {kDeep, deep}};
   const std::vector<std::span<const float>> grads = {wide_grads, deep_grads};
-  ASSERT_TRUE(client->Push(tables, grads).ok());
+  // Its rows read back too: those of the refused requests come with the
+  // re-sent ones.
+  PsClient::Rows after;
+  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, nullptr, nullptr, &after)
+                  .ok());
   EXPECT_EQ(refreshes_, 1);
   EXPECT_GT(servers_[2]->refusals(), 1);
   EXPECT_TRUE(servers_[2]->pushed().empty());
+  ASSERT_EQ(after.values.size(), 2u);
+  ExpectRows(kWide, wide, after.values[0]);
+  ExpectRows(kDeep, deep, after.values[1]);
 
   std::map<std::pair<uint32_t, uint64_t>, int> applied;
   for (const auto& server : servers_) {
