@@ -27,43 +27,39 @@ bool TrimFreeMemory(absl::Time now, absl::Duration every) {
 #endif
 }
 
-bool LimitMallocArenas(int arenas) {
-#if defined(__GLIBC__)
-  if (std::getenv("MALLOC_ARENA_MAX") != nullptr) return false;
-  return ::mallopt(M_ARENA_MAX, arenas) == 1;
-#else
-  (void)arenas;
-  return false;
-#endif
-}
-
 namespace {
 
 #if defined(__GLIBC__)
+constexpr int kArenaMax = M_ARENA_MAX;
 constexpr int kMmapThreshold = M_MMAP_THRESHOLD;
 constexpr int kTrimThreshold = M_TRIM_THRESHOLD;
 #else
+constexpr int kArenaMax = 0;
 constexpr int kMmapThreshold = 0;
 constexpr int kTrimThreshold = 0;
 #endif
 
-// Sets mallopt's `param` unless the user set it through the environment
-// (`variable`, or `tunable` in GLIBC_TUNABLES).
-bool SetUnlessUserSet(int param, size_t bytes, const char* variable, const char* tunable) {
+// Sets mallopt's `param` to `value` unless the user set it through the
+// environment (`variable`, or `tunable` in GLIBC_TUNABLES).
+bool SetUnlessUserSet(int param, size_t value, const char* variable, const char* tunable) {
 #if defined(__GLIBC__)
   if (std::getenv(variable) != nullptr) return false;
   if (const char* tunables = std::getenv("GLIBC_TUNABLES");
       tunables != nullptr && std::strstr(tunables, tunable) != nullptr) {
     return false;
   }
-  return ::mallopt(param, static_cast<int>(bytes)) == 1;
+  return ::mallopt(param, static_cast<int>(value)) == 1;
 #else
-  (void)param, (void)bytes, (void)variable, (void)tunable;
+  (void)param, (void)value, (void)variable, (void)tunable;
   return false;
 #endif
 }
 
 }  // namespace
+
+bool LimitMallocArenas(int arenas) {
+  return SetUnlessUserSet(kArenaMax, static_cast<size_t>(arenas), "MALLOC_ARENA_MAX", "arena_max");
+}
 
 bool FixMmapThreshold(size_t bytes) {
   return SetUnlessUserSet(kMmapThreshold, bytes, "MALLOC_MMAP_THRESHOLD_", "mmap_threshold");

@@ -51,8 +51,8 @@ namespace eps {
 // heartbeat, the master's job loop), never from a pull or push.
 bool TrimFreeMemory(absl::Time now, absl::Duration every = absl::Seconds(30));
 
-// Caps glibc's malloc arenas at `arenas` unless MALLOC_ARENA_MAX is set
-// (the user's choice wins). Give at least the number of threads that
+// Caps glibc's malloc arenas at `arenas` unless MALLOC_ARENA_MAX or arena_max in
+// GLIBC_TUNABLES is set (the user's choice wins). Give at least the number of threads that
 // allocate at once on a hot path: fewer makes them wait for each other.
 // True when it set the cap.
 bool LimitMallocArenas(int arenas);

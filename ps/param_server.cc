@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -303,25 +304,28 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   std::vector<std::span<const uint64_t>> keys;
   std::vector<std::span<const float>> grads;
   // Gradients that came as bfloat16, widened (PushRequest.dense_bf16).
-  std::vector<std::vector<float>> widened;
-  widened.reserve(static_cast<size_t>(table_ids.size()));
+  std::vector<std::unique_ptr<float[]>> widened;
   for (int i = 0; i < table_ids.size(); ++i) {
     ASSIGN_OR_RETURN(Table * table, FindTable(table_ids[i]));
     ASSIGN_OR_RETURN(std::span<const uint64_t> table_keys, request.Array<uint64_t>(2 * i));
+    const size_t want = table_keys.size() * table->dim();
+    const bool bf16 = push.dense_bf16() && table->spec().kind() == proto::DENSE;
+    std::span<const uint16_t> narrow;
     std::span<const float> table_grads;
-    if (push.dense_bf16() && table->spec().kind() == proto::DENSE) {
-      ASSIGN_OR_RETURN(std::span<const uint16_t> narrow, request.Array<uint16_t>(2 * i + 1));
-      std::vector<float>& wide = widened.emplace_back(narrow.size());
-      FromBfloat16(narrow, wide);
-      table_grads = wide;
+    if (bf16) {
+      ASSIGN_OR_RETURN(narrow, request.Array<uint16_t>(2 * i + 1));
     } else {
       ASSIGN_OR_RETURN(table_grads, request.Array<float>(2 * i + 1));
     }
-    if (table_grads.size() != table_keys.size() * table->dim()) {
+    if (const size_t got = bf16 ? narrow.size() : table_grads.size(); got != want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "PUSH to table '", table->spec().name(), "': ", table_keys.size(), " keys x dim ",
-          table->dim(), " need ", table_keys.size() * table->dim(), " gradient values, got ",
-          table_grads.size()));
+          table->dim(), " need ", want, " gradient values, got ", got));
+    }
+    if (bf16) {
+      float* wide = widened.emplace_back(std::make_unique_for_overwrite<float[]>(want)).get();
+      FromBfloat16(narrow, std::span<float>(wide, want));
+      table_grads = std::span<const float>(wide, want);
     }
     for (float g : table_grads) {
       if (!std::isfinite(g)) {
@@ -405,10 +409,10 @@ Status ParamServer::Impl::ReplyRows(std::span<Table* const> tables,
                                     std::span<const std::span<const uint64_t>> keys,
                                     bool dense_bf16, Message* reply) {
   // Read after the versions the reply carries were raised: the rows hold
-  // at least that many pushes. The push made every row, so none is new.
+  // at least that many pushes. Rows made again here (expired since a
+  // repeated push) are not the worker's to be charged for.
   for (size_t i = 0; i < tables.size(); ++i) {
-    uint64_t created = 0;
-    RETURN_IF_ERROR(AddRows(*tables[i], keys[i], dense_bf16, reply, &created));
+    RETURN_IF_ERROR(AddRows(*tables[i], keys[i], dense_bf16, reply, /*created=*/nullptr));
   }
   return absl::OkStatus();
 }
@@ -419,9 +423,10 @@ Status ParamServer::Impl::AddRows(Table& table, std::span<const uint64_t> keys, 
   if (!dense_bf16 || table.spec().kind() != proto::DENSE) {
     return table.Pull(keys, reply->AddUninitializedArray<float>(values), created);
   }
-  std::vector<float> rows(values);
-  RETURN_IF_ERROR(table.Pull(keys, rows, created));
-  ToBfloat16(rows, reply->AddUninitializedArray<uint16_t>(values));
+  const std::unique_ptr<float[]> rows = std::make_unique_for_overwrite<float[]>(values);
+  RETURN_IF_ERROR(table.Pull(keys, std::span<float>(rows.get(), values), created));
+  ToBfloat16(std::span<const float>(rows.get(), values),
+             reply->AddUninitializedArray<uint16_t>(values));
   return absl::OkStatus();
 }
 

@@ -65,7 +65,7 @@ class ParamServer::Impl {
                    std::span<const std::span<const uint64_t>> keys, bool dense_bf16,
                    Message* reply) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   // Adds the rows of `keys` as a frame of the reply: float32, or bfloat16
-  // for a DENSE table when `dense_bf16`.
+  // for a DENSE table when `dense_bf16`. `created` as Table::Pull's.
   static Status AddRows(Table& table, std::span<const uint64_t> keys, bool dense_bf16,
                         Message* reply, uint64_t* created);
   Status HandleFenceWorkers(const Message& request, Message* reply);

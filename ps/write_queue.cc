@@ -73,6 +73,9 @@ void WriteQueue::CommitLoop() {
   std::vector<KvWrite> writes;
   // Failpoint ps.kill_in_store_write=N, looked up once.
   const std::optional<uint64_t> kill_in_write = FailpointValue("ps.kill_in_store_write");
+  // Set as each write starts; the failpoint's thread waits for it, so it
+  // lives as long as the loop (the process dies once the failpoint fires).
+  std::atomic<bool> writing{false};
   while (true) {
     uint64_t last_seq;
     {
@@ -110,12 +113,12 @@ void WriteQueue::CommitLoop() {
     // Failpoint: a thread spinning on another core kills the process
     // (SIGKILL) as soon as this write starts, and says first on stderr
     // whether the write had returned by then (batches_ counts it).
-    std::atomic<bool> writing{false};
     if (const uint64_t write = batches_.load(std::memory_order_relaxed) + 1;
         kill_in_write == write) {
       LOG(WARNING) << "failpoint ps.kill_in_store_write=" << write << ": killing this server "
                    << "(SIGKILL) in its write of " << writes.size() << " rows";
       std::atomic<bool> spinning{false};
+      writing.store(false);  // set by the writes before this one
       std::thread([this, &writing, &spinning, write] {
         spinning.store(true);
         while (!writing.load()) {

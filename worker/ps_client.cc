@@ -238,30 +238,33 @@ Status PsClient::ScatterRows(std::span<const Keys> tables, const Request& reques
                                             reply.num_frames(), " frames for ",
                                             request.pieces.size(), " tables"));
   }
-  std::vector<float> widened;  // a frame that came as bfloat16
   for (size_t p = 0; p < request.pieces.size(); ++p) {
     const Piece& piece = request.pieces[p];
     const uint32_t dim = table(tables[piece.table].table_id).dim();
     const size_t count = piece.positions.size() * dim;
+    const bool bf16 = Bf16(tables[piece.table].table_id);
+    // Each row goes straight to its place: widened there from bfloat16, or
+    // copied.
+    StatusOr<std::span<const uint16_t>> narrow = absl::DataLossError("");
     StatusOr<std::span<const float>> values = absl::DataLossError("");
-    if (Bf16(tables[piece.table].table_id)) {
-      StatusOr<std::span<const uint16_t>> narrow = reply.Array<uint16_t>(p);
-      if (narrow.ok() && narrow->size() == count) {
-        widened.resize(count);
-        FromBfloat16(*narrow, widened);
-        values = std::span<const float>(widened);
-      }
+    if (bf16) {
+      narrow = reply.Array<uint16_t>(p);
     } else {
       values = reply.Array<float>(p);
     }
-    if (!values.ok() || values->size() != count) {
+    if (bf16 ? !narrow.ok() || narrow->size() != count : !values.ok() || values->size() != count) {
       return absl::DataLossError(
           absl::StrCat(method, " reply from ", endpoint, " has the wrong number of values"));
     }
-    float* target = (*out)[piece.table].data();
+    std::span<float> target((*out)[piece.table]);
     for (size_t i = 0; i < piece.positions.size(); ++i) {
-      std::memcpy(target + static_cast<size_t>(piece.positions[i]) * dim,
-                  values->data() + i * dim, dim * sizeof(float));
+      const std::span<float> row =
+          target.subspan(static_cast<size_t>(piece.positions[i]) * dim, dim);
+      if (bf16) {
+        FromBfloat16(narrow->subspan(i * dim, dim), row);
+      } else {
+        std::memcpy(row.data(), values->data() + i * dim, dim * sizeof(float));
+      }
     }
   }
   NoteVersions(request, reply_versions, /*lowest=*/true, versions);

@@ -261,19 +261,16 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
                                                           : !session.dense_keys[i].empty();
   }
   auto shared_grads = std::make_shared<const ParamBuffers>(std::move(grads));
-  for (const bool copied : split ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
-    const bool last = !split || !copied;
-    // The copy's tensors come back with the reply: no pull after the push.
-    const bool read_back = has_step_params_ && copied;
-    // The parameters this push carries: all of them, or those of one side.
-    const auto carries = [split, copied](const ParamSpec& spec) {
-      return !split || spec.pull_each_step == copied;
-    };
-    StepPipeline::Step::Push push =
-        [this, &session, batch, copy, grads = shared_grads, lr_scale, pass, work, last, carries,
-         read_back, receipts = result->receipts](
-            StepPipeline::Lane& lane, PsClient::Versions* applied,
-            StepPipeline::DenseCopy* next) -> Status {
+  // A push of the parameters `carries` takes. With `copied`, it pushes the
+  // copy's tensors, based on the copy, and reads them back (the next copy,
+  // no pull after it); with `last`, it carries the batch for the receipt.
+  const auto make_push = [&](std::function<bool(const ParamSpec&)> carries, bool copied,
+                             bool last) -> StepPipeline::Step::Push {
+    return [this, &session, batch, copy = copied ? copy : nullptr, grads = shared_grads, lr_scale,
+            pass, work, last, carries = std::move(carries),
+            read_back = copied && has_step_params_, receipts = result->receipts](
+               StepPipeline::Lane& lane, PsClient::Versions* applied,
+               StepPipeline::DenseCopy* next) -> Status {
       const std::vector<ParamSpec>& specs = model_->params();
       std::vector<PsClient::Keys> keys(specs.size());
       std::vector<std::span<const float>> values(specs.size());
@@ -308,8 +305,15 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
       records_pushed_.fetch_add(static_cast<uint64_t>(batch->size()));
       return absl::OkStatus();
     };
-    (copied ? result->pushes : result->late_pushes).push_back(std::move(push));
+  };
+  if (!split) {
+    result->pushes.push_back(make_push([](const ParamSpec&) { return true; }, true, true));
+    return absl::OkStatus();
   }
+  result->pushes.push_back(
+      make_push([](const ParamSpec& spec) { return spec.pull_each_step; }, true, false));
+  result->late_pushes.push_back(
+      make_push([](const ParamSpec& spec) { return !spec.pull_each_step; }, false, true));
   return absl::OkStatus();
 }
 

@@ -33,22 +33,18 @@ std::string Remedy(const std::string& path, const Status& status) {
 
 Status EvalCheck::Unreadable(const std::string& path, uint64_t begin, const Status& status,
                              absl::Time now) {
-  // A passing read error: the worker sends the commit again, until the same
-  // range has failed for longer than a shard may go without progress.
+  // A passing read error: the worker sends the commit again, until this
+  // range has failed for longer than the patience.
+  std::string failing;
   if (absl::IsUnavailable(status)) {
-    if (!read_failure_.has_value() || read_failure_->path != path ||
-        read_failure_->begin != begin) {
-      read_failure_ = ReadFailure{path, begin, now};
-    }
-    if (now - read_failure_->since <= read_patience_) return NotCheckedNow(status.message());
+    const absl::Time since = failing_since_.try_emplace({path, begin}, now).first->second;
+    if (now - since <= read_patience_) return NotCheckedNow(status.message());
+    failing = absl::StrCat(" (failing for ", absl::FormatDuration(now - since),
+                           ", over half of master.progress_timeout_s)");
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the master cannot read ", path, " to check an evaluation commit",
-      absl::IsUnavailable(status)
-          ? absl::StrCat(" (failing for ", absl::FormatDuration(now - read_failure_->since),
-                         ", master.progress_timeout_s)")
-          : "",
-      ": ", status.message(), "; ", Remedy(path, status)));
+  return absl::FailedPreconditionError(absl::StrCat("the master cannot read ", path, failing,
+                                                    ": ", status.message(), "; ",
+                                                    Remedy(path, status)));
 }
 
 StatusOr<std::unique_ptr<EvalCheck>> EvalCheck::Create(const JobConfig& job, int sample,
@@ -58,7 +54,10 @@ StatusOr<std::unique_ptr<EvalCheck>> EvalCheck::Create(const JobConfig& job, int
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(options));
   return std::unique_ptr<EvalCheck>(
       new EvalCheck(std::move(model), RecordParser(std::move(schema)), sample, seed,
-                    absl::Seconds(job.master.progress_timeout_s)));
+                    // Half: the worker whose commit waits is fenced once it
+                    // makes no progress for progress_timeout_s (WaitBounds),
+                    // and the job should stop on the cause first.
+                    absl::Seconds(job.master.progress_timeout_s) / 2));
 }
 
 Status EvalCheck::Check(const std::string& path, uint64_t first_line,
@@ -115,7 +114,7 @@ Status EvalCheck::Check(const std::string& path, uint64_t first_line,
   if (!reader->status().ok()) {
     return Unreadable(path, commit.begin_offset(), reader->status(), now);
   }
-  read_failure_.reset();
+  failing_since_.erase({path, commit.begin_offset()});
   if (lines != commit.lines() || malformed != commit.malformed()) {
     return lie(absl::StrCat("claims ", commit.lines(), " lines (", commit.malformed(),
                             " malformed) where the file has ", lines, " (", malformed, ")"));

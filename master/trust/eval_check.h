@@ -28,11 +28,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
-#include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "absl/time/time.h"
 #include "core/job_config.h"
@@ -71,7 +72,8 @@ class EvalCheck {
   //     `source` failed: nothing was decided (the worker sends it again).
   //   kFailedPrecondition: the range can never be read (the file is gone,
   //     unreadable, or shorter than the scan saw), or its read has failed
-  //     for longer than master.progress_timeout_s; the message names the
+  //     for over half of master.progress_timeout_s (before the waiting
+  //     worker would be fenced as hung); the message names the
   //     file and what to do. No evaluation of it can be checked (the master
   //     stops the job). data.on_unreadable = skip does not apply: the
   //     worker read the range, so the data is there and the fault is the
@@ -99,13 +101,9 @@ class EvalCheck {
   std::mt19937_64 random_;
   ParamBuffers params_;  // given to the ParamSource, kept between checks
   const absl::Duration read_patience_;
-  // The range whose read has failed with passing errors since `since`.
-  struct ReadFailure {
-    std::string path;
-    uint64_t begin = 0;
-    absl::Time since;
-  };
-  std::optional<ReadFailure> read_failure_;
+  // Ranges (path, first byte) whose reads have failed with passing errors,
+  // and since when; a range that reads again leaves.
+  std::map<std::pair<std::string, uint64_t>, absl::Time> failing_since_;
 };
 
 }  // namespace eps

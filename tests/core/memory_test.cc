@@ -70,6 +70,9 @@ TEST(LimitMallocArenas, LeavesTheUsersSettingAlone) {
   ::setenv("MALLOC_ARENA_MAX", "3", 1);
   EXPECT_FALSE(LimitMallocArenas(2));
   ::unsetenv("MALLOC_ARENA_MAX");
+  ::setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=3", 1);
+  EXPECT_FALSE(LimitMallocArenas(2));
+  ::unsetenv("GLIBC_TUNABLES");
   EXPECT_TRUE(LimitMallocArenas(64));  // the glibc default on most machines
 }
 

@@ -194,26 +194,43 @@ TEST_P(EvalCheckTest, AFileThatCannotBeReadIsNamedNotRetried) {
 
 // A read error that may pass (here ENOTDIR: the path's directory became a
 // file) is tried again, but not for ever: once the same range has failed
-// for longer than master.progress_timeout_s, the answer names the file and
-// what to do. Each error says its own remedy.
+// for over half of master.progress_timeout_s (before WaitBounds would fence
+// the waiting worker as hung), the answer names the file and what to do.
+// Each range keeps its own count: another range's failures or reads do not
+// restart it, its own read does. Each error says its own remedy.
 TEST_P(EvalCheckTest, APassingReadErrorIsRetriedForAShardsPatienceThenNamed) {
-  const std::string under_a_file = path_ + "/eval.txt";
-  const absl::Duration patience = absl::Seconds(job_.master.progress_timeout_s);
-  const auto check = [&](absl::Time now) {
-    return check_->Check(under_a_file, 1, Commit(), labels_, predictions_, source_, now);
+  const std::string blocker = dir_.Join("blocker");
+  const std::string under_a_file = blocker + "/eval.txt";
+  std::filesystem::copy_file(path_, blocker);  // a file where a directory should be
+  const absl::Duration patience = absl::Seconds(job_.master.progress_timeout_s) / 2;
+  const auto check = [&](absl::Time now, uint64_t begin = 0) {
+    proto::CommitProgressRequest commit = Commit();
+    commit.set_begin_offset(begin);
+    return check_->Check(under_a_file, 1, commit, labels_, predictions_, source_, now);
   };
   Status waits = check(kNow);
   EXPECT_EQ(waits.code(), absl::StatusCode::kUnavailable) << waits;
   EXPECT_EQ(ReasonOf(waits), proto::SLOW_DOWN);
+  // Another range failing meanwhile, and a range of another file reading.
+  EXPECT_EQ(check(kNow + patience / 2, /*begin=*/1).code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(check_->Check(path_, 1, Commit(), labels_, predictions_, source_, kNow).ok());
   waits = check(kNow + patience);
   EXPECT_EQ(waits.code(), absl::StatusCode::kUnavailable) << waits;
   const Status named = check(kNow + patience + absl::Seconds(1));
   EXPECT_EQ(named.code(), absl::StatusCode::kFailedPrecondition) << named;
   EXPECT_THAT(named.message(), HasSubstr("master.progress_timeout_s"));
   EXPECT_THAT(named.message(), HasSubstr("make " + under_a_file + " readable again"));
-  // A range that reads again starts the count afresh.
-  ASSERT_TRUE(check_->Check(path_, 1, Commit(), labels_, predictions_, source_, kNow).ok());
-  EXPECT_EQ(check(kNow + patience + absl::Seconds(2)).code(), absl::StatusCode::kUnavailable);
+  // The other range has its own count.
+  EXPECT_EQ(check(kNow + patience + absl::Seconds(1), /*begin=*/1).code(),
+            absl::StatusCode::kUnavailable);
+  // A range that reads again starts its count afresh.
+  std::filesystem::remove(blocker);
+  std::filesystem::create_directory(blocker);
+  std::filesystem::copy_file(path_, under_a_file);
+  ASSERT_TRUE(check(kNow + patience + absl::Seconds(2)).ok());
+  std::filesystem::remove_all(blocker);
+  std::filesystem::copy_file(path_, blocker);
+  EXPECT_EQ(check(kNow + 2 * patience).code(), absl::StatusCode::kUnavailable);
 
   const Status gone = check_->Check(dir_.Join("gone.txt"), 1, Commit(), labels_, predictions_,
                                     source_, kNow);
