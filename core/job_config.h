@@ -211,6 +211,12 @@ struct JobConfig {
     // Longest time a changed row stays unwritten to the store, in ms, in
     // [1, 86400000] (a day). Default 1000.
     int64_t flush_interval_ms = 1000;
+    // Most MiB a server's journal may hold, in [0, 2^20] (1 TiB): changed
+    // rows are appended to it every flush interval and reach the store
+    // (RocksDB) only when the journal passes this, when they leave memory,
+    // and at checkpoints, exports and stops (ps/journal.h). A restart
+    // replays it. 0: no journal, every flush writes the store. Default 256.
+    int64_t journal_mb = 256;
     // How long a server keeps trying to reach the master (at startup, and
     // when it stops answering), in seconds, in [0, 604800] (a week).
     // Default 30.

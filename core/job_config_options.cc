@@ -71,6 +71,7 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("ps.threads", &ps.threads, "request threads per server");
   v.Visit("ps.memory_budget_mb", &ps.memory_budget_mb, "hot-tier budget in MiB, 0 unlimited");
   v.Visit("ps.flush_interval_ms", &ps.flush_interval_ms, "longest time rows stay unflushed");
+  v.Visit("ps.journal_mb", &ps.journal_mb, "journal size at which rows go to the store");
   v.Visit("ps.master_wait_s", &ps.master_wait_s,
           "seconds a server keeps trying to reach the master");
   v.Visit("ps.rpc_timeout_ms", &ps.rpc_timeout_ms, "time per attempt of a server's call");

@@ -41,6 +41,7 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   options.max_new_rows_per_worker_s = static_cast<uint64_t>(config.ps.max_new_rows_per_worker_s);
   options.max_new_rows_s = static_cast<uint64_t>(config.ps.max_new_rows_s);
   options.storage.flush_interval = absl::Milliseconds(config.ps.flush_interval_ms);
+  options.storage.journal_mb = config.ps.journal_mb;
   options.storage.every_push = config.ps.durability == "every_push";
   options.storage.keep_checkpoints = static_cast<int>(config.checkpoint.keep);
   options.storage.checkpoint_dir = config.checkpoint.dir;

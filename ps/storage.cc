@@ -18,6 +18,7 @@
 #include "core/file_util.h"
 #include "core/logging.h"
 #include "ps/admission.h"
+#include "ps/journal.h"
 
 namespace eps {
 namespace {
@@ -40,6 +41,10 @@ uint64_t DirectoryBytes(const std::string& dir) {
   return bytes;
 }
 
+std::string JournalDir(const std::string& data_dir) {
+  return (fs::path(data_dir) / "journal").string();
+}
+
 // Opens the RocksDB store in DATA_DIR/db.
 StatusOr<std::unique_ptr<KvStore>> OpenDatabase(const StorageOptions& options) {
   RocksKvStoreOptions store;
@@ -47,6 +52,26 @@ StatusOr<std::unique_ptr<KvStore>> OpenDatabase(const StorageOptions& options) {
   store.block_cache_mb = options.block_cache_mb;
   store.write_buffer_mb = options.write_buffer_mb;
   return OpenRocksKvStore(store);
+}
+
+// The write queue to `store`: with a journal, after replaying what the
+// journal in DATA_DIR/journal holds into the store. Without one, a journal
+// left by a run with one is replayed all the same, then removed.
+StatusOr<std::unique_ptr<WriteQueue>> OpenQueue(const StorageOptions& options, KvStore* store) {
+  const std::string dir = JournalDir(options.data_dir);
+  std::error_code error;
+  if (options.journal_mb == 0 && !fs::exists(dir, error)) {
+    return std::make_unique<WriteQueue>(store);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Journal> journal, Journal::Open(dir, store, /*first_seq=*/1));
+  if (options.journal_mb == 0) {
+    journal.reset();
+    fs::remove_all(dir, error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("cannot remove ", dir, ": ", error.message()));
+    }
+  }
+  return std::make_unique<WriteQueue>(store, std::move(journal));
 }
 
 // The tables of `job` over the given store, queue and budget (store and
@@ -88,6 +113,7 @@ Status StorageOptions::Validate() const {
   if (flush_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ps.flush_interval_ms must be > 0");
   }
+  if (journal_mb < 0) return absl::InvalidArgumentError("ps.journal_mb must be >= 0");
   if (keep_checkpoints < 1) return absl::InvalidArgumentError("checkpoint.keep must be >= 1");
   if (!restore_checkpoint.empty() && data_dir.empty()) {
     return absl::InvalidArgumentError("checkpoint.restore needs a data dir");
@@ -114,10 +140,13 @@ StatusOr<std::unique_ptr<ServerStorage>> ServerStorage::Open(const StorageOption
           (fs::path(CheckpointsDir(options.data_dir)) / options.restore_checkpoint).string();
       RETURN_IF_ERROR_CTX(RestoreRocksCheckpoint(checkpoint, DatabaseDir(options.data_dir)),
                           absl::StrCat("checkpoint.restore = ", options.restore_checkpoint));
+      // The journal completes the database the checkpoint replaced.
+      RETURN_IF_ERROR_CTX(Journal::Discard(JournalDir(options.data_dir)),
+                          absl::StrCat("checkpoint.restore = ", options.restore_checkpoint));
       LOG(INFO) << "restored checkpoint " << checkpoint;
     }
     ASSIGN_OR_RETURN(storage->store_, OpenDatabase(options));
-    storage->queue_ = std::make_unique<WriteQueue>(storage->store_.get());
+    ASSIGN_OR_RETURN(storage->queue_, OpenQueue(options, storage->store_.get()));
   }
   return storage;
 }
@@ -175,17 +204,26 @@ size_t ServerStorage::num_tables() const {
 
 Status ServerStorage::Flush() {
   absl::ReaderMutexLock lock(&state_mu_);
-  return FlushLocked();
+  return FlushLocked(/*journal_only=*/false);
 }
 
-Status ServerStorage::FlushLocked() {
+Status ServerStorage::FlushLocked(bool journal_only) {
   if (store_ == nullptr) return absl::OkStatus();
   absl::MutexLock flush_lock(&flush_mu_);
   const absl::Time start = absl::Now();
-  uint64_t seq = 0;
-  for (const auto& table : tables_) seq = std::max(seq, table->QueueDirtyRows());
+  // A full flush starts a journal segment: once every row the store lacks
+  // is queued after it and durable, the segments before it hold nothing
+  // the store does not.
+  const uint64_t boundary = journal_only ? 0 : queue_->MarkSegment();
+  uint64_t seq = boundary > 0 ? boundary - 1 : 0;
+  for (const auto& table : tables_) seq = std::max(seq, table->QueueDirtyRows(journal_only));
   if (seq > 0) RETURN_IF_ERROR(queue_->WaitDurable(seq, options_.durability_timeout));
   RETURN_IF_ERROR(queue_->status());
+  if (boundary > 0) {
+    if (Status dropped = queue_->DropJournalBefore(boundary); !dropped.ok()) {
+      return NoteWriteError(dropped);
+    }
+  }
   // The rows just written may leave memory now; requests alone would evict
   // them only as fast as they touch rows.
   for (const auto& table : tables_) table->EvictToBudget();
@@ -248,7 +286,14 @@ void ServerStorage::FlushLoop() {
     }
     if (now - last < options_.flush_interval && !over) continue;
     last = now;
-    Status flushed = Flush();
+    // Into the journal, unless rows must leave memory or it is full.
+    Status flushed;
+    {
+      absl::ReaderMutexLock lock(&state_mu_);
+      const bool full =
+          over || queue_->journal_bytes() >= static_cast<uint64_t>(options_.journal_mb) << 20;
+      flushed = FlushLocked(/*journal_only=*/!full);
+    }
     if (!flushed.ok()) LOG(ERROR) << "flush: " << flushed;
   }
 }
@@ -307,6 +352,12 @@ Status ServerStorage::ExpireLocked(uint32_t passes_done) {
     if (*rows == 0) continue;
     std::string compacted;
     if (store_ != nullptr && *rows * 8 >= stored) {
+      // A full flush first: the journal segments that still hold the
+      // deleted rows' images go too.
+      if (Status flushed = FlushLocked(/*journal_only=*/false); !flushed.ok()) {
+        LOG(WARNING) << "flushing before compacting table '" << table->spec().name()
+                     << "': " << flushed;
+      }
       const absl::Time compact_start = absl::Now();
       if (Status done = store_->Compact(table->spec().id()); !done.ok()) {
         LOG(WARNING) << "compacting table '" << table->spec().name() << "': " << done;
@@ -362,7 +413,7 @@ StatusOr<CheckpointInfo> ServerStorage::Checkpoint(uint64_t id,
   }
   ASSIGN_OR_RETURN(const std::string root, CheckpointRoot());
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(FlushLocked());
+  RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
   std::error_code error;
   fs::create_directories(root, error);
   if (error) {
@@ -484,6 +535,10 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
   } else {
     restored = RestoreRocksCheckpoint(path.string(), DatabaseDir(options_.data_dir));
   }
+  // The journal completes the database just replaced; after a failed copy
+  // it completes the old one still, and is replayed into it below.
+  Status discarded = absl::OkStatus();
+  if (restored.ok()) discarded = Journal::Discard(JournalDir(options_.data_dir));
   if (!restored.ok()) {
     restored = Annotate(restored, absl::StrCat("restore of checkpoint ", path.string(),
                                                " (the last flushed state stays)"));
@@ -495,11 +550,19 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
   auto budget = std::make_unique<MemoryBudget>(options_.memory_budget_mb << 20);
   std::unique_ptr<WriteQueue> queue;
   StatusOr<std::vector<std::unique_ptr<Table>>> tables = absl::UnknownError("not made");
-  if (store.ok()) {
-    queue = std::make_unique<WriteQueue>(store->get());
-    tables = MakeTables(job, options_, store->get(), queue.get(), budget.get(), &pass_);
+  // A journal left beside the restored database would be replayed into it:
+  // the storage stays without tables instead.
+  Status reopened = discarded.ok() ? store.status() : discarded;
+  if (store.ok() && discarded.ok()) {
+    StatusOr<std::unique_ptr<WriteQueue>> opened = OpenQueue(options_, store->get());
+    if (opened.ok()) {
+      queue = *std::move(opened);
+      tables = MakeTables(job, options_, store->get(), queue.get(), budget.get(), &pass_);
+      reopened = tables.status();
+    } else {
+      reopened = opened.status();
+    }
   }
-  Status reopened = !store.ok() ? store.status() : tables.status();
   {
     absl::WriterMutexLock lock(&state_mu_);
     if (reopened.ok()) {
@@ -597,7 +660,7 @@ StorageStats ServerStorage::stats() const {
     if (store_ != nullptr) stats.rows_on_disk += store_->ApproximateRows(table->spec().id());
   }
   if (store_ != nullptr) {
-    stats.disk_bytes = store_->ApproximateDiskBytes();
+    stats.disk_bytes = store_->ApproximateDiskBytes() + queue_->journal_bytes();
     stats.store_memory_bytes = store_->ApproximateMemoryBytes();
   }
   absl::MutexLock lock(&mu_);

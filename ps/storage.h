@@ -15,6 +15,14 @@
 //               fsynced per push: a machine crash (not a process crash) may
 //               still lose the last writes the OS had not flushed.
 //
+// The journal (ps/journal.h, DATA_DIR/journal; ps.journal_mb > 0): the
+// flusher's periodic flushes append the changed rows to it and not to the
+// store. A full flush (Flush(): checkpoints, exports, imports, stops; and
+// the flusher's, while over the memory budget or once the journal holds
+// journal_mb) queues every row the store lacks for the store, then drops
+// the journal segments before it. Open replays the journal into the store;
+// a restore discards it.
+//
 // Checkpoints: Checkpoint(N) flushes, then writes a RocksDB checkpoint into
 // the checkpoint root: CHECKPOINT_DIR/ps-<server id>/N when
 // checkpoint_dir is set (shared storage, so that a replacement server can
@@ -74,6 +82,9 @@ struct StorageOptions {
   int64_t memory_budget_mb = 0;
   // Longest time a changed row stays unwritten (flush durability). Default 1 s.
   absl::Duration flush_interval = absl::Seconds(1);
+  // With a data dir: the journal's limit in MiB (ps.journal_mb, see the
+  // journal note above); 0 writes every flush to the store. Default 256.
+  int64_t journal_mb = 256;
   // Acknowledge pushes only once durable. Default false ("flush").
   bool every_push = false;
   // RocksDB block cache and memtable sizes, MiB. Defaults 8 and 4.
@@ -157,8 +168,9 @@ class ServerStorage {
   Table* table(uint32_t id) const;
   size_t num_tables() const;
 
-  // Queues every changed row and waits until it is durable, then evicts
-  // durable rows while over the memory budget. No-op without a store.
+  // Queues every row the store lacks for the store and waits until it is
+  // durable (a full flush: see the journal above), then evicts durable
+  // rows while over the memory budget. No-op without a store.
   // Errors of the queue (kUnavailable; kDeadlineExceeded after
   // durability_timeout).
   Status Flush();
@@ -259,7 +271,9 @@ class ServerStorage {
 
  private:
   explicit ServerStorage(const StorageOptions& options);
-  Status FlushLocked() ABSL_SHARED_LOCKS_REQUIRED(state_mu_);
+  // A full flush, or with `journal_only` one into the journal (a full one
+  // without a journal).
+  Status FlushLocked(bool journal_only) ABSL_SHARED_LOCKS_REQUIRED(state_mu_);
   // Keeps the first I/O failure for write_error(); returns `error`.
   Status NoteWriteError(Status error) ABSL_LOCKS_EXCLUDED(mu_);
   // The directory checkpoints go to (absolute).

@@ -99,7 +99,7 @@ StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir,
     NotePassesDone(*passes_done);
     RETURN_IF_ERROR_CTX(ExpireLocked(*passes_done), "deleting expired rows before the export");
   }
-  if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked());
+  if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
   ExportInfo info;
   for (const std::unique_ptr<Table>& table : tables_) {
     ASSIGN_OR_RETURN(ExportPart part, ExportPart::Create(dir, *table, *server_id));
@@ -185,11 +185,11 @@ StatusOr<ImportInfo> ServerStorage::Import(const std::string& dir,
           RETURN_IF_ERROR(table->Put(keys, values, width));
           info.rows += keys.size();
           // Changed rows leave memory only once written.
-          if (budget_ != nullptr && budget_->over()) RETURN_IF_ERROR(FlushLocked());
+          if (budget_ != nullptr && budget_->over()) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
           return absl::OkStatus();
         }));
   }
-  if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked());
+  if (store_ != nullptr) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
   info.duration = absl::Now() - start;
   return info;
 }

@@ -64,7 +64,8 @@ inline uint32_t TagOf(uint64_t hash) { return static_cast<uint32_t>(hash >> 26);
 // Per-row metadata, 16 bytes, in blocks parallel to the row arena.
 enum : uint8_t {
   kLive = 1,        // the slot holds a row
-  kDirty = 4,       // changed since its image was last queued for the store
+  kUnstored = 2,    // changed since its image was last queued for the store
+  kDirty = 4,       // changed since its image was last queued (journal or store)
   kPending = 8,     // an image was queued; durable once pending_seq is
   // Bits 4-5: a use count (GCLOCK): +1 per access up to 3, -1 each time the
   // eviction hand passes; a row is evicted when the hand finds it at 0. A
@@ -88,11 +89,12 @@ static_assert(sizeof(SlotMeta) == 16);
 inline void NoteUse(SlotMeta& meta) {
   if ((meta.flags & kUseMask) != kUseMask) meta.flags = meta.flags + (1 << kUseShift);
 }
-// The row's image `seq` was queued for the store.
-inline void MarkQueued(SlotMeta& meta, uint64_t seq) {
+// The row's image `seq` was queued for the store (or the journal only).
+inline void MarkQueued(SlotMeta& meta, uint64_t seq, bool to_store) {
   CHECK_LT(seq, uint64_t{1} << kSeqBits) << "write sequence numbers exhausted";
   meta.pending_seq = seq;
   meta.flags = (meta.flags | kPending) & ~uint64_t{kDirty};
+  if (to_store) meta.flags = meta.flags & ~uint64_t{kUnstored};
 }
 
 struct IndexEntry {
@@ -116,7 +118,7 @@ class StripedTable final : public Table {
               uint64_t* created, uint32_t pass) override;
   Status Put(std::span<const uint64_t> keys, std::span<const float> values,
              uint32_t width) override;
-  uint64_t QueueDirtyRows() override;
+  uint64_t QueueDirtyRows(bool journal_only) override;
   uint64_t EvictToBudget() override;
   TableStats stats() const override;
   uint64_t bytes_per_row() const override { return bytes_per_row_; }
@@ -161,8 +163,10 @@ class StripedTable final : public Table {
     std::vector<std::unique_ptr<float[]>> blocks ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<SlotMeta[]>> meta_blocks ABSL_GUARDED_BY(mu);
     uint32_t arena_rows ABSL_GUARDED_BY(mu) = 0;
-    // Slots with kDirty set, each once.
+    // Slots with kDirty set, each once; slots with kUnstored set (at least
+    // once: a slot freed and reused may be listed twice).
     std::vector<uint32_t> dirty ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> unstored ABSL_GUARDED_BY(mu);
     uint32_t clock_hand ABSL_GUARDED_BY(mu) = 0;
     // Rises with every eviction: a row read from the store while the lock
     // was released is current only if no eviction happened meanwhile.

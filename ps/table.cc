@@ -264,9 +264,16 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       SlotMeta& meta = MetaLocked(stripe, slot);
       NoteUse(meta);
       if (!modify || storage_.store == nullptr) continue;
+      const bool journaled = storage_.queue->journaled();
+      if (journaled && !(meta.flags & kUnstored)) {
+        meta.flags |= kUnstored;
+        stripe.unstored.push_back(slot);
+      }
       if (storage_.write_every_push) {
-        const uint64_t seq = storage_.queue->Append(spec_.id(), meta.key, row, row_bytes);
-        MarkQueued(meta, seq);
+        const bool to_store = !journaled;
+        const uint64_t seq =
+            storage_.queue->Append(spec_.id(), meta.key, row, row_bytes, to_store);
+        MarkQueued(meta, seq, to_store);
         *max_seq = std::max(*max_seq, seq);
       } else if (!(meta.flags & kDirty)) {
         meta.flags |= kDirty;
@@ -370,22 +377,30 @@ Status StripedTable::Put(std::span<const uint64_t> keys, std::span<const float> 
                   absl::StrCat("writing rows of table '", spec_.name(), "'"));
 }
 
-uint64_t StripedTable::QueueDirtyRows() {
+uint64_t StripedTable::QueueDirtyRows(bool journal_only) {
   if (storage_.store == nullptr) return 0;
+  const bool journaled = storage_.queue->journaled();
+  const bool to_store = !journal_only || !journaled;
+  // Without a journal every image goes to the store and kDirty says which
+  // rows to queue; with one, a store flush queues the kUnstored rows (every
+  // dirty row among them).
+  const bool by_unstored = to_store && journaled;
+  const uint64_t flag = by_unstored ? kUnstored : kDirty;
   const size_t row_bytes = sizeof(float) * stored_floats_;
   uint64_t max_seq = 0;
   for (uint32_t s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
-    for (uint32_t slot : stripe.dirty) {
+    for (uint32_t slot : by_unstored ? stripe.unstored : stripe.dirty) {
       SlotMeta& meta = MetaLocked(stripe, slot);
-      if (!(meta.flags & kDirty)) continue;
-      const uint64_t seq =
-          storage_.queue->Append(spec_.id(), meta.key, RowLocked(stripe, slot), row_bytes);
-      MarkQueued(meta, seq);
+      if (!(meta.flags & flag)) continue;
+      const uint64_t seq = storage_.queue->Append(spec_.id(), meta.key, RowLocked(stripe, slot),
+                                                  row_bytes, to_store);
+      MarkQueued(meta, seq, to_store);
       max_seq = std::max(max_seq, seq);
     }
     stripe.dirty.clear();
+    if (by_unstored) stripe.unstored.clear();
   }
   return max_seq;
 }

@@ -24,7 +24,9 @@
 // Changed rows are queued to it (in order, through the server's WriteQueue)
 // by the flusher at least every ps.flush_interval_ms, or on every push with
 // ps.durability = every_push, where a push returns only once its rows are
-// durable. Over the memory budget, rows whose latest image is durable leave
+// durable. With a journaled queue (ps/journal.h) those images go to the
+// journal only, and a full flush queues the rows the store lacks for the
+// store. Over the memory budget, rows whose latest image is in the store leave
 // memory (GCLOCK order: a small use count per row); a miss reads them back with one MultiGet per
 // request, outside the stripe lock. A table made over an empty store table
 // asks the store nothing about a stripe's keys until the stripe first drops
@@ -156,10 +158,14 @@ class Table {
   virtual Status Put(std::span<const uint64_t> keys, std::span<const float> values,
                      uint32_t width) = 0;
 
-  // Queues every changed row for the store; returns the sequence number to
-  // wait for (WriteQueue::WaitDurable), 0 when nothing was queued. Without
-  // a store, does nothing and returns 0.
-  virtual uint64_t QueueDirtyRows() = 0;
+  // Queues every row changed since it was last queued for the store;
+  // returns the sequence number to wait for (WriteQueue::WaitDurable), 0
+  // when nothing was queued. With `journal_only` and a journaled queue,
+  // queues instead every row changed since it was last queued at all, for
+  // the journal only: such a row stays in memory until queued for the store.
+  // Without a store, does nothing and returns 0.
+  virtual uint64_t QueueDirtyRows(bool journal_only) = 0;
+  uint64_t QueueDirtyRows() { return QueueDirtyRows(/*journal_only=*/false); }
 
   // Evicts rows whose latest image is durable (GCLOCK order, evenly across
   // the stripes) until the memory budget holds or no such row is left;

@@ -117,7 +117,7 @@ void StripedTable::DropLocked(Stripe& stripe, uint32_t slot) {
 }
 
 bool StripedTable::DurableLocked(const SlotMeta& meta) const {
-  if (meta.flags & kDirty) return false;
+  if (meta.flags & (kDirty | kUnstored)) return false;
   if (!(meta.flags & kPending)) return true;
   return meta.pending_seq <= storage_.queue->durable_seq();
 }

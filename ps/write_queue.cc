@@ -15,7 +15,8 @@
 
 namespace eps {
 
-WriteQueue::WriteQueue(KvStore* store) : store_(store) {
+WriteQueue::WriteQueue(KvStore* store, std::unique_ptr<Journal> journal)
+    : store_(store), journal_(std::move(journal)) {
   committer_ = std::thread([this] { CommitLoop(); });
 }
 
@@ -27,9 +28,11 @@ WriteQueue::~WriteQueue() {
   committer_.join();
 }
 
-uint64_t WriteQueue::Append(uint32_t table, uint64_t key, const void* bytes, size_t size) {
+uint64_t WriteQueue::Append(uint32_t table, uint64_t key, const void* bytes, size_t size,
+                            bool to_store) {
   absl::MutexLock lock(&mu_);
-  queue_.push_back(Entry{table, key, std::string(static_cast<const char*>(bytes), size)});
+  queue_.push_back(Entry{table, key, std::string(static_cast<const char*>(bytes), size),
+                         /*erase=*/false, to_store || journal_ == nullptr});
   queued_bytes_ += size;
   return next_seq_++;
 }
@@ -38,6 +41,17 @@ uint64_t WriteQueue::AppendErase(uint32_t table, uint64_t key) {
   absl::MutexLock lock(&mu_);
   queue_.push_back(Entry{table, key, std::string(), /*erase=*/true});
   return next_seq_++;
+}
+
+uint64_t WriteQueue::MarkSegment() {
+  absl::MutexLock lock(&mu_);
+  if (journal_ != nullptr) rotate_at_ = next_seq_;
+  return next_seq_;
+}
+
+Status WriteQueue::DropJournalBefore(uint64_t seq) {
+  if (journal_ == nullptr) return absl::OkStatus();
+  return journal_->DropBefore(seq).status();
 }
 
 Status WriteQueue::WaitDurable(uint64_t seq, absl::Duration timeout) {
@@ -68,9 +82,50 @@ void WriteQueue::SkipSequenceNumbersForTesting(uint64_t n) {
   durable_seq_.store(next_seq_ - 1, std::memory_order_release);
 }
 
+Status WriteQueue::Commit(std::span<const Entry> batch, std::vector<KvWrite>& writes,
+                          std::vector<KvWrite>& store_writes) {
+  // Only the last image of each key (the one a write in queue order would
+  // leave), in key order: RocksDB's memtable inserts keys in order at a
+  // fraction of the cost of random ones (its skip list resumes from the
+  // last insert). For the store, the last image queued to_store.
+  writes.clear();
+  store_writes.clear();
+  struct Ref {
+    const Entry* entry;
+  };
+  std::vector<Ref> refs;
+  refs.reserve(batch.size());
+  for (const Entry& entry : batch) refs.push_back(Ref{&entry});
+  const auto key_order = [](const Ref& a, const Ref& b) {
+    return std::tie(a.entry->table, a.entry->key) < std::tie(b.entry->table, b.entry->key);
+  };
+  // Of equal keys, the last in queue order sorts last (stable).
+  std::stable_sort(refs.begin(), refs.end(), key_order);
+  const auto as_write = [](const Entry& entry) {
+    return KvWrite{entry.table, entry.key, entry.bytes, entry.erase};
+  };
+  for (size_t i = 0; i < refs.size();) {
+    size_t end = i + 1;
+    while (end < refs.size() && !key_order(refs[i], refs[end])) ++end;
+    writes.push_back(as_write(*refs[end - 1].entry));
+    for (size_t j = end; j-- > i;) {
+      if (refs[j].entry->to_store) {
+        store_writes.push_back(as_write(*refs[j].entry));
+        break;
+      }
+    }
+    i = end;
+  }
+  if (journal_ != nullptr) RETURN_IF_ERROR(journal_->Append(writes));
+  RETURN_IF_ERROR(store_->Write(store_writes, /*sync=*/false));
+  rows_.fetch_add(writes.size(), std::memory_order_relaxed);  // each key once
+  return absl::OkStatus();
+}
+
 void WriteQueue::CommitLoop() {
   std::vector<Entry> batch;
   std::vector<KvWrite> writes;
+  std::vector<KvWrite> store_writes;
   // Failpoint ps.kill_in_store_write=N, looked up once.
   const std::optional<uint64_t> kill_in_write = FailpointValue("ps.kill_in_store_write");
   // Set as each write starts; the failpoint's thread waits for it, so it
@@ -78,6 +133,7 @@ void WriteQueue::CommitLoop() {
   std::atomic<bool> writing{false};
   while (true) {
     uint64_t last_seq;
+    uint64_t rotate_at = 0;
     {
       absl::MutexLock lock(&mu_);
       // After a failed write nothing more is written: wait for the end.
@@ -89,34 +145,18 @@ void WriteQueue::CommitLoop() {
       batch.swap(queue_);
       queued_bytes_ = 0;
       last_seq = next_seq_ - 1;
+      // A segment boundary this batch reaches: the entries from it on go to
+      // a new segment.
+      if (rotate_at_ != 0 && rotate_at_ <= last_seq) rotate_at = std::exchange(rotate_at_, 0);
     }
-    // Everything queued so far as one atomic write, with only the last image
-    // of each key (the one a write in queue order would leave), in key
-    // order: RocksDB's memtable inserts keys in order at a fraction of the
-    // cost of random ones (its skip list resumes from the last insert).
-    writes.clear();
-    writes.reserve(batch.size());
-    for (const Entry& entry : batch) {
-      writes.push_back(KvWrite{entry.table, entry.key, entry.bytes, entry.erase});
-    }
-    const auto key_order = [](const KvWrite& a, const KvWrite& b) {
-      return std::tie(a.table, a.key) < std::tie(b.table, b.key);
-    };
-    std::stable_sort(writes.begin(), writes.end(), key_order);
-    // Of equal keys, the last in queue order stays (stable: it sorts last).
-    size_t kept = 0;
-    for (size_t i = 0; i < writes.size(); ++i) {
-      if (i + 1 < writes.size() && !key_order(writes[i], writes[i + 1])) continue;
-      writes[kept++] = writes[i];
-    }
-    writes.resize(kept);
+    const uint64_t first_seq = last_seq + 1 - batch.size();
     // Failpoint: a thread spinning on another core kills the process
     // (SIGKILL) as soon as this write starts, and says first on stderr
     // whether the write had returned by then (batches_ counts it).
     if (const uint64_t write = batches_.load(std::memory_order_relaxed) + 1;
         kill_in_write == write) {
       LOG(WARNING) << "failpoint ps.kill_in_store_write=" << write << ": killing this server "
-                   << "(SIGKILL) in its write of " << writes.size() << " rows";
+                   << "(SIGKILL) in its write of " << batch.size() << " rows";
       std::atomic<bool> spinning{false};
       writing.store(false);  // set by the writes before this one
       std::thread([this, &writing, &spinning, write] {
@@ -134,17 +174,22 @@ void WriteQueue::CommitLoop() {
     }
     const absl::Time start = absl::Now();
     writing.store(true);
-    Status written = store_->Write(writes, /*sync=*/false);
+    const std::span<const Entry> entries(batch);
+    const size_t split = rotate_at == 0 ? batch.size() : static_cast<size_t>(rotate_at - first_seq);
+    Status written = Commit(entries.first(split), writes, store_writes);
+    if (written.ok() && rotate_at != 0) written = journal_->Rotate(rotate_at);
+    if (written.ok() && split < batch.size()) {
+      written = Commit(entries.subspan(split), writes, store_writes);
+    }
     last_write_us_.store(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)),
                          std::memory_order_relaxed);
     absl::MutexLock lock(&mu_);
     if (!written.ok()) {
-      LOG(ERROR) << "writing " << writes.size() << " rows to the store failed: " << written;
+      LOG(ERROR) << "writing " << batch.size() << " rows to the store failed: " << written;
       error_ = written;
       continue;
     }
     batches_.fetch_add(1, std::memory_order_relaxed);
-    rows_.fetch_add(writes.size(), std::memory_order_relaxed);  // each key once
     durable_seq_.store(last_seq, std::memory_order_release);
     batch.clear();
   }

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "ps/kv_store.h"
 #include "tests/ps/kv_store_testing.h"
+#include "tests/testing/temp_dir.h"
 
 namespace eps {
 namespace {
@@ -68,6 +69,49 @@ TEST(WriteQueue, WritesEachKeysLastImageInKeyOrder) {
   ASSERT_TRUE(store.MultiGet(1, std::span(&nine, 1), 1, std::span(value.data(), 1), &found).ok());
   EXPECT_TRUE(found[0]);
   EXPECT_EQ(value, "c");
+}
+
+// The 1-byte value of `key` in table 0, or "absent".
+std::string ValueOf(KvStore& store, uint64_t key) {
+  std::vector<bool> found;
+  std::string value(1, '\0');
+  if (!store.MultiGet(0, std::span(&key, 1), 1, std::span(value.data(), 1), &found).ok()) {
+    return "error";
+  }
+  return found[0] ? value : "absent";
+}
+
+// With a journal, every batch is journaled and only the images queued
+// to_store (and erases) reach the store too; the segments before a mark are
+// dropped once what follows it is durable.
+TEST(WriteQueue, WithAJournalOnlyImagesQueuedForTheStoreReachIt) {
+  testing::TempDir dir;
+  std::unique_ptr<KvStore> store = NewMemoryKvStore();
+  ASSERT_TRUE(store->CreateTable(0).ok());
+  StatusOr<std::unique_ptr<Journal>> journal = Journal::Open(dir.path(), store.get(), 1);
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  WriteQueue queue(store.get(), *std::move(journal));
+  ASSERT_TRUE(queue.journaled());
+  ASSERT_TRUE(queue.Append(0, 3, "z", 1, /*to_store=*/true) > 0);
+  queue.Append(0, 1, "a", 1, /*to_store=*/false);
+  queue.Append(0, 2, "b", 1, /*to_store=*/true);
+  queue.Append(0, 2, "c", 1, /*to_store=*/false);  // the store keeps "b"
+  uint64_t last = queue.AppendErase(0, 3);
+  ASSERT_TRUE(queue.WaitDurable(last, absl::Seconds(10)).ok());
+  EXPECT_EQ(ValueOf(*store, 1), "absent");
+  EXPECT_EQ(ValueOf(*store, 2), "b");
+  EXPECT_EQ(ValueOf(*store, 3), "absent");
+  const uint64_t before = queue.journal_bytes();
+  EXPECT_GT(before, 0u);
+
+  const uint64_t boundary = queue.MarkSegment();
+  EXPECT_EQ(boundary, last + 1);
+  last = queue.Append(0, 2, "d", 1, /*to_store=*/true);
+  ASSERT_TRUE(queue.WaitDurable(last, absl::Seconds(10)).ok());
+  ASSERT_TRUE(queue.DropJournalBefore(boundary).ok());
+  EXPECT_EQ(ValueOf(*store, 2), "d");
+  EXPECT_GT(queue.journal_bytes(), 0u);
+  EXPECT_LT(queue.journal_bytes(), before) << "only the segment after the mark is left";
 }
 
 }  // namespace

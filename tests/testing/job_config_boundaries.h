@@ -66,6 +66,8 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
        int64_t{1} << 24},
       {"ps.flush_interval_ms", [](JobConfig& c) -> int64_t& { return c.ps.flush_interval_ms; }, 1,
        kDayMs},
+      {"ps.journal_mb", [](JobConfig& c) -> int64_t& { return c.ps.journal_mb; }, 0,
+       int64_t{1} << 20},
       {"ps.master_wait_s", [](JobConfig& c) -> int64_t& { return c.ps.master_wait_s; }, 0,
        kWeekS},
       {"ps.rpc_timeout_ms", [](JobConfig& c) -> int64_t& { return c.ps.rpc_timeout_ms; }, 1,

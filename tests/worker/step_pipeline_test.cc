@@ -369,7 +369,9 @@ TEST(StepPipeline, CountsWhatEachStepTrainedWithAndItsWait) {
   EXPECT_EQ(stats.max_staleness.load(), 1u);
   const HistogramSnapshot waits = stats.waits.Snapshot();
   EXPECT_EQ(waits.count, 3u);
-  EXPECT_GE(waits.sum, 0.2);  // the third step waited for push a
+  // The third step waited for push a: nearly the test's 200 ms (its thread
+  // starts its clock when scheduled, after the test's; under load, later).
+  EXPECT_GE(waits.sum, 0.1);
 }
 
 // Updates by other workers that a push's reply reveals count as well: a
