@@ -114,6 +114,11 @@ rocksdb::ColumnFamilyOptions FamilyOptions(const RocksKvStoreOptions& options,
   rocksdb::ColumnFamilyOptions family;
   family.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   family.write_buffer_size = static_cast<size_t>(options.write_buffer_mb) << 20;
+  // A Bloom filter over each memtable's keys (5% of its size): a read of a
+  // key the memtables lack, nearly every cold-tier miss, skips their skip
+  // lists. ps_bench, a table 10x its budget: pull 1.16M -> 1.66M keys/s.
+  family.memtable_whole_key_filtering = true;
+  family.memtable_prefix_bloom_size_ratio = 0.05;
   // One memtable taking writes while the other flushes; more would only
   // add memory.
   family.max_write_buffer_number = 2;
