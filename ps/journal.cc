@@ -60,6 +60,7 @@ Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
 StatusOr<std::vector<uint64_t>> ListSegments(const std::string& dir) {
   std::vector<uint64_t> segments;
   std::error_code error;
+  if (!fs::exists(dir, error) && !error) return segments;  // no journal yet
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
     uint64_t first = 0;
@@ -108,10 +109,12 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
   };
   size_t offset = 0;
   while (offset < size) {
-    // The batches before a bad one are applied first.
-    const auto bad = [&](absl::string_view what) -> Status {
+    // The batches before a bad one are applied first. Only a batch that
+    // reaches the end of the last segment can be torn (a kill in its append;
+    // after a machine crash, a tail the file system filled with zeros).
+    const auto bad = [&](absl::string_view what, bool reaches_end) -> Status {
       RETURN_IF_ERROR(write());
-      if (last) {
+      if (last && reaches_end) {
         replayed->torn_bytes = size - offset;
         LOG(WARNING) << "journal " << path << ": dropping a torn last batch at byte " << offset
                      << " (" << (size - offset) << " bytes, " << what << ")";
@@ -120,17 +123,18 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
       return absl::DataLossError(
           absl::StrCat("journal ", path, " is corrupt at byte ", offset, ": ", what));
     };
-    if (size - offset < kHeaderBytes) return bad("a partial header");
+    if (size - offset < kHeaderBytes) return bad("a partial header", true);
     const char* header = data.data() + offset;
     const uint32_t count = Get<uint32_t>(header + 4);
     const uint64_t payload = Get<uint64_t>(header + 8);
-    if (Get<uint32_t>(header) != kMagic) return bad("no batch header");
-    if (payload > size - offset - kHeaderBytes) {
-      return bad("a partial batch");
+    if (Get<uint32_t>(header) != kMagic) {
+      const bool zeros = std::all_of(header, static_cast<const char*>(data.data()) + size, [](char c) { return c == 0; });
+      return bad("no batch header", zeros);
     }
+    if (payload > size - offset - kHeaderBytes) return bad("a partial batch", true);
     const char* body = header + kHeaderBytes;
     if (XXH3_64bits(body, payload) != Get<uint64_t>(header + 16)) {
-      return bad("a checksum mismatch");
+      return bad("a checksum mismatch", offset + kHeaderBytes + payload == size);
     }
     size_t at = 0;
     for (uint32_t i = 0; i < count; ++i) {
@@ -159,34 +163,40 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& dir, KvStore* store,
-                                                 uint64_t first_seq, JournalReplay* replayed) {
+Status Journal::Apply(const std::string& dir, KvStore* store, JournalReplay* replayed) {
   JournalReplay local;
   if (replayed == nullptr) replayed = &local;
   *replayed = JournalReplay{};
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create journal dir ", dir, ": ", error.message()));
-  }
   ASSIGN_OR_RETURN(const std::vector<uint64_t> segments, ListSegments(dir));
   for (size_t i = 0; i < segments.size(); ++i) {
     RETURN_IF_ERROR(ReplaySegment(SegmentPath(dir, segments[i]), i + 1 == segments.size(), store,
                                   replayed));
     ++replayed->segments;
   }
-  if (!segments.empty()) {
-    for (uint64_t segment : segments) {
-      fs::remove(SegmentPath(dir, segment), error);
-      if (error) {
-        return absl::UnavailableError(absl::StrCat(
-            "cannot delete replayed journal ", SegmentPath(dir, segment), ": ", error.message()));
-      }
+  if (segments.empty()) return absl::OkStatus();
+  // Oldest first: a crash meanwhile leaves a suffix, which replays the same.
+  std::error_code error;
+  for (uint64_t segment : segments) {
+    fs::remove(SegmentPath(dir, segment), error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot delete replayed journal ", SegmentPath(dir, segment), ": ", error.message()));
     }
-    LOG(INFO) << "journal " << dir << ": replayed " << replayed->writes << " row writes of "
-              << replayed->segments << " segment(s) into the store";
   }
+  LOG(INFO) << "journal " << dir << ": replayed " << replayed->writes << " row writes of "
+            << replayed->segments << " segment(s) into the store";
+  return absl::OkStatus();
+}
+
+StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& dir, KvStore* store,
+                                                 uint64_t first_seq, JournalReplay* replayed) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create journal dir ", dir, ": ", error.message()));
+  }
+  RETURN_IF_ERROR(Apply(dir, store, replayed));
   std::unique_ptr<Journal> journal(new Journal(dir));
   RETURN_IF_ERROR(journal->OpenSegment(first_seq));
   return journal;

@@ -45,17 +45,19 @@ struct JournalReplay {
 
 class Journal {
  public:
-  // Replays the segments in `dir` into `store` (in order; each batch one
-  // store write; column families made as needed; the last write synced),
-  // deletes them oldest first (so that a crash meanwhile leaves a suffix,
-  // which replays to the same state), then opens segment `first_seq` for
-  // appending. kDataLoss naming the segment and offset for a bad batch
-  // that is not the torn tail; kUnavailable naming the path on I/O errors.
+  // Replays the segments in `dir` (none when it does not exist) into
+  // `store`, in order, in synced writes of up to 16 MiB (column families
+  // made as needed), then deletes them oldest first (a crash meanwhile
+  // leaves a suffix, which replays to the same state). kDataLoss naming the
+  // segment and byte for a bad batch that is not a torn tail; kUnavailable
+  // naming the path on I/O errors.
+  static Status Apply(const std::string& dir, KvStore* store, JournalReplay* replayed = nullptr);
+  // Apply, then opens segment `first_seq` in `dir` (made if missing) for
+  // appending.
   static StatusOr<std::unique_ptr<Journal>> Open(const std::string& dir, KvStore* store,
                                                  uint64_t first_seq,
                                                  JournalReplay* replayed = nullptr);
-  // Deletes every segment in `dir` (a restore replaced the state they
-  // complete). kUnavailable naming the path.
+  // Deletes every segment in `dir`, if any. kUnavailable naming the path.
   static Status Discard(const std::string& dir);
 
   ~Journal();

@@ -138,10 +138,17 @@ StatusOr<std::unique_ptr<ServerStorage>> ServerStorage::Open(const StorageOption
     if (!options.restore_checkpoint.empty()) {
       const std::string checkpoint =
           (fs::path(CheckpointsDir(options.data_dir)) / options.restore_checkpoint).string();
+      // A journal completes the database about to be replaced: it goes into
+      // that database first, so that none outlives it (and is replayed over
+      // the checkpoint by a later start).
+      std::error_code error;
+      if (fs::exists(JournalDir(options.data_dir), error)) {
+        ASSIGN_OR_RETURN(std::unique_ptr<KvStore> old, OpenDatabase(options));
+        RETURN_IF_ERROR_CTX(Journal::Apply(JournalDir(options.data_dir), old.get()),
+                            absl::StrCat("checkpoint.restore = ", options.restore_checkpoint,
+                                         ": applying the journal to the database it replaces"));
+      }
       RETURN_IF_ERROR_CTX(RestoreRocksCheckpoint(checkpoint, DatabaseDir(options.data_dir)),
-                          absl::StrCat("checkpoint.restore = ", options.restore_checkpoint));
-      // The journal completes the database the checkpoint replaced.
-      RETURN_IF_ERROR_CTX(Journal::Discard(JournalDir(options.data_dir)),
                           absl::StrCat("checkpoint.restore = ", options.restore_checkpoint));
       LOG(INFO) << "restored checkpoint " << checkpoint;
     }
@@ -522,11 +529,17 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
   // flushes queued, into the old database, before it closes.
   old_tables.clear();
   old_queue.reset();
+  // The journal completes the old database: it goes into it before the copy
+  // replaces it, so that no journal outlives its database (a crash in the
+  // copy leaves the old database complete, or the checkpoint, and no journal).
+  Status restored = Journal::Apply(JournalDir(options_.data_dir), old_store.get());
+  if (!restored.ok()) restored = Annotate(restored, "applying the journal before the restore");
   old_store.reset();
   old_budget.reset();
 
-  Status restored = absl::OkStatus();
-  if (empty) {
+  if (!restored.ok()) {
+    // The old database and its journal stay, and are reopened below.
+  } else if (empty) {
     fs::remove_all(DatabaseDir(options_.data_dir), error);
     if (error) {
       restored = absl::UnavailableError(absl::StrCat("cannot empty ", DatabaseDir(options_.data_dir),
@@ -535,10 +548,6 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
   } else {
     restored = RestoreRocksCheckpoint(path.string(), DatabaseDir(options_.data_dir));
   }
-  // The journal completes the database just replaced; after a failed copy
-  // it completes the old one still, and is replayed into it below.
-  Status discarded = absl::OkStatus();
-  if (restored.ok()) discarded = Journal::Discard(JournalDir(options_.data_dir));
   if (!restored.ok()) {
     restored = Annotate(restored, absl::StrCat("restore of checkpoint ", path.string(),
                                                " (the last flushed state stays)"));
@@ -550,10 +559,8 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
   auto budget = std::make_unique<MemoryBudget>(options_.memory_budget_mb << 20);
   std::unique_ptr<WriteQueue> queue;
   StatusOr<std::vector<std::unique_ptr<Table>>> tables = absl::UnknownError("not made");
-  // A journal left beside the restored database would be replayed into it:
-  // the storage stays without tables instead.
-  Status reopened = discarded.ok() ? store.status() : discarded;
-  if (store.ok() && discarded.ok()) {
+  Status reopened = store.status();
+  if (store.ok()) {
     StatusOr<std::unique_ptr<WriteQueue>> opened = OpenQueue(options_, store->get());
     if (opened.ok()) {
       queue = *std::move(opened);

@@ -273,7 +273,8 @@ class ServerStorage {
   explicit ServerStorage(const StorageOptions& options);
   // A full flush, or with `journal_only` one into the journal (a full one
   // without a journal).
-  Status FlushLocked(bool journal_only) ABSL_SHARED_LOCKS_REQUIRED(state_mu_);
+  Status FlushLocked(bool journal_only) ABSL_SHARED_LOCKS_REQUIRED(state_mu_)
+      ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
   // Keeps the first I/O failure for write_error(); returns `error`.
   Status NoteWriteError(Status error) ABSL_LOCKS_EXCLUDED(mu_);
   // The directory checkpoints go to (absolute).
@@ -308,7 +309,7 @@ class ServerStorage {
   // Serialises sweeps (the expirer's and an export's). Taken after state_mu_.
   absl::Mutex expire_mu_ ABSL_ACQUIRED_AFTER(state_mu_);
   // Serialises flushes and checkpoints. Taken after state_mu_.
-  absl::Mutex flush_mu_ ABSL_ACQUIRED_AFTER(state_mu_);
+  absl::Mutex flush_mu_ ABSL_ACQUIRED_AFTER(state_mu_, expire_mu_);
 
   mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(flush_mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

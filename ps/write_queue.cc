@@ -44,8 +44,20 @@ uint64_t WriteQueue::AppendErase(uint32_t table, uint64_t key) {
 }
 
 uint64_t WriteQueue::MarkSegment() {
+  if (journal_ == nullptr) return 0;
   absl::MutexLock lock(&mu_);
-  if (journal_ != nullptr) rotate_at_ = next_seq_;
+  if (queue_.empty() && durable_seq() + 1 == next_seq_ && error_.ok()) {
+    // The committer is idle (it writes nothing until more is queued, which
+    // waits for this lock): the segment starts now, so that the one before
+    // it can go even if nothing more comes.
+    rotate_at_ = 0;
+    if (Status rotated = journal_->Rotate(next_seq_); !rotated.ok()) {
+      LOG(ERROR) << "starting a journal segment failed: " << rotated;
+      error_ = rotated;
+    }
+  } else {
+    rotate_at_ = next_seq_;
+  }
   return next_seq_;
 }
 
@@ -150,6 +162,7 @@ void WriteQueue::CommitLoop() {
       if (rotate_at_ != 0 && rotate_at_ <= last_seq) rotate_at = std::exchange(rotate_at_, 0);
     }
     const uint64_t first_seq = last_seq + 1 - batch.size();
+    CHECK(rotate_at == 0 || rotate_at >= first_seq) << "a segment boundary behind the queue";
     // Failpoint: a thread spinning on another core kills the process
     // (SIGKILL) as soon as this write starts, and says first on stderr
     // whether the write had returned by then (batches_ counts it).

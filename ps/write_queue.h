@@ -59,7 +59,8 @@ class WriteQueue {
 
   bool journaled() const { return journal_ != nullptr; }
   // With a journal: images queued from now on go to a new segment. Returns
-  // the first sequence number of that segment (the next one Append gives).
+  // the first sequence number of that segment (the next one Append gives);
+  // 0 without a journal.
   uint64_t MarkSegment();
   // With a journal: deletes the segments holding only sequence numbers
   // below `seq` (a MarkSegment's), once everything queued before it is

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "ps/kv_store.h"
@@ -127,6 +128,42 @@ TEST(Journal, DropsATornLastBatchAndRefusesACorruptEarlierOne) {
   ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
   EXPECT_NE(journal.status().message().find(segment), std::string::npos) << journal.status();
   EXPECT_NE(journal.status().message().find("byte 0"), std::string::npos) << journal.status();
+}
+
+// In the last segment, only a batch that reaches its end can be torn: a
+// damaged one before others is corruption, a tail of zeros (what a machine
+// crash can leave) is torn.
+TEST(Journal, OnlyTheEndOfTheLastSegmentCanBeTorn) {
+  TempDir dir;
+  std::unique_ptr<KvStore> store = NewMemoryKvStore();
+  const std::string segment = dir.Join("00000000000000000001.log");
+  const auto write_two_batches = [&] {
+    StatusOr<std::unique_ptr<Journal>> journal = Journal::Open(dir.path(), store.get(), 1);
+    ASSERT_TRUE(journal.ok()) << journal.status();
+    const KvWrite one[] = {Put(0, 1, "aaaa")};
+    const KvWrite two[] = {Put(0, 2, "bbbb")};
+    ASSERT_TRUE((*journal)->Append(one).ok());
+    ASSERT_TRUE((*journal)->Append(two).ok());
+  };
+  write_two_batches();
+  {
+    std::ofstream tail(segment, std::ios::binary | std::ios::app);
+    tail << std::string(100, '\0');
+  }
+  JournalReplay replayed;
+  ASSERT_TRUE(Journal::Apply(dir.path(), store.get(), &replayed).ok());
+  EXPECT_EQ(replayed.batches, 2u);
+  EXPECT_EQ(replayed.torn_bytes, 100u);
+  EXPECT_EQ(Value(*store, 0, 2), "bbbb");
+
+  write_two_batches();
+  {
+    std::fstream file(segment, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(30);  // in the first batch's entry
+    file.put('\x7f');
+  }
+  const Status applied = Journal::Apply(dir.path(), NewMemoryKvStore().get());
+  EXPECT_TRUE(absl::IsDataLoss(applied)) << applied;
 }
 
 TEST(Journal, DropBeforeDeletesOnlyClosedSegmentsBelowTheSequenceNumber) {
@@ -276,33 +313,46 @@ TEST(ServerStorageJournal, ARestoredCheckpointIsNotOverwrittenByTheJournal) {
     PushAll(storage, 0, keys, 2.0f);  // -2, journaled only
     WaitForFlushes(storage);
   };
-  {
-    std::unique_ptr<ServerStorage> storage = MustOpen(Journaled(dir.Join("running")));
-    ASSERT_NE(storage, nullptr);
-    train_past_checkpoint(*storage);
-    ExpectAll(*storage, 0, keys, -2.0f, "before the restore");
-    StatusOr<CheckpointInfo> restored =
-        storage->Restore(dir.Join("running/checkpoints/1"));
-    ASSERT_TRUE(restored.ok()) << restored.status();
-    ExpectAll(*storage, 0, keys, -1.0f, "restored while running");
-  }
-  std::unique_ptr<ServerStorage> reopened = MustOpen(Journaled(dir.Join("running")));
-  ASSERT_NE(reopened, nullptr);
-  ExpectAll(*reopened, 0, keys, -1.0f, "restored, then reopened");
-  reopened.reset();
+  // And without a journal (none to discard).
+  for (const int64_t journal_mb : {256, 0}) {
+    SCOPED_TRACE(absl::StrCat("ps.journal_mb = ", journal_mb));
+    const std::string running = dir.Join(absl::StrCat("running-", journal_mb));
+    StorageOptions options = Journaled(running);
+    options.journal_mb = journal_mb;
+    {
+      std::unique_ptr<ServerStorage> storage = MustOpen(options);
+      ASSERT_NE(storage, nullptr);
+      train_past_checkpoint(*storage);
+      ExpectAll(*storage, 0, keys, -2.0f, "before the restore");
+      StatusOr<CheckpointInfo> restored = storage->Restore(running + "/checkpoints/1");
+      ASSERT_TRUE(restored.ok()) << restored.status();
+      ExpectAll(*storage, 0, keys, -1.0f, "restored while running");
+    }
+    std::unique_ptr<ServerStorage> reopened = MustOpen(options);
+    ASSERT_NE(reopened, nullptr);
+    ExpectAll(*reopened, 0, keys, -1.0f, "restored, then reopened");
+    reopened.reset();
 
-  EXPECT_EXIT(
-      {
-        std::unique_ptr<ServerStorage> storage = MustOpen(Journaled(dir.Join("start")));
-        train_past_checkpoint(*storage);
-        raise(SIGKILL);
-      },
-      ::testing::KilledBySignal(SIGKILL), "");
-  StorageOptions options = Journaled(dir.Join("start"));
-  options.restore_checkpoint = "1";
-  std::unique_ptr<ServerStorage> storage = MustOpen(options);
-  ASSERT_NE(storage, nullptr);
-  ExpectAll(*storage, 0, keys, -1.0f, "checkpoint.restore at start");
+    const std::string start = dir.Join(absl::StrCat("start-", journal_mb));
+    options.data_dir = start;
+    EXPECT_EXIT(
+        {
+          std::unique_ptr<ServerStorage> storage = MustOpen(options);
+          train_past_checkpoint(*storage);
+          raise(SIGKILL);
+        },
+        ::testing::KilledBySignal(SIGKILL), "");
+    options.restore_checkpoint = "1";
+    std::unique_ptr<ServerStorage> storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    ExpectAll(*storage, 0, keys, -1.0f, "checkpoint.restore at start");
+    storage.reset();
+    // Started again without checkpoint.restore: no journal replays over it.
+    options.restore_checkpoint.clear();
+    storage = MustOpen(options);
+    ASSERT_NE(storage, nullptr);
+    ExpectAll(*storage, 0, keys, -1.0f, "restored at start, then started again");
+  }
 }
 
 }  // namespace
