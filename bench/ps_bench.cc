@@ -7,6 +7,8 @@
 // Counters: rows_per_s (items), bytes_per_s (weights moved), hit_rate,
 // bytes_per_row and raw_bytes_per_row (key + weights + optimizer state).
 // BM_PushReceipt: what proving a push costs (a receipt made and checked).
+// BM_JournalReplay: a server's restart, replaying a journal of 1M row images
+// into RocksDB (and, as counters, the rate its flushes appended them at).
 
 #include <filesystem>
 #include <memory>
@@ -18,6 +20,9 @@
 #include "core/hashing.h"
 #include "core/logging.h"
 #include "datagen/zipf.h"
+#include "absl/time/clock.h"
+#include "ps/journal.h"
+#include "ps/kv_store.h"
 #include "ps/optimizer.h"
 #include "ps/storage.h"
 #include "ps/table.h"
@@ -210,6 +215,50 @@ void BM_OptimizerApply(benchmark::State& state) {
   state.SetLabel(proto::OptimizerSpec::Kind_Name(spec.kind()));
 }
 
+// A restart after a kill: the journal of 1M row images (dim weights and
+// their Adagrad state, appended in flush-sized batches of 64k rows) replayed
+// into a fresh RocksDB store. Timed: the replay; counter append_rows_per_s:
+// the appends.
+void BM_JournalReplay(benchmark::State& state) {
+  const int dim = static_cast<int>(state.range(0));
+  constexpr uint64_t kRows = 1000000;
+  constexpr uint64_t kBatch = 65536;
+  const std::string value(sizeof(float) * 2 * dim, 'x');
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("eps-journal-bench-" + std::to_string(::getpid()));
+  const auto store_options = [&] {
+    RocksKvStoreOptions options;
+    options.dir = (dir / "db").string();
+    return options;
+  };
+  double append_s = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::filesystem::remove_all(dir);
+    {
+      std::unique_ptr<KvStore> store = *OpenRocksKvStore(store_options());
+      std::unique_ptr<Journal> journal = *Journal::Open((dir / "journal").string(), store.get(), 1);
+      std::vector<KvWrite> writes;
+      const absl::Time start = absl::Now();
+      for (uint64_t first = 0; first < kRows; first += kBatch) {
+        writes.clear();
+        for (uint64_t k = first; k < std::min(kRows, first + kBatch); ++k) {
+          writes.push_back(KvWrite{0, Mix64(k), value, false});
+        }
+        CHECK_OK(journal->Append(writes));
+      }
+      append_s += absl::ToDoubleSeconds(absl::Now() - start);
+    }
+    std::unique_ptr<KvStore> store = *OpenRocksKvStore(store_options());
+    state.ResumeTiming();
+    CHECK_OK(Journal::Apply((dir / "journal").string(), store.get()));
+  }
+  std::filesystem::remove_all(dir);
+  state.SetItemsProcessed(state.iterations() * kRows);
+  state.SetBytesProcessed(state.iterations() * kRows * (value.size() + 20));
+  state.counters["append_rows_per_s"] = static_cast<double>(state.iterations() * kRows) / append_s;
+}
+
 // Wall-clock rates: a tiered request also waits for the store's reads.
 BENCHMARK(BM_Pull)->ArgNames({"dim", "tiered"})->ArgsProduct({{16, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)->MinTime(1.0)->UseRealTime();
@@ -221,6 +270,8 @@ BENCHMARK(BM_OptimizerApply)->ArgNames({"kind", "dim"})
                     proto::OptimizerSpec::ADAM, proto::OptimizerSpec::FTRL},
                    {16, 16384}})
     ->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+BENCHMARK(BM_JournalReplay)->ArgNames({"dim"})->Arg(16)->Arg(64)->Iterations(2)
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MemoryPerRow)->ArgNames({"dim"})->Arg(16)->Arg(64)->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <numeric>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -97,11 +98,23 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
 
   std::vector<KvWrite> writes;
   size_t pending_bytes = 0;
-  auto write = [&]() -> Status {
+  // `sync`: the segment's last write is synced (and with it every earlier
+  // one, the WAL being sequential): the journal is deleted once replayed.
+  auto write = [&](bool sync = false) -> Status {
     if (writes.empty()) return absl::OkStatus();
-    // Synced: the journal is deleted once replayed.
-    RETURN_IF_ERROR_CTX(store->Write(writes, /*sync=*/true),
-                        absl::StrCat("replaying journal ", path));
+    // Each key's last image, in key order (RocksDB's memtable inserts keys
+    // in order fastest): what the writes in journal order would leave.
+    const auto key_order = [](const KvWrite& a, const KvWrite& b) {
+      return std::tie(a.table, a.key) < std::tie(b.table, b.key);
+    };
+    std::stable_sort(writes.begin(), writes.end(), key_order);
+    size_t kept = 0;
+    for (size_t i = 0; i < writes.size(); ++i) {
+      if (i + 1 < writes.size() && !key_order(writes[i], writes[i + 1])) continue;
+      writes[kept++] = writes[i];
+    }
+    writes.resize(kept);
+    RETURN_IF_ERROR_CTX(store->Write(writes, sync), absl::StrCat("replaying journal ", path));
     replayed->writes += writes.size();
     writes.clear();
     pending_bytes = 0;
@@ -113,7 +126,7 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
     // reaches the end of the last segment can be torn (a kill in its append;
     // after a machine crash, a tail the file system filled with zeros).
     const auto bad = [&](absl::string_view what, bool reaches_end) -> Status {
-      RETURN_IF_ERROR(write());
+      RETURN_IF_ERROR(write(/*sync=*/true));
       if (last && reaches_end) {
         replayed->torn_bytes = size - offset;
         LOG(WARNING) << "journal " << path << ": dropping a torn last batch at byte " << offset
@@ -158,7 +171,7 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
     ++replayed->batches;
     if (pending_bytes >= kReplayWriteBytes) RETURN_IF_ERROR(write());
   }
-  return write();
+  return write(/*sync=*/true);
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ namespace eps {
 struct JournalReplay {
   uint64_t segments = 0;
   uint64_t batches = 0;
-  uint64_t writes = 0;
+  uint64_t writes = 0;      // rows written to the store (each key once per write)
   uint64_t torn_bytes = 0;  // of a torn last batch, dropped
 };
 
