@@ -32,7 +32,7 @@ run() {  # name interval
   EPS_RUN_DIR="$work/$1" "$root/scripts/run_local.sh" "$config" --data.train="$data/train" \
     --data.eval="$data/eval" --checkpoint.interval_s="$2" >"$work/$1.txt" 2>"$work/$1.log"
 }
-run without 1000000
+run without 604800
 run with "$interval"
 /usr/bin/python3 - "$work" "$interval" <<'PY'
 import json, sys
