@@ -98,9 +98,9 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
 
   std::vector<KvWrite> writes;
   size_t pending_bytes = 0;
-  // `sync`: the segment's last write is synced (and with it every earlier
-  // one, the WAL being sequential): the journal is deleted once replayed.
-  auto write = [&](bool sync = false) -> Status {
+  // Every write is synced: the journal is deleted once replayed (a write
+  // per 16 MiB, so a few fsyncs per segment).
+  auto write = [&]() -> Status {
     if (writes.empty()) return absl::OkStatus();
     // Each key's last image, in key order (RocksDB's memtable inserts keys
     // in order fastest): what the writes in journal order would leave.
@@ -114,7 +114,8 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
       writes[kept++] = writes[i];
     }
     writes.resize(kept);
-    RETURN_IF_ERROR_CTX(store->Write(writes, sync), absl::StrCat("replaying journal ", path));
+    RETURN_IF_ERROR_CTX(store->Write(writes, /*sync=*/true),
+                        absl::StrCat("replaying journal ", path));
     replayed->writes += writes.size();
     writes.clear();
     pending_bytes = 0;
@@ -126,7 +127,7 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
     // reaches the end of the last segment can be torn (a kill in its append;
     // after a machine crash, a tail the file system filled with zeros).
     const auto bad = [&](absl::string_view what, bool reaches_end) -> Status {
-      RETURN_IF_ERROR(write(/*sync=*/true));
+      RETURN_IF_ERROR(write());
       if (last && reaches_end) {
         replayed->torn_bytes = size - offset;
         LOG(WARNING) << "journal " << path << ": dropping a torn last batch at byte " << offset
@@ -171,7 +172,7 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
     ++replayed->batches;
     if (pending_bytes >= kReplayWriteBytes) RETURN_IF_ERROR(write());
   }
-  return write(/*sync=*/true);
+  return write();
 }
 
 }  // namespace
@@ -213,6 +214,11 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& dir, KvStore
   std::unique_ptr<Journal> journal(new Journal(dir));
   RETURN_IF_ERROR(journal->OpenSegment(first_seq));
   return journal;
+}
+
+bool Journal::HasSegments(const std::string& dir) {
+  StatusOr<std::vector<uint64_t>> segments = ListSegments(dir);
+  return !segments.ok() || !segments->empty();  // unreadable: assume there are
 }
 
 Status Journal::Discard(const std::string& dir) {

@@ -18,8 +18,9 @@
 // being appended, the last of the last segment: Replay drops it. A bad batch
 // anywhere else is corruption.
 //
-// Thread-safety: Append and Rotate from one thread (the WriteQueue's
-// committer); DropBefore and bytes() from any.
+// Thread-safety: Append and Rotate serialized by the caller (the
+// WriteQueue's committer, or MarkSegment under the queue's lock while the
+// committer is idle); DropBefore and bytes() from any thread.
 
 #ifndef EPS_PS_JOURNAL_H_
 #define EPS_PS_JOURNAL_H_
@@ -59,6 +60,8 @@ class Journal {
                                                  JournalReplay* replayed = nullptr);
   // Deletes every segment in `dir`, if any. kUnavailable naming the path.
   static Status Discard(const std::string& dir);
+  // Whether `dir` holds a segment (true when it cannot be read).
+  static bool HasSegments(const std::string& dir);
 
   ~Journal();
   Journal(const Journal&) = delete;

@@ -54,6 +54,29 @@ StatusOr<std::unique_ptr<KvStore>> OpenDatabase(const StorageOptions& options) {
   return OpenRocksKvStore(store);
 }
 
+// Before a restore replaces DATA_DIR/db: the journal that completes it goes
+// into it (`store`, or the database opened for this when null), so that no
+// journal outlives its database and is replayed over the checkpoint later.
+// When it cannot be applied (a damaged journal, a database that does not
+// open) it is discarded instead, loudly: the restore replaces those rows
+// anyway (after a failed copy, the old database comes back without them).
+Status ApplyJournalBeforeRestore(const StorageOptions& options, KvStore* store) {
+  const std::string dir = JournalDir(options.data_dir);
+  if (!Journal::HasSegments(dir)) return absl::OkStatus();
+  Status applied;
+  if (store != nullptr) {
+    applied = Journal::Apply(dir, store);
+  } else {
+    StatusOr<std::unique_ptr<KvStore>> old = OpenDatabase(options);
+    applied = old.ok() ? Journal::Apply(dir, old->get()) : old.status();
+  }
+  if (applied.ok()) return absl::OkStatus();
+  LOG(ERROR) << "the journal " << dir << " could not be applied to the database a restore "
+             << "replaces (" << applied << "); discarding it: its rows, changed since that "
+             << "database's last full flush, are not in it";
+  return Journal::Discard(dir);
+}
+
 // The write queue to `store`: with a journal, after replaying what the
 // journal in DATA_DIR/journal holds into the store. Without one, a journal
 // left by a run with one is replayed all the same, then removed.
@@ -138,16 +161,8 @@ StatusOr<std::unique_ptr<ServerStorage>> ServerStorage::Open(const StorageOption
     if (!options.restore_checkpoint.empty()) {
       const std::string checkpoint =
           (fs::path(CheckpointsDir(options.data_dir)) / options.restore_checkpoint).string();
-      // A journal completes the database about to be replaced: it goes into
-      // that database first, so that none outlives it (and is replayed over
-      // the checkpoint by a later start).
-      std::error_code error;
-      if (fs::exists(JournalDir(options.data_dir), error)) {
-        ASSIGN_OR_RETURN(std::unique_ptr<KvStore> old, OpenDatabase(options));
-        RETURN_IF_ERROR_CTX(Journal::Apply(JournalDir(options.data_dir), old.get()),
-                            absl::StrCat("checkpoint.restore = ", options.restore_checkpoint,
-                                         ": applying the journal to the database it replaces"));
-      }
+      RETURN_IF_ERROR_CTX(ApplyJournalBeforeRestore(options, /*store=*/nullptr),
+                          absl::StrCat("checkpoint.restore = ", options.restore_checkpoint));
       RETURN_IF_ERROR_CTX(RestoreRocksCheckpoint(checkpoint, DatabaseDir(options.data_dir)),
                           absl::StrCat("checkpoint.restore = ", options.restore_checkpoint));
       LOG(INFO) << "restored checkpoint " << checkpoint;
@@ -532,8 +547,8 @@ StatusOr<CheckpointInfo> ServerStorage::Restore(const std::string& checkpoint) {
   // The journal completes the old database: it goes into it before the copy
   // replaces it, so that no journal outlives its database (a crash in the
   // copy leaves the old database complete, or the checkpoint, and no journal).
-  Status restored = Journal::Apply(JournalDir(options_.data_dir), old_store.get());
-  if (!restored.ok()) restored = Annotate(restored, "applying the journal before the restore");
+  Status restored = ApplyJournalBeforeRestore(options_, old_store.get());
+  if (!restored.ok()) restored = Annotate(restored, "discarding the journal before the restore");
   old_store.reset();
   old_budget.reset();
 

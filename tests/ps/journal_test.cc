@@ -355,5 +355,43 @@ TEST(ServerStorageJournal, ARestoredCheckpointIsNotOverwrittenByTheJournal) {
   }
 }
 
+// A journal that cannot be applied does not block a restore, which
+// replaces its rows anyway: it is discarded, loudly.
+TEST(ServerStorageJournal, ADamagedJournalDoesNotBlockARestore) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const SharedDir dir;
+  const std::vector<uint64_t> keys = Keys(1, 2000);
+  const StorageOptions options = Journaled(dir.Join("data"));
+  EXPECT_EXIT(
+      {
+        std::unique_ptr<ServerStorage> storage = MustOpen(options);
+        PushAll(*storage, 0, keys, 2.0f);  // -1
+        if (!storage->Checkpoint(1).ok()) std::_Exit(1);
+        PushAll(*storage, 0, keys, 2.0f);  // -2, journaled only
+        WaitForFlushes(*storage);
+        raise(SIGKILL);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+  const std::string journal = dir.Join("data/journal");
+  const std::vector<std::string> segments = Segments(journal);
+  ASSERT_FALSE(segments.empty());
+  {
+    const std::string first = journal + "/" + segments.front();
+    std::fstream file(first, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(30);
+    file.put('\x7f');
+    file.seekp(0, std::ios::end);
+    file << std::string(100, '\x01');
+  }
+  StorageOptions restoring = options;
+  restoring.restore_checkpoint = "1";
+  std::unique_ptr<ServerStorage> storage = MustOpen(restoring);
+  ASSERT_NE(storage, nullptr);
+  ExpectAll(*storage, 0, keys, -1.0f, "restored over a damaged journal");
+  for (const std::string& segment : Segments(journal)) {
+    EXPECT_EQ(fs::file_size(journal + "/" + segment), 0u) << segment << ": the damaged one went";
+  }
+}
+
 }  // namespace
 }  // namespace eps
