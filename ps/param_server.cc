@@ -193,7 +193,8 @@ StatusOr<Table*> ParamServer::Impl::FindTable(uint32_t table_id) {
   return table;
 }
 
-Status ParamServer::Impl::CheckKeys(const Table& table, std::span<const uint64_t> keys) {
+Status ParamServer::Impl::CheckKeys(const Table& table, std::span<const uint64_t> keys,
+                                    bool ownership) {
   if (keys.size() > kMaxKeysPerTable) {
     return absl::InvalidArgumentError(absl::StrCat(keys.size(), " keys in one request; at most ",
                                                    kMaxKeysPerTable));
@@ -209,6 +210,7 @@ Status ParamServer::Impl::CheckKeys(const Table& table, std::span<const uint64_t
       }
     }
   }
+  if (!ownership) return absl::OkStatus();
   // Shared: request threads check keys side by side; only a new map writes.
   absl::ReaderMutexLock lock(&mu_);
   if (placement_ == nullptr) {
@@ -301,6 +303,13 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
         "PUSH with learning-rate scale ", lr_scale, ": it must be finite and in (0, 2^20]"));
   }
   const proto::PushRequest& push = request.header().push_request();
+  const proto::NodeId& sender = request.header().sender();
+  // A repeat of a push this server applied is answered as applied even for
+  // keys it no longer owns (their partition moved since): a worker sends a
+  // push elsewhere only when it was not applied, so none is applied twice
+  // (docs/design.md 2.20).
+  const WorkerGate::Push peeked = gate_.PeekPush(sender, push.client_seq());
+  const bool known_repeat = peeked == WorkerGate::Push::kRepeat;
   std::vector<Table*> tables;
   std::vector<std::span<const uint64_t>> keys;
   std::vector<std::span<const float>> grads;
@@ -334,7 +343,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
             absl::StrCat("PUSH to table '", table->spec().name(), "' carries a non-finite gradient"));
       }
     }
-    RETURN_IF_ERROR(CheckKeys(*table, table_keys));
+    RETURN_IF_ERROR(CheckKeys(*table, table_keys, /*ownership=*/!known_repeat));
     tables.push_back(table);
     keys.push_back(table_keys);
     grads.push_back(table_grads);
@@ -342,10 +351,11 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   // Valid: now the worker's quota of new rows, the fence (again, it may
   // have arrived meanwhile) and whether this is a retry of a push already
   // applied.
-  const proto::NodeId& sender = request.header().sender();
-  RETURN_IF_ERROR(AdmitRows(sender));
-  const WorkerGate::Push admitted =
-      gate_.AdmitPush(sender, request.header().push_request().client_seq());
+  WorkerGate::Push admitted = peeked;
+  if (!known_repeat && peeked != WorkerGate::Push::kFenced) {
+    RETURN_IF_ERROR(AdmitRows(sender));
+    admitted = gate_.AdmitPush(sender, push.client_seq());
+  }
   if (admitted == WorkerGate::Push::kFenced) {
     pushes_fenced_.fetch_add(1, std::memory_order_relaxed);
     return WorkerGate::FencedError(sender.id());
@@ -366,8 +376,10 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     answer->set_applied(false);
     for (Table* table : tables) answer->add_versions(DenseVersion(*table).load());
     pushes_deduplicated_.fetch_add(1, std::memory_order_relaxed);
-    return push.reply_rows() ? ReplyRows(tables, keys, push.dense_bf16(), reply)
-                           : absl::OkStatus();
+    // Rows only of keys still here (a worker pulls what a reply lacks).
+    bool owned = push.reply_rows();
+    for (size_t i = 0; i < tables.size() && owned; ++i) owned = CheckKeys(*tables[i], keys[i]).ok();
+    return owned ? ReplyRows(tables, keys, push.dense_bf16(), reply) : absl::OkStatus();
   }
   uint64_t rows = 0;
   uint64_t created = 0;

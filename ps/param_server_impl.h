@@ -80,9 +80,10 @@ class ParamServer::Impl {
   Status CheckNotFenced(const proto::NodeId& sender, proto::Method method);
   // The table `table_id` if known; kInvalidArgument otherwise.
   StatusOr<Table*> FindTable(uint32_t table_id) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
-  // kFailedPrecondition/WRONG_OWNER unless this server owns every key;
-  // kInvalidArgument for a dense key outside its tensor.
-  Status CheckKeys(const Table& table, std::span<const uint64_t> keys);
+  // kFailedPrecondition/WRONG_OWNER unless this server owns every key (not
+  // checked without `ownership`); kInvalidArgument for a dense key outside
+  // its tensor.
+  Status CheckKeys(const Table& table, std::span<const uint64_t> keys, bool ownership = true);
   // The version counter of `table` (one that only a dense tensor moves).
   std::atomic<uint64_t>& DenseVersion(const Table& table) {
     return dense_versions_[table.spec().id()];

@@ -37,6 +37,18 @@ bool PushDeduplicator::FirstTime(uint32_t worker, uint64_t seq) {
   return true;
 }
 
+bool PushDeduplicator::Seen(uint32_t worker, uint64_t seq) const {
+  if (seq == 0) return false;
+  const Stripe& stripe = StripeOf(worker);
+  absl::MutexLock lock(&stripe.mu);
+  const auto it = stripe.windows.find(worker);
+  if (it == stripe.windows.end()) return false;
+  const Window& window = *it->second;
+  if (seq > window.highest) return false;
+  if (window.highest - seq >= kWindow) return true;  // as FirstTime: treated as applied
+  return ((window.bits[(seq & kMask) / 64] >> (seq % 64)) & 1) != 0;
+}
+
 void PushDeduplicator::Forget(uint32_t worker) {
   Stripe& stripe = StripeOf(worker);
   absl::MutexLock lock(&stripe.mu);

@@ -53,6 +53,9 @@ class PushDeduplicator {
   // blocks beyond a stripe lock held for a few memory operations.
   bool FirstTime(uint32_t worker, uint64_t seq);
 
+  // Whether FirstTime(worker, seq) would answer false now, without
+  // recording anything.
+  bool Seen(uint32_t worker, uint64_t seq) const;
   // Drops everything remembered about `worker`; its next seq is new again.
   // No-op for an unknown worker.
   void Forget(uint32_t worker);
@@ -79,6 +82,7 @@ class PushDeduplicator {
   };
 
   Stripe& StripeOf(uint32_t worker) { return stripes_[worker % kStripes]; }
+  const Stripe& StripeOf(uint32_t worker) const { return stripes_[worker % kStripes]; }
 
   std::array<Stripe, kStripes> stripes_;
 };

@@ -32,6 +32,13 @@ WorkerGate::Push WorkerGate::AdmitPush(const proto::NodeId& sender, uint64_t seq
   return dedup_->FirstTime(sender.id(), seq) ? Push::kFirstTime : Push::kRepeat;
 }
 
+WorkerGate::Push WorkerGate::PeekPush(const proto::NodeId& sender, uint64_t seq) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (IsFenced(sender)) return Push::kFenced;
+  if (sender.role() != proto::ROLE_WORKER) return Push::kFirstTime;
+  return dedup_->Seen(sender.id(), seq) ? Push::kRepeat : Push::kFirstTime;
+}
+
 WorkerGate::Fenced WorkerGate::Fence(std::span<const uint32_t> workers) {
   Fenced fenced;
   {

@@ -54,6 +54,8 @@ class WorkerGate {
   // sender is fenced, else whether it is applied for the first time (a
   // sender that is not a worker has no sequence of its own: always).
   Push AdmitPush(const proto::NodeId& sender, uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+  // What AdmitPush would answer now, recording nothing.
+  Push PeekPush(const proto::NodeId& sender, uint64_t seq) const ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Fenced {
     std::vector<uint32_t> added;  // fenced by this call

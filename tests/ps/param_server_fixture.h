@@ -130,6 +130,12 @@ class FakeMaster {
     absl::MutexLock lock(&mu_);
     shutdown_ = shutdown;
   }
+  // The map gives this server the odd partitions instead of the even ones
+  // (every partition moved); announce it with a new map version.
+  void set_partitions_moved(bool moved) {
+    absl::MutexLock lock(&mu_);
+    partitions_moved_ = moved;
+  }
   // The id REGISTER_SERVER assigns (and the map and heartbeats expect).
   void set_server_id(uint32_t id) {
     absl::MutexLock lock(&mu_);
@@ -257,7 +263,7 @@ class FakeMaster {
         other->set_id(kOtherServerId);
         other->set_endpoint("tcp://127.0.0.1:9");
         for (uint32_t p = 0; p < kPartitions; ++p) {
-          map->add_partition_owner(p % 2 == 0 ? server_id_ : kOtherServerId);
+          map->add_partition_owner((p % 2 == 0) != partitions_moved_ ? server_id_ : kOtherServerId);
         }
         return absl::OkStatus();
       }
@@ -271,6 +277,7 @@ class FakeMaster {
   uint32_t server_id_ ABSL_GUARDED_BY(mu_) = kServerId;
   proto::RegisterServerRequest last_registration_ ABSL_GUARDED_BY(mu_);
   uint64_t map_version_ ABSL_GUARDED_BY(mu_) = 1;
+  bool partitions_moved_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   Status heartbeat_error_ ABSL_GUARDED_BY(mu_);
   int refuse_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;

@@ -197,6 +197,37 @@ TEST_F(ParamServerTest, APushAnswersWithTheRowsItLeftWhenAsked) {
   EXPECT_EQ(reply->num_frames(), 0u);
 }
 
+// A repeat of a push this server applied is answered as applied after its
+// keys' partitions moved away (the worker must not send it elsewhere); a
+// new push of those keys is WRONG_OWNER, applying nothing.
+TEST_F(ParamServerTest, ARepeatOfAnAppliedPushIsAppliedAfterItsPartitionsMoved) {
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> keys = EmbKeys(3, /*here=*/true);
+  const uint64_t seq = NextSeq();
+  StatusOr<Message> reply = Call(PushRequest({kEmb}, {keys}, {Grads(keys.size())}, seq));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->header().push_reply().applied());
+
+  master_->set_partitions_moved(true);
+  master_->set_map_version(2);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (ReasonOf(Call(PullRequest({kEmb}, {keys})).status()) != proto::WRONG_OWNER &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(ReasonOf(Call(PullRequest({kEmb}, {keys})).status()), proto::WRONG_OWNER);
+
+  Message repeat = PushRequest({kEmb}, {keys}, {Grads(keys.size())}, seq);
+  repeat.header().mutable_push_request()->set_reply_rows(true);
+  reply = Call(std::move(repeat));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_FALSE(reply->header().push_reply().applied());
+  EXPECT_EQ(reply->num_frames(), 0u) << "no rows of keys elsewhere";
+  const Status fresh = Push(kEmb, keys, Grads(keys.size()));
+  EXPECT_EQ(ReasonOf(fresh), proto::WRONG_OWNER) << fresh;
+}
+
 // dense_bf16: a DENSE table's rows (pulled, or read back by a push) come
 // as bfloat16, its gradients are taken as bfloat16 and applied in float32;
 // an embedding table's frames stay float32.

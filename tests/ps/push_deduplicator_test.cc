@@ -133,5 +133,20 @@ TEST(PushDeduplicator, ConcurrentDeliveriesOfOneSeqAreNewExactlyOnce) {
   for (uint64_t seq = 1; seq <= kSeqs; ++seq) EXPECT_EQ(per_seq[seq].load(), 1) << seq;
 }
 
+// Seen answers what FirstTime would, recording nothing.
+TEST(PushDeduplicator, SeenPeeksWithoutRecording) {
+  PushDeduplicator dedup;
+  EXPECT_FALSE(dedup.Seen(3, 5));
+  EXPECT_FALSE(dedup.Seen(3, 5));  // still not recorded
+  EXPECT_TRUE(dedup.FirstTime(3, 5));
+  EXPECT_TRUE(dedup.Seen(3, 5));
+  EXPECT_FALSE(dedup.Seen(3, 6));
+  EXPECT_FALSE(dedup.Seen(4, 5));  // another worker
+  EXPECT_FALSE(dedup.Seen(3, 0));  // no sequence number
+  EXPECT_TRUE(dedup.FirstTime(3, 5 + PushDeduplicator::kWindow));
+  EXPECT_TRUE(dedup.Seen(3, 4));  // fell out of the window: treated as applied
+  EXPECT_FALSE(dedup.FirstTime(3, 4));
+}
+
 }  // namespace
 }  // namespace eps
