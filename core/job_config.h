@@ -226,8 +226,8 @@ struct JobConfig {
     int64_t rpc_timeout_ms = 10000;
     // "flush": a push is acknowledged once applied in memory (a crash loses
     // at most the last flush interval); "every_push": only once its rows
-    // are in the store's write-ahead log (a crash loses no acknowledged
-    // push). Default flush.
+    // are in the server's journal (ps.journal_mb; the store's write-ahead
+    // log without one): a crash loses no acknowledged push. Default flush.
     std::string durability = "flush";
     // Floats per chunk of a dense tensor, in [1, 2^20]. Default 16384.
     int64_t dense_chunk_floats = 16384;

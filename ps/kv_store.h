@@ -61,14 +61,22 @@ class KvStore {
   // errors.
   virtual Status Write(std::span<const KvWrite> writes, bool sync) = 0;
 
-  // Calls visit(key, value) for every row of `table`, in key order, from
-  // one consistent snapshot of it (writes made meanwhile are not seen).
-  // Streams: RocksDB reads block by block without filling its cache, so a
-  // table far larger than memory scans in bounded memory. Stops at the
-  // first error `visit` returns and returns it. kNotFound for an unknown
-  // table; kDataLoss/kUnavailable as MultiGet.
-  virtual Status Scan(uint32_t table,
-                      const std::function<Status(uint64_t key, absl::string_view value)>& visit) = 0;
+  // Calls visit(key, value) for every row of `table` whose key is at least
+  // `from`, in key order, from one consistent snapshot of it (writes made
+  // meanwhile are not seen). Streams: RocksDB seeks to `from` and reads
+  // block by block without filling its cache, so a table far larger than
+  // memory scans in bounded memory, and a scan stopped by its visitor can
+  // go on from the next key (a partition read a page at a time). Stops at
+  // the first error `visit` returns and returns it. kNotFound for an
+  // unknown table; kDataLoss/kUnavailable as MultiGet.
+  virtual Status ScanFrom(
+      uint32_t table, uint64_t from,
+      const std::function<Status(uint64_t key, absl::string_view value)>& visit) = 0;
+  // ScanFrom(table, 0, visit): every row.
+  Status Scan(uint32_t table,
+              const std::function<Status(uint64_t key, absl::string_view value)>& visit) {
+    return ScanFrom(table, 0, visit);
+  }
 
   // Compacts `table` whole, so that the space of erased and overwritten rows
   // is given back to the file system now rather than when later writes

@@ -70,14 +70,16 @@ class MemoryKvStore final : public KvStore {
     return absl::OkStatus();
   }
 
-  Status Scan(uint32_t table,
-              const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+  Status ScanFrom(uint32_t table, uint64_t from,
+                  const std::function<Status(uint64_t, absl::string_view)>& visit) override {
     std::vector<std::pair<uint64_t, std::string>> rows;
     {
       absl::ReaderMutexLock lock(&mu_);
       auto it = tables_.find(table);
       if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table ", table));
-      rows.assign(it->second.begin(), it->second.end());
+      for (const auto& row : it->second) {
+        if (row.first >= from) rows.push_back(row);
+      }
     }
     std::sort(rows.begin(), rows.end());
     for (const auto& [key, value] : rows) RETURN_IF_ERROR(visit(key, value));

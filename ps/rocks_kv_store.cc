@@ -375,8 +375,8 @@ class RocksKvStore final : public KvStore {
     return absl::OkStatus();
   }
 
-  Status Scan(uint32_t table,
-              const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+  Status ScanFrom(uint32_t table, uint64_t from,
+                  const std::function<Status(uint64_t, absl::string_view)>& visit) override {
     rocksdb::ColumnFamilyHandle* family = Family(table);
     if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
     rocksdb::ReadOptions read_options;
@@ -386,7 +386,9 @@ class RocksKvStore final : public KvStore {
     read_options.readahead_size = 2 << 20;
     // An iterator reads from the snapshot taken when it is made.
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, family));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    char start[kKeyBytes];
+    EncodeKey(from, start);
+    for (it->Seek(rocksdb::Slice(start, kKeyBytes)); it->Valid(); it->Next()) {
       const rocksdb::Slice key = it->key();
       if (key.size() != kKeyBytes) {
         return absl::DataLossError(

@@ -10,10 +10,11 @@
 //               at most the pushes of the last flush interval (plus the
 //               write in flight).
 //   every_push  a push is acknowledged only after its rows reached the
-//               store's WAL (group commit: concurrent pushes share one
-//               write); a crash loses no acknowledged push. The WAL is not
-//               fsynced per push: a machine crash (not a process crash) may
-//               still lose the last writes the OS had not flushed.
+//               journal, or the store's WAL without one (group commit:
+//               concurrent pushes share one write); a crash loses no
+//               acknowledged push. Neither is fsynced per push: a machine
+//               crash (not a process crash) may still lose the last writes
+//               the OS had not flushed.
 //
 // The journal (ps/journal.h, DATA_DIR/journal; ps.journal_mb > 0): the
 // flusher's periodic flushes append the changed rows to it and not to the

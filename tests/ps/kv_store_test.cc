@@ -123,6 +123,26 @@ TEST_P(KvStoreConformance, ScanVisitsEveryRowInKeyOrderFromOneSnapshot) {
   EXPECT_EQ(visits, 1);
   EXPECT_TRUE(absl::IsNotFound(
       store().Scan(5, [](uint64_t, absl::string_view) { return absl::OkStatus(); })));
+
+  // From a key: that key and those after it (a page read resuming).
+  seen.clear();
+  ASSERT_TRUE(store()
+                  .ScanFrom(1, 256,
+                            [&](uint64_t key, absl::string_view) {
+                              seen.push_back(key);
+                              return absl::OkStatus();
+                            })
+                  .ok());
+  EXPECT_EQ(seen, (std::vector<uint64_t>{256, 1ull << 40, std::numeric_limits<uint64_t>::max()}));
+  seen.clear();
+  ASSERT_TRUE(store()
+                  .ScanFrom(1, 257,
+                            [&](uint64_t key, absl::string_view) {
+                              seen.push_back(key);
+                              return absl::OkStatus();
+                            })
+                  .ok());
+  EXPECT_EQ(seen, (std::vector<uint64_t>{1ull << 40, std::numeric_limits<uint64_t>::max()}));
 }
 
 TEST_P(KvStoreConformance, LaterWritesOfAKeyInOneBatchWin) {

@@ -68,10 +68,10 @@ class FailingKvStore final : public KvStore {
     if (fail_writes) return absl::UnavailableError("injected write failure");
     return base_->Write(batch, sync);
   }
-  Status Scan(uint32_t table,
-              const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+  Status ScanFrom(uint32_t table, uint64_t from,
+                  const std::function<Status(uint64_t, absl::string_view)>& visit) override {
     if (fail_reads) return absl::UnavailableError("injected read failure");
-    return base_->Scan(table, visit);
+    return base_->ScanFrom(table, from, visit);
   }
   Status Compact(uint32_t table) override { return base_->Compact(table); }
   Status Checkpoint(const std::string& dir) override { return base_->Checkpoint(dir); }
