@@ -149,6 +149,25 @@ struct ExportInfo {
   absl::Duration duration;
 };
 
+// Where a read of a partition goes on (ServerStorage::ReadPartition).
+struct PartitionCursor {
+  uint32_t table = 0;  // the table to read on from
+  uint64_t key = 0;    // the first key of it to look at
+};
+
+// One row of a partition: its table, key and stored floats (weights, then
+// optimizer state, then under expiry its last pass).
+struct PartitionRow {
+  uint32_t table = 0;
+  uint64_t key = 0;
+  std::vector<float> values;
+};
+
+struct PartitionPage {
+  std::vector<PartitionRow> rows;
+  std::optional<PartitionCursor> next;  // where the next page starts; none: done
+};
+
 class ServerStorage {
  public:
   // Opens the store (restoring a checkpoint first if asked). kInvalidArgument
@@ -206,6 +225,17 @@ class ServerStorage {
   // the expirer deletes what expired, in the background. Cheap: the
   // heartbeat thread calls it.
   void NotePassesDone(uint32_t passes_done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A page of the rows of `partition` (PartitionOf(key, num_partitions))
+  // from `from` on: at most `max_rows` (> 0) rows, the tables in id order,
+  // each in key order. A read from the start (a default cursor) makes a
+  // full flush first, so that the store holds every row changed before it;
+  // later pages read the store as it is then (a partition move fetches the
+  // rows changed since as its tail: docs/design.md 2.20).
+  // kFailedPrecondition without a store or before CreateTables;
+  // kInvalidArgument for a partition out of range; the store's errors.
+  StatusOr<PartitionPage> ReadPartition(uint32_t partition, uint32_t num_partitions,
+                                        const PartitionCursor& from, size_t max_rows);
 
   // A warm start: loads the rows of the model export in `dir` that
   // `owned` accepts (by their key in this job: the feature id, or the

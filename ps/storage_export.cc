@@ -194,4 +194,48 @@ StatusOr<ImportInfo> ServerStorage::Import(const std::string& dir,
   return info;
 }
 
+StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
+                                                    uint32_t num_partitions,
+                                                    const PartitionCursor& from,
+                                                    size_t max_rows) {
+  if (num_partitions == 0 || partition >= num_partitions || max_rows == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of ",
+                                                   num_partitions, ", ", max_rows, " rows a page"));
+  }
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  if (!broken_.ok()) return broken_;
+  if (store_ == nullptr) {
+    return absl::FailedPreconditionError("this server keeps no store to read a partition from");
+  }
+  if (tables_.empty()) return absl::FailedPreconditionError("no tables yet: no partition to read");
+  if (from.table == 0 && from.key == 0) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
+  PartitionPage page;
+  for (uint32_t t = from.table; t < tables_.size(); ++t) {
+    const size_t bytes = sizeof(float) * tables_[t]->stored_floats();
+    bool full = false;
+    const Status scanned = store_->ScanFrom(
+        t, t == from.table ? from.key : 0, [&](uint64_t key, absl::string_view value) -> Status {
+          if (PartitionOf(key, num_partitions) != partition) return absl::OkStatus();
+          if (page.rows.size() == max_rows) {
+            page.next = PartitionCursor{.table = t, .key = key};
+            full = true;
+            return absl::CancelledError("the page is full");
+          }
+          if (value.size() != bytes) {
+            return absl::DataLossError(absl::StrCat("key ", key, " of table ", t, " holds ",
+                                                    value.size(), " bytes, expected ", bytes));
+          }
+          PartitionRow& row = page.rows.emplace_back();
+          row.table = t;
+          row.key = key;
+          row.values.resize(bytes / sizeof(float));
+          std::memcpy(row.values.data(), value.data(), bytes);
+          return absl::OkStatus();
+        });
+    if (full) return page;
+    RETURN_IF_ERROR(scanned);
+  }
+  return page;
+}
+
 }  // namespace eps

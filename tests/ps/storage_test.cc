@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cluster/placement.h"
 #include "core/logging.h"
 #include "core/npy.h"
 #include "nlohmann/json.hpp"
@@ -393,6 +394,51 @@ TEST(ServerStorage, FlusherWritesChangedRows) {
   EXPECT_EQ(storage->stats().rows_on_disk, 0u);
   ASSERT_TRUE(storage->Flush().ok());
   EXPECT_GT(storage->stats().rows_on_disk, 0u);
+}
+
+// A partition read a page at a time gives every row of it, each once, with
+// its weights and optimizer state as the tables hold them, and nothing of
+// other partitions (issue 18's copy).
+TEST(ServerStorage, APartitionReadsPageByPageWithEveryRowOnce) {
+  TempDir temp;
+  std::unique_ptr<ServerStorage> storage = OpenFlushingOften(temp.path());
+  ASSERT_NE(storage, nullptr);
+  const std::vector<uint64_t> keys = Keys(1, 3000);
+  PushAll(*storage, 0, keys, 2.0f);  // -1, journaled only so far
+  PushAll(*storage, 1, keys, 4.0f);  // -2
+  constexpr uint32_t kPartitions = 8;
+  constexpr uint32_t kPartition = 5;
+  std::vector<std::pair<uint32_t, uint64_t>> want;
+  for (uint32_t table : {0u, 1u}) {
+    for (uint64_t key : keys) {
+      if (PartitionOf(key, kPartitions) == kPartition) want.emplace_back(table, key);
+    }
+  }
+  std::sort(want.begin(), want.end());
+  ASSERT_GT(want.size(), 500u);
+
+  std::vector<std::pair<uint32_t, uint64_t>> got;
+  PartitionCursor cursor;
+  int pages = 0;
+  while (true) {
+    StatusOr<PartitionPage> page = storage->ReadPartition(kPartition, kPartitions, cursor, 100);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ++pages;
+    ASSERT_LE(page->rows.size(), 100u);
+    for (const PartitionRow& row : page->rows) {
+      got.emplace_back(row.table, row.key);
+      const Table& table = *storage->table(row.table);
+      ASSERT_EQ(row.values.size(), table.stored_floats());
+      const float weight = row.table == 0 ? -1.0f : -2.0f;
+      for (uint32_t i = 0; i < table.dim(); ++i) ASSERT_EQ(row.values[i], weight) << row.key;
+    }
+    if (!page->next.has_value()) break;
+    cursor = *page->next;
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(pages, static_cast<int>((want.size() + 99) / 100));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      storage->ReadPartition(kPartitions, kPartitions, {}, 100).status()));
 }
 
 // The names in `root` (DATA_DIR/checkpoints unless given).
