@@ -237,6 +237,12 @@ class ServerStorage {
   StatusOr<PartitionPage> ReadPartition(uint32_t partition, uint32_t num_partitions,
                                         const PartitionCursor& from, size_t max_rows);
 
+  // Writes the rows of a page ReadPartition made on another server into
+  // the tables of the same ids, as changed rows, whole (weights, optimizer
+  // state, pass). kFailedPrecondition before CreateTables; kInvalidArgument
+  // for a row of an unknown table or of another width; the store's errors.
+  Status WritePartitionRows(std::span<const PartitionRow> rows);
+
   // A warm start: loads the rows of the model export in `dir` that
   // `owned` accepts (by their key in this job: the feature id, or the
   // dense chunk's DenseChunkKey) into the tables of the same names, as

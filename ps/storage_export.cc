@@ -238,4 +238,34 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
   return page;
 }
 
+Status ServerStorage::WritePartitionRows(std::span<const PartitionRow> rows) {
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  if (!broken_.ok()) return broken_;
+  if (tables_.empty()) return absl::FailedPreconditionError("no tables yet to write rows into");
+  // Runs of one table (a page holds its tables in order), one Put each.
+  for (size_t begin = 0; begin < rows.size();) {
+    const uint32_t t = rows[begin].table;
+    if (t >= tables_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("a row of table ", t, ", which this job lacks"));
+    }
+    Table& table = *tables_[t];
+    const uint32_t width = table.stored_floats();
+    std::vector<uint64_t> keys;
+    std::vector<float> values;
+    size_t end = begin;
+    for (; end < rows.size() && rows[end].table == t; ++end) {
+      if (rows[end].values.size() != width) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key ", rows[end].key, " of table '", table.spec().name(), "' has ",
+                         rows[end].values.size(), " floats, the table ", width));
+      }
+      keys.push_back(rows[end].key);
+      values.insert(values.end(), rows[end].values.begin(), rows[end].values.end());
+    }
+    RETURN_IF_ERROR(table.Put(keys, values, width));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace eps

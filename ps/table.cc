@@ -361,7 +361,8 @@ Status StripedTable::Push(std::span<const uint64_t> keys, std::span<const float>
 
 Status StripedTable::Put(std::span<const uint64_t> keys, std::span<const float> values,
                          uint32_t width) {
-  CHECK(width == row_floats_ || width == static_cast<uint32_t>(dim_)) << "Put to table " << spec_.id();
+  CHECK(width == stored_floats_ || width == row_floats_ || width == static_cast<uint32_t>(dim_))
+      << "Put to table " << spec_.id();
   CHECK_EQ(values.size(), keys.size() * width) << "Put to table " << spec_.id();
   uint64_t max_seq = 0;
   uint64_t created = 0;
@@ -369,8 +370,9 @@ Status StripedTable::Put(std::span<const uint64_t> keys, std::span<const float> 
     if (row == nullptr) return;  // never: Put makes every row
     std::memcpy(row, values.data() + size_t{i} * width, sizeof(float) * width);
     if (width < row_floats_) optimizer_->InitState(row + dim_, dim_);
-    // A warm start's rows were trained before this job's first pass.
-    if (ttl_passes_ > 0) SetPass(row, -1);
+    // A warm start's rows were trained before this job's first pass; a
+    // stored row (width stored_floats) keeps its own.
+    if (ttl_passes_ > 0 && width < stored_floats_) SetPass(row, -1);
   }));
   if (max_seq == 0) return absl::OkStatus();
   return Annotate(storage_.queue->WaitDurable(max_seq, storage_.durability_timeout),

@@ -150,11 +150,13 @@ class Table {
     return Push(keys, grads, 1.0f, nullptr, 0);
   }
 
-  // Sets the rows of `keys`, as changed rows (a warm start's import): each
-  // to its `width` floats of `values`, the weights and then, with width ==
-  // row_floats(), the optimizer state; with width == dim(), the state a new
-  // row starts with. Errors as Push. REQUIRES: width is dim() or
-  // row_floats(), values.size() == keys.size() * width, keys distinct.
+  // Sets the rows of `keys`, as changed rows (a warm start's import, or a
+  // moved partition's rows): each to its `width` floats of `values`, the
+  // weights and then, with width == row_floats(), the optimizer state, and
+  // with width == stored_floats() the pass too; with width == dim(), the
+  // state a new row starts with. Errors as Push. REQUIRES: width is dim(),
+  // row_floats() or stored_floats(), values.size() == keys.size() * width,
+  // keys distinct.
   virtual Status Put(std::span<const uint64_t> keys, std::span<const float> values,
                      uint32_t width) = 0;
 

@@ -290,6 +290,7 @@ TEST(ServerStorage, ImportLoadsTheRowsItOwnsWithOrWithoutTheirState) {
   proto::JobSpec job = TwoTables();
   job.mutable_tables(1)->mutable_optimizer()->set_kind(proto::OptimizerSpec::ADAGRAD);
   job.mutable_tables(1)->mutable_optimizer()->set_epsilon(1e-8f);
+  job.mutable_tables(1)->mutable_optimizer()->set_epsilon(1e-8f);
   StorageOptions options;
   options.data_dir = dir.Join("source");
   std::unique_ptr<ServerStorage> source = MustOpen(options, job);
@@ -396,16 +397,40 @@ TEST(ServerStorage, FlusherWritesChangedRows) {
   EXPECT_GT(storage->stats().rows_on_disk, 0u);
 }
 
-// A partition read a page at a time gives every row of it, each once, with
-// its weights and optimizer state as the tables hold them, and nothing of
-// other partitions (issue 18's copy).
-TEST(ServerStorage, APartitionReadsPageByPageWithEveryRowOnce) {
+// All pages of a partition, read from `from` on.
+std::vector<PartitionRow> ReadAll(ServerStorage& storage, uint32_t partition, uint32_t partitions,
+                                  size_t page_rows, int* pages = nullptr) {
+  std::vector<PartitionRow> rows;
+  PartitionCursor cursor;
+  while (true) {
+    StatusOr<PartitionPage> page = storage.ReadPartition(partition, partitions, cursor, page_rows);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) return rows;
+    if (pages != nullptr) ++*pages;
+    EXPECT_LE(page->rows.size(), page_rows);
+    rows.insert(rows.end(), page->rows.begin(), page->rows.end());
+    if (!page->next.has_value()) return rows;
+    cursor = *page->next;
+  }
+}
+
+// A partition read a page at a time gives every row of it, each once, whole
+// (weights, optimizer state, pass), and nothing of other partitions; written
+// into another server's tables, it reads back the same (issue 18's copy).
+TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   TempDir temp;
-  std::unique_ptr<ServerStorage> storage = OpenFlushingOften(temp.path());
-  ASSERT_NE(storage, nullptr);
+  proto::JobSpec job = TwoTables();
+  job.mutable_tables(1)->mutable_optimizer()->set_kind(proto::OptimizerSpec::ADAGRAD);
+  job.mutable_tables(1)->mutable_optimizer()->set_epsilon(1e-8f);
+  job.mutable_tables(1)->set_ttl_passes(2);
+  StorageOptions options;
+  options.data_dir = temp.Join("a");
+  options.flush_interval = absl::Milliseconds(10);
+  std::unique_ptr<ServerStorage> a = MustOpen(options, job);
+  ASSERT_NE(a, nullptr);
   const std::vector<uint64_t> keys = Keys(1, 3000);
-  PushAll(*storage, 0, keys, 2.0f);  // -1, journaled only so far
-  PushAll(*storage, 1, keys, 4.0f);  // -2
+  PushAll(*a, 0, keys, 2.0f);  // -1, journaled only so far
+  PushAll(*a, 1, keys, 4.0f);
   constexpr uint32_t kPartitions = 8;
   constexpr uint32_t kPartition = 5;
   std::vector<std::pair<uint32_t, uint64_t>> want;
@@ -417,28 +442,33 @@ TEST(ServerStorage, APartitionReadsPageByPageWithEveryRowOnce) {
   std::sort(want.begin(), want.end());
   ASSERT_GT(want.size(), 500u);
 
-  std::vector<std::pair<uint32_t, uint64_t>> got;
-  PartitionCursor cursor;
   int pages = 0;
-  while (true) {
-    StatusOr<PartitionPage> page = storage->ReadPartition(kPartition, kPartitions, cursor, 100);
-    ASSERT_TRUE(page.ok()) << page.status();
-    ++pages;
-    ASSERT_LE(page->rows.size(), 100u);
-    for (const PartitionRow& row : page->rows) {
-      got.emplace_back(row.table, row.key);
-      const Table& table = *storage->table(row.table);
-      ASSERT_EQ(row.values.size(), table.stored_floats());
-      const float weight = row.table == 0 ? -1.0f : -2.0f;
-      for (uint32_t i = 0; i < table.dim(); ++i) ASSERT_EQ(row.values[i], weight) << row.key;
-    }
-    if (!page->next.has_value()) break;
-    cursor = *page->next;
+  const std::vector<PartitionRow> rows = ReadAll(*a, kPartition, kPartitions, 100, &pages);
+  std::vector<std::pair<uint32_t, uint64_t>> got;
+  for (const PartitionRow& row : rows) {
+    got.emplace_back(row.table, row.key);
+    ASSERT_EQ(row.values.size(), a->table(row.table)->stored_floats());
+    if (row.table == 0) ASSERT_EQ(row.values[0], -1.0f) << row.key;
   }
   EXPECT_EQ(got, want);
   EXPECT_EQ(pages, static_cast<int>((want.size() + 99) / 100));
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      storage->ReadPartition(kPartitions, kPartitions, {}, 100).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(a->ReadPartition(kPartitions, kPartitions, {}, 100).status()));
+
+  options.data_dir = temp.Join("b");
+  std::unique_ptr<ServerStorage> b = MustOpen(options, job);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->WritePartitionRows(rows).ok());
+  const std::vector<PartitionRow> copied = ReadAll(*b, kPartition, kPartitions, 1000);
+  ASSERT_EQ(copied.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(copied[i].key, rows[i].key);
+    ASSERT_EQ(copied[i].values, rows[i].values) << "table " << rows[i].table << " key "
+                                                << rows[i].key;
+  }
+  EXPECT_TRUE(ReadAll(*b, kPartition + 1, kPartitions, 1000).empty());
+  PartitionRow bad = rows.front();
+  bad.values.pop_back();
+  EXPECT_TRUE(absl::IsInvalidArgument(b->WritePartitionRows(std::span(&bad, 1))));
 }
 
 // The names in `root` (DATA_DIR/checkpoints unless given).
