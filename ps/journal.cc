@@ -142,7 +142,8 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
     const uint32_t count = Get<uint32_t>(header + 4);
     const uint64_t payload = Get<uint64_t>(header + 8);
     if (Get<uint32_t>(header) != kMagic) {
-      const bool zeros = std::all_of(header, static_cast<const char*>(data.data()) + size, [](char c) { return c == 0; });
+      const char* end = static_cast<const char*>(data.data()) + size;
+      const bool zeros = std::all_of(header, end, [](char c) { return c == 0; });
       return bad("no batch header", zeros);
     }
     if (payload > size - offset - kHeaderBytes) return bad("a partial batch", true);

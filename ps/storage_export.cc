@@ -185,7 +185,9 @@ StatusOr<ImportInfo> ServerStorage::Import(const std::string& dir,
           RETURN_IF_ERROR(table->Put(keys, values, width));
           info.rows += keys.size();
           // Changed rows leave memory only once written.
-          if (budget_ != nullptr && budget_->over()) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
+          if (budget_ != nullptr && budget_->over()) {
+            RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
+          }
           return absl::OkStatus();
         }));
   }
@@ -246,7 +248,8 @@ Status ServerStorage::WritePartitionRows(std::span<const PartitionRow> rows) {
   for (size_t begin = 0; begin < rows.size();) {
     const uint32_t t = rows[begin].table;
     if (t >= tables_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("a row of table ", t, ", which this job lacks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a row of table ", t, ", which this job lacks"));
     }
     Table& table = *tables_[t];
     const uint32_t width = table.stored_floats();

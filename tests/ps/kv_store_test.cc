@@ -138,7 +138,8 @@ TEST_P(KvStoreConformance, ScanVisitsEveryRowInKeyOrderFromOneSnapshot) {
   };
   EXPECT_EQ(keys_from(256),
             (std::vector<uint64_t>{256, 1ull << 40, std::numeric_limits<uint64_t>::max()}));
-  EXPECT_EQ(keys_from(257), (std::vector<uint64_t>{1ull << 40, std::numeric_limits<uint64_t>::max()}));
+  EXPECT_EQ(keys_from(257),
+            (std::vector<uint64_t>{1ull << 40, std::numeric_limits<uint64_t>::max()}));
 }
 
 TEST_P(KvStoreConformance, LaterWritesOfAKeyInOneBatchWin) {

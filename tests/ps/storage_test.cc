@@ -452,7 +452,8 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   }
   EXPECT_EQ(got, want);
   EXPECT_EQ(pages, static_cast<int>((want.size() + 99) / 100));
-  EXPECT_TRUE(absl::IsInvalidArgument(a->ReadPartition(kPartitions, kPartitions, {}, 100).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(a->ReadPartition(kPartitions, kPartitions, {}, 100).status()));
 
   options.data_dir = temp.Join("b");
   std::unique_ptr<ServerStorage> b = MustOpen(options, job);
