@@ -9,8 +9,9 @@
 #include <filesystem>
 #include <memory>
 #include <numeric>
-#include <tuple>
+#include <optional>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -77,51 +78,64 @@ StatusOr<std::vector<uint64_t>> ListSegments(const std::string& dir) {
   return segments;
 }
 
-// Replays one segment's batches into `store`. `last`: a torn final batch is
-// dropped rather than an error.
+// Reads `n` bytes of `fd` at `offset` into `out`.
+Status ReadAt(int fd, uint64_t offset, char* out, size_t n, const std::string& path) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return absl::UnavailableError(absl::StrCat("cannot read journal ", path, " at byte ",
+                                                 offset + done, ": ", std::strerror(errno)));
+    }
+    done += static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+// Whether `fd` holds only zeros from `offset` to `size`.
+StatusOr<bool> ZerosFrom(int fd, uint64_t offset, uint64_t size, const std::string& path) {
+  std::vector<char> piece(64 << 10);
+  for (uint64_t at = offset; at < size; at += piece.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), size - at));
+    RETURN_IF_ERROR(ReadAt(fd, at, piece.data(), n, path));
+    if (!std::all_of(piece.begin(), piece.begin() + n, [](char c) { return c == 0; })) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Replays one segment's batches into `store`, a batch read at a time (memory:
+// about kReplayWriteBytes, or one batch when larger). `last`: a torn final
+// batch is dropped rather than an error.
 Status ReplaySegment(const std::string& path, bool last, KvStore* store, JournalReplay* replayed) {
   std::error_code error;
   const uint64_t size = fs::file_size(path, error);
   if (error) return absl::UnavailableError(absl::StrCat("cannot read journal ", path));
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open journal ", path));
-  std::string data(size, '\0');
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd, data.data() + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (done < size) return absl::UnavailableError(absl::StrCat("cannot read journal ", path));
+  const absl::Cleanup close_fd = [fd] { ::close(fd); };
 
+  // The batches read since the last store write; `writes` point into them.
+  std::vector<std::unique_ptr<char[]>> bodies;
   std::vector<KvWrite> writes;
   size_t pending_bytes = 0;
   // Every write is synced: the journal is deleted once replayed (a write
   // per 16 MiB, so a few fsyncs per segment).
   auto write = [&]() -> Status {
     if (writes.empty()) return absl::OkStatus();
-    // Each key's last image, in key order (RocksDB's memtable inserts keys
-    // in order fastest): what the writes in journal order would leave.
-    const auto key_order = [](const KvWrite& a, const KvWrite& b) {
-      return std::tie(a.table, a.key) < std::tie(b.table, b.key);
-    };
-    std::stable_sort(writes.begin(), writes.end(), key_order);
-    size_t kept = 0;
-    for (size_t i = 0; i < writes.size(); ++i) {
-      if (i + 1 < writes.size() && !key_order(writes[i], writes[i + 1])) continue;
-      writes[kept++] = writes[i];
-    }
-    writes.resize(kept);
+    KeepLastWritePerKey(writes);
     RETURN_IF_ERROR_CTX(store->Write(writes, /*sync=*/true),
                         absl::StrCat("replaying journal ", path));
     replayed->writes += writes.size();
     writes.clear();
+    bodies.clear();
     pending_bytes = 0;
     return absl::OkStatus();
   };
-  size_t offset = 0;
+  std::optional<uint32_t> table_made;  // the last table CreateTable was asked for
+  uint64_t offset = 0;
   while (offset < size) {
     // The batches before a bad one are applied first. Only a batch that
     // reaches the end of the last segment can be torn (a kill in its append;
@@ -138,16 +152,17 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
           absl::StrCat("journal ", path, " is corrupt at byte ", offset, ": ", what));
     };
     if (size - offset < kHeaderBytes) return bad("a partial header", true);
-    const char* header = data.data() + offset;
+    char header[kHeaderBytes];
+    RETURN_IF_ERROR(ReadAt(fd, offset, header, kHeaderBytes, path));
     const uint32_t count = Get<uint32_t>(header + 4);
     const uint64_t payload = Get<uint64_t>(header + 8);
     if (Get<uint32_t>(header) != kMagic) {
-      const char* end = static_cast<const char*>(data.data()) + size;
-      const bool zeros = std::all_of(header, end, [](char c) { return c == 0; });
+      ASSIGN_OR_RETURN(const bool zeros, ZerosFrom(fd, offset, size, path));
       return bad("no batch header", zeros);
     }
     if (payload > size - offset - kHeaderBytes) return bad("a partial batch", true);
-    const char* body = header + kHeaderBytes;
+    char* body = bodies.emplace_back(std::make_unique_for_overwrite<char[]>(payload)).get();
+    RETURN_IF_ERROR(ReadAt(fd, offset + kHeaderBytes, body, payload, path));
     if (XXH3_64bits(body, payload) != Get<uint64_t>(header + 16)) {
       return bad("a checksum mismatch", offset + kHeaderBytes + payload == size);
     }
@@ -165,10 +180,13 @@ Status ReplaySegment(const std::string& path, bool last, KvStore* store, Journal
           "journal ", path, ": a batch at byte ", offset, " ends inside a value"));
       entry.value = absl::string_view(body + at, bytes);
       at += bytes;
-      RETURN_IF_ERROR_CTX(store->CreateTable(entry.table), absl::StrCat("replaying ", path));
+      if (table_made != entry.table) {
+        RETURN_IF_ERROR_CTX(store->CreateTable(entry.table), absl::StrCat("replaying ", path));
+        table_made = entry.table;
+      }
       writes.push_back(entry);
-      pending_bytes += kEntryHeaderBytes + bytes;
     }
+    pending_bytes += payload;
     offset += kHeaderBytes + payload;
     ++replayed->batches;
     if (pending_bytes >= kReplayWriteBytes) RETURN_IF_ERROR(write());

@@ -304,12 +304,11 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   }
   const proto::PushRequest& push = request.header().push_request();
   const proto::NodeId& sender = request.header().sender();
-  // A repeat of a push this server applied is answered as applied even for
-  // keys it no longer owns (their partition moved since): a worker sends a
-  // push elsewhere only when it was not applied, so none is applied twice
-  // (docs/design.md 2.20).
-  const WorkerGate::Push peeked = gate_.PeekPush(sender, push.client_seq());
-  const bool known_repeat = peeked == WorkerGate::Push::kRepeat;
+  // A repeat of a push this server applied whose keys it no longer owns
+  // (their partition moved since): answered as applied, not WRONG_OWNER. A
+  // worker sends a push elsewhere only when it was not applied, so none is
+  // applied twice (docs/design.md 2.20).
+  bool moved_repeat = false;
   std::vector<Table*> tables;
   std::vector<std::span<const uint64_t>> keys;
   std::vector<std::span<const float>> grads;
@@ -343,7 +342,13 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
             absl::StrCat("PUSH to table '", table->spec().name(), "' carries a non-finite gradient"));
       }
     }
-    RETURN_IF_ERROR(CheckKeys(*table, table_keys, /*ownership=*/!known_repeat));
+    Status checked = CheckKeys(*table, table_keys, /*ownership=*/!moved_repeat);
+    if (ReasonOf(checked) == proto::WRONG_OWNER &&
+        gate_.PeekPush(sender, push.client_seq()) == WorkerGate::Push::kRepeat) {
+      moved_repeat = true;
+      checked = absl::OkStatus();
+    }
+    RETURN_IF_ERROR(checked);
     tables.push_back(table);
     keys.push_back(table_keys);
     grads.push_back(table_grads);
@@ -351,8 +356,8 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   // Valid: now the worker's quota of new rows, the fence (again, it may
   // have arrived meanwhile) and whether this is a retry of a push already
   // applied.
-  WorkerGate::Push admitted = peeked;
-  if (!known_repeat && peeked != WorkerGate::Push::kFenced) {
+  WorkerGate::Push admitted = WorkerGate::Push::kRepeat;
+  if (!moved_repeat) {
     RETURN_IF_ERROR(AdmitRows(sender));
     admitted = gate_.AdmitPush(sender, push.client_seq());
   }
@@ -377,9 +382,9 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     for (Table* table : tables) answer->add_versions(DenseVersion(*table).load());
     pushes_deduplicated_.fetch_add(1, std::memory_order_relaxed);
     // Rows only of keys still here (a worker pulls what a reply lacks).
-    bool owned = push.reply_rows();
-    for (size_t i = 0; i < tables.size() && owned; ++i) owned = CheckKeys(*tables[i], keys[i]).ok();
-    return owned ? ReplyRows(tables, keys, push.dense_bf16(), reply) : absl::OkStatus();
+    return push.reply_rows() && !moved_repeat
+               ? ReplyRows(tables, keys, push.dense_bf16(), reply)
+               : absl::OkStatus();
   }
   uint64_t rows = 0;
   uint64_t created = 0;

@@ -82,19 +82,15 @@ Status ApplyJournalBeforeRestore(const StorageOptions& options, KvStore* store) 
 // left by a run with one is replayed all the same, then removed.
 StatusOr<std::unique_ptr<WriteQueue>> OpenQueue(const StorageOptions& options, KvStore* store) {
   const std::string dir = JournalDir(options.data_dir);
+  if (options.journal_mb > 0) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Journal> journal, Journal::Open(dir, store, /*first_seq=*/1));
+    return std::make_unique<WriteQueue>(store, std::move(journal));
+  }
+  RETURN_IF_ERROR(Journal::Apply(dir, store));
   std::error_code error;
-  if (options.journal_mb == 0 && !fs::exists(dir, error)) {
-    return std::make_unique<WriteQueue>(store);
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<Journal> journal, Journal::Open(dir, store, /*first_seq=*/1));
-  if (options.journal_mb == 0) {
-    journal.reset();
-    fs::remove_all(dir, error);
-    if (error) {
-      return absl::UnavailableError(absl::StrCat("cannot remove ", dir, ": ", error.message()));
-    }
-  }
-  return std::make_unique<WriteQueue>(store, std::move(journal));
+  fs::remove_all(dir, error);
+  if (error) return absl::UnavailableError(absl::StrCat("cannot remove ", dir, ": ", error.message()));
+  return std::make_unique<WriteQueue>(store);
 }
 
 // The tables of `job` over the given store, queue and budget (store and

@@ -312,6 +312,11 @@ class ServerStorage {
   // without a journal).
   Status FlushLocked(bool journal_only) ABSL_SHARED_LOCKS_REQUIRED(state_mu_)
       ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
+  // Table::Put, then a full flush while over the memory budget (changed
+  // rows leave memory only once written): loading many rows (an import, a
+  // moved partition) stays within the budget.
+  Status PutLocked(Table& table, std::span<const uint64_t> keys, std::span<const float> values,
+                   uint32_t width) ABSL_SHARED_LOCKS_REQUIRED(state_mu_);
   // Keeps the first I/O failure for write_error(); returns `error`.
   Status NoteWriteError(Status error) ABSL_LOCKS_EXCLUDED(mu_);
   // The directory checkpoints go to (absolute).

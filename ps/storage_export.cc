@@ -182,12 +182,8 @@ StatusOr<ImportInfo> ServerStorage::Import(const std::string& dir,
             keys.push_back(key);
             values.insert(values.end(), rows + r * stride, rows + r * stride + width);
           }
-          RETURN_IF_ERROR(table->Put(keys, values, width));
+          RETURN_IF_ERROR(PutLocked(*table, keys, values, width));
           info.rows += keys.size();
-          // Changed rows leave memory only once written.
-          if (budget_ != nullptr && budget_->over()) {
-            RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
-          }
           return absl::OkStatus();
         }));
   }
@@ -207,20 +203,19 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
   absl::ReaderMutexLock state_lock(&state_mu_);
   if (!broken_.ok()) return broken_;
   if (store_ == nullptr) {
-    return absl::FailedPreconditionError("this server keeps no store to read a partition from");
+    return absl::FailedPreconditionError(
+        "this server keeps no store to read a partition from (start it with --data-dir)");
   }
   if (tables_.empty()) return absl::FailedPreconditionError("no tables yet: no partition to read");
   if (from.table == 0 && from.key == 0) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
   PartitionPage page;
   for (uint32_t t = from.table; t < tables_.size(); ++t) {
     const size_t bytes = sizeof(float) * tables_[t]->stored_floats();
-    bool full = false;
     const Status scanned = store_->ScanFrom(
         t, t == from.table ? from.key : 0, [&](uint64_t key, absl::string_view value) -> Status {
           if (PartitionOf(key, num_partitions) != partition) return absl::OkStatus();
           if (page.rows.size() == max_rows) {
             page.next = PartitionCursor{.table = t, .key = key};
-            full = true;
             return absl::CancelledError("the page is full");
           }
           if (value.size() != bytes) {
@@ -234,10 +229,18 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
           std::memcpy(row.values.data(), value.data(), bytes);
           return absl::OkStatus();
         });
-    if (full) return page;
+    if (page.next.has_value()) return page;
     RETURN_IF_ERROR(scanned);
   }
   return page;
+}
+
+Status ServerStorage::PutLocked(Table& table, std::span<const uint64_t> keys,
+                                std::span<const float> values, uint32_t width) {
+  RETURN_IF_ERROR(table.Put(keys, values, width));
+  // Changed rows leave memory only once written.
+  if (budget_ != nullptr && budget_->over()) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
+  return absl::OkStatus();
 }
 
 Status ServerStorage::WritePartitionRows(std::span<const PartitionRow> rows) {
@@ -265,7 +268,7 @@ Status ServerStorage::WritePartitionRows(std::span<const PartitionRow> rows) {
       keys.push_back(rows[end].key);
       values.insert(values.end(), rows[end].values.begin(), rows[end].values.end());
     }
-    RETURN_IF_ERROR(table.Put(keys, values, width));
+    RETURN_IF_ERROR(PutLocked(table, keys, values, width));
     begin = end;
   }
   return absl::OkStatus();

@@ -157,6 +157,8 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
   // left behind (rows that could not leave memory until written) shrinks
   // as requests arrive, not by one row per stripe and request.
   const uint64_t excess_share = ExcessShare();
+  // With a journal a changed row stays unstored until a full flush.
+  const bool journaled = storage_.store != nullptr && storage_.queue->journaled();
 
   std::vector<uint32_t> absent;  // positions j (into order) not in memory
   std::vector<uint64_t> refetch_keys;
@@ -264,7 +266,6 @@ Status StripedTable::ForEachRow(std::span<const uint64_t> keys, bool modify, uin
       SlotMeta& meta = MetaLocked(stripe, slot);
       NoteUse(meta);
       if (!modify || storage_.store == nullptr) continue;
-      const bool journaled = storage_.queue->journaled();
       if (journaled && !(meta.flags & kUnstored)) {
         meta.flags |= kUnstored;
         stripe.unstored.push_back(slot);

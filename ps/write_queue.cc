@@ -96,40 +96,29 @@ void WriteQueue::SkipSequenceNumbersForTesting(uint64_t n) {
 
 Status WriteQueue::Commit(std::span<const Entry> batch, std::vector<KvWrite>& writes,
                           std::vector<KvWrite>& store_writes) {
-  // Only the last image of each key (the one a write in queue order would
-  // leave), in key order: RocksDB's memtable inserts keys in order at a
-  // fraction of the cost of random ones (its skip list resumes from the
-  // last insert). For the store, the last image queued to_store.
+  // Each key's last image to the journal; to the store, each key's last
+  // image queued for it: the same writes when every entry is for the store
+  // (always without a journal; a full flush).
   writes.clear();
-  store_writes.clear();
-  struct Ref {
-    const Entry* entry;
-  };
-  std::vector<Ref> refs;
-  refs.reserve(batch.size());
-  for (const Entry& entry : batch) refs.push_back(Ref{&entry});
-  const auto key_order = [](const Ref& a, const Ref& b) {
-    return std::tie(a.entry->table, a.entry->key) < std::tie(b.entry->table, b.entry->key);
-  };
-  // Of equal keys, the last in queue order sorts last (stable).
-  std::stable_sort(refs.begin(), refs.end(), key_order);
-  const auto as_write = [](const Entry& entry) {
-    return KvWrite{entry.table, entry.key, entry.bytes, entry.erase};
-  };
-  for (size_t i = 0; i < refs.size();) {
-    size_t end = i + 1;
-    while (end < refs.size() && !key_order(refs[i], refs[end])) ++end;
-    writes.push_back(as_write(*refs[end - 1].entry));
-    for (size_t j = end; j-- > i;) {
-      if (refs[j].entry->to_store) {
-        store_writes.push_back(as_write(*refs[j].entry));
-        break;
+  bool all_to_store = true;
+  for (const Entry& entry : batch) {
+    writes.push_back(KvWrite{entry.table, entry.key, entry.bytes, entry.erase});
+    all_to_store &= entry.to_store;
+  }
+  KeepLastWritePerKey(writes);
+  std::span<const KvWrite> to_store = writes;
+  if (!all_to_store) {
+    store_writes.clear();
+    for (const Entry& entry : batch) {
+      if (entry.to_store) {
+        store_writes.push_back(KvWrite{entry.table, entry.key, entry.bytes, entry.erase});
       }
     }
-    i = end;
+    KeepLastWritePerKey(store_writes);
+    to_store = store_writes;
   }
   if (journal_ != nullptr) RETURN_IF_ERROR(journal_->Append(writes));
-  RETURN_IF_ERROR(store_->Write(store_writes, /*sync=*/false));
+  RETURN_IF_ERROR(store_->Write(to_store, /*sync=*/false));
   rows_.fetch_add(writes.size(), std::memory_order_relaxed);  // each key once
   return absl::OkStatus();
 }

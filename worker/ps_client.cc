@@ -119,7 +119,11 @@ std::vector<PsClient::Request> PsClient::Plan(
     size_t bytes = 0;
     for (size_t t = 0; t < tables.size(); ++t) {
       const std::vector<uint32_t>& owned = by_server[s][t];
-      const size_t row_bytes = sizeof(uint64_t) + sizeof(float) * table(tables[t].table_id).dim();
+      // A key and its values as they travel (bfloat16 for dense tensors
+      // under worker.dense_wire = bfloat16).
+      const uint32_t id = tables[t].table_id;
+      const size_t row_bytes =
+          sizeof(uint64_t) + (Bf16(id) ? sizeof(uint16_t) : sizeof(float)) * table(id).dim();
       size_t offset = 0;
       while (offset < owned.size()) {
         size_t room = bytes < max_request_bytes_ ? (max_request_bytes_ - bytes) / row_bytes : 0;
@@ -245,25 +249,33 @@ Status PsClient::ScatterRows(std::span<const Keys> tables, const Request& reques
     const bool bf16 = Bf16(tables[piece.table].table_id);
     // Each row goes straight to its place: widened there from bfloat16, or
     // copied.
-    StatusOr<std::span<const uint16_t>> narrow = absl::DataLossError("");
-    StatusOr<std::span<const float>> values = absl::DataLossError("");
+    std::span<const uint16_t> narrow;
+    std::span<const float> values;
+    Status read;
     if (bf16) {
-      narrow = reply.Array<uint16_t>(p);
+      StatusOr<std::span<const uint16_t>> array = reply.Array<uint16_t>(p);
+      read = array.status();
+      if (array.ok()) narrow = *array;
     } else {
-      values = reply.Array<float>(p);
+      StatusOr<std::span<const float>> array = reply.Array<float>(p);
+      read = array.status();
+      if (array.ok()) values = *array;
     }
-    if (bf16 ? !narrow.ok() || narrow->size() != count : !values.ok() || values->size() != count) {
-      return absl::DataLossError(
-          absl::StrCat(method, " reply from ", endpoint, " has the wrong number of values"));
+    if (const size_t got = bf16 ? narrow.size() : values.size(); !read.ok() || got != count) {
+      return absl::DataLossError(absl::StrCat(
+          method, " reply from ", endpoint, " for table '",
+          table(tables[piece.table].table_id).name(), "': ",
+          read.ok() ? absl::StrCat(got, " values, expected ", count) : read.message(), " (",
+          bf16 ? "bfloat16" : "float32", " asked, by worker.dense_wire for dense tensors)"));
     }
     std::span<float> target((*out)[piece.table]);
     for (size_t i = 0; i < piece.positions.size(); ++i) {
       const std::span<float> row =
           target.subspan(static_cast<size_t>(piece.positions[i]) * dim, dim);
       if (bf16) {
-        FromBfloat16(narrow->subspan(i * dim, dim), row);
+        FromBfloat16(narrow.subspan(i * dim, dim), row);
       } else {
-        std::memcpy(row.data(), values->data() + i * dim, dim * sizeof(float));
+        std::memcpy(row.data(), values.data() + i * dim, dim * sizeof(float));
       }
     }
   }
@@ -380,8 +392,15 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     if (Status rows = ScatterRows(tables, request, reply, "PUSH", answer.versions(),
                                   &after->values, &after->versions);
         !rows.ok()) {
-      LOG(WARNING) << "a push was applied but its rows did not come back (" << rows
-                   << "); they will be pulled";
+      // Once per client: a server that never reads rows back would say so
+      // on every step, and the pull already makes up for it.
+      if (!read_back_warned_) {
+        LOG(WARNING) << "a push was applied but its rows did not come back (" << rows
+                     << "); they are pulled instead (said once)";
+        read_back_warned_ = true;
+      } else {
+        VLOG(1) << "a push's rows did not come back: " << rows;
+      }
       read_back_ok = false;
     }
     return absl::OkStatus();

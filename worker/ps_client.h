@@ -193,6 +193,8 @@ class PsClient {
   const MapSource refresh_map_;
   std::function<bool()> abandon_;
   const size_t max_request_bytes_;
+  // Whether a push whose rows did not come back was warned of.
+  bool read_back_warned_ = false;
   bool dense_bf16_ = false;
   // Whether table `id`'s values travel as bfloat16.
   bool Bf16(uint32_t id) const { return dense_bf16_ && table(id).kind() == proto::DENSE; }

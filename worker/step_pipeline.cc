@@ -161,13 +161,15 @@ Status StepPipeline::RunStep(Lane& lane, Step& step) {
     // A fenced session pushes nothing more, not even a step's second half.
     RETURN_IF_ERROR(abandoned());
     PsClient::Versions applied;
-    auto copy = std::make_shared<DenseCopy>();
+    // Only a counted push may renew the copy, and only a pipeline that
+    // pulls one would install it: no copy (and no rows read back) otherwise.
+    auto copy = counted && hooks_.pull_dense ? std::make_shared<DenseCopy>() : nullptr;
     RETURN_IF_ERROR(push(lane, &applied, copy.get()));
     absl::MutexLock lock(&mu_);
     RaiseTo(applied, &known_);
     if (counted) {
       --pushes_pending_;
-      read_back = copy->values.empty() ? nullptr : std::move(copy);
+      read_back = copy == nullptr || copy->values.empty() ? nullptr : std::move(copy);
     }
     return absl::OkStatus();
   };

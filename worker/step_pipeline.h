@@ -70,7 +70,8 @@ class StepPipeline {
     // (values and versions, as pull_dense gives them; PsClient::Push's
     // `after`): when the last of a step's pushes did, and the copy misses
     // nothing the replies told of, the pipeline installs it instead of
-    // pulling one.
+    // pulling one. `copy` is null where nothing could use it (a late push,
+    // a pipeline without pull_dense): then nothing is read back.
     using Push = std::function<Status(Lane&, PsClient::Versions* applied, DenseCopy* copy)>;
     std::vector<Push> pushes;
     // Pushes of the rest of the step's gradients, those that do not change

@@ -290,9 +290,9 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
       RETURN_IF_ERROR(Annotate(
           lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr, applied, pass,
                         last ? &work : nullptr, last ? &receipt : nullptr,
-                        read_back ? &rows : nullptr),
+                        read_back && next != nullptr ? &rows : nullptr),
           "push"));
-      if (read_back && !rows.values.empty()) {
+      if (read_back && next != nullptr && !rows.values.empty()) {
         TakeRows(Pulled::kAtStep, &rows.values, &next->values);
         next->versions = std::move(rows.versions);
       }

@@ -42,7 +42,8 @@ Status EvalCheck::Unreadable(const std::string& path, uint64_t begin, const Stat
     failing = absl::StrCat(" (failing for ", absl::FormatDuration(now - since),
                            ", over half of master.progress_timeout_s)");
   }
-  return absl::FailedPreconditionError(absl::StrCat("the master cannot read ", path, failing,
+  return absl::FailedPreconditionError(absl::StrCat("the master cannot read ", path,
+                                                    " to check an evaluation commit", failing,
                                                     ": ", status.message(), "; ",
                                                     Remedy(path, status)));
 }

@@ -88,17 +88,21 @@ TEST(Journal, ReplaysItsBatchesInOrderIntoTheStoreAndStartsAfresh) {
   EXPECT_EQ((*journal)->bytes(), 0u);
 }
 
+// Opens the journal in `dir` (replaying it into `store`) and appends two
+// batches to its segment 1: key 1 "aaaa", then key 2 "bbbb".
+void WriteTwoBatches(const std::string& dir, KvStore* store) {
+  StatusOr<std::unique_ptr<Journal>> journal = Journal::Open(dir, store, 1);
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  const KvWrite one[] = {Put(0, 1, "aaaa")};
+  const KvWrite two[] = {Put(0, 2, "bbbb")};
+  ASSERT_TRUE((*journal)->Append(one).ok());
+  ASSERT_TRUE((*journal)->Append(two).ok());
+}
+
 TEST(Journal, DropsATornLastBatchAndRefusesACorruptEarlierOne) {
   TempDir dir;
   std::unique_ptr<KvStore> store = NewMemoryKvStore();
-  {
-    StatusOr<std::unique_ptr<Journal>> journal = Journal::Open(dir.path(), store.get(), 1);
-    ASSERT_TRUE(journal.ok()) << journal.status();
-    const KvWrite one[] = {Put(0, 1, "aaaa")};
-    const KvWrite two[] = {Put(0, 2, "bbbb")};
-    ASSERT_TRUE((*journal)->Append(one).ok());
-    ASSERT_TRUE((*journal)->Append(two).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteTwoBatches(dir.path(), store.get()));
   const std::string segment = dir.Join("00000000000000000001.log");
   // A crash in the second append: its last bytes never reached the file.
   fs::resize_file(segment, fs::file_size(segment) - 3);
@@ -137,15 +141,7 @@ TEST(Journal, OnlyTheEndOfTheLastSegmentCanBeTorn) {
   TempDir dir;
   std::unique_ptr<KvStore> store = NewMemoryKvStore();
   const std::string segment = dir.Join("00000000000000000001.log");
-  const auto write_two_batches = [&] {
-    StatusOr<std::unique_ptr<Journal>> journal = Journal::Open(dir.path(), store.get(), 1);
-    ASSERT_TRUE(journal.ok()) << journal.status();
-    const KvWrite one[] = {Put(0, 1, "aaaa")};
-    const KvWrite two[] = {Put(0, 2, "bbbb")};
-    ASSERT_TRUE((*journal)->Append(one).ok());
-    ASSERT_TRUE((*journal)->Append(two).ok());
-  };
-  write_two_batches();
+  ASSERT_NO_FATAL_FAILURE(WriteTwoBatches(dir.path(), store.get()));
   {
     std::ofstream tail(segment, std::ios::binary | std::ios::app);
     tail << std::string(100, '\0');
@@ -156,7 +152,7 @@ TEST(Journal, OnlyTheEndOfTheLastSegmentCanBeTorn) {
   EXPECT_EQ(replayed.torn_bytes, 100u);
   EXPECT_EQ(Value(*store, 0, 2), "bbbb");
 
-  write_two_batches();
+  ASSERT_NO_FATAL_FAILURE(WriteTwoBatches(dir.path(), store.get()));
   {
     std::fstream file(segment, std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(30);  // in the first batch's entry

@@ -290,7 +290,6 @@ TEST(ServerStorage, ImportLoadsTheRowsItOwnsWithOrWithoutTheirState) {
   proto::JobSpec job = TwoTables();
   job.mutable_tables(1)->mutable_optimizer()->set_kind(proto::OptimizerSpec::ADAGRAD);
   job.mutable_tables(1)->mutable_optimizer()->set_epsilon(1e-8f);
-  job.mutable_tables(1)->mutable_optimizer()->set_epsilon(1e-8f);
   StorageOptions options;
   options.data_dir = dir.Join("source");
   std::unique_ptr<ServerStorage> source = MustOpen(options, job);
@@ -448,7 +447,9 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   for (const PartitionRow& row : rows) {
     got.emplace_back(row.table, row.key);
     ASSERT_EQ(row.values.size(), a->table(row.table)->stored_floats());
-    if (row.table == 0) ASSERT_EQ(row.values[0], -1.0f) << row.key;
+    if (row.table == 0) {
+      ASSERT_EQ(row.values[0], -1.0f) << row.key;
+    }
   }
   EXPECT_EQ(got, want);
   EXPECT_EQ(pages, static_cast<int>((want.size() + 99) / 100));

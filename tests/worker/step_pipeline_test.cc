@@ -103,7 +103,7 @@ class Script {
         version_ += others + 1;
         *applied = At(version_);
         log_.push_back(absl::StrCat("push ", name));
-        if (read_back_) {
+        if (read_back_ && copy != nullptr) {
           // Read back in several messages: the first's version.
           const uint64_t version = version_ - read_back_lag_;
           copy->values = {{static_cast<float>(version)}};
