@@ -40,8 +40,14 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
     case proto::CHECKPOINT:
     case proto::RESTORE:
     case proto::EXPORT:
+    case proto::MOVE_PARTITION:
       allowed = caller == proto::ROLE_MASTER;
       who = "the master";
+      break;
+    case proto::FETCH_PARTITION:
+      // The one call a server makes to another: a moving partition's rows.
+      allowed = caller == proto::ROLE_SERVER;
+      who = "parameter servers";
       break;
     default:
       // Unknown to this build: no role may call it.

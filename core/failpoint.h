@@ -20,6 +20,14 @@
 //                             every_push push's) starts, saying on stderr
 //                             whether the write had returned by then
 //                             (ps/write_queue.cc).
+//   ps.crash_in_move=STEP     a parameter server doing step STEP (1 COPY,
+//                             2 HANDOFF, 3 TAIL) of a partition move kills
+//                             itself (SIGKILL): the new owner once it wrote
+//                             a page, the old one once it handed off
+//                             (ps/param_server_moves.cc).
+//   master.crash_in_move=STEP the master kills itself (SIGKILL) once step
+//                             STEP of a partition move answered, before it
+//                             reads the answer (master/master_moves.cc).
 //   ps.fail_expiry=N          a parameter server's sweep of expired rows
 //                             after N passes fails (ps/storage.cc).
 //   worker.hang_trainer=ID    worker ID's trainer hangs after its first

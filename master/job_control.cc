@@ -58,6 +58,7 @@ Status JobControl::Restore(const MasterSnapshot& snapshot, bool resume, absl::Ti
   resumed_ = true;
   job_spec_.set_job_id(record.job_id());
   membership_.RestoreFrom(record, now);
+  draining_.insert(record.draining_servers().begin(), record.draining_servers().end());
   if (resume) return ResumeFromCheckpoint(snapshot, now);
   RETURN_IF_ERROR(progress_.RestoreFrom(snapshot));
   if (progress_.phase() == JobPhase::kScanning) {
@@ -595,7 +596,8 @@ void JobControl::Tick(absl::Time now) {
   // checkpoint to resume a diverged job from is one taken before.
   checkpoints_.MaybeStart(now, !recovery_.active() && !over() && !export_due_ &&
                                    progress_.phase() == JobPhase::kTraining &&
-                                   membership_.placed() && !progress_.LossPastFactor());
+                                   membership_.placed() && !progress_.LossPastFactor() &&
+                                   !moves_.active().has_value());
 }
 
 bool JobControl::Done(absl::Time now) const {
@@ -659,6 +661,7 @@ proto::MasterRecord JobControl::SaveRecord() const {
   record.set_config_fingerprint(fingerprint_);
   record.set_job_id(job_spec_.job_id());
   membership_.SaveTo(&record);
+  for (uint32_t slot : draining_) record.add_draining_servers(slot);
   progress_.SaveTo(&record);
   checkpoints_.SaveTo(&record);
   recovery_.SaveTo(&record);

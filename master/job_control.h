@@ -31,7 +31,9 @@
 #define EPS_MASTER_JOB_CONTROL_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -42,6 +44,7 @@
 #include "master/checkpoint_coordinator.h"
 #include "master/event_log.h"
 #include "master/membership.h"
+#include "master/partition_moves.h"
 #include "master/progress/data_set.h"
 #include "master/progress/training_progress.h"
 #include "master/progress_meter.h"
@@ -239,6 +242,27 @@ class JobControl {
   // saying why none can be taken now.
   StatusOr<uint64_t> RequestCheckpoint();
 
+  // --- Partition moves (job_moves.cc; docs/design.md 2.20) ---------------------
+
+  // POST /servers/N/drain: queues the moves of every partition of server
+  // `slot` to the other live servers (each to the one holding fewest);
+  // what was queued. kNotFound for an unknown slot; kFailedPrecondition
+  // unless the job trains, or when no other server is left.
+  StatusOr<nlohmann::json> Drain(uint32_t slot, absl::Time now);
+  // The next step of a move to send (to `target`), when one may run now:
+  // not during a recovery or a checkpoint round, and only while training.
+  struct MoveStep {
+    proto::MovePartitionRequest request;
+    ServerAddress target;
+  };
+  std::optional<MoveStep> NextMoveStep(absl::Time now);
+  // The step's result: the next step, the commit (the map gives the
+  // partition to its new owner: event partition_moved), or on an error
+  // the move given up (a newer map; tried again up to 3 times).
+  void MoveStepDone(const MoveStep& step, const StatusOr<proto::MovePartitionReply>& reply,
+                    absl::Time now);
+  const PartitionMoves& moves() const { return moves_; }
+
   // --- Persistence ----------------------------------------------------------
 
   // Moves every change since the last call into `update` (the master record
@@ -270,6 +294,14 @@ class JobControl {
  private:
   Status ResumeFromCheckpoint(const MasterSnapshot& snapshot, absl::Time now);
   void StartRecovery(uint32_t server, const std::string& why, absl::Time now);
+  // Gives up the move in progress (a newer map; queued again while it has
+  // attempts left: event partition_move_failed), e.g. for a recovery.
+  void AbandonMoves(const std::string& reason);
+  // The live slots a drain of `slot` may move to, with their partitions.
+  std::map<uint32_t, uint32_t> DrainTargets(uint32_t slot) const;
+  // Queues the moves of the partitions `slot` still owns (event
+  // server_drained once it owns none); how many.
+  uint32_t PlanDrain(uint32_t slot);
   // Ends the waits that ran past their bounds (Tick).
   void EnforceBounds(absl::Time now);
   // Stops the job for a diverged model: `reason`, and how to go on.
@@ -299,6 +331,10 @@ class JobControl {
   TrainingProgress progress_;
   CheckpointCoordinator checkpoints_;
   Recovery recovery_;
+  PartitionMoves moves_;
+  // Slots being drained (POST /servers/N/drain) until they hold nothing
+  // (MasterRecord.draining_servers).
+  std::set<uint32_t> draining_;
   ProgressMeter meter_;
   const WorkerCredentials* receipt_key_ = nullptr;
   bool resumed_ = false;

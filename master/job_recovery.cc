@@ -45,6 +45,8 @@ void JobControl::StartRecovery(uint32_t server, const std::string& why, absl::Ti
                                          {"reason", why},
                                          {"checkpoint", last->id()},
                                          {"mode", job_.checkpoint.on_server_failure}});
+    // A move's servers may be the ones restored; it starts again after.
+    AbandonMoves(why);
     // No worker may push until the servers are restored: all register again.
     progress_.AddRetrained(membership_.FenceAllAlive(now, why));
     // A round still waiting for workers to pause will not see them again.
@@ -131,6 +133,8 @@ void JobControl::Restored(const Recovery::Step& step, const std::vector<StatusOr
   }
   std::vector<uint32_t> restored;
   for (const Recovery::RestoreTarget& target : step.targets) restored.push_back(target.slot);
+  // A partition moved since the checkpoint lives where it was then.
+  membership_.RestoreOwners(checkpoint.master().cluster_map(), restored);
   const uint64_t rolled_back = trained_before - progress_.records_trained();
   json result = {{"reason", recovery_.why()},
                  {"checkpoint", checkpoint.id()},

@@ -232,6 +232,7 @@ Status Master::Impl::StartServing() {
       .page = StatusPage(job.job.name),
       .checkpoint = [this] { return PostCheckpoint(); },
       .export_model = [this](const std::string& dir) { return PostExport(dir); },
+      .drain = [this](uint32_t server) { return PostDrain(server); },
       .bearer_token = options_.security.http_token,
   };
   if (options_.security.http_token.empty()) {
@@ -394,6 +395,7 @@ void Master::Impl::JobLoop() {
     PropagateFences(calls);
     AdvanceCheckpoint(calls);
     AdvanceRecovery(calls);
+    AdvanceMoves(calls);
     AdvanceExport(calls);
     AdvanceImport(calls);
     // A failed write fails the job (Persist says why): the loop winds down.

@@ -134,6 +134,11 @@ class Master::Impl {
   // DIR; the rows written, or the errors naming the servers.
   StatusOr<uint64_t> ExportRows(ServerCalls& calls, const std::string& dir,
                                 const std::vector<ServerAddress>& servers);
+  // The steps of the partition move in progress, back to back until it
+  // is committed or given up (master_moves.cc).
+  void AdvanceMoves(ServerCalls& calls);
+  // POST /servers/N/drain.
+  std::pair<int, std::string> PostDrain(uint32_t slot) ABSL_LOCKS_EXCLUDED(mu_);
   // The warm start (job.init_from) before training starts.
   void AdvanceImport(ServerCalls& calls);
   // While servers work, leases run on: a server that dies meanwhile is not

@@ -466,6 +466,43 @@ bool Membership::MaybePlace(uint32_t num_partitions) {
   return true;
 }
 
+void Membership::MovePartition(uint32_t partition, uint32_t slot) {
+  cluster_map_.set_partition_owner(static_cast<int>(partition), slot);
+  handing_off_.reset();
+  RaiseMapVersion();
+}
+
+void Membership::RaiseMapVersion() {
+  cluster_map_.set_version(cluster_map_.version() + 1);
+  handing_off_.reset();
+  Bump();
+}
+
+void Membership::RestoreOwners(const proto::ClusterMap& map,
+                               const std::vector<uint32_t>& restored) {
+  if (map.partition_owner_size() != cluster_map_.partition_owner_size()) return;
+  bool changed = false;
+  for (int p = 0; p < map.partition_owner_size(); ++p) {
+    const uint32_t owner = cluster_map_.partition_owner(p);
+    if (owner == map.partition_owner(p) || !servers_.contains(map.partition_owner(p)) ||
+        std::find(restored.begin(), restored.end(), owner) == restored.end()) {
+      continue;
+    }
+    LOG(INFO) << "partition " << p << " goes back to ps[" << map.partition_owner(p)
+              << "], its owner at the checkpoint restored into ps[" << owner << "]";
+    cluster_map_.set_partition_owner(p, map.partition_owner(p));
+    changed = true;
+  }
+  if (changed) RaiseMapVersion();
+}
+
+std::map<uint32_t, uint32_t> Membership::PartitionCounts() const {
+  std::map<uint32_t, uint32_t> counts;
+  for (const auto& [id, server] : servers_) counts[id] = 0;
+  for (uint32_t owner : cluster_map_.partition_owner()) ++counts[owner];
+  return counts;
+}
+
 bool Membership::all_servers_alive() const {
   for (const auto& [id, server] : servers_) {
     if (server.state != PeerState::kAlive) return false;
@@ -522,6 +559,7 @@ void Membership::SaveTo(proto::MasterRecord* record) const {
   record->set_next_server_id(next_server_id_);
   record->set_membership_epoch(generation_);
   *record->mutable_cluster_map() = cluster_map_;
+  if (handing_off_.has_value()) record->set_partition_handing_off(*handing_off_);
   for (const auto& [id, server] : servers_) {
     proto::ServerInfo* info = record->add_servers();
     info->set_id(id);
@@ -535,6 +573,13 @@ void Membership::RestoreFrom(const proto::MasterRecord& record, absl::Time now) 
   next_server_id_ = record.next_server_id();
   generation_ = record.membership_epoch() + 1;
   cluster_map_ = record.cluster_map();
+  if (record.has_partition_handing_off()) {
+    // Its old owner refuses the partition until a newer map comes.
+    LOG(WARNING) << "the move of partition " << record.partition_handing_off()
+                 << " was in its hand-off: given up (cluster map v"
+                 << cluster_map_.version() + 1 << ")";
+    cluster_map_.set_version(cluster_map_.version() + 1);
+  }
   for (const proto::ServerInfo& info : record.servers()) {
     ServerEntry& server = servers_[info.id()];
     server.endpoint = info.endpoint();

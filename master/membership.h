@@ -244,6 +244,20 @@ class Membership {
   // The slot's server is alive at `endpoint` (a call to it still matters).
   bool Serving(const ServerAddress& server) const;
   const proto::ClusterMap& cluster_map() const { return cluster_map_; }
+  // A partition move (docs/design.md 2.20). The move of `partition` is in
+  // its hand-off (persisted: a restarted master gives it up), or none is.
+  void SetHandingOff(std::optional<uint32_t> partition) { handing_off_ = partition; }
+  // Gives `partition` to `slot`: the next map version. Ends the hand-off.
+  void MovePartition(uint32_t partition, uint32_t slot);
+  // A map like this one with the next version: ends a move given up on the
+  // servers (whatever it did, the old owner keeps the partition).
+  void RaiseMapVersion();
+  // A restore of checkpoint `map` into `restored` slots: each partition a
+  // restored slot owns now goes back to its owner in `map` (the rows it
+  // has there are the checkpoint's). A new version when any changed.
+  void RestoreOwners(const proto::ClusterMap& map, const std::vector<uint32_t>& restored);
+  // Partitions each slot owns (0 for a slot without any).
+  std::map<uint32_t, uint32_t> PartitionCounts() const;
 
   // --- Lifecycle ----------------------------------------------------------
 
@@ -279,6 +293,7 @@ class Membership {
   TokenBucket registrations_;
   uint32_t next_server_id_ = 0;
   proto::ClusterMap cluster_map_;
+  std::optional<uint32_t> handing_off_;
   uint64_t generation_ = 0;
   std::vector<uint32_t> fenced_;
   // Fenced workers whose shards wait until every server refuses them, with

@@ -144,6 +144,23 @@ std::vector<StatusOr<uint64_t>> ServerCalls::Restore(
   return results;
 }
 
+StatusOr<proto::MovePartitionReply> ServerCalls::MovePartition(
+    const ServerAddress& server, const proto::MovePartitionRequest& step, const Serving& serving) {
+  std::vector<StatusOr<Message>> replies = CallAll(
+      {server},
+      [&](size_t) {
+        Message request;
+        request.header().set_method(proto::MOVE_PARTITION);
+        *request.header().mutable_move_partition_request() = step;
+        return request;
+      },
+      kSlowCallTimeout, serving);
+  if (!replies[0].ok()) {
+    return Annotate(replies[0].status(), absl::StrCat("ps[", server.first, "]"));
+  }
+  return replies[0]->header().move_partition_reply();
+}
+
 std::vector<StatusOr<proto::ExportReply>> ServerCalls::Export(
     const std::string& dir, const std::vector<ServerAddress>& servers, const Serving& serving,
     std::optional<uint32_t> passes_done) {

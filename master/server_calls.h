@@ -1,8 +1,8 @@
 // ServerCalls: the master's one fan-out to its servers: FENCE_WORKERS,
-// CHECKPOINT, RESTORE and EXPORT. A call goes to every server at once and the
-// replies are awaited together; the wait watches the servers meanwhile, so
-// a call to a server that dies (or is replaced) is given up instead of
-// waiting out its timeout.
+// CHECKPOINT, RESTORE and EXPORT, and a partition move's steps. A call
+// goes to every server at once and the replies are awaited together; the
+// wait watches the servers meanwhile, so a call to a server that dies (or
+// is replaced) is given up instead of waiting out its timeout.
 //
 // Thread-safety: one thread only (it owns its ZeroMQ sockets); it takes no
 // lock itself, so the caller must not hold the master's mutex.
@@ -59,6 +59,10 @@ class ServerCalls {
   // Has every server write its rows into the model export in `dir`, first
   // deleting the rows that expired with `passes_done` passes when given.
   // One result per server: its reply, or the error naming it.
+  // Sends one step of a partition move to `server` (docs/design.md 2.20).
+  StatusOr<proto::MovePartitionReply> MovePartition(const ServerAddress& server,
+                                                    const proto::MovePartitionRequest& step,
+                                                    const Serving& serving);
   std::vector<StatusOr<proto::ExportReply>> Export(
       const std::string& dir, const std::vector<ServerAddress>& servers, const Serving& serving,
       std::optional<uint32_t> passes_done = std::nullopt);

@@ -90,7 +90,11 @@ Status ParamServer::Impl::Start() {
                                           }));
   endpoint_ = rpc_->endpoint();
 
-  session_ = NewSession();
+  {
+    std::unique_ptr<MemberSession> session = NewSession();
+    absl::MutexLock lock(&mu_);
+    session_ = std::move(session);
+  }
   StatusOr<Message> reply = session_->Register(RegisterRequest(/*rejoin=*/false));
   if (!reply.ok()) {
     return options_.storage.data_dir.empty()
@@ -136,6 +140,8 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
   if (method == proto::FENCE_WORKERS) return HandleFenceWorkers(request, reply);
   if (method == proto::RESTORE) return HandleRestore(request, reply);
   if (method == proto::EXPORT) return HandleExport(request, reply);
+  if (method == proto::MOVE_PARTITION) return HandleMovePartition(request, reply);
+  if (method == proto::FETCH_PARTITION) return HandleFetchPartition(request, reply);
   if (method != proto::PULL && method != proto::PUSH && method != proto::CHECKPOINT) {
     return absl::UnimplementedError(
         absl::StrCat("a parameter server does not serve ", proto::Method_Name(method)));
@@ -150,6 +156,11 @@ Status ParamServer::Impl::Handle(Message& request, Message* reply) {
     if (placement_ == nullptr) {
       return ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet",
                              proto::NOT_READY);
+    }
+    // The caller has a newer map (a partition moved here): the heartbeat
+    // that fetches it goes out now, not a heartbeat interval later.
+    if (request.header().cluster_map_version() > placement_->version() && session_ != nullptr) {
+      session_->HeartbeatNow();
     }
   }
   absl::ReaderMutexLock restore_lock(&restore_mu_);
@@ -386,6 +397,7 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
                ? ReplyRows(tables, keys, push.dense_bf16(), reply)
                : absl::OkStatus();
   }
+  NoteMovingKeys(tables, keys);
   uint64_t rows = 0;
   uint64_t created = 0;
   Status pushed;

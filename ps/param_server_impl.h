@@ -8,12 +8,14 @@
 #define EPS_PS_PARAM_SERVER_IMPL_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/member_session.h"
 #include "cluster/placement.h"
@@ -76,6 +78,21 @@ class ParamServer::Impl {
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   // Replaces every parameter by a checkpoint (from the master or a tool).
   Status HandleRestore(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);
+  // Partition moves (param_server_moves.cc; docs/design.md 2.20): the
+  // master's steps, and the pages this server serves the new owner.
+  Status HandleMovePartition(const Message& request, Message* reply)
+      ABSL_LOCKS_EXCLUDED(restore_mu_);
+  Status HandleFetchPartition(const Message& request, Message* reply)
+      ABSL_LOCKS_EXCLUDED(restore_mu_);
+  // COPY and TAIL: reads the partition's pages (or its tail) from the old
+  // owner and writes them here; the rows and bytes.
+  StatusOr<proto::MovePartitionReply> FetchFromOldOwner(const proto::MovePartitionRequest& move,
+                                                        bool tail);
+  // Notes the keys of a push that belong to a partition being copied
+  // away, before the push applies them (a cheap check while none is).
+  void NoteMovingKeys(std::span<Table* const> tables,
+                      std::span<const std::span<const uint64_t>> keys)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   // FENCED when `sender` is a fenced worker (counting a refused push).
   Status CheckNotFenced(const proto::NodeId& sender, proto::Method method);
   // The table `table_id` if known; kInvalidArgument otherwise.
@@ -112,7 +129,8 @@ class ParamServer::Impl {
   const ParamServerOptions options_;
   SocketFactory factory_{TransportOptions{.security = options_.security}};
   // Made by Start and replaced by Rejoin (Wait's thread, once the old one
-  // stopped); heartbeats from the end of a successful Start until Wait
+  // stopped; both write it under mu_, which request threads read it
+  // under); heartbeats from the end of a successful Start until Wait
   // returns.
   std::unique_ptr<MemberSession> session_;
   // Heartbeat thread only: the storage's write error was logged.
@@ -161,8 +179,28 @@ class ParamServer::Impl {
   // forgets the pushes, under restore_mu_).
   WorkerGate gate_;
 
+  // A partition being copied away (docs/design.md 2.20): from the first
+  // page the new owner reads until a map newer than `map_version`.
+  struct OutgoingMove {
+    uint64_t map_version = 0;
+    bool handed_off = false;
+    // Per table id: the keys pushed to since the copy began; at the
+    // hand-off, sorted into `tail`.
+    std::vector<absl::flat_hash_set<uint64_t>> pushed;
+    std::vector<std::vector<uint64_t>> tail;
+  };
+  absl::Mutex moves_mu_ ABSL_ACQUIRED_AFTER(restore_mu_);
+  std::map<uint32_t, OutgoingMove> outgoing_ ABSL_GUARDED_BY(moves_mu_);
+  // outgoing_.size(), read by every push without the lock; changed only
+  // under restore_mu_ held exclusively, so a push sees it before it checks
+  // its keys or not at all.
+  std::atomic<size_t> outgoing_count_{0};
+
   mutable absl::Mutex mu_;
   std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);
+  // Partitions handed off (HANDOFF) -> the map version then: not owned
+  // here under that map or an older one, whatever it says.
+  std::map<uint32_t, uint64_t> handed_off_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> owned_ ABSL_GUARDED_BY(mu_);  // partition -> owned here
   // Start has made the tables (and recorded the server's id): RESTORE is
   // served from then on.

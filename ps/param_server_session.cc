@@ -86,7 +86,12 @@ Status ParamServer::Impl::Rejoin(const Status& why) {
   session_->Stop();
   rejoined_ = true;
   answered_.store(false);
-  session_ = NewSession();
+  {
+    // Request threads poke the session (HeartbeatNow) under mu_.
+    std::unique_ptr<MemberSession> fresh = NewSession();
+    absl::MutexLock lock(&mu_);
+    session_.swap(fresh);
+  }
   StatusOr<Message> reply = session_->Register(RegisterRequest(/*rejoin=*/true));
   if (ReasonOf(reply.status()) == proto::JOB_OVER) {
     LOG(INFO) << "the job is over; exiting";
@@ -180,7 +185,23 @@ Status ParamServer::Impl::RefreshClusterMap() {
   std::vector<bool> owned(placement.num_partitions(), false);
   for (uint32_t p : placement.PartitionsOf(id_)) owned[p] = true;
   const size_t count = placement.PartitionsOf(id_).size();
+  {
+    // A newer map ends every move of a partition away from here: committed
+    // (the partition is another's now) or given up (it is still ours).
+    absl::MutexLock moves_lock(&moves_mu_);
+    std::erase_if(outgoing_, [&](const auto& move) {
+      return placement.version() > move.second.map_version;
+    });
+    outgoing_count_.store(outgoing_.size(), std::memory_order_release);
+  }
   absl::MutexLock lock(&mu_);
+  // A partition handed off stays refused until a map newer than its move.
+  std::erase_if(handed_off_, [&](const auto& handed) {
+    return placement.version() > handed.second;
+  });
+  for (const auto& [p, version] : handed_off_) {
+    if (p < owned.size()) owned[p] = false;
+  }
   LOG(INFO) << "cluster map v" << placement.version() << ": " << count << " of "
             << placement.num_partitions() << " partitions are here";
   placement_ = std::make_shared<const Placement>(std::move(placement));

@@ -46,8 +46,23 @@ Status ParamServer::Impl::HandleExport(const Message& request, Message* reply) {
     // Not while a restore swaps the tables.
     absl::ReaderMutexLock restore_lock(&restore_mu_);
     const proto::ExportRequest& body = request.header().export_request();
-    info = storage_->Export(dir, body.has_passes_done() ? std::optional<uint32_t>(body.passes_done())
-                                                        : std::nullopt);
+    // The partitions this server gave away stay in its store, and are
+    // not its to export (docs/design.md 2.20).
+    std::vector<bool> owned;
+    {
+      absl::MutexLock lock(&mu_);
+      owned = owned_;
+    }
+    std::function<bool(uint64_t)> keep;
+    if (!owned.empty()) {
+      keep = [&owned](uint64_t key) {
+        return static_cast<bool>(owned[PartitionOf(key, static_cast<uint32_t>(owned.size()))]);
+      };
+    }
+    info = storage_->Export(dir,
+                            body.has_passes_done() ? std::optional<uint32_t>(body.passes_done())
+                                                   : std::nullopt,
+                            keep);
   }
   RETURN_IF_ERROR_CTX(info.status(), absl::StrCat("export to ", dir));
   LOG(INFO) << "exported " << info->rows << " rows ("

@@ -217,8 +217,11 @@ class ServerStorage {
   // kUnavailable naming the file on I/O errors; the store's errors.
   // With `passes_done`, first deletes the rows that expired with those
   // passes (as NotePassesDone, but before returning).
+  // With `keep`, only the rows whose key it accepts (a server leaves out
+  // the partitions it gave away: docs/design.md 2.20).
   StatusOr<ExportInfo> Export(const std::string& dir,
-                              std::optional<uint32_t> passes_done = std::nullopt);
+                              std::optional<uint32_t> passes_done = std::nullopt,
+                              const std::function<bool(uint64_t key)>& keep = nullptr);
 
   // The job completed `passes_done` training passes (see Expiry above):
   // rows pushed without naming their pass count as pushed in this one, and
@@ -242,6 +245,14 @@ class ServerStorage {
   // state, pass). kFailedPrecondition before CreateTables; kInvalidArgument
   // for a row of an unknown table or of another width; the store's errors.
   Status WritePartitionRows(std::span<const PartitionRow> rows);
+
+  // The stored rows of `keys` of table `table` (a moving partition's tail),
+  // in the order of `keys`; a key the store lacks has none. Reads the store
+  // only: REQUIRES a Flush since the rows last changed.
+  // kFailedPrecondition without a store; kInvalidArgument for an unknown
+  // table; the store's errors.
+  StatusOr<std::vector<PartitionRow>> ReadStoredRows(uint32_t table,
+                                                     std::span<const uint64_t> keys);
 
   // A warm start: loads the rows of the model export in `dir` that
   // `owned` accepts (by their key in this job: the feature id, or the

@@ -82,7 +82,8 @@ class ExportPart {
 }  // namespace
 
 StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir,
-                                           std::optional<uint32_t> passes_done) {
+                                           std::optional<uint32_t> passes_done,
+                                           const std::function<bool(uint64_t)>& keep) {
   std::optional<uint32_t> server_id;
   {
     absl::MutexLock lock(&mu_);
@@ -113,12 +114,12 @@ StatusOr<ExportInfo> ServerStorage::Export(const std::string& dir,
                                                   "' holds ", value.size(), " bytes, expected ",
                                                   row_bytes));
         }
-        return part.Add(key, value.data());
+        return keep && !keep(key) ? absl::OkStatus() : part.Add(key, value.data());
       }));
     } else {
       Status added;
       table->VisitResident([&](uint64_t key, const float* row) {
-        if (added.ok()) added = part.Add(key, row);
+        if (added.ok() && (!keep || keep(key))) added = part.Add(key, row);
       });
       RETURN_IF_ERROR(added);
     }
@@ -233,6 +234,35 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
     RETURN_IF_ERROR(scanned);
   }
   return page;
+}
+
+StatusOr<std::vector<PartitionRow>> ServerStorage::ReadStoredRows(
+    uint32_t table, std::span<const uint64_t> keys) {
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  if (!broken_.ok()) return broken_;
+  if (store_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this server keeps no store to read rows from (start it with --data-dir)");
+  }
+  if (table >= tables_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no table ", table, " (the job has ",
+                                                   tables_.size(), ")"));
+  }
+  const size_t floats = tables_[table]->stored_floats();
+  std::vector<char> bytes(keys.size() * floats * sizeof(float));
+  std::vector<bool> found;
+  RETURN_IF_ERROR(store_->MultiGet(table, keys, floats * sizeof(float), bytes, &found));
+  std::vector<PartitionRow> rows;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!found[i]) continue;
+    PartitionRow& row = rows.emplace_back();
+    row.table = table;
+    row.key = keys[i];
+    row.values.resize(floats);
+    std::memcpy(row.values.data(), bytes.data() + i * floats * sizeof(float),
+                floats * sizeof(float));
+  }
+  return rows;
 }
 
 Status ServerStorage::PutLocked(Table& table, std::span<const uint64_t> keys,

@@ -299,6 +299,8 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
   auto build = [&](const Request& request, bool /*first*/) {
     Message message;
     message.header().set_method(proto::PULL);
+    // A server behind this map learns of it now (a partition just moved).
+    message.header().set_cluster_map_version(map_version());
     proto::PullRequest* body = message.header().mutable_pull_request();
     if (dense_bf16_) body->set_dense_bf16(true);
     for (const Piece& piece : request.pieces) {
@@ -336,6 +338,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
   auto build = [&](const Request& request, bool first) {
     Message message;
     message.header().set_method(proto::PUSH);
+    message.header().set_cluster_map_version(map_version());
     proto::PushRequest* body = message.header().mutable_push_request();
     body->set_client_seq(++push_seq_);
     if (lr_scale != 1.0f) body->set_lr_scale(lr_scale);

@@ -64,6 +64,7 @@ std::optional<std::pair<int, std::string>> MutationRefusal(const httplib::Reques
 const char* AllowedMethods(const std::string& path) {
   if (path == "/" || path == "/status" || path == "/metrics") return "GET, HEAD";
   if (path == "/checkpoint" || path == "/export") return "POST";
+  if (path.starts_with("/servers/") && path.ends_with("/drain")) return "POST";
   return nullptr;
 }
 
@@ -214,6 +215,12 @@ void HttpService::AddRoutes() {
                     return routes_.export_model(request.get_param_value("dir"));
                   }));
   }
+  if (routes_.drain) {
+    server_->Post(R"(/servers/(\d{1,9})/drain)",
+                  mutating([this](const httplib::Request& request) {
+                    return routes_.drain(static_cast<uint32_t>(std::stoul(request.matches[1])));
+                  }));
+  }
   // Every answer of 400 and up passes here: the library's 400 (a request
   // it cannot parse) is counted, its 404 for a route that exists becomes
   // 405. Handled: the answer now has a body the library must measure.
@@ -221,7 +228,8 @@ void HttpService::AddRoutes() {
       [this](const httplib::Request& request, httplib::Response& response) {
         if (response.status == 400) Refused(HttpRefusal::kMalformed);
         const char* allowed = AllowedMethods(request.path);
-        if (response.status != 404 || allowed == nullptr) {
+        // A route's own 404 (an unknown server) has its body already.
+        if (response.status != 404 || allowed == nullptr || !response.body.empty()) {
           return httplib::Server::HandlerResponse::Unhandled;
         }
         Refused(HttpRefusal::kMethodNotAllowed);

@@ -76,6 +76,9 @@ struct HttpRoutes {
   // POST /export?dir=DIR: the HTTP status and the JSON answer; `dir` empty
   // when the request names none.
   std::function<std::pair<int, std::string>(const std::string& dir)> export_model;
+  // POST /servers/N/drain: moves server N's partitions to the others
+  // (docs/design.md 2.20).
+  std::function<std::pair<int, std::string>(uint32_t server)> drain;
   // What mutating requests must carry as their bearer token; empty: none.
   std::string bearer_token;
 };

@@ -129,6 +129,7 @@ json StatusDocument(const JobControl& control, absl::Time now) {
         {"since_s", absl::ToDoubleSeconds(now - recovery.started())}};
   }
   doc["recovery"] = recovering;
+  doc["moves"] = control.moves().ToJson(now);
   if (progress.stopped()) doc["resumable"] = true;
   doc["splits"] = progress.splits();
   doc["workers_fenced"] = membership.fenced().size();

@@ -19,7 +19,8 @@ TEST(AuthorizeCall, FollowsTheRoles) {
   const proto::Role worker = proto::ROLE_WORKER;
   const proto::Role tool = proto::ROLE_TOOL;
   for (proto::Method method :
-       {proto::RESTORE, proto::FENCE_WORKERS, proto::CHECKPOINT, proto::EXPORT}) {
+       {proto::RESTORE, proto::FENCE_WORKERS, proto::CHECKPOINT, proto::EXPORT,
+        proto::MOVE_PARTITION}) {
     EXPECT_TRUE(AuthorizeCall(method, master).ok());
     for (proto::Role other : {server, worker, tool, proto::ROLE_UNSPECIFIED}) {
       EXPECT_EQ(AuthorizeCall(method, other).code(), absl::StatusCode::kPermissionDenied)
@@ -40,6 +41,13 @@ TEST(AuthorizeCall, FollowsTheRoles) {
   EXPECT_TRUE(AuthorizeCall(proto::PULL, master).ok());
   EXPECT_FALSE(AuthorizeCall(proto::PUSH, master).ok());
   EXPECT_TRUE(AuthorizeCall(proto::HEARTBEAT, server).ok());
+  // A moving partition's rows go from server to server, and nowhere else.
+  EXPECT_TRUE(AuthorizeCall(proto::FETCH_PARTITION, server).ok());
+  for (proto::Role other : {master, worker, tool, proto::ROLE_UNSPECIFIED}) {
+    EXPECT_EQ(AuthorizeCall(proto::FETCH_PARTITION, other).code(),
+              absl::StatusCode::kPermissionDenied)
+        << RoleName(other);
+  }
   EXPECT_TRUE(AuthorizeCall(proto::DEREGISTER, worker).ok());
   EXPECT_FALSE(AuthorizeCall(proto::DEREGISTER, tool).ok());
   EXPECT_FALSE(AuthorizeCall(proto::DEREGISTER, server).ok()) << "servers never deregister";

@@ -529,5 +529,57 @@ TEST_F(MembershipTest, GoneWorkersAreForgottenButStayFenced) {
   EXPECT_EQ(ReasonOf(members_.LiveWorker(WorkerNode(0), "", t0_).status()), proto::FENCED);
 }
 
+// A partition move commits with the next map version; a hand-off in
+// progress is saved, and a master restored from it gives the move up with
+// a newer map (the old owner serves the partition again).
+TEST_F(MembershipTest, APartitionMoveIsTheNextMapVersionAndAHandOffSurvivesARestart) {
+  PlaceTwoServers(t0_);
+  ASSERT_EQ(members_.cluster_map().partition_owner(2), 0u);
+  members_.SetHandingOff(2);
+  proto::MasterRecord handing_off;
+  members_.SaveTo(&handing_off);
+  ASSERT_TRUE(handing_off.has_partition_handing_off());
+  EXPECT_EQ(handing_off.partition_handing_off(), 2u);
+  Membership restored(job_, &events_);
+  restored.RestoreFrom(handing_off, t0_);
+  EXPECT_EQ(restored.cluster_map().version(), 2u) << "given up with a newer map";
+  EXPECT_EQ(restored.cluster_map().partition_owner(2), 0u);
+  proto::MasterRecord after;
+  restored.SaveTo(&after);
+  EXPECT_FALSE(after.has_partition_handing_off());
+
+  members_.MovePartition(2, 1);
+  EXPECT_EQ(members_.cluster_map().version(), 2u);
+  EXPECT_EQ(members_.cluster_map().partition_owner(2), 1u);
+  proto::MasterRecord moved;
+  members_.SaveTo(&moved);
+  EXPECT_FALSE(moved.has_partition_handing_off()) << "the commit ends the hand-off";
+  EXPECT_THAT(members_.PartitionCounts(), ElementsAre(Pair(0u, 3u), Pair(1u, 5u)));
+}
+
+// A restore puts back the owners of the checkpoint for the partitions the
+// restored servers hold now, and leaves the others where they are.
+TEST_F(MembershipTest, ARestoreGivesPartitionsBackToTheirCheckpointOwners) {
+  PlaceTwoServers(t0_);
+  const proto::ClusterMap checkpoint = members_.cluster_map();
+  members_.MovePartition(2, 1);  // from 0 to 1 after the checkpoint
+  members_.MovePartition(3, 0);  // from 1 to 0
+  const uint64_t version = members_.cluster_map().version();
+  // Only ps[1] restored: partition 2 (on ps[1] now) goes back to ps[0];
+  // partition 3 stays on ps[0], which kept its rows.
+  members_.RestoreOwners(checkpoint, {1});
+  EXPECT_EQ(members_.cluster_map().partition_owner(2), 0u);
+  EXPECT_EQ(members_.cluster_map().partition_owner(3), 0u);
+  EXPECT_EQ(members_.cluster_map().version(), version + 1);
+  // Both restored (a rollback): the checkpoint's map.
+  members_.RestoreOwners(checkpoint, {0, 1});
+  for (int p = 0; p < checkpoint.partition_owner_size(); ++p) {
+    EXPECT_EQ(members_.cluster_map().partition_owner(p), checkpoint.partition_owner(p)) << p;
+  }
+  const uint64_t settled = members_.cluster_map().version();
+  members_.RestoreOwners(checkpoint, {0, 1});
+  EXPECT_EQ(members_.cluster_map().version(), settled) << "nothing changed, no new version";
+}
+
 }  // namespace
 }  // namespace eps

@@ -473,6 +473,59 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   EXPECT_TRUE(absl::IsInvalidArgument(b->WritePartitionRows(std::span(&bad, 1))));
 }
 
-// The names in `root` (DATA_DIR/checkpoints unless given).
+// A moving partition's tail: the stored rows of the keys asked for, once a
+// flush stored them, in their order; a key the store lacks has none.
+TEST(ServerStorage, ReadsTheStoredRowsOfKeys) {
+  TempDir temp;
+  StorageOptions options;
+  options.data_dir = temp.Join("a");
+  std::unique_ptr<ServerStorage> storage = MustOpen(options, TwoTables());
+  ASSERT_NE(storage, nullptr);
+  const std::vector<uint64_t> keys = Keys(1, 100);
+  PushAll(*storage, 0, keys, 2.0f);
+  ASSERT_TRUE(storage->Flush().ok());
+  const std::vector<uint64_t> asked = {keys[7], 987654321, keys[3]};
+  StatusOr<std::vector<PartitionRow>> rows = storage->ReadStoredRows(0, asked);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].key, keys[7]);
+  EXPECT_EQ((*rows)[1].key, keys[3]);
+  for (const PartitionRow& row : *rows) {
+    EXPECT_EQ(row.table, 0u);
+    ASSERT_EQ(row.values.size(), storage->table(0)->stored_floats());
+    EXPECT_EQ(row.values[0], -1.0f);
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(storage->ReadStoredRows(9, asked).status()));
+  StorageOptions memory;
+  std::unique_ptr<ServerStorage> no_store = MustOpen(memory, TwoTables());
+  ASSERT_NE(no_store, nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(no_store->ReadStoredRows(0, asked).status()));
+}
+
+// An export leaves out the keys its filter refuses (a partition the
+// server gave away).
+TEST(ServerStorage, AnExportKeepsOnlyTheKeysItIsToldTo) {
+  TempDir dir;
+  StorageOptions options;
+  options.data_dir = dir.Join("data");
+  std::unique_ptr<ServerStorage> storage = MustOpen(options, TwoTables());
+  ASSERT_NE(storage, nullptr);
+  ASSERT_TRUE(storage->SetServerId(4).ok());
+  const std::vector<uint64_t> keys = Keys(1, 1000);
+  PushAll(*storage, 0, keys, 2.0f);
+  std::vector<uint64_t> even;
+  for (uint64_t key : keys) {
+    if (PartitionOf(key, 4) % 2 == 0) even.push_back(key);
+  }
+  ASSERT_GT(even.size(), 100u);
+  ASSERT_LT(even.size(), keys.size());
+  StatusOr<ExportInfo> info = storage->Export(dir.Join("model"), std::nullopt, [](uint64_t key) {
+    return PartitionOf(key, 4) % 2 == 0;
+  });
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->rows, even.size());
+  ExpectExported(*storage, dir.Join("model"), 0, even, -1.0f);
+}
+
 }  // namespace
 }  // namespace eps

@@ -1,0 +1,179 @@
+// JobControl's partition moves (docs/design.md 2.20): draining a server,
+// the steps of each move, and their commit in the cluster map.
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "master/job_control.h"
+
+namespace eps {
+
+using nlohmann::json;
+
+StatusOr<json> JobControl::Drain(uint32_t slot, absl::Time now) {
+  (void)now;
+  if (over() || progress_.phase() != JobPhase::kTraining || !membership_.placed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("servers are drained while the job trains; it is ",
+                     JobPhaseName(progress_.phase())));
+  }
+  if (recovery_.active()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job is being restored (", recovery_.why(), "); ask again once it trains"));
+  }
+  if (membership_.server(slot) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("the job has no server ", slot));
+  }
+  if (draining_.contains(slot)) {
+    return json{{"server", slot}, {"moves_queued", 0}, {"already_draining", true}};
+  }
+  if (DrainTargets(slot).empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ps[", slot, "] is the only server left to hold the partitions: add one first"));
+  }
+  draining_.insert(slot);
+  const uint32_t queued = PlanDrain(slot);
+  return json{{"server", slot}, {"moves_queued", queued}};
+}
+
+std::map<uint32_t, uint32_t> JobControl::DrainTargets(uint32_t slot) const {
+  std::map<uint32_t, uint32_t> counts;
+  for (const auto& [id, partitions] : membership_.PartitionCounts()) {
+    const ServerEntry* other = membership_.server(id);
+    if (id != slot && !draining_.contains(id) && other != nullptr &&
+        other->state == PeerState::kAlive) {
+      counts[id] = partitions;
+    }
+  }
+  return counts;
+}
+
+uint32_t JobControl::PlanDrain(uint32_t slot) {
+  std::map<uint32_t, uint32_t> counts = DrainTargets(slot);
+  const proto::ClusterMap& map = membership_.cluster_map();
+  uint32_t queued = 0;
+  for (uint32_t p = 0; p < static_cast<uint32_t>(map.partition_owner_size()); ++p) {
+    if (map.partition_owner(static_cast<int>(p)) != slot || counts.empty()) continue;
+    // To the server with the fewest partitions (planned moves counted).
+    auto target = std::min_element(counts.begin(), counts.end(), [](const auto& a, const auto& b) {
+      return a.second < b.second;
+    });
+    moves_.Queue({.partition = p, .from = slot, .to = target->first});
+    ++target->second;
+    ++queued;
+  }
+  if (queued > 0) {
+    LOG(INFO) << "draining ps[" << slot << "]: " << queued << " partition move(s) queued";
+  } else if (membership_.PartitionCounts()[slot] == 0) {
+    LOG(INFO) << "ps[" << slot << "] is drained: it holds no partition";
+    events_->Record("server_drained", {{"server", slot}});
+    draining_.erase(slot);
+  }
+  return queued;
+}
+
+std::optional<JobControl::MoveStep> JobControl::NextMoveStep(absl::Time now) {
+  if (over()) {
+    // Nothing serves the job any more: no move is left half done.
+    AbandonMoves("the job is over");
+    moves_.Clear();
+    return std::nullopt;
+  }
+  if (recovery_.active() || checkpoints_.round_id().has_value() || !membership_.placed()) {
+    return std::nullopt;
+  }
+  // A move starts while the job trains; one in progress finishes after.
+  if (!moves_.active().has_value() && progress_.phase() != JobPhase::kTraining) {
+    return std::nullopt;
+  }
+  const auto alive = [&](uint32_t slot) {
+    const ServerEntry* server = membership_.server(slot);
+    return server != nullptr && server->state == PeerState::kAlive;
+  };
+  if (moves_.idle() && progress_.phase() == JobPhase::kTraining) {
+    // What a drain has left (the master restarted, a move given up, a
+    // recovery took partitions back): planned again.
+    for (uint32_t slot : std::set<uint32_t>(draining_)) PlanDrain(slot);
+  }
+  if (!moves_.active().has_value()) {
+    if (moves_.idle()) return std::nullopt;
+    const PartitionMoves::Active& started = moves_.Start(membership_.cluster_map().version(), now);
+    const PartitionMove& move = started.move;
+    const uint32_t owner =
+        membership_.cluster_map().partition_owner(static_cast<int>(move.partition));
+    if (owner != move.from || !alive(move.from) || !alive(move.to)) {
+      moves_.GiveUp(absl::StrCat("partition ", move.partition, " is on ps[", owner,
+                                 "] now, or a server of its move is gone"),
+                    /*retry=*/false);
+      return std::nullopt;
+    }
+    events_->Record("partition_move_started",
+                    {{"partition", move.partition}, {"from", move.from}, {"to", move.to}});
+  }
+  const PartitionMoves::Active& active = *moves_.active();
+  MoveStep step;
+  proto::MovePartitionRequest& request = step.request;
+  request.set_step(active.step);
+  request.set_partition(active.move.partition);
+  request.set_from_server(active.move.from);
+  request.set_from_endpoint(membership_.server(active.move.from)->endpoint);
+  request.set_map_version(active.map_version);
+  const uint32_t target =
+      active.step == proto::MovePartitionRequest::HANDOFF ? active.move.from : active.move.to;
+  step.target = {target, membership_.server(target)->endpoint};
+  // Persisted before the old owner hears of it (the driver persists
+  // between this and the call).
+  if (active.step == proto::MovePartitionRequest::HANDOFF) {
+    membership_.SetHandingOff(active.move.partition);
+  }
+  return step;
+}
+
+void JobControl::MoveStepDone(const MoveStep& step,
+                              const StatusOr<proto::MovePartitionReply>& reply, absl::Time now) {
+  const std::optional<PartitionMoves::Active>& active = moves_.active();
+  if (!active.has_value() || active->step != step.request.step() ||
+      active->move.partition != step.request.partition()) {
+    return;  // given up meanwhile (a recovery)
+  }
+  const PartitionMove move = active->move;
+  if (!reply.ok()) {
+    AbandonMoves(absl::StrCat("step ", proto::MovePartitionRequest::Step_Name(step.request.step()),
+                              ": ", reply.status().message()));
+    return;
+  }
+  if (moves_.StepDone(*reply, now).has_value()) return;
+  membership_.MovePartition(move.partition, move.to);
+  json record = moves_.Committed(now);
+  record["map_version"] = membership_.cluster_map().version();
+  LOG(INFO) << "partition " << move.partition << " moved from ps[" << move.from << "] to ps["
+            << move.to << "]: " << record["rows"].get<uint64_t>() << " rows in "
+            << static_cast<int64_t>(record["took_ms"].get<double>()) << " ms, unavailable for "
+            << static_cast<int64_t>(record["unavailable_ms"].get<double>()) << " ms (cluster map v"
+            << membership_.cluster_map().version() << ")";
+  events_->Record("partition_moved", record);
+  if (draining_.contains(move.from) && !moves_.MovingFrom(move.from)) PlanDrain(move.from);
+}
+
+void JobControl::AbandonMoves(const std::string& reason) {
+  if (!moves_.active().has_value()) return;
+  const PartitionMove move = moves_.active()->move;
+  const std::string why = absl::StrCat("moving partition ", move.partition, " from ps[",
+                                       move.from, "] to ps[", move.to, "] failed: ", reason);
+  // A newer map ends the move on both servers; the old owner keeps it.
+  membership_.RaiseMapVersion();
+  const bool again = moves_.GiveUp(why, /*retry=*/true);
+  LOG(WARNING) << why << (again ? "; trying again" : "; given up");
+  events_->Record("partition_move_failed", {{"partition", move.partition},
+                                            {"from", move.from},
+                                            {"to", move.to},
+                                            {"error", why},
+                                            {"retry", again}});
+  if (!again && draining_.erase(move.from) > 0) {
+    LOG(WARNING) << "the drain of ps[" << move.from << "] stops: " << why
+                 << "; ask again (POST /servers/" << move.from << "/drain)";
+  }
+}
+
+}  // namespace eps

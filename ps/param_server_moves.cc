@@ -1,0 +1,350 @@
+// ParamServer::Impl's part of a partition move (docs/design.md 2.20): the
+// master's steps (MOVE_PARTITION) and the pages of a partition's rows one
+// server reads from another (FETCH_PARTITION).
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cluster/placement.h"
+#include "core/failpoint.h"
+#include "core/logging.h"
+#include "ps/param_server_impl.h"
+#include "rpc/rpc_channel.h"
+
+namespace eps {
+
+namespace {
+
+// Rows the new owner asks for a page, and the bytes a page may hold.
+constexpr uint32_t kPageRows = 16384;
+constexpr size_t kPageBytes = size_t{2} << 20;
+
+// Failpoint ps.crash_in_move=STEP: the server doing step STEP of a move
+// (MovePartitionRequest.Step) kills itself at `where`.
+void MaybeCrashInMove(proto::MovePartitionRequest::Step step, const char* where) {
+  if (!FailpointArmed("ps.crash_in_move", static_cast<uint64_t>(step))) return;
+  LOG(WARNING) << "failpoint ps.crash_in_move=" << static_cast<int>(step)
+               << ": killing this server (SIGKILL) " << where;
+  raise(SIGKILL);
+}
+
+// Adds `rows` (runs of one table each, as ReadPartition and ReadStoredRows
+// give them) to a FETCH_PARTITION reply: per run its table id, a frame of
+// keys and a frame of stored floats.
+void AddRowFrames(std::span<const PartitionRow> rows, proto::FetchPartitionReply* answer,
+                  Message* reply) {
+  for (size_t begin = 0; begin < rows.size();) {
+    size_t end = begin;
+    while (end < rows.size() && rows[end].table == rows[begin].table) ++end;
+    const size_t width = rows[begin].values.size();
+    answer->add_table_ids(rows[begin].table);
+    std::span<uint64_t> keys = reply->AddUninitializedArray<uint64_t>(end - begin);
+    std::span<float> values = reply->AddUninitializedArray<float>((end - begin) * width);
+    for (size_t i = begin; i < end; ++i) {
+      keys[i - begin] = rows[i].key;
+      std::copy(rows[i].values.begin(), rows[i].values.end(),
+                values.begin() + static_cast<ptrdiff_t>((i - begin) * width));
+    }
+    begin = end;
+  }
+}
+
+}  // namespace
+
+void ParamServer::Impl::NoteMovingKeys(std::span<Table* const> tables,
+                                       std::span<const std::span<const uint64_t>> keys) {
+  if (outgoing_count_.load(std::memory_order_acquire) == 0) return;
+  const uint32_t partitions = job_.num_partitions();
+  absl::MutexLock lock(&moves_mu_);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const uint32_t table = tables[i]->spec().id();
+    for (uint64_t key : keys[i]) {
+      auto it = outgoing_.find(PartitionOf(key, partitions));
+      if (it != outgoing_.end() && !it->second.handed_off) it->second.pushed[table].insert(key);
+    }
+  }
+}
+
+Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* reply) {
+  if (!request.header().has_fetch_partition_request()) {
+    return absl::InvalidArgumentError("FETCH_PARTITION without its body");
+  }
+  const proto::FetchPartitionRequest& body = request.header().fetch_partition_request();
+  const uint32_t p = body.partition();
+  const uint32_t partitions = job_.num_partitions();
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (placement_ == nullptr) {
+      return ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet",
+                             proto::NOT_READY);
+    }
+    if (p >= partitions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition ", p, " of a job of ", partitions));
+    }
+  }
+  proto::FetchPartitionReply* answer = reply->header().mutable_fetch_partition_reply();
+  if (body.tail()) {
+    // This page's part of the keys pushed to during the copy: `key` counts
+    // the ones sent before, the tables in id order.
+    std::vector<std::pair<uint32_t, std::vector<uint64_t>>> want;
+    uint64_t total = 0;
+    {
+      absl::MutexLock lock(&moves_mu_);
+      auto it = outgoing_.find(p);
+      if (it == outgoing_.end() || !it->second.handed_off ||
+          it->second.map_version != body.map_version()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "ps[", id_, "] has not handed off partition ", p, " at cluster map v",
+            body.map_version(), ": no tail to read"));
+      }
+      uint64_t skip = body.key();
+      size_t left = std::clamp<size_t>(body.max_rows(), 1, kPageRows);
+      for (uint32_t t = 0; t < it->second.tail.size(); ++t) {
+        const std::vector<uint64_t>& tail = it->second.tail[t];
+        total += tail.size();
+        if (skip >= tail.size()) {
+          skip -= tail.size();
+          continue;
+        }
+        const size_t take = std::min(left, tail.size() - skip);
+        if (take == 0) continue;
+        const auto first = tail.begin() + static_cast<ptrdiff_t>(skip);
+        want.emplace_back(t, std::vector<uint64_t>(first, first + static_cast<ptrdiff_t>(take)));
+        left -= take;
+        skip = 0;
+      }
+    }
+    uint64_t sent = body.key();
+    absl::ReaderMutexLock restore_lock(&restore_mu_);
+    for (const auto& [table, keys] : want) {
+      ASSIGN_OR_RETURN(std::vector<PartitionRow> rows, storage_->ReadStoredRows(table, keys));
+      AddRowFrames(rows, answer, reply);
+      sent += keys.size();
+    }
+    answer->set_next_key(sent);
+    answer->set_done(sent >= total);
+    return absl::OkStatus();
+  }
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (placement_->version() < body.map_version()) {
+      // The map the move started from is on its way here: fetch it now.
+      if (session_ != nullptr) session_->HeartbeatNow();
+      return ErrorWithReason(absl::StatusCode::kUnavailable,
+                             absl::StrCat("ps[", id_, "] has cluster map v", placement_->version(),
+                                          ", the move is at v", body.map_version()),
+                             proto::NOT_READY);
+    }
+    if (placement_->version() > body.map_version() || !owned_[p]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("partition ", p, " is not on ps[", id_, "] at cluster map v",
+                       body.map_version(), " (this server is at v", placement_->version(), ")"));
+    }
+  }
+  const bool first_page = body.table() == 0 && body.key() == 0;
+  if (first_page) {
+    // From now on pushes to p are noted. Exclusively: every push either
+    // applied before (the page's full flush stores it) or sees the note.
+    absl::WriterMutexLock restore_lock(&restore_mu_);
+    absl::MutexLock lock(&moves_mu_);
+    OutgoingMove& move = outgoing_[p];
+    if (move.map_version != body.map_version() || move.handed_off) {
+      // A new copy (a repeated first page keeps what was noted).
+      move = OutgoingMove{};
+      move.map_version = body.map_version();
+      move.pushed.resize(storage_->num_tables());
+    }
+    outgoing_count_.store(outgoing_.size(), std::memory_order_release);
+  } else {
+    absl::MutexLock lock(&moves_mu_);
+    auto it = outgoing_.find(p);
+    if (it == outgoing_.end() || it->second.map_version != body.map_version() ||
+        it->second.handed_off) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no copy of partition ", p, " at cluster map v", body.map_version(),
+          " is in progress on ps[", id_, "]: start again from the first page"));
+    }
+  }
+  absl::ReaderMutexLock restore_lock(&restore_mu_);
+  size_t widest = 1;
+  for (uint32_t t = 0; t < storage_->num_tables(); ++t) {
+    if (Table* table = storage_->table(t)) {
+      widest = std::max<size_t>(widest, table->stored_floats());
+    }
+  }
+  const size_t max_rows = std::clamp<size_t>(
+      std::min<size_t>(body.max_rows(), kPageBytes / (sizeof(uint64_t) + widest * sizeof(float))),
+      1, kPageRows);
+  const PartitionCursor from{.table = body.table(), .key = body.key()};
+  ASSIGN_OR_RETURN(PartitionPage page, storage_->ReadPartition(p, partitions, from, max_rows));
+  AddRowFrames(page.rows, answer, reply);
+  answer->set_done(!page.next.has_value());
+  if (page.next.has_value()) {
+    answer->set_next_table(page.next->table);
+    answer->set_next_key(page.next->key);
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
+    const proto::MovePartitionRequest& move, bool tail) {
+  proto::NodeId self;
+  self.set_role(proto::ROLE_SERVER);
+  self.set_id(id_);
+  RpcChannel channel(&factory_, self);
+  CallOptions call;
+  call.attempt_timeout = std::max(options_.rpc_timeout, absl::Seconds(30));
+  call.max_attempts = 3;
+  const std::string from =
+      absl::StrCat("ps[", move.from_server(), "] at ", move.from_endpoint());
+  proto::FetchPartitionRequest next;
+  next.set_partition(move.partition());
+  next.set_tail(tail);
+  next.set_max_rows(kPageRows);
+  next.set_map_version(move.map_version());
+  proto::MovePartitionReply result;
+  const absl::Time start = absl::Now();
+  while (true) {
+    const auto fetch = [&] {
+      Message request;
+      request.header().set_method(proto::FETCH_PARTITION);
+      *request.header().mutable_fetch_partition_request() = next;
+      return channel.Call(move.from_endpoint(), std::move(request), call);
+    };
+    StatusOr<Message> page = fetch();
+    // The old owner learns of the move's map a heartbeat after the master.
+    const absl::Time patience = absl::Now() + options_.rpc_timeout;
+    while (ReasonOf(page.status()) == proto::NOT_READY && absl::Now() < patience) {
+      absl::SleepFor(absl::Milliseconds(10));
+      page = fetch();
+    }
+    RETURN_IF_ERROR_CTX(page.status(), absl::StrCat("reading partition ", move.partition(),
+                                                    tail ? "'s tail" : "", " from ", from));
+    const proto::FetchPartitionReply& body = page->header().fetch_partition_reply();
+    if (page->num_frames() != 2 * static_cast<size_t>(body.table_ids_size())) {
+      return absl::DataLossError(absl::StrCat("a page of partition ", move.partition(), " from ",
+                                              from, " names ", body.table_ids_size(),
+                                              " tables but carries ", page->num_frames(),
+                                              " frames"));
+    }
+    std::vector<PartitionRow> rows;
+    for (int i = 0; i < body.table_ids_size(); ++i) {
+      ASSIGN_OR_RETURN(std::span<const uint64_t> keys, page->Array<uint64_t>(2 * i));
+      ASSIGN_OR_RETURN(std::span<const float> values, page->Array<float>(2 * i + 1));
+      if (keys.empty() || values.size() % keys.size() != 0) {
+        return absl::DataLossError(absl::StrCat("a page of partition ", move.partition(),
+                                                " from ", from, " has ", keys.size(), " keys and ",
+                                                values.size(), " values of table ",
+                                                body.table_ids(i)));
+      }
+      const size_t width = values.size() / keys.size();
+      for (size_t k = 0; k < keys.size(); ++k) {
+        PartitionRow& row = rows.emplace_back();
+        row.table = body.table_ids(i);
+        row.key = keys[k];
+        row.values.assign(values.begin() + static_cast<ptrdiff_t>(k * width),
+                          values.begin() + static_cast<ptrdiff_t>((k + 1) * width));
+      }
+      result.set_bytes(result.bytes() + keys.size_bytes() + values.size_bytes());
+    }
+    {
+      absl::ReaderMutexLock restore_lock(&restore_mu_);
+      RETURN_IF_ERROR_CTX(storage_->WritePartitionRows(rows),
+                          absl::StrCat("writing partition ", move.partition(), " from ", from));
+    }
+    result.set_rows(result.rows() + rows.size());
+    MaybeCrashInMove(tail ? proto::MovePartitionRequest::TAIL : proto::MovePartitionRequest::COPY,
+                     "having written a page of the partition");
+    if (body.done()) break;
+    next.set_table(body.next_table());
+    next.set_key(body.next_key());
+  }
+  result.set_duration_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return result;
+}
+
+Status ParamServer::Impl::HandleMovePartition(const Message& request, Message* reply) {
+  if (!request.header().has_move_partition_request()) {
+    return absl::InvalidArgumentError("MOVE_PARTITION without its body");
+  }
+  const proto::MovePartitionRequest& move = request.header().move_partition_request();
+  const uint32_t p = move.partition();
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (placement_ == nullptr) {
+      return ErrorWithReason(absl::StatusCode::kUnavailable, "no cluster map yet",
+                             proto::NOT_READY);
+    }
+    if (p >= owned_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition ", p, " of a job of ", owned_.size()));
+    }
+    if (move.step() != proto::MovePartitionRequest::HANDOFF && owned_[p]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("partition ", p, " is on ps[", id_, "] already: nothing to move here"));
+    }
+  }
+  proto::MovePartitionReply* answer = reply->header().mutable_move_partition_reply();
+  switch (move.step()) {
+    case proto::MovePartitionRequest::COPY:
+    case proto::MovePartitionRequest::TAIL: {
+      const bool tail = move.step() == proto::MovePartitionRequest::TAIL;
+      ASSIGN_OR_RETURN(*answer, FetchFromOldOwner(move, tail));
+      LOG(INFO) << (tail ? "took the tail of" : "copied") << " partition " << p << " from ps["
+                << move.from_server() << "]: " << answer->rows() << " rows ("
+                << absl::StrFormat("%.1f", answer->bytes() / double{1 << 20}) << " MiB) in "
+                << absl::StrFormat("%.0f", answer->duration_ms()) << " ms";
+      return absl::OkStatus();
+    }
+    case proto::MovePartitionRequest::HANDOFF: {
+      const absl::Time start = absl::Now();
+      uint64_t pushed = 0;
+      {
+        // Exclusively: no push to p is between its check and its rows now.
+        absl::WriterMutexLock restore_lock(&restore_mu_);
+        absl::MutexLock moves_lock(&moves_mu_);
+        auto it = outgoing_.find(p);
+        if (it == outgoing_.end() || it->second.map_version != move.map_version()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("no copy of partition ", p, " at cluster map v", move.map_version(),
+                           " is in progress on ps[", id_, "]: nothing to hand off"));
+        }
+        OutgoingMove& out = it->second;
+        if (!out.handed_off) {
+          out.handed_off = true;
+          out.tail.resize(out.pushed.size());
+          for (size_t t = 0; t < out.pushed.size(); ++t) {
+            out.tail[t].assign(out.pushed[t].begin(), out.pushed[t].end());
+            std::sort(out.tail[t].begin(), out.tail[t].end());
+          }
+          out.pushed.clear();
+        }
+        for (const std::vector<uint64_t>& keys : out.tail) pushed += keys.size();
+        absl::MutexLock lock(&mu_);
+        handed_off_[p] = move.map_version();
+        owned_[p] = false;
+      }
+      {
+        // The tail is read from the store.
+        absl::ReaderMutexLock restore_lock(&restore_mu_);
+        RETURN_IF_ERROR_CTX(storage_->Flush(), absl::StrCat("handing off partition ", p));
+      }
+      MaybeCrashInMove(proto::MovePartitionRequest::HANDOFF, "having handed the partition off");
+      answer->set_rows(pushed);
+      answer->set_duration_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+      LOG(INFO) << "handed off partition " << p << " (" << pushed
+                << " rows pushed to during its copy)";
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("MOVE_PARTITION step ", static_cast<int>(move.step()), " is unknown"));
+  }
+}
+
+}  // namespace eps

@@ -1,0 +1,219 @@
+// Partition moves with the real binaries (issue 18, docs/design.md 2.20): a
+// server drained while the job trains, its partitions copied live to the
+// other server and handed off one at a time; and the new owner, the old
+// owner and the master each killed with -9 at a step of a move. Every job
+// ends with each record of its epoch counted exactly once, and the drain
+// with the eval AUC of the same job without moves.
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
+
+namespace eps::testing {
+namespace {
+
+using nlohmann::json;
+
+constexpr absl::Duration kJobTimeout = absl::Seconds(240);
+constexpr int kRows = 200000;
+
+class MovesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(GenerateData(dir_.Join("data"), kRows, /*seed=*/23, /*files=*/2).ok());
+    // About 25 s of training: moves run while it does.
+    overrides_ = {"--data.train=" + dir_.Join("data/train"),
+                  "--data.eval=" + dir_.Join("data/eval"), "--worker.max_records_per_s=4000"};
+    lines_ = CountLines(dir_.Join("data/train"));
+  }
+
+  std::string Config() const { return WriteFaultJobConfig(dir_.path(), "moves"); }
+
+  // POST /servers/N/drain, with the job's token unless `token` is false.
+  static httplib::Result Drain(const LocalJob& job, uint32_t server, bool token = true) {
+    httplib::Client client(job.http());
+    client.set_connection_timeout(2);
+    client.set_read_timeout(30);
+    if (token) client.set_bearer_token_auth(job.HttpToken().c_str());
+    return client.Post(absl::StrCat("/servers/", server, "/drain"));
+  }
+
+  bool WaitForTraining(const LocalJob& job, uint64_t records) const {
+    return job.WaitForStatus([records](const json& status) {
+      return status["phase"] == "training" && status["records_trained"].get<uint64_t>() > records;
+    });
+  }
+
+  // The partitions server `id` owns in `status`.
+  static uint64_t PartitionsOf(const json& status, uint32_t id) {
+    for (const json& server : status["servers"]) {
+      if (server["id"].get<uint32_t>() == id) return server["partitions"].get<uint64_t>();
+    }
+    return ~uint64_t{0};
+  }
+
+  // The job finished with every record of the epoch once; its status.
+  json ExpectCompleteJob(LocalJob& job) const {
+    StatusOr<int> exit = job.WaitForMaster(kJobTimeout);
+    EXPECT_TRUE(exit.ok() && *exit == 0) << job.Logs();
+    StatusOr<json> final_status = job.FinalStatus();
+    EXPECT_TRUE(final_status.ok()) << final_status.status() << job.Logs();
+    if (!final_status.ok()) return json();
+    const json& status = *final_status;
+    EXPECT_EQ(status["state"], "finished") << status.dump();
+    EXPECT_EQ(status["records_trained"].get<uint64_t>(), lines_);
+    EXPECT_TRUE(status["ledger"][0]["exactly_once"].get<bool>()) << status["ledger"].dump();
+    EXPECT_EQ(status["ledger"][0]["lines_committed"].get<uint64_t>(), lines_);
+    std::cout << "eval AUC " << status["metrics"]["eval_auc"] << ", moves "
+              << status["moves"].dump() << ", recovery " << status["recovery"].dump() << "\n";
+    return status;
+  }
+
+  static size_t CountEvents(const LocalJob& job, const std::string& name) {
+    size_t count = 0;
+    for (const json& event : ReadEvents(job.master_dir())) count += event["event"] == name;
+    return count;
+  }
+
+  // The index of the server that killed itself (SIGKILL), waiting up to a
+  // minute for one to.
+  static std::optional<size_t> AwaitKilledServer(LocalJob& job) {
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < until) {
+      for (size_t i = 0; i < job.servers().size(); ++i) {
+        if (job.servers()[i]->Wait(absl::Milliseconds(50)) == 128 + SIGKILL) return i;
+      }
+    }
+    return std::nullopt;
+  }
+
+  TempDir dir_;
+  std::vector<std::string> overrides_;
+  uint64_t lines_ = 0;
+};
+
+TEST_F(MovesTest, ADrainedServersPartitionsMoveLiveAndNothingIsLost) {
+  double reference_auc = 0;
+  {
+    // The same job without moves.
+    const std::string reference = dir_.Join("reference");
+    std::filesystem::create_directories(reference);
+    LocalJob job(reference, Config(), overrides_);
+    ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+    const json status = ExpectCompleteJob(job);
+    ASSERT_TRUE(status.is_object());
+    reference_auc = status["metrics"]["eval_auc"].get<double>();
+  }
+  LocalJob job(dir_.path(), Config(), overrides_);
+  ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(WaitForTraining(job, lines_ / 5)) << job.Logs();
+
+  httplib::Result refused = Drain(job, 0, /*token=*/false);
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 401) << refused->body;
+  httplib::Result unknown = Drain(job, 7);
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404) << unknown->body;
+  EXPECT_NE(unknown->body.find("no server 7"), std::string::npos) << unknown->body;
+  httplib::Result drained = Drain(job, 0);
+  ASSERT_TRUE(drained);
+  ASSERT_EQ(drained->status, 200) << drained->body << job.Logs();
+  const uint64_t queued = json::parse(drained->body)["moves_queued"].get<uint64_t>();
+  EXPECT_EQ(queued, 8u) << "16 partitions on 2 servers";
+  // The last server cannot be drained too: nowhere is left to move to.
+  httplib::Result last = Drain(job, 1);
+  ASSERT_TRUE(last);
+  EXPECT_EQ(last->status, 409) << last->body;
+
+  ASSERT_TRUE(job.WaitForStatus([](const json& status) {
+    return PartitionsOf(status, 0) == 0 && status["moves"]["in_progress"].is_null();
+  })) << job.master().Log();
+  const json status = ExpectCompleteJob(job);
+  ASSERT_TRUE(status.is_object());
+  EXPECT_EQ(status["moves"]["done"].get<uint64_t>(), queued) << status["moves"].dump();
+  EXPECT_EQ(status["moves"]["failed"].get<uint64_t>(), 0u) << status["moves"].dump();
+  EXPECT_GT(status["moves"]["rows"].get<uint64_t>(), 0u) << status["moves"].dump();
+  EXPECT_EQ(PartitionsOf(status, 0), 0u) << status["servers"].dump();
+  EXPECT_EQ(PartitionsOf(status, 1), 16u) << status["servers"].dump();
+  EXPECT_EQ(CountEvents(job, "partition_move_started"), queued);
+  EXPECT_EQ(CountEvents(job, "partition_moved"), queued);
+  EXPECT_EQ(CountEvents(job, "server_drained"), 1u);
+  const double auc = status["metrics"]["eval_auc"].get<double>();
+  std::cout << "eval AUC " << auc << " with a drain, " << reference_auc << " without; longest "
+            << "unavailable " << status["moves"]["longest_unavailable_ms"] << " ms\n";
+  EXPECT_NEAR(auc, reference_auc, 0.005);
+}
+
+// A server of a move, or the master, killed with -9 at a step of it
+// (failpoints ps.crash_in_move and master.crash_in_move): the move is
+// given up, the partition keeps one owner, and the job finishes exactly
+// once; a killed server comes back on its data dir (a recovery), a killed
+// master on its own.
+struct Kill {
+  const char* name;
+  const char* failpoint;
+  bool master;
+};
+
+class MoveKillTest : public MovesTest, public ::testing::WithParamInterface<Kill> {};
+
+TEST_P(MoveKillTest, EndsWithOneOwnerAndEveryRecordOnce) {
+  const Kill kill = GetParam();
+  LocalJob job(dir_.path(), Config(), overrides_);
+  // Armed in the processes started while the variable is set: the master,
+  // or both servers (only the one doing the step fires).
+  if (kill.master) ASSERT_EQ(::setenv("EPS_FAILPOINTS", kill.failpoint, 1), 0);
+  ASSERT_TRUE(job.StartMaster().ok()) << job.Logs();
+  if (!kill.master) ASSERT_EQ(::setenv("EPS_FAILPOINTS", kill.failpoint, 1), 0);
+  if (kill.master) ASSERT_EQ(::unsetenv("EPS_FAILPOINTS"), 0);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(job.StartServer().ok()) << job.Logs();
+  ASSERT_EQ(::unsetenv("EPS_FAILPOINTS"), 0);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(job.StartWorker().ok()) << job.Logs();
+  ASSERT_TRUE(WaitForTraining(job, lines_ / 5)) << job.Logs();
+  httplib::Result drained = Drain(job, 0);
+  ASSERT_TRUE(drained);
+  ASSERT_EQ(drained->status, 200) << drained->body;
+
+  if (kill.master) {
+    ASSERT_EQ(job.master().Wait(absl::Seconds(60)), 128 + SIGKILL) << job.Logs();
+    ASSERT_TRUE(job.RestartMaster().ok()) << job.Logs();
+  } else {
+    const std::optional<size_t> killed = AwaitKilledServer(job);
+    ASSERT_TRUE(killed.has_value()) << job.Logs();
+    ASSERT_TRUE(job.StartServer(job.server_dir(*killed)).ok()) << job.Logs();
+  }
+  const json status = ExpectCompleteJob(job);
+  ASSERT_TRUE(status.is_object());
+  // Each partition has one owner in the last map, and the drain went on
+  // to its end (a restarted master takes it up again).
+  EXPECT_EQ(PartitionsOf(status, 0), 0u) << status["servers"].dump();
+  EXPECT_EQ(PartitionsOf(status, 1), 16u) << status["servers"].dump();
+  EXPECT_EQ(CountEvents(job, "server_drained"), 1u);
+  if (!kill.master) {
+    EXPECT_GE(CountEvents(job, "partition_move_failed"), 1u);
+    EXPECT_EQ(CountEvents(job, "recovered"), 1u);
+  }
+  EXPECT_GT(status["metrics"]["eval_auc"].get<double>(), 0.6);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EachStep, MoveKillTest,
+    ::testing::Values(Kill{"NewOwnerInCopy", "ps.crash_in_move=1", false},
+                      Kill{"OldOwnerAtHandOff", "ps.crash_in_move=2", false},
+                      Kill{"NewOwnerInTail", "ps.crash_in_move=3", false},
+                      Kill{"MasterAfterHandOff", "master.crash_in_move=2", true}),
+    [](const ::testing::TestParamInfo<Kill>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace eps::testing

@@ -1,0 +1,142 @@
+// Tests JobControl's partition moves (master/job_moves.cc, docs/design.md
+// 2.20) with scripted time: a drain queues a move per partition, each move
+// runs COPY, HANDOFF and TAIL and commits with the next map version, a
+// failed step gives the move up with a newer map and tries it again.
+
+#include <cstdint>
+#include <optional>
+
+#include "gtest/gtest.h"
+#include "master/job_control.h"
+#include "tests/master/job_control_fixture.h"
+
+namespace eps {
+namespace {
+
+using Step = proto::MovePartitionRequest;
+
+class JobControlMovesTest : public JobControlTest {
+ protected:
+  // Runs the next step of the move in progress with a reply of `rows`
+  // rows (or `error`); the step that was sent.
+  std::optional<JobControl::MoveStep> RunStep(absl::Time now, uint64_t rows = 10,
+                                              Status error = absl::OkStatus()) {
+    std::optional<JobControl::MoveStep> step = control_->NextMoveStep(now);
+    if (!step.has_value()) return step;
+    proto::MovePartitionReply reply;
+    reply.set_rows(rows);
+    reply.set_bytes(rows * 100);
+    control_->MoveStepDone(*step, error.ok() ? StatusOr<proto::MovePartitionReply>(reply)
+                                             : StatusOr<proto::MovePartitionReply>(error),
+                           now);
+    return step;
+  }
+};
+
+TEST_F(JobControlMovesTest, ADrainMovesEachPartitionStepByStepAndCommitsWithTheMap) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  EXPECT_FALSE(control_->NextMoveStep(t0_).has_value()) << "nothing to move";
+  EXPECT_EQ(control_->Drain(7, t0_).status().code(), absl::StatusCode::kNotFound);
+  StatusOr<nlohmann::json> drained = control_->Drain(0, t0_);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ((*drained)["moves_queued"], 4) << "8 partitions on 2 servers";
+  // ps[1] is the last server able to hold them.
+  EXPECT_EQ(control_->Drain(1, t0_).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Saved: a restarted master moves what the drained server still holds.
+  ASSERT_EQ(control_->SaveRecord().draining_servers_size(), 1);
+  EXPECT_EQ(control_->SaveRecord().draining_servers(0), 0u);
+
+  const std::string from_endpoint = control_->membership().servers().at(0).endpoint;
+  for (int move = 0; move < 4; ++move) {
+    const uint64_t version = control_->membership().cluster_map().version();
+    std::optional<JobControl::MoveStep> copy = RunStep(At(move * 100));
+    ASSERT_TRUE(copy.has_value());
+    const uint32_t p = copy->request.partition();
+    EXPECT_EQ(copy->request.step(), Step::COPY);
+    EXPECT_EQ(copy->target.first, 1u) << "the new owner copies";
+    EXPECT_EQ(copy->request.from_server(), 0u);
+    EXPECT_EQ(copy->request.from_endpoint(), from_endpoint);
+    EXPECT_EQ(copy->request.map_version(), version);
+    EXPECT_EQ(control_->membership().cluster_map().partition_owner(static_cast<int>(p)), 0u);
+
+    std::optional<JobControl::MoveStep> handoff = control_->NextMoveStep(At(move * 100 + 10));
+    ASSERT_TRUE(handoff.has_value());
+    EXPECT_EQ(handoff->request.step(), Step::HANDOFF);
+    EXPECT_EQ(handoff->target.first, 0u) << "the old owner hands off";
+    // Saved before the old owner hears of it.
+    EXPECT_EQ(control_->SaveRecord().partition_handing_off(), p);
+    proto::MovePartitionReply handed;
+    control_->MoveStepDone(*handoff, handed, At(move * 100 + 20));
+
+    std::optional<JobControl::MoveStep> tail = RunStep(At(move * 100 + 50), 3);
+    ASSERT_TRUE(tail.has_value());
+    EXPECT_EQ(tail->request.step(), Step::TAIL);
+    EXPECT_EQ(tail->target.first, 1u);
+    EXPECT_EQ(control_->membership().cluster_map().partition_owner(static_cast<int>(p)), 1u);
+    EXPECT_EQ(control_->membership().cluster_map().version(), version + 1);
+    EXPECT_FALSE(control_->SaveRecord().has_partition_handing_off());
+  }
+  EXPECT_FALSE(control_->NextMoveStep(At(1000)).has_value());
+  EXPECT_EQ(control_->membership().PartitionCounts().at(0), 0u);
+  EXPECT_EQ(events_.Count("partition_move_started"), 4u);
+  ASSERT_EQ(events_.Count("partition_moved"), 4u);
+  const nlohmann::json first = events_.Named("partition_moved")[0];
+  EXPECT_EQ(first["rows"], 13);
+  EXPECT_EQ(first["from"], 0);
+  EXPECT_EQ(first["to"], 1);
+  EXPECT_DOUBLE_EQ(first["unavailable_ms"].get<double>(), 30.0) << "hand-off to commit";
+  EXPECT_EQ(events_.Count("server_drained"), 1u);
+  EXPECT_EQ(control_->SaveRecord().draining_servers_size(), 0);
+  const nlohmann::json moves = control_->moves().ToJson(At(1000));
+  EXPECT_EQ(moves["done"], 4);
+  EXPECT_EQ(moves["rows"], 4 * 13);
+  EXPECT_TRUE(moves["in_progress"].is_null());
+}
+
+TEST_F(JobControlMovesTest, AFailedStepGivesTheMoveUpWithANewerMapAndTriesAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0, t0_).ok());
+  const uint64_t version = control_->membership().cluster_map().version();
+  std::optional<JobControl::MoveStep> copy =
+      RunStep(t0_, 0, absl::UnavailableError("ps[1] died before it answered"));
+  ASSERT_TRUE(copy.has_value());
+  const uint32_t p = copy->request.partition();
+  // A newer map ends the move on both servers; the old owner keeps it.
+  EXPECT_EQ(control_->membership().cluster_map().version(), version + 1);
+  EXPECT_EQ(control_->membership().cluster_map().partition_owner(static_cast<int>(p)), 0u);
+  ASSERT_EQ(events_.Count("partition_move_failed"), 1u);
+  EXPECT_EQ(events_.Named("partition_move_failed")[0]["retry"], true);
+  // Tried again at the back of the queue; after 3 failures, given up.
+  int failures = 1;
+  while (failures < 3) {
+    std::optional<JobControl::MoveStep> step = control_->NextMoveStep(At(failures));
+    ASSERT_TRUE(step.has_value());
+    if (step->request.partition() != p) {
+      control_->MoveStepDone(*step, absl::UnavailableError("not this one"), At(failures));
+      continue;
+    }
+    control_->MoveStepDone(*step, absl::UnavailableError("again"), At(failures));
+    ++failures;
+  }
+  EXPECT_EQ(control_->moves().ToJson(At(10))["failed"], 1);
+  EXPECT_EQ(events_.Named("partition_move_failed").back()["retry"], false);
+  EXPECT_EQ(control_->membership().cluster_map().partition_owner(static_cast<int>(p)), 0u);
+}
+
+TEST_F(JobControlMovesTest, NoCheckpointRoundStartsDuringAMove) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0, t0_).ok());
+  ASSERT_TRUE(RunStep(t0_).has_value());  // COPY done: HANDOFF next
+  ASSERT_TRUE(control_->RequestCheckpoint().ok());
+  control_->Tick(At(10));
+  EXPECT_FALSE(control_->checkpoints().round_id().has_value());
+  ASSERT_TRUE(RunStep(At(20)).has_value());  // HANDOFF
+  ASSERT_TRUE(RunStep(At(30)).has_value());  // TAIL: committed
+  control_->Tick(At(40));
+  EXPECT_TRUE(control_->checkpoints().round_id().has_value());
+  // And no move step while the round runs.
+  EXPECT_FALSE(control_->NextMoveStep(At(50)).has_value());
+}
+
+}  // namespace
+}  // namespace eps
