@@ -59,6 +59,7 @@ Status JobControl::Restore(const MasterSnapshot& snapshot, bool resume, absl::Ti
   job_spec_.set_job_id(record.job_id());
   membership_.RestoreFrom(record, now);
   draining_.insert(record.draining_servers().begin(), record.draining_servers().end());
+  balancing_ = record.balancing_servers();
   if (resume) return ResumeFromCheckpoint(snapshot, now);
   RETURN_IF_ERROR(progress_.RestoreFrom(snapshot));
   if (progress_.phase() == JobPhase::kScanning) {
@@ -178,6 +179,12 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
   }
   if (over()) return JobOver();
   ASSIGN_OR_RETURN(Membership::Claim claim, membership_.ClaimSlot(request));
+  if (claim.joined && (recovery_.active() || progress_.phase() != JobPhase::kTraining)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a server joins a job while it trains, with no recovery running; the job is ",
+        recovery_.active() ? "being restored" : JobPhaseName(progress_.phase()),
+        ": start this server again then"));
+  }
   if (!claim.retried) {
     if (claim.restarted) {
       StartRecovery(claim.slot, absl::StrCat("ps[", claim.slot, "] restarted"), now);
@@ -188,6 +195,12 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
     }
     const bool replaces = membership_.AdmitServer(claim.slot, request, now);
     if (replaces) recovery_.AddLost(claim.slot);
+    if (claim.joined) {
+      LOG(INFO) << "ps[" << claim.slot << "] joins the job (" << request.endpoint()
+                << "): partitions move to it";
+      events_->Record("server_joined", {{"server", claim.slot}, {"endpoint", request.endpoint()}});
+      balancing_ = true;
+    }
     events_->Record("server_registered", {{"server", claim.slot},
                                           {"endpoint", request.endpoint()},
                                           {"host", request.hostname()},
@@ -662,6 +675,7 @@ proto::MasterRecord JobControl::SaveRecord() const {
   record.set_job_id(job_spec_.job_id());
   membership_.SaveTo(&record);
   for (uint32_t slot : draining_) record.add_draining_servers(slot);
+  record.set_balancing_servers(balancing_);
   progress_.SaveTo(&record);
   checkpoints_.SaveTo(&record);
   recovery_.SaveTo(&record);

@@ -302,6 +302,9 @@ class JobControl {
   // Queues the moves of the partitions `slot` still owns (event
   // server_drained once it owns none); how many.
   uint32_t PlanDrain(uint32_t slot);
+  // Queues moves from the live servers holding most partitions to those
+  // holding fewest until they differ by at most one; how many (0: even).
+  uint32_t PlanBalance();
   // Ends the waits that ran past their bounds (Tick).
   void EnforceBounds(absl::Time now);
   // Stops the job for a diverged model: `reason`, and how to go on.
@@ -333,8 +336,13 @@ class JobControl {
   Recovery recovery_;
   PartitionMoves moves_;
   // Slots being drained (POST /servers/N/drain) until they hold nothing
-  // (MasterRecord.draining_servers).
+  // (MasterRecord.draining_servers), and after: a drained slot takes no
+  // partition again. Those whose server_drained was recorded.
   std::set<uint32_t> draining_;
+  std::set<uint32_t> drained_;
+  // A server joined: moves even out the partitions of the live servers
+  // (MasterRecord.balancing_servers).
+  bool balancing_ = false;
   ProgressMeter meter_;
   const WorkerCredentials* receipt_key_ = nullptr;
   bool resumed_ = false;

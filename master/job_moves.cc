@@ -26,7 +26,8 @@ StatusOr<json> JobControl::Drain(uint32_t slot, absl::Time now) {
     return absl::NotFoundError(absl::StrCat("the job has no server ", slot));
   }
   if (draining_.contains(slot)) {
-    return json{{"server", slot}, {"moves_queued", 0}, {"already_draining", true}};
+    return json{{"server", slot}, {"moves_queued", 0},
+                {drained_.contains(slot) ? "drained" : "already_draining", true}};
   }
   if (DrainTargets(slot).empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -54,7 +55,10 @@ uint32_t JobControl::PlanDrain(uint32_t slot) {
   const proto::ClusterMap& map = membership_.cluster_map();
   uint32_t queued = 0;
   for (uint32_t p = 0; p < static_cast<uint32_t>(map.partition_owner_size()); ++p) {
-    if (map.partition_owner(static_cast<int>(p)) != slot || counts.empty()) continue;
+    if (map.partition_owner(static_cast<int>(p)) != slot || counts.empty() ||
+        moves_.Queued(p)) {
+      continue;
+    }
     // To the server with the fewest partitions (planned moves counted).
     auto target = std::min_element(counts.begin(), counts.end(), [](const auto& a, const auto& b) {
       return a.second < b.second;
@@ -65,11 +69,40 @@ uint32_t JobControl::PlanDrain(uint32_t slot) {
   }
   if (queued > 0) {
     LOG(INFO) << "draining ps[" << slot << "]: " << queued << " partition move(s) queued";
-  } else if (membership_.PartitionCounts()[slot] == 0) {
+  } else if (counts.empty()) {
+    LOG(WARNING) << "the drain of ps[" << slot << "] stops: no other live server can take its "
+                 << "partitions; ask again (POST /servers/" << slot << "/drain) once one can";
+    draining_.erase(slot);
+  } else if (membership_.PartitionCounts()[slot] == 0 && drained_.insert(slot).second) {
+    // It stays in draining_: no balance gives it partitions again.
     LOG(INFO) << "ps[" << slot << "] is drained: it holds no partition";
     events_->Record("server_drained", {{"server", slot}});
-    draining_.erase(slot);
   }
+  return queued;
+}
+
+uint32_t JobControl::PlanBalance() {
+  std::map<uint32_t, uint32_t> counts = DrainTargets(/*slot=*/~0u);
+  if (counts.size() < 2) return 0;
+  uint32_t queued = 0;
+  while (true) {
+    auto [fewest, most] = std::minmax_element(
+        counts.begin(), counts.end(),
+        [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (most->second <= fewest->second + 1) break;
+    // The highest partition `most` holds that no queued move takes already.
+    const proto::ClusterMap& map = membership_.cluster_map();
+    std::optional<uint32_t> pick;
+    for (uint32_t p = 0; p < static_cast<uint32_t>(map.partition_owner_size()); ++p) {
+      if (map.partition_owner(static_cast<int>(p)) == most->first && !moves_.Queued(p)) pick = p;
+    }
+    if (!pick.has_value()) break;
+    moves_.Queue({.partition = *pick, .from = most->first, .to = fewest->first});
+    --most->second;
+    ++fewest->second;
+    ++queued;
+  }
+  if (queued > 0) LOG(INFO) << "balancing the servers: " << queued << " partition move(s) queued";
   return queued;
 }
 
@@ -93,8 +126,9 @@ std::optional<JobControl::MoveStep> JobControl::NextMoveStep(absl::Time now) {
   };
   if (moves_.idle() && progress_.phase() == JobPhase::kTraining) {
     // What a drain has left (the master restarted, a move given up, a
-    // recovery took partitions back): planned again.
+    // recovery took partitions back): planned again; then a join's share.
     for (uint32_t slot : std::set<uint32_t>(draining_)) PlanDrain(slot);
+    if (moves_.idle() && balancing_ && PlanBalance() == 0) balancing_ = false;
   }
   if (!moves_.active().has_value()) {
     if (moves_.idle()) return std::nullopt;
@@ -122,11 +156,9 @@ std::optional<JobControl::MoveStep> JobControl::NextMoveStep(absl::Time now) {
   const uint32_t target =
       active.step == proto::MovePartitionRequest::HANDOFF ? active.move.from : active.move.to;
   step.target = {target, membership_.server(target)->endpoint};
-  // Persisted before the old owner hears of it (the driver persists
-  // between this and the call).
-  if (active.step == proto::MovePartitionRequest::HANDOFF) {
-    membership_.SetHandingOff(active.move.partition);
-  }
+  // Persisted before any server hears of it (the driver persists between
+  // this and the call): a restarted master gives the move up.
+  membership_.SetMoving(active.move.partition);
   return step;
 }
 
@@ -141,6 +173,14 @@ void JobControl::MoveStepDone(const MoveStep& step,
   if (!reply.ok()) {
     AbandonMoves(absl::StrCat("step ", proto::MovePartitionRequest::Step_Name(step.request.step()),
                               ": ", reply.status().message()));
+    return;
+  }
+  if (membership_.cluster_map().version() != active->map_version) {
+    // Another map came meanwhile (a join, a replaced server): the old
+    // owner took the partition back when it saw it.
+    AbandonMoves(absl::StrCat("the cluster map changed during the move (v",
+                              active->map_version, " -> v",
+                              membership_.cluster_map().version(), ")"));
     return;
   }
   if (moves_.StepDone(*reply, now).has_value()) return;
@@ -171,6 +211,7 @@ void JobControl::AbandonMoves(const std::string& reason) {
                                             {"error", why},
                                             {"retry", again}});
   if (!again && draining_.erase(move.from) > 0) {
+    moves_.DropFrom(move.from);
     LOG(WARNING) << "the drain of ps[" << move.from << "] stops: " << why
                  << "; ask again (POST /servers/" << move.from << "/drain)";
   }

@@ -99,6 +99,7 @@ std::pair<int, std::string> Master::Impl::PostExport(std::string dir) {
 void Master::Impl::AdvanceExport(ServerCalls& calls) {
   std::optional<JobControl::ExportWrite> write;
   StatusOr<ExportManifest> manifest = absl::UnknownError("no manifest");
+  uint64_t map_version = 0;
   {
     absl::MutexLock lock(&mu_);
     write = control_->NextExport(clock_->Now());
@@ -107,6 +108,7 @@ void Master::Impl::AdvanceExport(ServerCalls& calls) {
     for (const ServerAddress& server : write->servers) slots.push_back(server.first);
     manifest = MakeExportManifest(control_->job(), control_->job_spec(), control_->progress(),
                                   slots);
+    map_version = control_->membership().cluster_map().version();
   }
   // Nothing pushes: every pass is done, and no worker gets a shard.
   std::vector<StatusOr<proto::ExportReply>> parts;
@@ -115,7 +117,8 @@ void Master::Impl::AdvanceExport(ServerCalls& calls) {
   } else {
     parts = calls.Export(
         write->dir, write->servers,
-        [this](const ServerAddress& server) { return Serving(server); }, write->passes_done);
+        [this](const ServerAddress& server) { return Serving(server); }, map_version,
+        write->passes_done);
   }
   Status written = manifest.status();
   bool parts_ok = true;
@@ -215,8 +218,14 @@ void Master::Impl::FinishCheckpointExport(const Status& written, CheckpointExpor
 StatusOr<uint64_t> Master::Impl::ExportRows(ServerCalls& calls, const std::string& dir,
                                             const std::vector<ServerAddress>& servers) {
   RETURN_IF_ERROR(RemoveManifest(dir));
+  uint64_t map_version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    map_version = control_->membership().cluster_map().version();
+  }
   const ExportTally tally = TallyExport(calls.Export(
-      dir, servers, [this](const ServerAddress& server) { return Serving(server); }));
+      dir, servers, [this](const ServerAddress& server) { return Serving(server); },
+      map_version));
   if (!tally.error.empty()) return absl::UnavailableError(tally.error);
   return tally.rows;
 }

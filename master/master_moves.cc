@@ -21,9 +21,16 @@ void Master::Impl::AdvanceMoves(ServerCalls& calls) {
     if (!step.has_value()) return;
     // A hand-off is on disk before the old owner hears of it.
     if (!Persist().ok()) return;
+    // Given up when its server dies, or when the move does (a recovery).
+    const auto still_moving = [&] {
+      absl::MutexLock lock(&mu_);
+      const std::optional<PartitionMoves::Active>& active = control_->moves().active();
+      return active.has_value() && active->move.partition == step->request.partition() &&
+             active->step == step->request.step();
+    };
     StatusOr<proto::MovePartitionReply> reply = calls.MovePartition(
-        step->target, step->request, [this](const ServerAddress& server) {
-          return Serving(server);
+        step->target, step->request, [&](const ServerAddress& server) {
+          return Serving(server) && still_moving();
         });
     if (FailpointArmed("master.crash_in_move", static_cast<uint64_t>(step->request.step()))) {
       LOG(WARNING) << "failpoint master.crash_in_move=" << static_cast<int>(step->request.step())

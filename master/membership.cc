@@ -87,15 +87,28 @@ StatusOr<Membership::Claim> Membership::ClaimSlot(const proto::RegisterServerReq
   for (const auto& [id, server] : servers_) {
     if (server.state != PeerState::kAlive) return Claim{.slot = id};
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("the job already has its ", job_.ps.num_servers,
-                   " server(s) (ps.num_servers), all alive; adding servers to a running job is "
-                   "not supported yet"));
+  // Every slot is alive: a new one, which the master fills by moving
+  // partitions to it. More slots than partitions would hold nothing.
+  if (servers_.size() >= static_cast<size_t>(cluster_map_.num_partitions())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job has ", servers_.size(), " server(s), all alive, and ",
+                     cluster_map_.num_partitions(),
+                     " partitions (ps.partitions): one more server would hold none"));
+  }
+  return Claim{.slot = next_server_id_, .joined = true};
 }
 
 bool Membership::AdmitServer(uint32_t slot, const proto::RegisterServerRequest& request,
                              absl::Time now) {
   const bool replaces = servers_.contains(slot);
+  next_server_id_ = std::max(next_server_id_, slot + 1);
+  if (!replaces && placed()) {
+    // A join: listed in the map with no partition yet.
+    proto::ServerInfo* info = cluster_map_.add_servers();
+    info->set_id(slot);
+    info->set_endpoint(request.endpoint());
+    cluster_map_.set_version(cluster_map_.version() + 1);
+  }
   ServerEntry& server = servers_[slot];
   server = ServerEntry();
   server.endpoint = request.endpoint();
@@ -468,13 +481,13 @@ bool Membership::MaybePlace(uint32_t num_partitions) {
 
 void Membership::MovePartition(uint32_t partition, uint32_t slot) {
   cluster_map_.set_partition_owner(static_cast<int>(partition), slot);
-  handing_off_.reset();
+  moving_.reset();
   RaiseMapVersion();
 }
 
 void Membership::RaiseMapVersion() {
   cluster_map_.set_version(cluster_map_.version() + 1);
-  handing_off_.reset();
+  moving_.reset();
   Bump();
 }
 
@@ -559,7 +572,7 @@ void Membership::SaveTo(proto::MasterRecord* record) const {
   record->set_next_server_id(next_server_id_);
   record->set_membership_epoch(generation_);
   *record->mutable_cluster_map() = cluster_map_;
-  if (handing_off_.has_value()) record->set_partition_handing_off(*handing_off_);
+  if (moving_.has_value()) record->set_partition_moving(*moving_);
   for (const auto& [id, server] : servers_) {
     proto::ServerInfo* info = record->add_servers();
     info->set_id(id);
@@ -573,10 +586,10 @@ void Membership::RestoreFrom(const proto::MasterRecord& record, absl::Time now) 
   next_server_id_ = record.next_server_id();
   generation_ = record.membership_epoch() + 1;
   cluster_map_ = record.cluster_map();
-  if (record.has_partition_handing_off()) {
+  if (record.has_partition_moving()) {
     // Its old owner refuses the partition until a newer map comes.
-    LOG(WARNING) << "the move of partition " << record.partition_handing_off()
-                 << " was in its hand-off: given up (cluster map v"
+    LOG(WARNING) << "the move of partition " << record.partition_moving()
+                 << " was in progress: given up (cluster map v"
                  << cluster_map_.version() + 1 << ")";
     cluster_map_.set_version(cluster_map_.version() + 1);
   }

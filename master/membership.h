@@ -103,9 +103,13 @@ class Membership {
     // dir): it is dead now, and what it held since its last checkpoint is
     // lost (the caller starts a recovery).
     bool restarted = false;
+    // A server joining the placed job in a new slot, past the ones it
+    // started with (docs/design.md 2.20): it holds no partition yet.
+    bool joined = false;
   };
   // Finds the slot a registering server takes: its own (stored_server_id),
-  // the next one while the job is placed, or a dead one. A rejoining
+  // the next one while the job is placed, a dead one, or once every slot
+  // is alive a new one (a join; at most one slot per partition). A rejoining
   // process (request.rejoin: it lost its lease, it is not a new process)
   // takes its slot back only while the slot is still its own (the same
   // endpoint and pid), alive or dead.
@@ -245,9 +249,9 @@ class Membership {
   bool Serving(const ServerAddress& server) const;
   const proto::ClusterMap& cluster_map() const { return cluster_map_; }
   // A partition move (docs/design.md 2.20). The move of `partition` is in
-  // its hand-off (persisted: a restarted master gives it up), or none is.
-  void SetHandingOff(std::optional<uint32_t> partition) { handing_off_ = partition; }
-  // Gives `partition` to `slot`: the next map version. Ends the hand-off.
+  // progress (persisted: a restarted master gives it up), or none is.
+  void SetMoving(std::optional<uint32_t> partition) { moving_ = partition; }
+  // Gives `partition` to `slot`: the next map version. Ends the move.
   void MovePartition(uint32_t partition, uint32_t slot);
   // A map like this one with the next version: ends a move given up on the
   // servers (whatever it did, the old owner keeps the partition).
@@ -293,7 +297,7 @@ class Membership {
   TokenBucket registrations_;
   uint32_t next_server_id_ = 0;
   proto::ClusterMap cluster_map_;
-  std::optional<uint32_t> handing_off_;
+  std::optional<uint32_t> moving_;
   uint64_t generation_ = 0;
   std::vector<uint32_t> fenced_;
   // Fenced workers whose shards wait until every server refuses them, with

@@ -14,6 +14,17 @@ bool PartitionMoves::MovingFrom(uint32_t slot) const {
                      [slot](const PartitionMove& move) { return move.from == slot; });
 }
 
+void PartitionMoves::DropFrom(uint32_t slot) {
+  std::erase_if(queue_, [slot](const PartitionMove& move) { return move.from == slot; });
+}
+
+bool PartitionMoves::Queued(uint32_t partition) const {
+  if (active_.has_value() && active_->move.partition == partition) return true;
+  return std::any_of(queue_.begin(), queue_.end(), [partition](const PartitionMove& move) {
+    return move.partition == partition;
+  });
+}
+
 const PartitionMoves::Active& PartitionMoves::Start(uint64_t map_version, absl::Time now) {
   CHECK(!active_.has_value() && !queue_.empty());
   active_ = Active{.move = queue_.front(), .map_version = map_version, .started = now};

@@ -55,6 +55,8 @@ class PartitionMoves {
   const std::optional<Active>& active() const { return active_; }
   // Moves queued or in progress away from `slot`.
   bool MovingFrom(uint32_t slot) const;
+  // A move of `partition` is queued or in progress.
+  bool Queued(uint32_t partition) const;
 
   // Takes the next queued move as the one in progress (step COPY).
   // REQUIRES: no move in progress and one queued.
@@ -69,8 +71,10 @@ class PartitionMoves {
   // The move in progress failed: with `retry`, queued again while it has
   // attempts left (true), else dropped. Nothing is in progress after.
   bool GiveUp(const std::string& why, bool retry);
-  // Drops every queued move (a recovery: the plan is made again).
+  // Drops every queued move.
   void Clear() { queue_.clear(); }
+  // Drops the queued moves away from `slot`.
+  void DropFrom(uint32_t slot);
 
   // /status `moves`.
   nlohmann::json ToJson(absl::Time now) const;

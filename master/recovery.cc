@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -79,8 +80,19 @@ Recovery::Step Recovery::Next(const Membership& membership,
   for (const proto::ServerCheckpoint& part : checkpoint.servers()) {
     paths[part.server_id()] = part.path();
   }
+  std::set<uint32_t> placed_then;  // the slots of the checkpoint's map
+  for (const proto::ServerInfo& info : checkpoint.master().cluster_map().servers()) {
+    placed_then.insert(info.id());
+  }
   for (const auto& [slot, server] : membership.servers()) {
     if (!state_->rollback && !state_->lost.contains(slot)) continue;
+    if (checkpoint.id() != 0 && !paths.contains(slot) && !placed_then.empty() &&
+        !placed_then.contains(slot)) {
+      // Joined since: it held nothing at the checkpoint.
+      step.targets.push_back(
+          RestoreTarget{.slot = slot, .endpoint = server.endpoint, .joined_after = true});
+      continue;
+    }
     if (checkpoint.id() != 0 && !paths.contains(slot)) {
       step.kind = Step::Kind::kFail;
       step.error = absl::StrCat("checkpoint ", checkpoint.id(), " has no part of ps[", slot, "]");

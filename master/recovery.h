@@ -51,6 +51,8 @@ class Recovery {
     uint32_t slot = 0;
     std::string endpoint;
     std::string path;  // empty for checkpoint 0: the server empties itself
+    // The slot joined after the checkpoint: it empties itself too.
+    bool joined_after = false;
   };
   struct Step {
     enum class Kind { kWait, kRestore, kFail } kind = Kind::kWait;

@@ -125,6 +125,7 @@ std::vector<StatusOr<uint64_t>> ServerCalls::Restore(
         proto::RestoreRequest* body = request.header().mutable_restore_request();
         body->set_checkpoint_id(id);
         body->set_path(targets[i].path);
+        body->set_joined_after(targets[i].joined_after);
         if (id == 0 && !init_from.empty()) {
           body->set_init_from(init_from);
           body->set_init_optimizer_state(init_state);
@@ -163,12 +164,13 @@ StatusOr<proto::MovePartitionReply> ServerCalls::MovePartition(
 
 std::vector<StatusOr<proto::ExportReply>> ServerCalls::Export(
     const std::string& dir, const std::vector<ServerAddress>& servers, const Serving& serving,
-    std::optional<uint32_t> passes_done) {
+    uint64_t map_version, std::optional<uint32_t> passes_done) {
   std::vector<StatusOr<Message>> replies = CallAll(
       servers,
       [&](size_t) {
         Message request;
         request.header().set_method(proto::EXPORT);
+        request.header().set_cluster_map_version(map_version);
         request.header().mutable_export_request()->set_dir(dir);
         if (passes_done.has_value()) {
           request.header().mutable_export_request()->set_passes_done(*passes_done);

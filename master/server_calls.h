@@ -63,9 +63,11 @@ class ServerCalls {
   StatusOr<proto::MovePartitionReply> MovePartition(const ServerAddress& server,
                                                     const proto::MovePartitionRequest& step,
                                                     const Serving& serving);
+  // `map_version` is the master's cluster map: each server exports the
+  // partitions it gives it (a server behind it waits for it).
   std::vector<StatusOr<proto::ExportReply>> Export(
       const std::string& dir, const std::vector<ServerAddress>& servers, const Serving& serving,
-      std::optional<uint32_t> passes_done = std::nullopt);
+      uint64_t map_version, std::optional<uint32_t> passes_done = std::nullopt);
 
  private:
   std::vector<StatusOr<Message>> CallAll(const std::vector<ServerAddress>& servers,

@@ -78,6 +78,10 @@ class ParamServer::Impl {
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
   // Replaces every parameter by a checkpoint (from the master or a tool).
   Status HandleRestore(const Message& request, Message* reply) ABSL_LOCKS_EXCLUDED(restore_mu_);
+  // Waits (up to rpc_timeout, asking for a heartbeat now) until this
+  // server has cluster map `want` or a newer one; NOT_READY past that. OK
+  // at once for 0.
+  Status AwaitMapVersion(uint64_t want) ABSL_LOCKS_EXCLUDED(mu_);
   // Partition moves (param_server_moves.cc; docs/design.md 2.20): the
   // master's steps, and the pages this server serves the new owner.
   Status HandleMovePartition(const Message& request, Message* reply)
@@ -195,6 +199,13 @@ class ParamServer::Impl {
   // under restore_mu_ held exclusively, so a push sees it before it checks
   // its keys or not at all.
   std::atomic<size_t> outgoing_count_{0};
+
+  // Partitions this server is copying in -> the map version of their move:
+  // a page is written only while its move is the newest (a copy a restarted
+  // master gave up must not write over a later one's). Held across the
+  // check and the write; taken before restore_mu_.
+  absl::Mutex import_mu_ ABSL_ACQUIRED_BEFORE(restore_mu_);
+  std::map<uint32_t, uint64_t> importing_ ABSL_GUARDED_BY(import_mu_);
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);

@@ -88,6 +88,20 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
     }
   }
   proto::FetchPartitionReply* answer = reply->header().mutable_fetch_partition_reply();
+  size_t max_rows = 0;
+  {
+    absl::ReaderMutexLock restore_lock(&restore_mu_);
+    size_t widest = 1;
+    for (uint32_t t = 0; t < storage_->num_tables(); ++t) {
+      if (Table* table = storage_->table(t)) {
+        widest = std::max<size_t>(widest, table->stored_floats());
+      }
+    }
+    max_rows = std::clamp<size_t>(
+        std::min<size_t>(body.max_rows(),
+                         kPageBytes / (sizeof(uint64_t) + widest * sizeof(float))),
+        1, kPageRows);
+  }
   if (body.tail()) {
     // This page's part of the keys pushed to during the copy: `key` counts
     // the ones sent before, the tables in id order.
@@ -103,7 +117,7 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
             body.map_version(), ": no tail to read"));
       }
       uint64_t skip = body.key();
-      size_t left = std::clamp<size_t>(body.max_rows(), 1, kPageRows);
+      size_t left = max_rows;
       for (uint32_t t = 0; t < it->second.tail.size(); ++t) {
         const std::vector<uint64_t>& tail = it->second.tail[t];
         total += tail.size();
@@ -152,6 +166,15 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
     // applied before (the page's full flush stores it) or sees the note.
     absl::WriterMutexLock restore_lock(&restore_mu_);
     absl::MutexLock lock(&moves_mu_);
+    {
+      // Again: a newer map may have come since the check above.
+      absl::ReaderMutexLock map_lock(&mu_);
+      if (placement_->version() != body.map_version() || !owned_[p]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "partition ", p, " is not on ps[", id_, "] at cluster map v", body.map_version(),
+            " any more (this server is at v", placement_->version(), ")"));
+      }
+    }
     OutgoingMove& move = outgoing_[p];
     if (move.map_version != body.map_version() || move.handed_off) {
       // A new copy (a repeated first page keeps what was noted).
@@ -171,15 +194,6 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
     }
   }
   absl::ReaderMutexLock restore_lock(&restore_mu_);
-  size_t widest = 1;
-  for (uint32_t t = 0; t < storage_->num_tables(); ++t) {
-    if (Table* table = storage_->table(t)) {
-      widest = std::max<size_t>(widest, table->stored_floats());
-    }
-  }
-  const size_t max_rows = std::clamp<size_t>(
-      std::min<size_t>(body.max_rows(), kPageBytes / (sizeof(uint64_t) + widest * sizeof(float))),
-      1, kPageRows);
   const PartitionCursor from{.table = body.table(), .key = body.key()};
   ASSIGN_OR_RETURN(PartitionPage page, storage_->ReadPartition(p, partitions, from, max_rows));
   AddRowFrames(page.rows, answer, reply);
@@ -207,6 +221,21 @@ StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
   next.set_tail(tail);
   next.set_max_rows(kPageRows);
   next.set_map_version(move.map_version());
+  {
+    absl::MutexLock lock(&import_mu_);
+    auto [it, added] = importing_.try_emplace(move.partition(), move.map_version());
+    if (!added && it->second > move.map_version()) {
+      return absl::AbortedError(absl::StrCat("a later move of partition ", move.partition(),
+                                             " (at cluster map v", it->second,
+                                             ") supersedes this one"));
+    }
+    if (tail && it->second != move.map_version()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no copy of partition ", move.partition(), " at cluster map v", move.map_version(),
+          " was made here: no tail to read"));
+    }
+    it->second = move.map_version();
+  }
   proto::MovePartitionReply result;
   const absl::Time start = absl::Now();
   while (true) {
@@ -253,6 +282,13 @@ StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
       result.set_bytes(result.bytes() + keys.size_bytes() + values.size_bytes());
     }
     {
+      absl::MutexLock import_lock(&import_mu_);
+      auto it = importing_.find(move.partition());
+      if (it == importing_.end() || it->second != move.map_version()) {
+        return absl::AbortedError(absl::StrCat("the move of partition ", move.partition(),
+                                               " at cluster map v", move.map_version(),
+                                               " was given up or superseded"));
+      }
       absl::ReaderMutexLock restore_lock(&restore_mu_);
       RETURN_IF_ERROR_CTX(storage_->WritePartitionRows(rows),
                           absl::StrCat("writing partition ", move.partition(), " from ", from));
@@ -268,12 +304,34 @@ StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
   return result;
 }
 
+Status ParamServer::Impl::AwaitMapVersion(uint64_t want) {
+  const absl::Time patience = absl::Now() + options_.rpc_timeout;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (want == 0 || (placement_ != nullptr && placement_->version() >= want)) {
+        return absl::OkStatus();
+      }
+      if (session_ != nullptr) session_->HeartbeatNow();
+    }
+    if (absl::Now() >= patience) {
+      return ErrorWithReason(absl::StatusCode::kUnavailable,
+                             absl::StrCat("ps[", id_, "] has not received cluster map v", want,
+                                          " yet"),
+                             proto::NOT_READY);
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
 Status ParamServer::Impl::HandleMovePartition(const Message& request, Message* reply) {
   if (!request.header().has_move_partition_request()) {
     return absl::InvalidArgumentError("MOVE_PARTITION without its body");
   }
   const proto::MovePartitionRequest& move = request.header().move_partition_request();
   const uint32_t p = move.partition();
+  // A server that just joined learns of the map a heartbeat after it.
+  RETURN_IF_ERROR(AwaitMapVersion(move.map_version()));
   {
     absl::ReaderMutexLock lock(&mu_);
     if (placement_ == nullptr) {

@@ -194,6 +194,13 @@ Status ParamServer::Impl::RefreshClusterMap() {
     });
     outgoing_count_.store(outgoing_.size(), std::memory_order_release);
   }
+  {
+    // And every copy into here: committed or given up.
+    absl::MutexLock import_lock(&import_mu_);
+    std::erase_if(importing_, [&](const auto& copy) {
+      return placement.version() > copy.second;
+    });
+  }
   absl::MutexLock lock(&mu_);
   // A partition handed off stays refused until a map newer than its move.
   std::erase_if(handed_off_, [&](const auto& handed) {

@@ -40,6 +40,9 @@ Status ParamServer::Impl::HandleExport(const Message& request, Message* reply) {
                              proto::NOT_READY);
     }
   }
+  // Rows by the master's map: a partition moved just before the export
+  // is the new owner's to write (docs/design.md 2.20).
+  RETURN_IF_ERROR(AwaitMapVersion(request.header().cluster_map_version()));
   const std::string& dir = request.header().export_request().dir();
   StatusOr<ExportInfo> info = absl::UnknownError("not exported");
   {
@@ -84,7 +87,7 @@ Status ParamServer::Impl::HandleRestore(const Message& request, Message* reply) 
   const proto::RestoreRequest& body = request.header().restore_request();
   // Checkpoint 0 is the job as training starts: no rows anywhere, or those
   // of the model export it starts from.
-  if (body.path().empty() && body.checkpoint_id() != 0) {
+  if (body.path().empty() && body.checkpoint_id() != 0 && !body.joined_after()) {
     return absl::InvalidArgumentError(
         absl::StrCat("RESTORE of checkpoint ", body.checkpoint_id(), " names no path"));
   }

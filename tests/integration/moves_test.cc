@@ -155,6 +155,51 @@ TEST_F(MovesTest, ADrainedServersPartitionsMoveLiveAndNothingIsLost) {
   EXPECT_NEAR(auc, reference_auc, 0.005);
 }
 
+// Issue 18's scenario: a job started on one server gets two more while it
+// trains (each joins in a new slot and partitions move to it), then the
+// first is drained; the job finishes exactly once with the AUC of a fixed
+// two-server run.
+TEST_F(MovesTest, ServersJoinARunningJobAndOneIsDrained) {
+  double reference_auc = 0;
+  {
+    const std::string reference = dir_.Join("reference");
+    std::filesystem::create_directories(reference);
+    LocalJob job(reference, Config(), overrides_);
+    ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+    const json status = ExpectCompleteJob(job);
+    ASSERT_TRUE(status.is_object());
+    reference_auc = status["metrics"]["eval_auc"].get<double>();
+  }
+  std::vector<std::string> one_server = overrides_;
+  one_server.push_back("--ps.num_servers=1");
+  LocalJob job(dir_.path(), Config(), one_server);
+  ASSERT_TRUE(job.Start(/*servers=*/1, /*workers=*/2).ok()) << job.Logs();
+  ASSERT_TRUE(WaitForTraining(job, lines_ / 8)) << job.Logs();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(job.StartServer().ok()) << job.Logs();
+  // 16 partitions on 3 servers: 6, 5 and 5.
+  ASSERT_TRUE(job.WaitForStatus([](const json& status) {
+    return PartitionsOf(status, 1) == 5 && PartitionsOf(status, 2) == 5 &&
+           status["moves"]["in_progress"].is_null();
+  })) << job.master().Log();
+  httplib::Result drained = Drain(job, 0);
+  ASSERT_TRUE(drained);
+  ASSERT_EQ(drained->status, 200) << drained->body;
+  EXPECT_EQ(json::parse(drained->body)["moves_queued"], 6);
+  ASSERT_TRUE(job.WaitForStatus([](const json& status) {
+    return PartitionsOf(status, 0) == 0 && status["moves"]["in_progress"].is_null();
+  })) << job.master().Log();
+  const json status = ExpectCompleteJob(job);
+  ASSERT_TRUE(status.is_object());
+  EXPECT_EQ(PartitionsOf(status, 1) + PartitionsOf(status, 2), 16u) << status["servers"].dump();
+  EXPECT_EQ(CountEvents(job, "server_joined"), 2u);
+  EXPECT_EQ(CountEvents(job, "server_drained"), 1u);
+  EXPECT_EQ(status["moves"]["failed"].get<uint64_t>(), 0u) << status["moves"].dump();
+  const double auc = status["metrics"]["eval_auc"].get<double>();
+  std::cout << "eval AUC " << auc << " with 2 joins and a drain, " << reference_auc
+            << " on 2 fixed servers; moves " << status["moves"].dump() << "\n";
+  EXPECT_NEAR(auc, reference_auc, 0.005);
+}
+
 // A server of a move, or the master, killed with -9 at a step of it
 // (failpoints ps.crash_in_move and master.crash_in_move): the move is
 // given up, the partition keeps one owner, and the job finishes exactly

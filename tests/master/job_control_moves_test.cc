@@ -64,7 +64,7 @@ TEST_F(JobControlMovesTest, ADrainMovesEachPartitionStepByStepAndCommitsWithTheM
     EXPECT_EQ(handoff->request.step(), Step::HANDOFF);
     EXPECT_EQ(handoff->target.first, 0u) << "the old owner hands off";
     // Saved before the old owner hears of it.
-    EXPECT_EQ(control_->SaveRecord().partition_handing_off(), p);
+    EXPECT_EQ(control_->SaveRecord().partition_moving(), p);
     proto::MovePartitionReply handed;
     control_->MoveStepDone(*handoff, handed, At(move * 100 + 20));
 
@@ -74,7 +74,7 @@ TEST_F(JobControlMovesTest, ADrainMovesEachPartitionStepByStepAndCommitsWithTheM
     EXPECT_EQ(tail->target.first, 1u);
     EXPECT_EQ(control_->membership().cluster_map().partition_owner(static_cast<int>(p)), 1u);
     EXPECT_EQ(control_->membership().cluster_map().version(), version + 1);
-    EXPECT_FALSE(control_->SaveRecord().has_partition_handing_off());
+    EXPECT_FALSE(control_->SaveRecord().has_partition_moving());
   }
   EXPECT_FALSE(control_->NextMoveStep(At(1000)).has_value());
   EXPECT_EQ(control_->membership().PartitionCounts().at(0), 0u);
@@ -86,7 +86,11 @@ TEST_F(JobControlMovesTest, ADrainMovesEachPartitionStepByStepAndCommitsWithTheM
   EXPECT_EQ(first["to"], 1);
   EXPECT_DOUBLE_EQ(first["unavailable_ms"].get<double>(), 30.0) << "hand-off to commit";
   EXPECT_EQ(events_.Count("server_drained"), 1u);
-  EXPECT_EQ(control_->SaveRecord().draining_servers_size(), 0);
+  // Still listed: a drained server takes no partition again.
+  EXPECT_EQ(control_->SaveRecord().draining_servers_size(), 1);
+  StatusOr<nlohmann::json> again = control_->Drain(0, At(1000));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)["drained"], true);
   const nlohmann::json moves = control_->moves().ToJson(At(1000));
   EXPECT_EQ(moves["done"], 4);
   EXPECT_EQ(moves["rows"], 4 * 13);
@@ -136,6 +140,47 @@ TEST_F(JobControlMovesTest, NoCheckpointRoundStartsDuringAMove) {
   EXPECT_TRUE(control_->checkpoints().round_id().has_value());
   // And no move step while the round runs.
   EXPECT_FALSE(control_->NextMoveStep(At(50)).has_value());
+}
+
+TEST_F(JobControlMovesTest, AJoinedServerGetsItsShareOfThePartitions) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  proto::RegisterServerReply reply;
+  ASSERT_TRUE(RegisterServer(5002, 102, std::nullopt, t0_, &reply).ok());
+  EXPECT_EQ(reply.server_id(), 2u);
+  EXPECT_EQ(events_.Count("server_joined"), 1u);
+  EXPECT_TRUE(control_->SaveRecord().balancing_servers());
+  // 4 + 4 + 0 becomes 3 + 3 + 2: two moves to the new server.
+  int moves = 0;
+  while (std::optional<JobControl::MoveStep> step = RunStep(At(moves * 10))) {
+    if (step->request.step() == Step::COPY) {
+      EXPECT_EQ(step->target.first, 2u);
+      ++moves;
+    }
+    ASSERT_LT(moves, 10);
+  }
+  EXPECT_EQ(moves, 2);
+  const std::map<uint32_t, uint32_t> counts = control_->membership().PartitionCounts();
+  EXPECT_EQ(counts.at(0), 3u);
+  EXPECT_EQ(counts.at(1), 3u);
+  EXPECT_EQ(counts.at(2), 2u);
+  EXPECT_FALSE(control_->SaveRecord().balancing_servers()) << "balanced";
+}
+
+TEST_F(JobControlMovesTest, AMoveThatSawAnotherMapIsGivenUp) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0, t0_).ok());
+  std::optional<JobControl::MoveStep> copy = RunStep(t0_);
+  ASSERT_TRUE(copy.has_value());
+  // A server joins during the move: the old owner takes the partition back
+  // when it sees the new map, so the move must not commit.
+  ASSERT_TRUE(RegisterServer(5002, 102, std::nullopt, At(1)).ok());
+  ASSERT_TRUE(RunStep(At(2)).has_value());  // HANDOFF
+  ASSERT_TRUE(RunStep(At(3)).has_value());  // TAIL
+  EXPECT_EQ(events_.Count("partition_moved"), 0u);
+  EXPECT_EQ(events_.Count("partition_move_failed"), 1u);
+  EXPECT_EQ(control_->membership().cluster_map().partition_owner(
+                static_cast<int>(copy->request.partition())),
+            0u);
 }
 
 }  // namespace

@@ -74,13 +74,6 @@ TEST_F(MembershipTest, FreshServersTakeTheNextSlots) {
   EXPECT_EQ(members_.cluster_map().version(), 0u) << "placed without being asked";
 }
 
-TEST_F(MembershipTest, AllSlotsTakenByLiveServersIsRefused) {
-  PlaceTwoServers(t0_);
-  StatusOr<Membership::Claim> third = members_.ClaimSlot(ServerRequest(5002, 102));
-  EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(third.status().message(), HasSubstr("2 server(s)"));
-}
-
 TEST_F(MembershipTest, AllSlotsTakenBeforePlacementIsRefused) {
   ASSERT_EQ(Register(ServerRequest(5000, 100), t0_), 0u);
   ASSERT_EQ(Register(ServerRequest(5001, 101), t0_), 1u);
@@ -535,25 +528,25 @@ TEST_F(MembershipTest, GoneWorkersAreForgottenButStayFenced) {
 TEST_F(MembershipTest, APartitionMoveIsTheNextMapVersionAndAHandOffSurvivesARestart) {
   PlaceTwoServers(t0_);
   ASSERT_EQ(members_.cluster_map().partition_owner(2), 0u);
-  members_.SetHandingOff(2);
+  members_.SetMoving(2);
   proto::MasterRecord handing_off;
   members_.SaveTo(&handing_off);
-  ASSERT_TRUE(handing_off.has_partition_handing_off());
-  EXPECT_EQ(handing_off.partition_handing_off(), 2u);
+  ASSERT_TRUE(handing_off.has_partition_moving());
+  EXPECT_EQ(handing_off.partition_moving(), 2u);
   Membership restored(job_, &events_);
   restored.RestoreFrom(handing_off, t0_);
   EXPECT_EQ(restored.cluster_map().version(), 2u) << "given up with a newer map";
   EXPECT_EQ(restored.cluster_map().partition_owner(2), 0u);
   proto::MasterRecord after;
   restored.SaveTo(&after);
-  EXPECT_FALSE(after.has_partition_handing_off());
+  EXPECT_FALSE(after.has_partition_moving());
 
   members_.MovePartition(2, 1);
   EXPECT_EQ(members_.cluster_map().version(), 2u);
   EXPECT_EQ(members_.cluster_map().partition_owner(2), 1u);
   proto::MasterRecord moved;
   members_.SaveTo(&moved);
-  EXPECT_FALSE(moved.has_partition_handing_off()) << "the commit ends the hand-off";
+  EXPECT_FALSE(moved.has_partition_moving()) << "the commit ends the hand-off";
   EXPECT_THAT(members_.PartitionCounts(), ElementsAre(Pair(0u, 3u), Pair(1u, 5u)));
 }
 
@@ -579,6 +572,31 @@ TEST_F(MembershipTest, ARestoreGivesPartitionsBackToTheirCheckpointOwners) {
   const uint64_t settled = members_.cluster_map().version();
   members_.RestoreOwners(checkpoint, {0, 1});
   EXPECT_EQ(members_.cluster_map().version(), settled) << "nothing changed, no new version";
+}
+
+// Once every slot is alive, a fresh server joins in a new slot: listed in
+// the next map version with no partition; at most one slot per partition.
+TEST_F(MembershipTest, AFreshServerJoinsInANewSlotOnceEverySlotIsAlive) {
+  PlaceTwoServers(t0_);
+  StatusOr<Membership::Claim> claim = members_.ClaimSlot(ServerRequest(5002, 102));
+  ASSERT_TRUE(claim.ok()) << claim.status();
+  EXPECT_TRUE(claim->joined);
+  EXPECT_EQ(claim->slot, 2u);
+  EXPECT_FALSE(members_.AdmitServer(claim->slot, ServerRequest(5002, 102), t0_));
+  const proto::ClusterMap& map = members_.cluster_map();
+  EXPECT_EQ(map.version(), 2u);
+  ASSERT_EQ(map.servers_size(), 3);
+  EXPECT_EQ(map.servers(2).id(), 2u);
+  EXPECT_EQ(members_.PartitionCounts().at(2), 0u);
+  // Up to 8 slots for 8 partitions; a ninth would hold nothing.
+  for (uint32_t port = 5003; port < 5008; ++port) {
+    StatusOr<Membership::Claim> more = members_.ClaimSlot(ServerRequest(port, port));
+    ASSERT_TRUE(more.ok()) << more.status();
+    members_.AdmitServer(more->slot, ServerRequest(port, port), t0_);
+  }
+  StatusOr<Membership::Claim> ninth = members_.ClaimSlot(ServerRequest(5008, 5008));
+  ASSERT_FALSE(ninth.ok());
+  EXPECT_THAT(ninth.status().message(), HasSubstr("one more server would hold none"));
 }
 
 }  // namespace
