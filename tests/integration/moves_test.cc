@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -80,6 +81,17 @@ class MovesTest : public ::testing::Test {
     return status;
   }
 
+  // The eval AUC of the same job on two fixed servers, without moves.
+  void ReferenceAuc(double* auc) const {
+    const std::string reference = dir_.Join("reference");
+    std::filesystem::create_directories(reference);
+    LocalJob job(reference, Config(), overrides_);
+    ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
+    const json status = ExpectCompleteJob(job);
+    ASSERT_TRUE(status.is_object());
+    *auc = status["metrics"]["eval_auc"].get<double>();
+  }
+
   static size_t CountEvents(const LocalJob& job, const std::string& name) {
     size_t count = 0;
     for (const json& event : ReadEvents(job.master_dir())) count += event["event"] == name;
@@ -105,16 +117,7 @@ class MovesTest : public ::testing::Test {
 
 TEST_F(MovesTest, ADrainedServersPartitionsMoveLiveAndNothingIsLost) {
   double reference_auc = 0;
-  {
-    // The same job without moves.
-    const std::string reference = dir_.Join("reference");
-    std::filesystem::create_directories(reference);
-    LocalJob job(reference, Config(), overrides_);
-    ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
-    const json status = ExpectCompleteJob(job);
-    ASSERT_TRUE(status.is_object());
-    reference_auc = status["metrics"]["eval_auc"].get<double>();
-  }
+  ASSERT_NO_FATAL_FAILURE(ReferenceAuc(&reference_auc));
   LocalJob job(dir_.path(), Config(), overrides_);
   ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
   ASSERT_TRUE(WaitForTraining(job, lines_ / 5)) << job.Logs();
@@ -161,15 +164,7 @@ TEST_F(MovesTest, ADrainedServersPartitionsMoveLiveAndNothingIsLost) {
 // two-server run.
 TEST_F(MovesTest, ServersJoinARunningJobAndOneIsDrained) {
   double reference_auc = 0;
-  {
-    const std::string reference = dir_.Join("reference");
-    std::filesystem::create_directories(reference);
-    LocalJob job(reference, Config(), overrides_);
-    ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/2).ok()) << job.Logs();
-    const json status = ExpectCompleteJob(job);
-    ASSERT_TRUE(status.is_object());
-    reference_auc = status["metrics"]["eval_auc"].get<double>();
-  }
+  ASSERT_NO_FATAL_FAILURE(ReferenceAuc(&reference_auc));
   std::vector<std::string> one_server = overrides_;
   one_server.push_back("--ps.num_servers=1");
   LocalJob job(dir_.path(), Config(), one_server);
