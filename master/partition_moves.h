@@ -78,6 +78,12 @@ class PartitionMoves {
 
   // /status `moves`.
   nlohmann::json ToJson(absl::Time now) const;
+  // Totals since the master started (/metrics).
+  uint64_t done() const { return done_; }
+  uint64_t failed() const { return failed_; }
+  uint64_t rows() const { return rows_; }
+  uint64_t bytes() const { return bytes_; }
+  double longest_unavailable_ms() const { return longest_unavailable_ms_; }
 
  private:
   std::deque<PartitionMove> queue_;

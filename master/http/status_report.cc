@@ -545,6 +545,21 @@ std::string MetricsText(const JobControl& control) {
           static_cast<double>(control.recovery().count()));
   gauge("eps_recovery_in_progress", "1 while the job is being restored after losing a server.",
         control.recovery().active() ? 1 : 0);
+  const PartitionMoves& moves = control.moves();
+  counter("eps_partition_moves_total", "Partition moves committed (docs/design.md 2.20).",
+          static_cast<double>(moves.done()));
+  counter("eps_partition_moves_failed_total",
+          "Partition moves dropped after their last attempt failed.",
+          static_cast<double>(moves.failed()));
+  counter("eps_partition_move_rows_total", "Rows the committed partition moves copied.",
+          static_cast<double>(moves.rows()));
+  counter("eps_partition_move_bytes_total", "Bytes the committed partition moves copied.",
+          static_cast<double>(moves.bytes()));
+  gauge("eps_partition_move_in_progress", "1 while a partition moves between servers.",
+        moves.active().has_value() ? 1 : 0);
+  gauge("eps_partition_unavailable_seconds_max",
+        "The longest a moved partition was refused (hand-off to the map that moved it).",
+        moves.longest_unavailable_ms() / 1000);
   return out.text();
 }
 

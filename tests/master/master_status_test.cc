@@ -285,6 +285,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            absl::StrCat("\neps_worker_pull_seconds_count", w, "} 3\n"),
            absl::StrCat("\neps_worker_push_seconds_count", w, "} 1\n"),
            std::string("\neps_server_partitions{server=\"0\"} 4\n"),
+           std::string("\neps_partition_moves_total 0\n"),
+           std::string("\neps_partition_move_in_progress 0\n"),
            std::string("\neps_server_rows{server=\"0\"} 123\n"),
            std::string("\neps_server_rows_on_disk{server=\"0\"} 45\n"),
            std::string("\neps_server_memory_bytes{server=\"0\"} 6789\n"),
