@@ -33,6 +33,9 @@ MARKS = {
     "scale_up": ("autoscaler grew", "#1c7ed6", "-", 1.5),
     "scale_down": ("autoscaler shrank", "#862e9c", "-", 1.5),
     "worker_replaced": ("worker replaced", "#c2255c", "--", 1.2),
+    "server_joined": ("server joined", "#0b7285", "-", 1.5),
+    "server_drained": ("server drained", "#495057", "-", 1.5),
+    "partition_move_failed": ("partition move failed", "#e67700", ":", 1.2),
 }
 
 

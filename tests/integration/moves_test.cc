@@ -193,6 +193,10 @@ TEST_F(MovesTest, ServersJoinARunningJobAndOneIsDrained) {
   std::cout << "eval AUC " << auc << " with 2 joins and a drain, " << reference_auc
             << " on 2 fixed servers; moves " << status["moves"].dump() << "\n";
   EXPECT_NEAR(auc, reference_auc, 0.005);
+  // The plot marks the joins and the drain.
+  const auto [plotted, plot_log] = PlotRun(job.master_dir(), dir_.Join("run.png"));
+  EXPECT_EQ(plotted, 0) << plot_log;
+  EXPECT_EQ(ReadFile(dir_.Join("run.png")).substr(0, 8), "\x89PNG\r\n\x1a\n") << plot_log;
 }
 
 // A server of a move, or the master, killed with -9 at a step of it
