@@ -248,7 +248,7 @@ class JobControl {
   // `slot` to the other live servers (each to the one holding fewest);
   // what was queued. kNotFound for an unknown slot; kFailedPrecondition
   // unless the job trains, or when no other server is left.
-  StatusOr<nlohmann::json> Drain(uint32_t slot, absl::Time now);
+  StatusOr<nlohmann::json> Drain(uint32_t slot);
   // The next step of a move to send (to `target`), when one may run now:
   // not during a recovery or a checkpoint round, and only while training.
   struct MoveStep {

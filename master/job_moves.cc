@@ -11,8 +11,7 @@ namespace eps {
 
 using nlohmann::json;
 
-StatusOr<json> JobControl::Drain(uint32_t slot, absl::Time now) {
-  (void)now;
+StatusOr<json> JobControl::Drain(uint32_t slot) {
   if (over() || progress_.phase() != JobPhase::kTraining || !membership_.placed()) {
     return absl::FailedPreconditionError(
         absl::StrCat("servers are drained while the job trains; it is ",
@@ -41,9 +40,7 @@ StatusOr<json> JobControl::Drain(uint32_t slot, absl::Time now) {
 std::map<uint32_t, uint32_t> JobControl::DrainTargets(uint32_t slot) const {
   std::map<uint32_t, uint32_t> counts;
   for (const auto& [id, partitions] : membership_.PartitionCounts()) {
-    const ServerEntry* other = membership_.server(id);
-    if (id != slot && !draining_.contains(id) && other != nullptr &&
-        other->state == PeerState::kAlive) {
+    if (id != slot && !draining_.contains(id) && membership_.ServerAlive(id)) {
       counts[id] = partitions;
     }
   }
@@ -120,10 +117,6 @@ std::optional<JobControl::MoveStep> JobControl::NextMoveStep(absl::Time now) {
   if (!moves_.active().has_value() && progress_.phase() != JobPhase::kTraining) {
     return std::nullopt;
   }
-  const auto alive = [&](uint32_t slot) {
-    const ServerEntry* server = membership_.server(slot);
-    return server != nullptr && server->state == PeerState::kAlive;
-  };
   if (moves_.idle() && progress_.phase() == JobPhase::kTraining) {
     // What a drain has left (the master restarted, a move given up, a
     // recovery took partitions back): planned again; then a join's share.
@@ -136,7 +129,8 @@ std::optional<JobControl::MoveStep> JobControl::NextMoveStep(absl::Time now) {
     const PartitionMove& move = started.move;
     const uint32_t owner =
         membership_.cluster_map().partition_owner(static_cast<int>(move.partition));
-    if (owner != move.from || !alive(move.from) || !alive(move.to)) {
+    if (owner != move.from || !membership_.ServerAlive(move.from) ||
+        !membership_.ServerAlive(move.to)) {
       moves_.GiveUp(absl::StrCat("partition ", move.partition, " is on ps[", owner,
                                  "] now, or a server of its move is gone"),
                     /*retry=*/false);

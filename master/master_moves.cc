@@ -48,7 +48,7 @@ std::pair<int, std::string> Master::Impl::PostDrain(uint32_t slot) {
   StatusOr<nlohmann::json> drain;
   {
     absl::MutexLock lock(&mu_);
-    drain = control_->Drain(slot, clock_->Now());
+    drain = control_->Drain(slot);
     changed_.SignalAll();
   }
   if (Status persisted = Persist(); !persisted.ok()) {

@@ -161,6 +161,11 @@ class Membership {
   Status ServerHeartbeat(uint32_t slot, const std::string& endpoint,
                          const proto::ServerStats& stats, absl::Time now, bool* first_contact);
   const ServerEntry* server(uint32_t slot) const;
+  // The slot has a live server.
+  bool ServerAlive(uint32_t slot) const {
+    const ServerEntry* entry = server(slot);
+    return entry != nullptr && entry->state == PeerState::kAlive;
+  }
   // The worker registered as `id` in any state, or null.
   const WorkerEntry* worker(uint32_t id) const;
 

@@ -89,8 +89,8 @@ Recovery::Step Recovery::Next(const Membership& membership,
     if (checkpoint.id() != 0 && !paths.contains(slot) && !placed_then.empty() &&
         !placed_then.contains(slot)) {
       // Joined since: it held nothing at the checkpoint.
-      step.targets.push_back(
-          RestoreTarget{.slot = slot, .endpoint = server.endpoint, .joined_after = true});
+      step.targets.push_back(RestoreTarget{
+          .slot = slot, .endpoint = server.endpoint, .path = "", .joined_after = true});
       continue;
     }
     if (checkpoint.id() != 0 && !paths.contains(slot)) {

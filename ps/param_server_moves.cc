@@ -32,24 +32,15 @@ void MaybeCrashInMove(proto::MovePartitionRequest::Step step, const char* where)
   raise(SIGKILL);
 }
 
-// Adds `rows` (runs of one table each, as ReadPartition and ReadStoredRows
-// give them) to a FETCH_PARTITION reply: per run its table id, a frame of
+// Adds `tables` to a FETCH_PARTITION reply: per table its id, a frame of
 // keys and a frame of stored floats.
-void AddRowFrames(std::span<const PartitionRow> rows, proto::FetchPartitionReply* answer,
+void AddRowFrames(std::span<const TableRows> tables, proto::FetchPartitionReply* answer,
                   Message* reply) {
-  for (size_t begin = 0; begin < rows.size();) {
-    size_t end = begin;
-    while (end < rows.size() && rows[end].table == rows[begin].table) ++end;
-    const size_t width = rows[begin].values.size();
-    answer->add_table_ids(rows[begin].table);
-    std::span<uint64_t> keys = reply->AddUninitializedArray<uint64_t>(end - begin);
-    std::span<float> values = reply->AddUninitializedArray<float>((end - begin) * width);
-    for (size_t i = begin; i < end; ++i) {
-      keys[i - begin] = rows[i].key;
-      std::copy(rows[i].values.begin(), rows[i].values.end(),
-                values.begin() + static_cast<ptrdiff_t>((i - begin) * width));
-    }
-    begin = end;
+  for (const TableRows& rows : tables) {
+    if (rows.keys.empty()) continue;
+    answer->add_table_ids(rows.table);
+    reply->AddArray(rows.keys);
+    reply->AddArray(rows.values);
   }
 }
 
@@ -136,24 +127,19 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
     uint64_t sent = body.key();
     absl::ReaderMutexLock restore_lock(&restore_mu_);
     for (const auto& [table, keys] : want) {
-      ASSIGN_OR_RETURN(std::vector<PartitionRow> rows, storage_->ReadStoredRows(table, keys));
-      AddRowFrames(rows, answer, reply);
+      ASSIGN_OR_RETURN(TableRows rows, storage_->ReadStoredRows(table, keys));
+      AddRowFrames(std::span(&rows, 1), answer, reply);
       sent += keys.size();
     }
     answer->set_next_key(sent);
     answer->set_done(sent >= total);
     return absl::OkStatus();
   }
+  // The map the move started from reaches this server a heartbeat after
+  // the master wrote it.
+  RETURN_IF_ERROR(AwaitMapVersion(body.map_version()));
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (placement_->version() < body.map_version()) {
-      // The map the move started from is on its way here: fetch it now.
-      if (session_ != nullptr) session_->HeartbeatNow();
-      return ErrorWithReason(absl::StatusCode::kUnavailable,
-                             absl::StrCat("ps[", id_, "] has cluster map v", placement_->version(),
-                                          ", the move is at v", body.map_version()),
-                             proto::NOT_READY);
-    }
     if (placement_->version() > body.map_version() || !owned_[p]) {
       return absl::FailedPreconditionError(
           absl::StrCat("partition ", p, " is not on ps[", id_, "] at cluster map v",
@@ -196,7 +182,7 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
   absl::ReaderMutexLock restore_lock(&restore_mu_);
   const PartitionCursor from{.table = body.table(), .key = body.key()};
   ASSIGN_OR_RETURN(PartitionPage page, storage_->ReadPartition(p, partitions, from, max_rows));
-  AddRowFrames(page.rows, answer, reply);
+  AddRowFrames(page.tables, answer, reply);
   answer->set_done(!page.next.has_value());
   if (page.next.has_value()) {
     answer->set_next_table(page.next->table);
@@ -239,19 +225,10 @@ StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
   proto::MovePartitionReply result;
   const absl::Time start = absl::Now();
   while (true) {
-    const auto fetch = [&] {
-      Message request;
-      request.header().set_method(proto::FETCH_PARTITION);
-      *request.header().mutable_fetch_partition_request() = next;
-      return channel.Call(move.from_endpoint(), std::move(request), call);
-    };
-    StatusOr<Message> page = fetch();
-    // The old owner learns of the move's map a heartbeat after the master.
-    const absl::Time patience = absl::Now() + options_.rpc_timeout;
-    while (ReasonOf(page.status()) == proto::NOT_READY && absl::Now() < patience) {
-      absl::SleepFor(absl::Milliseconds(10));
-      page = fetch();
-    }
+    Message request;
+    request.header().set_method(proto::FETCH_PARTITION);
+    *request.header().mutable_fetch_partition_request() = next;
+    StatusOr<Message> page = channel.Call(move.from_endpoint(), std::move(request), call);
     RETURN_IF_ERROR_CTX(page.status(), absl::StrCat("reading partition ", move.partition(),
                                                     tail ? "'s tail" : "", " from ", from));
     const proto::FetchPartitionReply& body = page->header().fetch_partition_reply();
@@ -261,27 +238,8 @@ StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
                                               " tables but carries ", page->num_frames(),
                                               " frames"));
     }
-    std::vector<PartitionRow> rows;
-    for (int i = 0; i < body.table_ids_size(); ++i) {
-      ASSIGN_OR_RETURN(std::span<const uint64_t> keys, page->Array<uint64_t>(2 * i));
-      ASSIGN_OR_RETURN(std::span<const float> values, page->Array<float>(2 * i + 1));
-      if (keys.empty() || values.size() % keys.size() != 0) {
-        return absl::DataLossError(absl::StrCat("a page of partition ", move.partition(),
-                                                " from ", from, " has ", keys.size(), " keys and ",
-                                                values.size(), " values of table ",
-                                                body.table_ids(i)));
-      }
-      const size_t width = values.size() / keys.size();
-      for (size_t k = 0; k < keys.size(); ++k) {
-        PartitionRow& row = rows.emplace_back();
-        row.table = body.table_ids(i);
-        row.key = keys[k];
-        row.values.assign(values.begin() + static_cast<ptrdiff_t>(k * width),
-                          values.begin() + static_cast<ptrdiff_t>((k + 1) * width));
-      }
-      result.set_bytes(result.bytes() + keys.size_bytes() + values.size_bytes());
-    }
     {
+      // Written only while this copy is the partition's newest.
       absl::MutexLock import_lock(&import_mu_);
       auto it = importing_.find(move.partition());
       if (it == importing_.end() || it->second != move.map_version()) {
@@ -290,10 +248,15 @@ StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
                                                " was given up or superseded"));
       }
       absl::ReaderMutexLock restore_lock(&restore_mu_);
-      RETURN_IF_ERROR_CTX(storage_->WritePartitionRows(rows),
-                          absl::StrCat("writing partition ", move.partition(), " from ", from));
+      for (int i = 0; i < body.table_ids_size(); ++i) {
+        ASSIGN_OR_RETURN(std::span<const uint64_t> keys, page->Array<uint64_t>(2 * i));
+        ASSIGN_OR_RETURN(std::span<const float> values, page->Array<float>(2 * i + 1));
+        RETURN_IF_ERROR_CTX(storage_->WriteTableRows(body.table_ids(i), keys, values),
+                            absl::StrCat("writing partition ", move.partition(), " from ", from));
+        result.set_rows(result.rows() + keys.size());
+        result.set_bytes(result.bytes() + keys.size_bytes() + values.size_bytes());
+      }
     }
-    result.set_rows(result.rows() + rows.size());
     MaybeCrashInMove(tail ? proto::MovePartitionRequest::TAIL : proto::MovePartitionRequest::COPY,
                      "having written a page of the partition");
     if (body.done()) break;

@@ -155,16 +155,17 @@ struct PartitionCursor {
   uint64_t key = 0;    // the first key of it to look at
 };
 
-// One row of a partition: its table, key and stored floats (weights, then
-// optimizer state, then under expiry its last pass).
-struct PartitionRow {
+// Rows of one table as they are stored: each key's stored floats
+// (weights, then optimizer state, then under expiry its last pass), row
+// after row: values.size() == keys.size() * the table's stored_floats().
+struct TableRows {
   uint32_t table = 0;
-  uint64_t key = 0;
+  std::vector<uint64_t> keys;
   std::vector<float> values;
 };
 
 struct PartitionPage {
-  std::vector<PartitionRow> rows;
+  std::vector<TableRows> tables;        // in table id order, none empty
   std::optional<PartitionCursor> next;  // where the next page starts; none: done
 };
 
@@ -240,19 +241,20 @@ class ServerStorage {
   StatusOr<PartitionPage> ReadPartition(uint32_t partition, uint32_t num_partitions,
                                         const PartitionCursor& from, size_t max_rows);
 
-  // Writes the rows of a page ReadPartition made on another server into
-  // the tables of the same ids, as changed rows, whole (weights, optimizer
-  // state, pass). kFailedPrecondition before CreateTables; kInvalidArgument
-  // for a row of an unknown table or of another width; the store's errors.
-  Status WritePartitionRows(std::span<const PartitionRow> rows);
+  // Writes rows another server read (ReadPartition, ReadStoredRows) into
+  // table `table`, as changed rows, whole (weights, optimizer state,
+  // pass). kFailedPrecondition before CreateTables; kInvalidArgument for an
+  // unknown table, or values that are not the table's stored floats per
+  // key; the store's errors.
+  Status WriteTableRows(uint32_t table, std::span<const uint64_t> keys,
+                        std::span<const float> values);
 
   // The stored rows of `keys` of table `table` (a moving partition's tail),
   // in the order of `keys`; a key the store lacks has none. Reads the store
   // only: REQUIRES a Flush since the rows last changed.
   // kFailedPrecondition without a store; kInvalidArgument for an unknown
   // table; the store's errors.
-  StatusOr<std::vector<PartitionRow>> ReadStoredRows(uint32_t table,
-                                                     std::span<const uint64_t> keys);
+  StatusOr<TableRows> ReadStoredRows(uint32_t table, std::span<const uint64_t> keys);
 
   // A warm start: loads the rows of the model export in `dir` that
   // `owned` accepts (by their key in this job: the feature id, or the

@@ -210,12 +210,15 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
   if (tables_.empty()) return absl::FailedPreconditionError("no tables yet: no partition to read");
   if (from.table == 0 && from.key == 0) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
   PartitionPage page;
+  size_t rows = 0;
   for (uint32_t t = from.table; t < tables_.size(); ++t) {
     const size_t bytes = sizeof(float) * tables_[t]->stored_floats();
+    TableRows run;
+    run.table = t;
     const Status scanned = store_->ScanFrom(
         t, t == from.table ? from.key : 0, [&](uint64_t key, absl::string_view value) -> Status {
           if (PartitionOf(key, num_partitions) != partition) return absl::OkStatus();
-          if (page.rows.size() == max_rows) {
+          if (rows == max_rows) {
             page.next = PartitionCursor{.table = t, .key = key};
             return absl::CancelledError("the page is full");
           }
@@ -223,21 +226,22 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
             return absl::DataLossError(absl::StrCat("key ", key, " of table ", t, " holds ",
                                                     value.size(), " bytes, expected ", bytes));
           }
-          PartitionRow& row = page.rows.emplace_back();
-          row.table = t;
-          row.key = key;
-          row.values.resize(bytes / sizeof(float));
-          std::memcpy(row.values.data(), value.data(), bytes);
+          run.keys.push_back(key);
+          const size_t at = run.values.size();
+          run.values.resize(at + bytes / sizeof(float));
+          std::memcpy(run.values.data() + at, value.data(), bytes);
+          ++rows;
           return absl::OkStatus();
         });
+    if (!run.keys.empty()) page.tables.push_back(std::move(run));
     if (page.next.has_value()) return page;
     RETURN_IF_ERROR(scanned);
   }
   return page;
 }
 
-StatusOr<std::vector<PartitionRow>> ServerStorage::ReadStoredRows(
-    uint32_t table, std::span<const uint64_t> keys) {
+StatusOr<TableRows> ServerStorage::ReadStoredRows(uint32_t table,
+                                                  std::span<const uint64_t> keys) {
   absl::ReaderMutexLock state_lock(&state_mu_);
   if (!broken_.ok()) return broken_;
   if (store_ == nullptr) {
@@ -249,19 +253,23 @@ StatusOr<std::vector<PartitionRow>> ServerStorage::ReadStoredRows(
                                                    tables_.size(), ")"));
   }
   const size_t floats = tables_[table]->stored_floats();
-  std::vector<char> bytes(keys.size() * floats * sizeof(float));
+  TableRows rows;
+  rows.table = table;
+  rows.values.resize(keys.size() * floats);
   std::vector<bool> found;
-  RETURN_IF_ERROR(store_->MultiGet(table, keys, floats * sizeof(float), bytes, &found));
-  std::vector<PartitionRow> rows;
+  RETURN_IF_ERROR(store_->MultiGet(
+      table, keys, floats * sizeof(float),
+      std::span<char>(reinterpret_cast<char*>(rows.values.data()),
+                      rows.values.size() * sizeof(float)),
+      &found));
+  // The found rows, moved up over the missing ones.
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!found[i]) continue;
-    PartitionRow& row = rows.emplace_back();
-    row.table = table;
-    row.key = keys[i];
-    row.values.resize(floats);
-    std::memcpy(row.values.data(), bytes.data() + i * floats * sizeof(float),
-                floats * sizeof(float));
+    std::memmove(rows.values.data() + rows.keys.size() * floats, rows.values.data() + i * floats,
+                 floats * sizeof(float));
+    rows.keys.push_back(keys[i]);
   }
+  rows.values.resize(rows.keys.size() * floats);
   return rows;
 }
 
@@ -273,35 +281,23 @@ Status ServerStorage::PutLocked(Table& table, std::span<const uint64_t> keys,
   return absl::OkStatus();
 }
 
-Status ServerStorage::WritePartitionRows(std::span<const PartitionRow> rows) {
+Status ServerStorage::WriteTableRows(uint32_t table, std::span<const uint64_t> keys,
+                                     std::span<const float> values) {
   absl::ReaderMutexLock state_lock(&state_mu_);
   if (!broken_.ok()) return broken_;
   if (tables_.empty()) return absl::FailedPreconditionError("no tables yet to write rows into");
-  // Runs of one table (a page holds its tables in order), one Put each.
-  for (size_t begin = 0; begin < rows.size();) {
-    const uint32_t t = rows[begin].table;
-    if (t >= tables_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a row of table ", t, ", which this job lacks"));
-    }
-    Table& table = *tables_[t];
-    const uint32_t width = table.stored_floats();
-    std::vector<uint64_t> keys;
-    std::vector<float> values;
-    size_t end = begin;
-    for (; end < rows.size() && rows[end].table == t; ++end) {
-      if (rows[end].values.size() != width) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("key ", rows[end].key, " of table '", table.spec().name(), "' has ",
-                         rows[end].values.size(), " floats, the table ", width));
-      }
-      keys.push_back(rows[end].key);
-      values.insert(values.end(), rows[end].values.begin(), rows[end].values.end());
-    }
-    RETURN_IF_ERROR(PutLocked(table, keys, values, width));
-    begin = end;
+  if (table >= tables_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows of table ", table, ", which this job lacks"));
   }
-  return absl::OkStatus();
+  Table& into = *tables_[table];
+  const uint32_t width = into.stored_floats();
+  if (values.size() != keys.size() * width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(keys.size(), " rows of table '", into.spec().name(), "' come with ",
+                     values.size(), " floats; the table stores ", width, " a row"));
+  }
+  return PutLocked(into, keys, values, width);
 }
 
 }  // namespace eps

@@ -36,12 +36,12 @@ class JobControlMovesTest : public JobControlTest {
 TEST_F(JobControlMovesTest, ADrainMovesEachPartitionStepByStepAndCommitsWithTheMap) {
   ASSERT_NO_FATAL_FAILURE(StartTraining());
   EXPECT_FALSE(control_->NextMoveStep(t0_).has_value()) << "nothing to move";
-  EXPECT_EQ(control_->Drain(7, t0_).status().code(), absl::StatusCode::kNotFound);
-  StatusOr<nlohmann::json> drained = control_->Drain(0, t0_);
+  EXPECT_EQ(control_->Drain(7).status().code(), absl::StatusCode::kNotFound);
+  StatusOr<nlohmann::json> drained = control_->Drain(0);
   ASSERT_TRUE(drained.ok()) << drained.status();
   EXPECT_EQ((*drained)["moves_queued"], 4) << "8 partitions on 2 servers";
   // ps[1] is the last server able to hold them.
-  EXPECT_EQ(control_->Drain(1, t0_).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(control_->Drain(1).status().code(), absl::StatusCode::kFailedPrecondition);
   // Saved: a restarted master moves what the drained server still holds.
   ASSERT_EQ(control_->SaveRecord().draining_servers_size(), 1);
   EXPECT_EQ(control_->SaveRecord().draining_servers(0), 0u);
@@ -88,7 +88,7 @@ TEST_F(JobControlMovesTest, ADrainMovesEachPartitionStepByStepAndCommitsWithTheM
   EXPECT_EQ(events_.Count("server_drained"), 1u);
   // Still listed: a drained server takes no partition again.
   EXPECT_EQ(control_->SaveRecord().draining_servers_size(), 1);
-  StatusOr<nlohmann::json> again = control_->Drain(0, At(1000));
+  StatusOr<nlohmann::json> again = control_->Drain(0);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ((*again)["drained"], true);
   const nlohmann::json moves = control_->moves().ToJson(At(1000));
@@ -99,7 +99,7 @@ TEST_F(JobControlMovesTest, ADrainMovesEachPartitionStepByStepAndCommitsWithTheM
 
 TEST_F(JobControlMovesTest, AFailedStepGivesTheMoveUpWithANewerMapAndTriesAgain) {
   ASSERT_NO_FATAL_FAILURE(StartTraining());
-  ASSERT_TRUE(control_->Drain(0, t0_).ok());
+  ASSERT_TRUE(control_->Drain(0).ok());
   const uint64_t version = control_->membership().cluster_map().version();
   std::optional<JobControl::MoveStep> copy =
       RunStep(t0_, 0, absl::UnavailableError("ps[1] died before it answered"));
@@ -129,7 +129,7 @@ TEST_F(JobControlMovesTest, AFailedStepGivesTheMoveUpWithANewerMapAndTriesAgain)
 
 TEST_F(JobControlMovesTest, NoCheckpointRoundStartsDuringAMove) {
   ASSERT_NO_FATAL_FAILURE(StartTraining());
-  ASSERT_TRUE(control_->Drain(0, t0_).ok());
+  ASSERT_TRUE(control_->Drain(0).ok());
   ASSERT_TRUE(RunStep(t0_).has_value());  // COPY done: HANDOFF next
   ASSERT_TRUE(control_->RequestCheckpoint().ok());
   control_->Tick(At(10));
@@ -168,7 +168,7 @@ TEST_F(JobControlMovesTest, AJoinedServerGetsItsShareOfThePartitions) {
 
 TEST_F(JobControlMovesTest, AMoveThatSawAnotherMapIsGivenUp) {
   ASSERT_NO_FATAL_FAILURE(StartTraining());
-  ASSERT_TRUE(control_->Drain(0, t0_).ok());
+  ASSERT_TRUE(control_->Drain(0).ok());
   std::optional<JobControl::MoveStep> copy = RunStep(t0_);
   ASSERT_TRUE(copy.has_value());
   // A server joins during the move: the old owner takes the partition back

@@ -396,21 +396,55 @@ TEST(ServerStorage, FlusherWritesChangedRows) {
   EXPECT_GT(storage->stats().rows_on_disk, 0u);
 }
 
-// All pages of a partition, read from `from` on.
-std::vector<PartitionRow> ReadAll(ServerStorage& storage, uint32_t partition, uint32_t partitions,
-                                  size_t page_rows, int* pages = nullptr) {
-  std::vector<PartitionRow> rows;
+// One stored row of a partition: its table, key and stored floats.
+struct Row {
+  uint32_t table = 0;
+  uint64_t key = 0;
+  std::vector<float> values;
+};
+
+// The rows of `rows`, one by one.
+std::vector<Row> RowsOf(const TableRows& rows) {
+  std::vector<Row> out;
+  const size_t width = rows.keys.empty() ? 0 : rows.values.size() / rows.keys.size();
+  EXPECT_EQ(rows.values.size(), rows.keys.size() * width);
+  for (size_t i = 0; i < rows.keys.size(); ++i) {
+    out.push_back(Row{.table = rows.table,
+                      .key = rows.keys[i],
+                      .values = std::vector<float>(rows.values.begin() + i * width,
+                                                   rows.values.begin() + (i + 1) * width)});
+  }
+  return out;
+}
+
+// All pages of a partition, each table's rows as a page holds them.
+std::vector<TableRows> ReadAll(ServerStorage& storage, uint32_t partition, uint32_t partitions,
+                               size_t page_rows, int* pages = nullptr) {
+  std::vector<TableRows> runs;
   PartitionCursor cursor;
   while (true) {
     StatusOr<PartitionPage> page = storage.ReadPartition(partition, partitions, cursor, page_rows);
     EXPECT_TRUE(page.ok()) << page.status();
-    if (!page.ok()) return rows;
+    if (!page.ok()) return runs;
     if (pages != nullptr) ++*pages;
-    EXPECT_LE(page->rows.size(), page_rows);
-    rows.insert(rows.end(), page->rows.begin(), page->rows.end());
-    if (!page->next.has_value()) return rows;
+    size_t rows = 0;
+    for (const TableRows& run : page->tables) {
+      EXPECT_FALSE(run.keys.empty());
+      rows += run.keys.size();
+    }
+    EXPECT_LE(rows, page_rows);
+    runs.insert(runs.end(), page->tables.begin(), page->tables.end());
+    if (!page->next.has_value()) return runs;
     cursor = *page->next;
   }
+}
+
+std::vector<Row> RowsOf(const std::vector<TableRows>& runs) {
+  std::vector<Row> out;
+  for (const TableRows& run : runs) {
+    for (Row& row : RowsOf(run)) out.push_back(std::move(row));
+  }
+  return out;
 }
 
 // A partition read a page at a time gives every row of it, each once, whole
@@ -442,9 +476,10 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   ASSERT_GT(want.size(), 500u);
 
   int pages = 0;
-  const std::vector<PartitionRow> rows = ReadAll(*a, kPartition, kPartitions, 100, &pages);
+  const std::vector<TableRows> runs = ReadAll(*a, kPartition, kPartitions, 100, &pages);
+  const std::vector<Row> rows = RowsOf(runs);
   std::vector<std::pair<uint32_t, uint64_t>> got;
-  for (const PartitionRow& row : rows) {
+  for (const Row& row : rows) {
     got.emplace_back(row.table, row.key);
     ASSERT_EQ(row.values.size(), a->table(row.table)->stored_floats());
     if (row.table == 0) {
@@ -459,8 +494,10 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   options.data_dir = temp.Join("b");
   std::unique_ptr<ServerStorage> b = MustOpen(options, job);
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(b->WritePartitionRows(rows).ok());
-  const std::vector<PartitionRow> copied = ReadAll(*b, kPartition, kPartitions, 1000);
+  for (const TableRows& run : runs) {
+    ASSERT_TRUE(b->WriteTableRows(run.table, run.keys, run.values).ok());
+  }
+  const std::vector<Row> copied = RowsOf(ReadAll(*b, kPartition, kPartitions, 1000));
   ASSERT_EQ(copied.size(), rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     ASSERT_EQ(copied[i].key, rows[i].key);
@@ -468,9 +505,12 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
                                                 << rows[i].key;
   }
   EXPECT_TRUE(ReadAll(*b, kPartition + 1, kPartitions, 1000).empty());
-  PartitionRow bad = rows.front();
-  bad.values.pop_back();
-  EXPECT_TRUE(absl::IsInvalidArgument(b->WritePartitionRows(std::span(&bad, 1))));
+  const TableRows& first = runs.front();
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      b->WriteTableRows(first.table, std::span(first.keys).first(1),
+                        std::span(first.values).first(first.values.size() / first.keys.size() -
+                                                      1))));
+  EXPECT_TRUE(absl::IsInvalidArgument(b->WriteTableRows(9, {}, {})));
 }
 
 // A moving partition's tail: the stored rows of the keys asked for, once a
@@ -485,12 +525,14 @@ TEST(ServerStorage, ReadsTheStoredRowsOfKeys) {
   PushAll(*storage, 0, keys, 2.0f);
   ASSERT_TRUE(storage->Flush().ok());
   const std::vector<uint64_t> asked = {keys[7], 987654321, keys[3]};
-  StatusOr<std::vector<PartitionRow>> rows = storage->ReadStoredRows(0, asked);
-  ASSERT_TRUE(rows.ok()) << rows.status();
-  ASSERT_EQ(rows->size(), 2u);
-  EXPECT_EQ((*rows)[0].key, keys[7]);
-  EXPECT_EQ((*rows)[1].key, keys[3]);
-  for (const PartitionRow& row : *rows) {
+  StatusOr<TableRows> read = storage->ReadStoredRows(0, asked);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->table, 0u);
+  const std::vector<Row> rows = RowsOf(*read);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].key, keys[7]);
+  EXPECT_EQ(rows[1].key, keys[3]);
+  for (const Row& row : rows) {
     EXPECT_EQ(row.table, 0u);
     ASSERT_EQ(row.values.size(), storage->table(0)->stored_floats());
     EXPECT_EQ(row.values[0], -1.0f);
