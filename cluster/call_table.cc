@@ -14,6 +14,7 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
       who = "servers";
       break;
     case proto::HEARTBEAT:
+    case proto::DEREGISTER:  // a server: drain me (SIGTERM)
       allowed = caller == proto::ROLE_SERVER || caller == proto::ROLE_WORKER;
       who = "servers and workers";
       break;
@@ -22,7 +23,6 @@ Status AuthorizeCall(proto::Method method, proto::Role caller) {
       who = "members of the job";
       break;
     case proto::REGISTER_WORKER:
-    case proto::DEREGISTER:
     case proto::GET_SHARD:
     case proto::COMMIT_PROGRESS:
     case proto::SPLIT_SHARD:

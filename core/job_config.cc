@@ -388,6 +388,7 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckRange("ps.flush_interval_ms", ps.flush_interval_ms, 1, kDayMs, "a day"));
   RETURN_IF_ERROR(CheckRange("ps.journal_mb", ps.journal_mb, 0, int64_t{1} << 20, "1 TiB"));
   RETURN_IF_ERROR(CheckRange("ps.master_wait_s", ps.master_wait_s, 0, kWeekS, "a week"));
+  RETURN_IF_ERROR(CheckRange("ps.leave_timeout_s", ps.leave_timeout_s, 0, kWeekS, "a week"));
   RETURN_IF_ERROR(CheckRange("ps.rpc_timeout_ms", ps.rpc_timeout_ms, 1, kDayMs, "a day"));
   RETURN_IF_ERROR(
       CheckRange("ps.dense_chunk_floats", ps.dense_chunk_floats, 1, 1 << 20, "4 MiB chunks"));

@@ -221,6 +221,10 @@ struct JobConfig {
     // when it stops answering), in seconds, in [0, 604800] (a week).
     // Default 30.
     int64_t master_wait_s = 30;
+    // How long a server sent SIGTERM waits for the master to drain it (move
+    // its partitions to the other servers) before it exits anyway, in
+    // seconds, in [0, 604800] (a week). Default 600.
+    int64_t leave_timeout_s = 600;
     // Time one attempt of a server's call to the master may take, in ms,
     // in [1, 86400000]. Default 10000.
     int64_t rpc_timeout_ms = 10000;

@@ -74,6 +74,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("ps.journal_mb", &ps.journal_mb, "journal size at which rows go to the store");
   v.Visit("ps.master_wait_s", &ps.master_wait_s,
           "seconds a server keeps trying to reach the master");
+  v.Visit("ps.leave_timeout_s", &ps.leave_timeout_s,
+          "seconds a server sent SIGTERM waits for its drain");
   v.Visit("ps.rpc_timeout_ms", &ps.rpc_timeout_ms, "time per attempt of a server's call");
   v.Visit("ps.durability", &ps.durability, "flush or every_push");
   v.Visit("ps.dense_chunk_floats", &ps.dense_chunk_floats, "floats per dense-tensor chunk");

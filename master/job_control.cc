@@ -251,6 +251,11 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     if (std::optional<uint64_t> split = progress_.SplitRequestedOf(sender.id()); split) {
       reply->set_split_shard(*split);
     }
+  } else if (const std::string* left = membership_.LeftServer(sender.id());
+             sender.role() == proto::ROLE_SERVER && left != nullptr &&
+             (request.endpoint().empty() || request.endpoint() == *left)) {
+    // Drained, and its slot retired (RetireServer): it exits.
+    reply->set_shutdown(true);
   } else if (sender.role() == proto::ROLE_SERVER) {
     bool first_contact = false;
     proto::ServerStats stats = request.server();
@@ -496,8 +501,12 @@ Status JobControl::ShardUnreadable(const proto::NodeId& sender,
 }
 
 Status JobControl::Deregister(const proto::NodeId& sender) {
+  if (sender.role() == proto::ROLE_SERVER) {
+    // A server asked to stop (SIGTERM): drained, then told to exit.
+    return Drain(sender.id()).status();
+  }
   if (sender.role() != proto::ROLE_WORKER) {
-    return absl::InvalidArgumentError("only workers deregister");
+    return absl::InvalidArgumentError("only workers and servers deregister");
   }
   ASSIGN_OR_RETURN(bool left, membership_.Leave(sender.id()));
   if (left) progress_.ReleaseShardsOf(sender.id(), "left", std::nullopt);
@@ -522,6 +531,8 @@ void JobControl::ExpireLeases(absl::Time now) {
     if (!over()) membership_.Fence(worker, now, "lease expired");
   }
   for (uint32_t server : expired.servers) {
+    // A drained server holds nothing a recovery would need.
+    if (RetireIfDrained(server)) continue;
     StartRecovery(server, absl::StrCat("ps[", server, "] stopped heartbeating"), now);
   }
 }
@@ -597,6 +608,7 @@ std::vector<std::string> JobControl::Waits(absl::Time now) const {
 
 void JobControl::Tick(absl::Time now) {
   ExpireLeases(now);
+  for (uint32_t slot : std::set<uint32_t>(drained_)) RetireIfDrained(slot);
   EnforceBounds(now);
   SampleProgress(now);
   // A master restarted while the export was due finds the last pass done

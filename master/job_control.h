@@ -302,6 +302,11 @@ class JobControl {
   // Queues the moves of the partitions `slot` still owns (event
   // server_drained once it owns none); how many.
   uint32_t PlanDrain(uint32_t slot);
+  // Retires drained `slot` (Membership::RetireServer) once nothing needs
+  // it: it owns no partition, no move or checkpoint round is in progress,
+  // and no recovery could restore a partition from its part of the newest
+  // checkpoint (until then it asks for a checkpoint). True when it did.
+  bool RetireIfDrained(uint32_t slot);
   // Queues moves from the live servers holding most partitions to those
   // holding fewest until they differ by at most one; how many (0: even).
   uint32_t PlanBalance();
@@ -335,8 +340,9 @@ class JobControl {
   CheckpointCoordinator checkpoints_;
   Recovery recovery_;
   PartitionMoves moves_;
-  // Slots being drained (POST /servers/N/drain) until they hold nothing
-  // (MasterRecord.draining_servers), and after: a drained slot takes no
+  // Slots being drained (POST /servers/N/drain, or a server's DEREGISTER)
+  // until they hold nothing (MasterRecord.draining_servers), and after,
+  // until they leave the job (RetireIfDrained): a drained slot takes no
   // partition again. Those whose server_drained was recorded.
   std::set<uint32_t> draining_;
   std::set<uint32_t> drained_;

@@ -72,10 +72,34 @@ uint32_t JobControl::PlanDrain(uint32_t slot) {
     draining_.erase(slot);
   } else if (membership_.PartitionCounts()[slot] == 0 && drained_.insert(slot).second) {
     // It stays in draining_: no balance gives it partitions again.
-    LOG(INFO) << "ps[" << slot << "] is drained: it holds no partition";
+    LOG(INFO) << "ps[" << slot << "] is drained: it holds no partition, and leaves the job once "
+              << "no recovery can need its part of a checkpoint";
     events_->Record("server_drained", {{"server", slot}});
   }
   return queued;
+}
+
+bool JobControl::RetireIfDrained(uint32_t slot) {
+  if (!drained_.contains(slot) || over() || recovery_.active()) return false;
+  if (membership_.PartitionCounts()[slot] != 0) {
+    drained_.erase(slot);  // a recovery gave it partitions back: drained again
+    return false;
+  }
+  if (moves_.active().has_value() || checkpoints_.round_id().has_value()) return false;
+  // A recovery restores the newest checkpoint, reading each partition
+  // from its owner's part then (checkpoint 0 is empty: nothing to read).
+  const std::optional<proto::CheckpointRecord>& last = checkpoints_.last();
+  if (last.has_value() && last->id() != 0) {
+    const auto& owners = last->master().cluster_map().partition_owner();
+    if (std::find(owners.begin(), owners.end(), slot) != owners.end()) {
+      if (membership_.ServerAlive(slot)) checkpoints_.Request();
+      return false;
+    }
+  }
+  membership_.RetireServer(slot);
+  draining_.erase(slot);
+  drained_.erase(slot);
+  return true;
 }
 
 uint32_t JobControl::PlanBalance() {

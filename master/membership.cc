@@ -43,6 +43,12 @@ StatusOr<Membership::Claim> Membership::ClaimSlot(const proto::RegisterServerReq
       return Claim{.slot = id, .retried = true};
     }
   }
+  if (const uint32_t slot = request.stored_server_id();
+      (request.rejoin() || request.has_stored_server_id()) && left_.contains(slot)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ps[", slot, "] was drained and left the job: this server (", request.endpoint(),
+        ") exits; to add a server, start one on a fresh --data-dir"));
+  }
   if (request.rejoin()) {
     // The same process, back after its lease ran out (cut off, stopped):
     // its slot is its own again unless another process took it meanwhile.
@@ -224,7 +230,7 @@ Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
   if (it == servers_.end() || it->second.state != PeerState::kAlive) {
     return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
                            absl::StrCat("ps[", slot,
-                                        " is not registered (its lease ran out, or the job never "
+                                        "] is not registered (its lease ran out, or the job never "
                                         "had it): register again"),
                            proto::FENCED);
   }
@@ -516,6 +522,28 @@ std::map<uint32_t, uint32_t> Membership::PartitionCounts() const {
   return counts;
 }
 
+void Membership::RetireServer(uint32_t slot) {
+  auto it = servers_.find(slot);
+  CHECK(it != servers_.end()) << "ps[" << slot << "] is no slot";
+  CHECK_EQ(PartitionCounts()[slot], 0u) << "ps[" << slot << "] still owns partitions";
+  left_[slot] = it->second.endpoint;
+  LOG(INFO) << "ps[" << slot << "] at " << it->second.endpoint
+            << " is drained and leaves the job (cluster map v" << cluster_map_.version() + 1
+            << ")";
+  events_->Record("server_left", {{"server", slot}, {"endpoint", it->second.endpoint}});
+  servers_.erase(it);
+  auto* listed = cluster_map_.mutable_servers();
+  listed->erase(std::remove_if(listed->begin(), listed->end(),
+                               [slot](const proto::ServerInfo& info) { return info.id() == slot; }),
+                listed->end());
+  RaiseMapVersion();
+}
+
+const std::string* Membership::LeftServer(uint32_t slot) const {
+  auto it = left_.find(slot);
+  return it == left_.end() ? nullptr : &it->second;
+}
+
 bool Membership::all_servers_alive() const {
   for (const auto& [id, server] : servers_) {
     if (server.state != PeerState::kAlive) return false;
@@ -579,6 +607,11 @@ void Membership::SaveTo(proto::MasterRecord* record) const {
     info->set_endpoint(server.endpoint);
   }
   for (uint32_t id : fenced_) record->add_fenced_workers(id);
+  for (const auto& [id, endpoint] : left_) {
+    proto::ServerInfo* info = record->add_left_servers();
+    info->set_id(id);
+    info->set_endpoint(endpoint);
+  }
 }
 
 void Membership::RestoreFrom(const proto::MasterRecord& record, absl::Time now) {
@@ -600,6 +633,7 @@ void Membership::RestoreFrom(const proto::MasterRecord& record, absl::Time now) 
     server.last_seen = now;
   }
   fenced_.assign(record.fenced_workers().begin(), record.fenced_workers().end());
+  for (const proto::ServerInfo& info : record.left_servers()) left_[info.id()] = info.endpoint();
 }
 
 }  // namespace eps

@@ -8,6 +8,7 @@
 //              |  \--DEREGISTER-----> kLeft
 //              \----recovery--------> kFenced   (it registers again)
 //   server:  kAlive --lease expired or restarted--> kDead --slot filled--> kAlive
+//              \--drained, RetireServer--> (the slot is gone; LeftServer)
 //
 // A fenced worker id is never accepted again (ids are never reused); its
 // shards may move only once every live server refuses its pushes too, so
@@ -267,6 +268,14 @@ class Membership {
   void RestoreOwners(const proto::ClusterMap& map, const std::vector<uint32_t>& restored);
   // Partitions each slot owns (0 for a slot without any).
   std::map<uint32_t, uint32_t> PartitionCounts() const;
+  // A drained server leaves the job (docs/design.md 2.20): its slot goes
+  // from the map (a new version), from checkpoints, recoveries and the
+  // slots a fresh server may take, and its process is told to exit when it
+  // heartbeats (LeftServer). Event server_left. REQUIRES: the slot exists
+  // and owns no partition.
+  void RetireServer(uint32_t slot);
+  // The endpoint the server that left `slot` served at, or null.
+  const std::string* LeftServer(uint32_t slot) const;
 
   // --- Lifecycle ----------------------------------------------------------
 
@@ -303,6 +312,8 @@ class Membership {
   uint32_t next_server_id_ = 0;
   proto::ClusterMap cluster_map_;
   std::optional<uint32_t> moving_;
+  // Retired slots, with their last endpoint (RetireServer).
+  std::map<uint32_t, std::string> left_;
   uint64_t generation_ = 0;
   std::vector<uint32_t> fenced_;
   // Fenced workers whose shards wait until every server refuses them, with

@@ -76,12 +76,23 @@ Recovery::Step Recovery::Next(const Membership& membership,
     }
     return step;
   }
+  const proto::ClusterMap& map_then = checkpoint.master().cluster_map();
+  for (int p = 0; checkpoint.id() != 0 && p < map_then.partition_owner_size(); ++p) {
+    if (membership.LeftServer(map_then.partition_owner(p)) != nullptr) {
+      // Never the newest checkpoint (a slot leaves after one without it).
+      step.kind = Step::Kind::kFail;
+      step.error = absl::StrCat("checkpoint ", checkpoint.id(), " holds partition ", p,
+                                " in the part of ps[", map_then.partition_owner(p),
+                                "], which has left the job");
+      return step;
+    }
+  }
   std::map<uint32_t, std::string> paths;  // none for checkpoint 0: empty servers
   for (const proto::ServerCheckpoint& part : checkpoint.servers()) {
     paths[part.server_id()] = part.path();
   }
   std::set<uint32_t> placed_then;  // the slots of the checkpoint's map
-  for (const proto::ServerInfo& info : checkpoint.master().cluster_map().servers()) {
+  for (const proto::ServerInfo& info : map_then.servers()) {
     placed_then.insert(info.id());
   }
   for (const auto& [slot, server] : membership.servers()) {

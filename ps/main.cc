@@ -66,8 +66,8 @@ int main(int argc, char** argv) {
     return usage ? 2 : 1;
   }
   signal_watcher.Start([&server](int signal) {
-    LOG(WARNING) << "received " << strsignal(signal) << "; exiting";
-    server.RequestStop();
+    LOG(WARNING) << "received " << strsignal(signal) << "; leaving the job";
+    server.RequestLeave();
   });
   eps::Status result = server.Wait();
   signal_watcher.Stop();

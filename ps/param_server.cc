@@ -34,6 +34,7 @@ ParamServerOptions ParamServerOptions::FromConfig(const JobConfig& config) {
   options.threads = static_cast<int>(config.ps.threads);
   options.heartbeat = absl::Milliseconds(config.master.heartbeat_ms);
   options.master_wait = absl::Seconds(config.ps.master_wait_s);
+  options.leave_timeout = absl::Seconds(config.ps.leave_timeout_s);
   options.rpc_timeout = absl::Milliseconds(config.ps.rpc_timeout_ms);
   options.progress_interval = absl::Seconds(config.job.progress_interval_s);
   options.storage.memory_budget_mb = config.ps.memory_budget_mb;
@@ -466,6 +467,7 @@ ParamServer::~ParamServer() = default;
 Status ParamServer::Start() { return impl_->Start(); }
 Status ParamServer::Wait() { return impl_->Wait(); }
 void ParamServer::RequestStop() { impl_->RequestStop(); }
+void ParamServer::RequestLeave() { impl_->RequestLeave(); }
 const std::string& ParamServer::endpoint() const { return impl_->endpoint(); }
 uint32_t ParamServer::id() const { return impl_->id(); }
 

@@ -110,6 +110,9 @@ struct ParamServerOptions {
   // How long the master may stay unreachable (at startup or later) before
   // the server gives up. Default 30 s.
   absl::Duration master_wait = absl::Seconds(30);
+  // How long a server asked to leave (RequestLeave) waits for the master to
+  // drain it before it exits anyway. Default 10 min.
+  absl::Duration leave_timeout = absl::Minutes(10);
   // Time per attempt of a call to the master. Default 5 s.
   absl::Duration rpc_timeout = absl::Seconds(5);
   // Interval of progress lines in the log. Default 10 s.
@@ -152,6 +155,14 @@ class ParamServer {
   Status Wait();
 
   void RequestStop();
+  // SIGTERM: asks the master to drain this server (docs/design.md 2.20).
+  // It serves on until the master has moved its partitions to the other
+  // servers and tells it to go (Wait returns OK), or leave_timeout has
+  // passed (kDeadlineExceeded). When the master cannot drain it (the job
+  // is not training, this is its last server, the master is unreachable),
+  // or when asked a second time, it stops at once, as RequestStop does:
+  // the master then counts it as lost. Safe from any thread.
+  void RequestLeave();
 
   // Valid after Start.
   const std::string& endpoint() const;

@@ -47,6 +47,10 @@ class ParamServer::Impl {
   Status Start();
   Status Wait();
   void RequestStop() { Stop(absl::OkStatus()); }
+  void RequestLeave() {
+    absl::MutexLock lock(&mu_);
+    leave_requested_ = true;
+  }
   const std::string& endpoint() const { return endpoint_; }
   uint32_t id() const { return id_; }
 
@@ -124,6 +128,9 @@ class ParamServer::Impl {
   // same slot. An error when the master gave the slot to another process
   // (or is gone): the server stops with it.
   Status Rejoin(const Status& why);
+  // RequestLeave, on Wait's thread: asks the master to drain this server
+  // (DEREGISTER), or stops it when the master cannot or it was asked before.
+  void Leave();
   // The member session's hooks, on its heartbeat thread.
   MemberSession::Hooks SessionHooks();
   void OnHeartbeatReply(const proto::HeartbeatReply& body);
@@ -220,6 +227,10 @@ class ParamServer::Impl {
   Status stop_reason_ ABSL_GUARDED_BY(mu_);  // given by Stop, Wait's result
   // The master refused a heartbeat: Wait registers again (Rejoin).
   bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
+  // RequestLeave: asked (for Wait to act on), and how long Wait waits for
+  // the master's drain once it accepted (Leave).
+  bool leave_requested_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time leave_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   Status rejoin_why_ ABSL_GUARDED_BY(mu_);
   bool summarized_ = false;                  // Wait logged the summary
 };

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include "ps/param_server_impl.h"
 #include "rpc/message.h"
 #include "rpc/net.h"
+#include "rpc/rpc_channel.h"
 
 namespace eps {
 
@@ -112,19 +114,75 @@ Status ParamServer::Impl::Rejoin(const Status& why) {
   return absl::OkStatus();
 }
 
+void ParamServer::Impl::Leave() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (leave_deadline_ != absl::InfiniteFuture()) {
+      LOG(WARNING) << "asked again to stop: exiting now, before the drain is done (the master "
+                   << "counts ps[" << id_ << "] as lost and restores its partitions)";
+      leave_deadline_ = absl::InfiniteFuture();
+      stop_ = true;
+      return;
+    }
+  }
+  proto::NodeId self;
+  self.set_role(proto::ROLE_SERVER);
+  self.set_id(id_);
+  RpcChannel master(&factory_, self);
+  Message request;
+  request.header().set_method(proto::DEREGISTER);
+  request.header().mutable_deregister_request();
+  CallOptions call;
+  // The master answers at once; one that does not is gone or stopping.
+  call.attempt_timeout = std::min(options_.rpc_timeout, absl::Seconds(2));
+  call.max_attempts = 1;
+  const Status asked = master.Call(options_.master, std::move(request), call).status();
+  if (!asked.ok()) {
+    LOG(WARNING) << "the master cannot drain ps[" << id_ << "] (" << asked.message()
+                 << "); exiting now";
+    Stop(absl::OkStatus());
+    return;
+  }
+  LOG(INFO) << "leaving the job: the master moves ps[" << id_ << "]'s partitions to the other "
+            << "servers, and this server exits once it has (at most ps.leave_timeout_s, "
+            << absl::FormatDuration(options_.leave_timeout) << "); signal again to exit now";
+  absl::MutexLock lock(&mu_);
+  leave_deadline_ = absl::Now() + options_.leave_timeout;
+}
+
 Status ParamServer::Impl::Wait() {
   if (!started_) return absl::FailedPreconditionError("Wait without a successful Start");
   while (true) {
     Status why;
+    bool leave = false;
     {
       absl::MutexLock lock(&mu_);
-      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || rejoin_; };
-      mu_.Await(absl::Condition(&wake));
-      if (stop_) break;
-      rejoin_ = false;
-      why = rejoin_why_;
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || rejoin_ || leave_requested_;
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&wake), leave_deadline_)) {
+        leave_deadline_ = absl::InfiniteFuture();
+        why = absl::DeadlineExceededError(absl::StrCat(
+            "the master did not drain ps[", id_, "] within ps.leave_timeout_s (",
+            absl::FormatDuration(options_.leave_timeout),
+            "): exiting; the master counts it as lost and restores its partitions"));
+      } else if (stop_) {
+        break;
+      } else if (leave_requested_) {
+        leave_requested_ = false;
+        leave = true;
+      } else {
+        rejoin_ = false;
+        why = rejoin_why_;
+      }
     }
-    if (Status rejoined = Rejoin(why); !rejoined.ok()) Stop(rejoined);
+    if (absl::IsDeadlineExceeded(why)) {
+      Stop(why);
+    } else if (leave) {
+      Leave();
+    } else if (Status rejoined = Rejoin(why); !rejoined.ok()) {
+      Stop(rejoined);
+    }
   }
   session_->Stop();
   if (!summarized_) {
@@ -251,8 +309,12 @@ proto::ServerStats ParamServer::Impl::Stats() const {
 
 void ParamServer::Impl::OnHeartbeatReply(const proto::HeartbeatReply& body) {
   if (body.shutdown()) {
-    LOG(INFO) << "the master says the job is "
-              << (body.state() == proto::JOB_FINISHED ? "finished" : "over") << "; exiting";
+    if (body.state() == proto::JOB_RUNNING) {
+      LOG(INFO) << "the master has drained ps[" << id_ << "]: it leaves the job; exiting";
+    } else {
+      LOG(INFO) << "the master says the job is "
+                << (body.state() == proto::JOB_FINISHED ? "finished" : "over") << "; exiting";
+    }
     return;
   }
   if (body.has_training_passes_done()) storage_->NotePassesDone(body.training_passes_done());

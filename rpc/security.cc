@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -265,14 +266,17 @@ Status WriteJobKeys(const std::string& dir) {
         (fs::path(dir) / absl::StrCat(RoleName(role), ".key")).string(), pair, 0600));
     absl::StrAppend(&listed, RoleName(role), " ", public_key.data(), "\n");
   }
-  // The token: the Z85 text of 32 random bytes (a secret key is exactly that).
-  std::array<char, kZ85KeyChars + 1> unused{};
-  std::array<char, kZ85KeyChars + 1> token{};
-  if (zmq_curve_keypair(unused.data(), token.data()) != 0) {
-    return absl::UnavailableError("cannot make the HTTP token");
-  }
-  RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / kHttpTokenFile).string(),
-                                      absl::StrCat(token.data(), "\n"), 0600));
+  // The token: 32 random bytes in hex, so that no HTTP library decodes it
+  // on the way (Z85 text has '%').
+  std::array<uint8_t, 32> token{};
+  if (sodium_init() < 0) return absl::InternalError("libsodium cannot start");
+  randombytes_buf(token.data(), token.size());
+  RETURN_IF_ERROR(WriteFileAtomically(
+      (fs::path(dir) / kHttpTokenFile).string(),
+      absl::StrCat(absl::BytesToHexString(absl::string_view(
+                       reinterpret_cast<const char*>(token.data()), token.size())),
+                   "\n"),
+      0600));
   // Last, so that a directory with public_keys is complete.
   return WriteFileAtomically(public_keys.string(), listed, 0644);
 }

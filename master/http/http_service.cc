@@ -50,8 +50,11 @@ std::optional<std::pair<int, std::string>> MutationRefusal(const httplib::Reques
   if (token.empty()) return std::nullopt;
   const std::string authorization = request.get_header_value("Authorization");
   constexpr absl::string_view kBearer = "Bearer ";
+  // cpp-httplib (before 0.44) percent-decodes header values: a token with
+  // '%' (one made by an older eps-keygen) arrives decoded.
   if (!absl::StartsWith(authorization, kBearer) ||
-      !SameSecret(absl::string_view(authorization).substr(kBearer.size()), token)) {
+      !SameSecret(absl::string_view(authorization).substr(kBearer.size()),
+                  httplib::detail::decode_url(token, /*convert_plus_to_space=*/false))) {
     return std::make_pair(
         401, std::string("refused: needs Authorization: Bearer with the job's token "
                          "(security.http_token_file; KEYS_DIR/http_token by default)"));

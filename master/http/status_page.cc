@@ -49,7 +49,7 @@ canvas { border: 1px solid #ddd; max-width: 100%; }
 <canvas id="chart" width="900" height="260" data-points="0"></canvas>
 <h2>Workers</h2><table id="workers"></table>
 <h2>Servers</h2><table id="servers"></table>
-<h2>Checkpoints and recovery</h2><div class="kv" id="checkpoints"></div>
+<h2>Checkpoints, recovery and partition moves</h2><div class="kv" id="checkpoints"></div>
 <div id="autoscale-section"><h2>Autoscaler</h2><div class="kv" id="autoscale"></div></div>
 <script>
 "use strict";
@@ -172,6 +172,17 @@ function render(s) {
                    ["last", c.last ? "#" + c.last.checkpoint + ", " + text(c.last.bytes) +
                                      " bytes, pause " + text(c.last.pause_ms) + " ms" : "–"],
                    ["recoveries", text(r.recoveries)]];
+  const m = s.moves || {};
+  entries.push(["partition moves",
+                text(m.done) + " done, " + text(m.failed) + " failed, " + text(m.queued) +
+                    " queued; " + text(m.rows) + " rows, longest unavailable " +
+                    text(m.longest_unavailable_ms) + " ms"]);
+  if (m.in_progress) {
+    const p = m.in_progress;
+    entries.push(["moving", "partition " + p.partition + ": ps[" + p.from + "] to ps[" + p.to +
+                            "], " + p.step]);
+  }
+  if (m.last_error) entries.push(["last move error", m.last_error]);
   if (r.in_progress) {
     entries.push(["recovering", r.in_progress.reason + " (waiting for servers: " +
                                 (r.in_progress.waiting_for_servers || []).join(", ") + ")"]);

@@ -187,6 +187,8 @@ json StatusDocument(const JobControl& control, absl::Time now) {
         {{"id", id},
          {"state", PeerStateName(server.state)},
          {"endpoint", server.endpoint},
+         {"host", server.host},
+         {"pid", server.pid},
          {"partitions", partitions},
          {"rows", server.stats.rows()},
          {"memory_bytes", server.stats.bytes()},

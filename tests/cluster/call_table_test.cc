@@ -50,7 +50,7 @@ TEST(AuthorizeCall, FollowsTheRoles) {
   }
   EXPECT_TRUE(AuthorizeCall(proto::DEREGISTER, worker).ok());
   EXPECT_FALSE(AuthorizeCall(proto::DEREGISTER, tool).ok());
-  EXPECT_FALSE(AuthorizeCall(proto::DEREGISTER, server).ok()) << "servers never deregister";
+  EXPECT_TRUE(AuthorizeCall(proto::DEREGISTER, server).ok()) << "a server asks to be drained";
   EXPECT_TRUE(AuthorizeCall(proto::GET_CLUSTER_MAP, tool).ok());
   EXPECT_FALSE(AuthorizeCall(proto::GET_CLUSTER_MAP, proto::ROLE_UNSPECIFIED).ok());
   EXPECT_EQ(AuthorizeCall(proto::METHOD_UNSPECIFIED, master).code(),

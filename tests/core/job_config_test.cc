@@ -261,6 +261,8 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
          c.worker.rpc_attempts = 1000;  // 1000 x 86401 ms: over a day
        }},
       {"worker.master_wait_s", [](JobConfig& c) { c.worker.master_wait_s = 604'801; }},
+      {"ps.leave_timeout_s", [](JobConfig& c) { c.ps.leave_timeout_s = 604'801; }},
+      {"ps.leave_timeout_s", [](JobConfig& c) { c.ps.leave_timeout_s = -1; }},
       {"worker.max_records_per_s",
        [](JobConfig& c) { c.worker.max_records_per_s = 1'000'000'001; }},
       {"worker.max_records_per_s", [](JobConfig& c) { c.worker.max_records_per_s = -1; }},

@@ -127,6 +127,11 @@ TEST(Browser, AFeatureThatIsOffReadsAsOff) {
   ASSERT_NO_FATAL_FAILURE(RenderPage(dir, *job, &dom, &log));
   EXPECT_TRUE(absl::StrContains(dom, "autoscaler: <b>off (autoscale.source = none)</b>")) << dom;
   EXPECT_FALSE(absl::StrContains(dom, "source · launcher")) << dom;
+  // No partition moved: the line says so, with no "undefined" in it.
+  EXPECT_TRUE(absl::StrContains(
+      dom, "partition moves: <b>0 done, 0 failed, 0 queued; 0 rows, longest unavailable 0 ms</b>"))
+      << dom;
+  EXPECT_FALSE(absl::StrContains(dom, "undefined")) << dom;
 }
 
 }  // namespace

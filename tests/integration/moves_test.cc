@@ -56,12 +56,39 @@ class MovesTest : public ::testing::Test {
     });
   }
 
-  // The partitions server `id` owns in `status`.
+  // The partitions server `id` owns in `status` (0 once it left the job).
   static uint64_t PartitionsOf(const json& status, uint32_t id) {
     for (const json& server : status["servers"]) {
       if (server["id"].get<uint32_t>() == id) return server["partitions"].get<uint64_t>();
     }
-    return ~uint64_t{0};
+    return 0;
+  }
+
+  // The process of server `id` (slots go in the order servers register).
+  static Process* ServerProcess(LocalJob& job, uint32_t id) {
+    StatusOr<json> status = job.LiveStatus();
+    if (!status.ok()) return nullptr;
+    for (const json& server : (*status)["servers"]) {
+      if (server["id"].get<uint32_t>() != id) continue;
+      for (const auto& process : job.servers()) {
+        if (process->pid() == server["pid"].get<pid_t>()) return process.get();
+      }
+    }
+    return nullptr;
+  }
+
+  // Server `process`, drained as server `id`, leaves the job: it exits 0
+  // within a minute and /status no longer lists it.
+  static void ExpectLeft(LocalJob& job, Process* process, uint32_t id) {
+    ASSERT_NE(process, nullptr);
+    EXPECT_EQ(process->Wait(absl::Seconds(60)), 0) << job.Logs();
+    EXPECT_TRUE(job.WaitForStatus([id](const json& status) {
+      for (const json& server : status["servers"]) {
+        if (server["id"].get<uint32_t>() == id) return false;
+      }
+      return true;
+    })) << job.master().Log();
+    EXPECT_EQ(CountEvents(job, "server_left"), 1u);
   }
 
   // The job finished with every record of the epoch once; its status
@@ -124,6 +151,7 @@ TEST_F(MovesTest, ADrainedServersPartitionsMoveLiveAndNothingIsLost) {
   ASSERT_TRUE(unknown);
   EXPECT_EQ(unknown->status, 404) << unknown->body;
   EXPECT_NE(unknown->body.find("no server 7"), std::string::npos) << unknown->body;
+  Process* first = ServerProcess(job, 0);
   httplib::Result drained = Drain(job, 0);
   ASSERT_TRUE(drained);
   ASSERT_EQ(drained->status, 200) << drained->body << job.Logs();
@@ -134,9 +162,7 @@ TEST_F(MovesTest, ADrainedServersPartitionsMoveLiveAndNothingIsLost) {
   ASSERT_TRUE(last);
   EXPECT_EQ(last->status, 409) << last->body;
 
-  ASSERT_TRUE(job.WaitForStatus([](const json& status) {
-    return PartitionsOf(status, 0) == 0 && status["moves"]["in_progress"].is_null();
-  })) << job.master().Log();
+  ASSERT_NO_FATAL_FAILURE(ExpectLeft(job, first, 0));
   const json status = ExpectCompleteJob(job);
   ASSERT_TRUE(status.is_object());
   EXPECT_EQ(status["moves"]["done"].get<uint64_t>(), queued) << status["moves"].dump();
@@ -155,8 +181,8 @@ TEST_F(MovesTest, ADrainedServersPartitionsMoveLiveAndNothingIsLost) {
 
 // Issue 18's scenario: a job started on one server gets two more while it
 // trains (each joins in a new slot and partitions move to it), then the
-// first is drained; the job finishes exactly once with the AUC of a fixed
-// two-server run.
+// first is sent SIGTERM: drained, it leaves; the job finishes exactly once
+// with the AUC of a fixed two-server run.
 TEST_F(MovesTest, ServersJoinARunningJobAndOneIsDrained) {
   double reference_auc = 0;
   ASSERT_NO_FATAL_FAILURE(ReferenceAuc(&reference_auc));
@@ -171,13 +197,10 @@ TEST_F(MovesTest, ServersJoinARunningJobAndOneIsDrained) {
     return PartitionsOf(status, 1) == 5 && PartitionsOf(status, 2) == 5 &&
            status["moves"]["in_progress"].is_null();
   })) << job.master().Log();
-  httplib::Result drained = Drain(job, 0);
-  ASSERT_TRUE(drained);
-  ASSERT_EQ(drained->status, 200) << drained->body;
-  EXPECT_EQ(json::parse(drained->body)["moves_queued"], 6);
-  ASSERT_TRUE(job.WaitForStatus([](const json& status) {
-    return PartitionsOf(status, 0) == 0 && status["moves"]["in_progress"].is_null();
-  })) << job.master().Log();
+  Process* first = ServerProcess(job, 0);
+  ASSERT_NE(first, nullptr);
+  first->Signal(SIGTERM);
+  ASSERT_NO_FATAL_FAILURE(ExpectLeft(job, first, 0));
   const json status = ExpectCompleteJob(job);
   ASSERT_TRUE(status.is_object());
   EXPECT_EQ(PartitionsOf(status, 1) + PartitionsOf(status, 2), 16u) << status["servers"].dump();

@@ -125,7 +125,7 @@ class OpenFileLimit {
 
 class HttpServiceTest : public ::testing::Test {
  protected:
-  void Start(HttpServiceOptions options = {}) {
+  void Start(HttpServiceOptions options = {}, std::string token = kToken) {
     service_ = std::make_unique<HttpService>(Clock::Real(), options);
     HttpRoutes routes{
         .status_json = [] { return std::string(R"({"state":"running"})"); },
@@ -136,7 +136,11 @@ class HttpServiceTest : public ::testing::Test {
             [](const std::string& dir) {
               return std::make_pair(200, nlohmann::json({{"dir", dir}}).dump());
             },
-        .bearer_token = kToken,
+        .drain =
+            [](uint32_t server) {
+              return std::make_pair(200, nlohmann::json({{"server", server}}).dump());
+            },
+        .bearer_token = std::move(token),
     };
     StatusOr<int> port = service_->Start("127.0.0.1", 0, std::move(routes));
     ASSERT_TRUE(port.ok()) << port.status();
@@ -186,6 +190,28 @@ class HttpServiceTest : public ::testing::Test {
   std::unique_ptr<HttpService> service_;
   int port_ = 0;
 };
+
+// cpp-httplib percent-decodes header values: a token with '%' followed by
+// hex digits (Z85 text, as older eps-keygen wrote) still matches.
+TEST_F(HttpServiceTest, ATokenWithPercentEscapesMatchesAsSent) {
+  const std::string token = "Ab%41c%2Fd+e%zz";
+  ASSERT_NO_FATAL_FAILURE(Start({}, token));
+  httplib::Client client("127.0.0.1", port_);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(5);
+  client.set_bearer_token_auth(token);
+  httplib::Result ordered = client.Post("/checkpoint");
+  ASSERT_TRUE(ordered);
+  EXPECT_EQ(ordered->status, 200);
+  client.set_bearer_token_auth("AbAc/d+e%zz");
+  httplib::Result decoded = client.Post("/checkpoint");
+  ASSERT_TRUE(decoded);
+  EXPECT_EQ(decoded->status, 200) << "what the library makes of the token";
+  client.set_bearer_token_auth("Ab%41c%2Fd+e%zy");
+  httplib::Result wrong = client.Post("/checkpoint");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+}
 
 TEST_F(HttpServiceTest, ReadsAreOpenAndCheckpointKeepsItsChecks) {
   ASSERT_NO_FATAL_FAILURE(Start());

@@ -149,7 +149,9 @@ TEST_F(JobControlTest, MalformedRequestsAreRefused) {
   proto::GetShardReply reply;
   EXPECT_EQ(control_->GetShard(ServerNode(0), t0_, &reply).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(control_->Deregister(ServerNode(0)).code(), absl::StatusCode::kInvalidArgument);
+  proto::NodeId tool;
+  tool.set_role(proto::ROLE_TOOL);
+  EXPECT_EQ(control_->Deregister(tool).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(control_->progress().records_trained(), 0u);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "master/job_control.h"
 #include "tests/master/job_control_fixture.h"
@@ -95,6 +96,93 @@ TEST_F(JobControlMovesTest, ADrainMovesEachPartitionStepByStepAndCommitsWithTheM
   EXPECT_EQ(moves["done"], 4);
   EXPECT_EQ(moves["rows"], 4 * 13);
   EXPECT_TRUE(moves["in_progress"].is_null());
+}
+
+TEST_F(JobControlMovesTest, ADrainedServerLeavesTheJobAndIsToldToExit) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0).ok());
+  while (RunStep(At(10)).has_value()) {
+  }
+  ASSERT_EQ(control_->membership().PartitionCounts().at(0), 0u);
+  const uint64_t version = control_->membership().cluster_map().version();
+  // The newest checkpoint is 0 (empty): no recovery reads a part of ps[0].
+  control_->Tick(At(20));
+  EXPECT_EQ(control_->membership().server(0), nullptr);
+  ASSERT_NE(control_->membership().LeftServer(0), nullptr);
+  EXPECT_EQ(*control_->membership().LeftServer(0), "tcp://127.0.0.1:5000");
+  EXPECT_EQ(control_->membership().cluster_map().version(), version + 1);
+  ASSERT_EQ(control_->membership().cluster_map().servers_size(), 1);
+  EXPECT_EQ(control_->membership().cluster_map().servers(0).id(), 1u);
+  EXPECT_TRUE(control_->membership().MissingServers().empty());
+  EXPECT_EQ(events_.Count("server_left"), 1u);
+  const proto::MasterRecord record = control_->SaveRecord();
+  EXPECT_EQ(record.draining_servers_size(), 0);
+  ASSERT_EQ(record.left_servers_size(), 1);
+  EXPECT_EQ(record.left_servers(0).id(), 0u);
+  // Its process hears it may go; the job goes on.
+  proto::HeartbeatRequest beat;
+  beat.set_endpoint("tcp://127.0.0.1:5000");
+  proto::HeartbeatReply reply;
+  ASSERT_TRUE(control_->Heartbeat(ServerNode(0), beat, At(30), &reply).ok());
+  EXPECT_TRUE(reply.shutdown());
+  EXPECT_EQ(reply.state(), proto::JOB_RUNNING);
+  EXPECT_FALSE(control_->over());
+  // Never given out again: not on its data dir, nor to a fresh server
+  // (every slot left is alive: that is a join, in a new slot).
+  Status back = RegisterServer(5000, 200, 0, At(40));
+  EXPECT_EQ(back.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(back.message(), ::testing::HasSubstr("left the job"));
+  proto::RegisterServerReply joined;
+  ASSERT_TRUE(RegisterServer(5009, 201, std::nullopt, At(50), &joined).ok());
+  EXPECT_EQ(joined.server_id(), 2u);
+  // A restarted master keeps it out.
+  std::unique_ptr<JobControl> restarted = NewControl();
+  ASSERT_TRUE(restarted->Restore(Snapshot(), /*resume=*/false, At(60)).ok());
+  ASSERT_NE(restarted->membership().LeftServer(0), nullptr);
+  EXPECT_EQ(restarted->membership().server(0), nullptr);
+}
+
+TEST_F(JobControlMovesTest, AServerThatDeregistersIsDrained) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Deregister(ServerNode(1)).ok());
+  EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 4);
+  // ps[0] is the last server able to hold the partitions: it cannot leave.
+  const Status last = control_->Deregister(ServerNode(0));
+  EXPECT_EQ(last.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(last.message(), ::testing::HasSubstr("only server left"));
+}
+
+TEST_F(JobControlMovesTest, ADrainedServerStaysUntilACheckpointNoLongerNeedsItsPart) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  proto::CheckpointRecord before;
+  ASSERT_NO_FATAL_FAILURE(RecordCheckpoint(1, At(100), &before));
+  ASSERT_TRUE(control_->Drain(0).ok());
+  while (RunStep(At(200)).has_value()) {
+  }
+  // Checkpoint 1 holds ps[0]'s partitions in ps[0]'s part: a recovery
+  // would read them there, so ps[0] stays and a checkpoint is asked for.
+  control_->Tick(At(300));
+  EXPECT_NE(control_->membership().server(0), nullptr);
+  EXPECT_EQ(control_->checkpoints().round_id(), 2u);
+  proto::CheckpointRecord after;
+  ASSERT_NO_FATAL_FAILURE(RecordCheckpoint(2, At(400), &after));
+  control_->Tick(At(500));
+  EXPECT_EQ(control_->membership().server(0), nullptr);
+  EXPECT_NE(control_->membership().LeftServer(0), nullptr);
+}
+
+TEST_F(JobControlMovesTest, ADrainedServerThatDiesIsRetiredNotRecovered) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0).ok());
+  while (RunStep(At(10)).has_value()) {
+  }
+  // Its lease runs out before the next tick would retire it.
+  ASSERT_TRUE(ServerBeat(1, At(9000)).ok());
+  for (uint32_t worker : {0u, 1u}) ASSERT_TRUE(WorkerBeat(worker, At(9000)).ok());
+  control_->Tick(At(9000));
+  EXPECT_FALSE(control_->recovery().active());
+  EXPECT_EQ(control_->membership().server(0), nullptr);
+  EXPECT_NE(control_->membership().LeftServer(0), nullptr);
 }
 
 TEST_F(JobControlMovesTest, AFailedStepGivesTheMoveUpWithANewerMapAndTriesAgain) {

@@ -277,6 +277,26 @@ TEST_F(RecoveryTest, FailsForASlotTheCheckpointHasNoPartOf) {
   EXPECT_EQ(step.error, "checkpoint 3 has no part of ps[1]");
 }
 
+TEST_F(RecoveryTest, FailsForACheckpointHoldingPartitionsInThePartOfASlotThatLeft) {
+  // ps[2] joins, is given nothing, and leaves the job.
+  const proto::RegisterServerRequest request = ServerRequest(6002, 202, std::nullopt);
+  StatusOr<Membership::Claim> claim = members_.ClaimSlot(request);
+  ASSERT_TRUE(claim.ok() && claim->joined) << claim.status();
+  members_.AdmitServer(claim->slot, request, t0_);
+  members_.RetireServer(claim->slot);
+  const absl::Time lost = ReadyToRestore(/*rollback=*/true);
+  // An older checkpoint, from when ps[2] held partition 0.
+  proto::CheckpointRecord checkpoint = Checkpoint(3, {0, 1, 2});
+  for (uint32_t owner : {2, 0, 1}) {
+    checkpoint.mutable_master()->mutable_cluster_map()->add_partition_owner(owner);
+  }
+  Recovery::Step step =
+      recovery_.Next(members_, checkpoint, kLogEvery, kTimeout, lost + absl::Seconds(2));
+  EXPECT_EQ(step.kind, Recovery::Step::Kind::kFail);
+  EXPECT_EQ(step.error,
+            "checkpoint 3 holds partition 0 in the part of ps[2], which has left the job");
+}
+
 class RestoredTest : public RecoveryTest {
  protected:
   // A rollback to checkpoint 3 ready to restore both slots.

@@ -61,6 +61,10 @@ TEST(JobKeys, EveryRoleLoadsItsOwnPair) {
   struct stat token;
   ASSERT_EQ(::stat(dir.Join("http_token").c_str(), &token), 0);
   EXPECT_EQ(token.st_mode & 0077, 0u);
+  // 32 random bytes in hex: nothing an HTTP library would decode ('%').
+  StatusOr<SecurityOptions> master = LoadSecurity(Curve(dir.path()), proto::ROLE_MASTER);
+  ASSERT_TRUE(master.ok()) << master.status();
+  EXPECT_THAT(master->http_token, ::testing::MatchesRegex("[0-9a-f]{64}"));
 }
 
 TEST(JobKeys, AreNotReplacedByASecondRun) {

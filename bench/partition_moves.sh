@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# What moving partitions costs a training job (docs/design.md 2.20): the job
+# of --config (DLRM by default) on 2 servers and 2 workers
+# (scripts/run_local.sh). After --warmup seconds of training, server 0 is
+# drained (POST /servers/0/drain: its partitions move live to server 1, and
+# it leaves the job); then a fresh server joins and half the partitions move
+# to it.
+#
+#   bench/partition_moves.sh [--config examples/dlrm.ini] [--rows 500000]
+#                            [--partitions 64] [--warmup 20]
+#
+# Prints, for the drain and for the join: the moves, rows and MiB moved,
+# the moving rate (rows/s and MB/s over the moves' own time), the longest
+# time any key was refused, and the job's training rate while the moves ran
+# against the --warmup seconds before the drain (the master's progress
+# samples, one a second).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+work="${EPS_BENCH_DIR:-$(mktemp -d /tmp/eps-moves-bench.XXXXXX)}"
+config="$root/examples/dlrm.ini"
+rows=500000
+partitions=64
+warmup=20
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --config) config="$2"; shift 2 ;;
+    --rows) rows="$2"; shift 2 ;;
+    --partitions) partitions="$2"; shift 2 ;;
+    --warmup) warmup="$2"; shift 2 ;;
+    *) echo "usage: bench/partition_moves.sh [--config FILE] [--rows N] [--partitions P]" \
+         "[--warmup S]" >&2; exit 2 ;;
+  esac
+done
+data="$work/data"
+if [ ! -f "$data/truth.json" ]; then
+  cmake --build "$root/build" --target eps-datagen eps-server >/dev/null
+  "$root/build/bin/eps-datagen" --rows "$rows" --seed 1 --files 4 --out "$data" >/dev/null 2>&1
+fi
+run="$work/run"
+common=(--data.train="$data/train" --data.eval="$data/eval" --ps.partitions="$partitions"
+        --job.progress_interval_s=1)
+EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" "$config" "${common[@]}" \
+  >"$work/job.txt" 2>"$work/job.log" &
+job=$!
+joined=""
+trap 'kill $job 2>/dev/null || true; [ -z "$joined" ] || kill -9 $joined 2>/dev/null || true' EXIT
+
+# The status as JSON, or nothing while the master is not up.
+status() { curl -sf --max-time 5 "$http/status" || true; }
+field() { /usr/bin/python3 -c "import json,sys; s=json.load(sys.stdin); print($1)"; }
+for _ in $(seq 600); do
+  [ -f "$run/master/master.json" ] && break
+  sleep 0.5
+done
+http="$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' "$run/master/master.json")"
+endpoint="$(sed -n 's/.*"rpc": *"\([^"]*\)".*/\1/p' "$run/master/master.json")"
+for _ in $(seq 600); do
+  [ "$(status | field 's["phase"]' 2>/dev/null)" = training ] && break
+  sleep 0.5
+done
+sleep "$warmup"
+echo "draining ps[0]" >&2
+curl -sf --max-time 30 -X POST -H "Authorization: Bearer $(cat "$run/keys/http_token")" \
+  "$http/servers/0/drain" >&2
+echo >&2
+# Until ps[0] has left, then a server joins.
+for _ in $(seq 1200); do
+  [ "$(status | field '[s["id"] for s in s["servers"]]' 2>/dev/null)" = "[1]" ] && break
+  sleep 0.5
+done
+echo "ps[0] left; a server joins" >&2
+"$root/build/bin/eps-server" --config "$config" --master "$endpoint" --data-dir "$run/server-joined" \
+  --ps.num_servers=2 --security.keys_dir="$run/keys" "${common[@]}" >"$run/logs/server-joined.log" 2>&1 &
+joined=$!
+wait "$job" || { echo "the job failed: see $work/job.log and $run/logs" >&2; exit 1; }
+/usr/bin/python3 - "$run/master/events.jsonl" "$warmup" <<'PY'
+import json, sys
+events = [json.loads(line) for line in open(sys.argv[1])]
+warmup = float(sys.argv[2])
+samples = [(e["time"], e["records_trained"]) for e in events if e["event"] == "progress"
+           and e["phase"] == "training"]
+
+def trained_at(t):
+    """Records trained at time t, interpolated between progress samples."""
+    before = [s for s in samples if s[0] <= t]
+    after = [s for s in samples if s[0] >= t]
+    if not before or not after:
+        return None
+    (t0, r0), (t1, r1) = before[-1], after[0]
+    return r0 if t1 == t0 else r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+
+def rate(start, end):
+    a, b = trained_at(start), trained_at(end)
+    return None if a is None or b is None or end <= start else (b - a) / (end - start)
+
+drain_at = next(e["time"] for e in events if e["event"] == "partition_move_started")
+join_at = next(e["time"] for e in events if e["event"] == "server_joined")
+phases = [("drain 2 -> 1", drain_at, join_at), ("join 1 -> 2", join_at, float("inf"))]
+base = rate(drain_at - warmup, drain_at)
+print("| rebalance | moves | rows | MiB | moving s | rows/s | MB/s | longest refused ms "
+      "| records/s before | records/s during | ratio |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for name, start, end in phases:
+    moved = [e for e in events if e["event"] == "partition_moved" and start <= e["time"] < end]
+    if not moved:
+        print(f"| {name} | 0 | | | | | | | | | |")
+        continue
+    rows = sum(e["rows"] for e in moved)
+    size = sum(e["bytes"] for e in moved)
+    took = sum(e["took_ms"] for e in moved) / 1000
+    longest = max(e["unavailable_ms"] for e in moved)
+    first = min(e["time"] - e["took_ms"] / 1000 for e in moved)
+    last = max(e["time"] for e in moved)
+    during = rate(first, last)
+    fmt = lambda v: "n/a" if v is None else f"{v:,.0f}"
+    ratio = "n/a" if base in (None, 0) or during is None else f"{during / base:.2f}"
+    print(f"| {name} | {len(moved)} | {rows:,} | {size / 2**20:.1f} | {took:.2f} | "
+          f"{rows / took:,.0f} | {size / took / 1e6:.1f} | {longest:.1f} | {fmt(base)} | "
+          f"{fmt(during)} | {ratio} |")
+PY
+tail -n 4 "$work/job.txt"
+echo "(runs in $work)" >&2
