@@ -6,8 +6,8 @@
 # it leaves the job); then a fresh server joins and half the partitions move
 # to it.
 #
-#   bench/partition_moves.sh [--config examples/dlrm.ini] [--rows 500000]
-#                            [--partitions 64] [--warmup 20]
+#   bench/partition_moves.sh [--config examples/dlrm.ini] [--rows 2000000]
+#                            [--partitions 64] [--warmup 10]
 #
 # Prints, for the drain and for the join: the moves, rows and MiB moved,
 # the moving rate (rows/s and MB/s over the moves' own time), the longest
@@ -18,9 +18,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="${EPS_BENCH_DIR:-$(mktemp -d /tmp/eps-moves-bench.XXXXXX)}"
 config="$root/examples/dlrm.ini"
-rows=500000
+rows=2000000
 partitions=64
-warmup=20
+warmup=10
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --config) config="$2"; shift 2 ;;
@@ -56,6 +56,7 @@ http="$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' "$run/master/master.json")"
 endpoint="$(sed -n 's/.*"rpc": *"\([^"]*\)".*/\1/p' "$run/master/master.json")"
 for _ in $(seq 600); do
   [ "$(status | field 's["phase"]' 2>/dev/null)" = training ] && break
+  kill -0 "$job" 2>/dev/null || break
   sleep 0.5
 done
 sleep "$warmup"
@@ -66,6 +67,7 @@ echo >&2
 # Until ps[0] has left, then a server joins.
 for _ in $(seq 1200); do
   [ "$(status | field '[s["id"] for s in s["servers"]]' 2>/dev/null)" = "[1]" ] && break
+  kill -0 "$job" 2>/dev/null || break
   sleep 0.5
 done
 echo "ps[0] left; a server joins" >&2
@@ -96,7 +98,7 @@ def rate(start, end):
 drain_at = next(e["time"] for e in events if e["event"] == "partition_move_started")
 join_at = next(e["time"] for e in events if e["event"] == "server_joined")
 phases = [("drain 2 -> 1", drain_at, join_at), ("join 1 -> 2", join_at, float("inf"))]
-base = rate(drain_at - warmup, drain_at)
+base = rate(max(samples[0][0], drain_at - warmup), drain_at) if samples else None
 print("| rebalance | moves | rows | MiB | moving s | rows/s | MB/s | longest refused ms "
       "| records/s before | records/s during | ratio |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

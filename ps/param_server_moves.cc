@@ -21,6 +21,10 @@ namespace {
 
 // Rows the new owner asks for a page, and the bytes a page may hold.
 constexpr uint32_t kPageRows = 16384;
+// Keys of the store a page scans at most (a partition is a filtered scan
+// of every key): tens of ms, so that the pulls and pushes the RPC server
+// queues behind a page on its thread are not held up for long.
+constexpr size_t kPageScan = 32768;
 constexpr size_t kPageBytes = size_t{2} << 20;
 
 // Failpoint ps.crash_in_move=STEP: the server doing step STEP of a move
@@ -181,7 +185,8 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
   }
   absl::ReaderMutexLock restore_lock(&restore_mu_);
   const PartitionCursor from{.table = body.table(), .key = body.key()};
-  ASSIGN_OR_RETURN(PartitionPage page, storage_->ReadPartition(p, partitions, from, max_rows));
+  ASSIGN_OR_RETURN(PartitionPage page,
+                   storage_->ReadPartition(p, partitions, from, max_rows, kPageScan));
   AddRowFrames(page.tables, answer, reply);
   answer->set_done(!page.next.has_value());
   if (page.next.has_value()) {

@@ -232,14 +232,18 @@ class ServerStorage {
 
   // A page of the rows of `partition` (PartitionOf(key, num_partitions))
   // from `from` on: at most `max_rows` (> 0) rows, the tables in id order,
-  // each in key order. A read from the start (a default cursor) makes a
+  // each in key order, scanning at most `max_scanned` keys of the store (a
+  // partition is a filtered scan of every key: a page of a big store must
+  // not hold a request thread for long; it may come back with fewer rows,
+  // or none, and `next` set). A read from the start (a default cursor) makes a
   // full flush first, so that the store holds every row changed before it;
   // later pages read the store as it is then (a partition move fetches the
   // rows changed since as its tail: docs/design.md 2.20).
   // kFailedPrecondition without a store or before CreateTables;
   // kInvalidArgument for a partition out of range; the store's errors.
   StatusOr<PartitionPage> ReadPartition(uint32_t partition, uint32_t num_partitions,
-                                        const PartitionCursor& from, size_t max_rows);
+                                        const PartitionCursor& from, size_t max_rows,
+                                        size_t max_scanned = ~size_t{0});
 
   // Writes rows another server read (ReadPartition, ReadStoredRows) into
   // table `table`, as changed rows, whole (weights, optimizer state,

@@ -196,7 +196,7 @@ StatusOr<ImportInfo> ServerStorage::Import(const std::string& dir,
 StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
                                                     uint32_t num_partitions,
                                                     const PartitionCursor& from,
-                                                    size_t max_rows) {
+                                                    size_t max_rows, size_t max_scanned) {
   if (num_partitions == 0 || partition >= num_partitions || max_rows == 0) {
     return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of ",
                                                    num_partitions, ", ", max_rows, " rows a page"));
@@ -211,12 +211,17 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
   if (from.table == 0 && from.key == 0) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
   PartitionPage page;
   size_t rows = 0;
+  size_t scanned = 0;
   for (uint32_t t = from.table; t < tables_.size(); ++t) {
     const size_t bytes = sizeof(float) * tables_[t]->stored_floats();
     TableRows run;
     run.table = t;
-    const Status scanned = store_->ScanFrom(
+    const Status scan = store_->ScanFrom(
         t, t == from.table ? from.key : 0, [&](uint64_t key, absl::string_view value) -> Status {
+          if (scanned++ == max_scanned) {
+            page.next = PartitionCursor{.table = t, .key = key};
+            return absl::CancelledError("the page has scanned enough");
+          }
           if (PartitionOf(key, num_partitions) != partition) return absl::OkStatus();
           if (rows == max_rows) {
             page.next = PartitionCursor{.table = t, .key = key};
@@ -235,7 +240,7 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
         });
     if (!run.keys.empty()) page.tables.push_back(std::move(run));
     if (page.next.has_value()) return page;
-    RETURN_IF_ERROR(scanned);
+    RETURN_IF_ERROR(scan);
   }
   return page;
 }

@@ -14,6 +14,8 @@ namespace {
 
 // How often waits look at `abandoned`.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
+// How often a step waiting for the dense tensors says so.
+constexpr absl::Duration kWaitWarning = absl::Seconds(10);
 
 // Raises `known` to at least `seen`, entry by entry.
 void RaiseTo(const PsClient::Versions& seen, PsClient::Versions* known) {
@@ -40,7 +42,21 @@ StepPipeline::~StepPipeline() { Stop(); }
 
 uint64_t StepPipeline::Lag(const DenseCopy& copy) const { return Behind(copy) + pushes_pending_; }
 
+void StepPipeline::Know(const PsClient::Versions& seen, uint64_t map_version) {
+  if (map_version != 0 && map_version == known_map_) {
+    RaiseTo(seen, &known_);
+    return;
+  }
+  known_map_ = map_version;
+  known_.clear();
+  if (map_version != 0) RaiseTo(seen, &known_);
+}
+
 uint64_t StepPipeline::Behind(const DenseCopy& copy) const {
+  // A copy read under another map than the versions known: they do not
+  // compare, and the copy is the newest there is (the next step's push
+  // brings one under the current map).
+  if (copy.map_version != known_map_) return 0;
   uint64_t behind = 0;
   // Only the tensors the copy holds: pushes also answer for dense tensors
   // pulled with the batches instead (ParamSpec::pull_each_step false).
@@ -54,12 +70,14 @@ uint64_t StepPipeline::Behind(const DenseCopy& copy) const {
   return behind;
 }
 
-Status StepPipeline::AwaitLocked(const std::function<bool()>& ready) {
+Status StepPipeline::AwaitLocked(const std::function<bool()>& ready,
+                                 const std::function<void()>& on_poll) {
   while (true) {
     if (!failure_.ok()) return failure_;
     if (ready()) return absl::OkStatus();
     if (stop_ || hooks_.abandoned()) return absl::CancelledError("the worker's session ended");
     changed_.WaitWithTimeout(&mu_, kPollInterval);
+    if (on_poll) on_poll();
   }
 }
 
@@ -78,7 +96,16 @@ StatusOr<std::shared_ptr<const StepPipeline::DenseCopy>> StepPipeline::AwaitDens
       why = copy_ == nullptr ? std::string("no copy pulled yet")
                              : absl::StrCat("the copy missed ", Lag(*copy_), " updates");
     }
-    RETURN_IF_ERROR(AwaitLocked(ready));
+    // A long wait says so while it lasts, not only once it is over.
+    absl::Time say_at = started + kWaitWarning;
+    RETURN_IF_ERROR(AwaitLocked(ready, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (absl::Now() < say_at) return;
+      say_at += kWaitWarning;
+      LOG(WARNING) << "a step has waited " << absl::FormatDuration(absl::Now() - started)
+                   << " for the dense tensors (worker.max_staleness = " << max_staleness_
+                   << "; the copy misses " << (copy_ == nullptr ? 0 : Lag(*copy_))
+                   << " updates, " << pushes_pending_ << " of this worker's pushes pending)";
+    }));
     copy = copy_;
     lag = Lag(*copy_);
   }
@@ -139,14 +166,16 @@ Status StepPipeline::status() const {
 
 Status StepPipeline::Refresh(Lane& lane) {
   auto copy = std::make_shared<DenseCopy>();
+  const uint64_t map_before = MapOf(lane);
   RETURN_IF_ERROR(hooks_.pull_dense(lane, copy.get()));
+  copy->map_version = MapOf(lane) == map_before ? map_before : 0;
   Install(std::move(copy));
   return absl::OkStatus();
 }
 
 void StepPipeline::Install(std::shared_ptr<const DenseCopy> copy) {
   absl::MutexLock lock(&mu_);
-  RaiseTo(copy->versions, &known_);
+  Know(copy->versions, copy->map_version);
   copy_ = std::move(copy);
   changed_.SignalAll();
 }
@@ -164,9 +193,12 @@ Status StepPipeline::RunStep(Lane& lane, Step& step) {
     // Only a counted push may renew the copy, and only a pipeline that
     // pulls one would install it: no copy (and no rows read back) otherwise.
     auto copy = counted && hooks_.pull_dense ? std::make_shared<DenseCopy>() : nullptr;
+    const uint64_t map_before = MapOf(lane);
     RETURN_IF_ERROR(push(lane, &applied, copy.get()));
+    const uint64_t map = MapOf(lane) == map_before ? map_before : 0;
+    if (copy != nullptr) copy->map_version = map;
     absl::MutexLock lock(&mu_);
-    RaiseTo(applied, &known_);
+    Know(applied, map);
     if (counted) {
       --pushes_pending_;
       read_back = copy == nullptr || copy->values.empty() ? nullptr : std::move(copy);

@@ -62,6 +62,10 @@ class StepPipeline {
   struct DenseCopy {
     ParamBuffers values;
     PsClient::Versions versions;
+    // The cluster map the versions are indexed by (a server's index, and
+    // what each server holds, change with it); 0 when the map changed while
+    // the copy was read. Set by the pipeline.
+    uint64_t map_version = 0;
   };
   struct Step {
     // Each pushes part of the step's gradients and reports the versions
@@ -106,6 +110,10 @@ class StepPipeline {
     // Where AwaitDense counts what steps trained with; may be null. Must
     // outlive the pipeline.
     Stats* stats = nullptr;
+    // The cluster map version `lane` routes by (PsClient::map_version),
+    // which the versions of its replies are indexed by; null: one map for
+    // the pipeline's life.
+    std::function<uint64_t(Lane&)> map_version;
   };
 
   // Starts the thread (it pulls the first dense copy at once).
@@ -157,9 +165,19 @@ class StepPipeline {
   // Pulls a new dense copy and installs it.
   Status Refresh(Lane& lane);
   void Install(std::shared_ptr<const DenseCopy> copy);
-  // Waits (in slices, to see `abandoned`) until `ready` holds; the
-  // failure or kCancelled otherwise.
-  Status AwaitLocked(const std::function<bool()>& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `seen` (versions read under cluster map `map_version`; 0: the
+  // map changed meanwhile) into known_: raised under the same map, and in
+  // place of it under another (versions of two maps do not compare: a
+  // partition that moved takes its tensors' count to another server).
+  void Know(const PsClient::Versions& seen, uint64_t map_version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // hooks_.map_version, or 1 without it.
+  uint64_t MapOf(Lane& lane) const { return hooks_.map_version ? hooks_.map_version(lane) : 1; }
+  // Waits (in slices, to see `abandoned`; `on_poll` after each) until
+  // `ready` holds; the failure or kCancelled otherwise.
+  Status AwaitLocked(const std::function<bool()>& ready,
+                     const std::function<void()>& on_poll = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t max_staleness_;
   const Hooks hooks_;
@@ -174,8 +192,9 @@ class StepPipeline {
   uint64_t pushes_pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const DenseCopy> copy_ ABSL_GUARDED_BY(mu_);
   // The highest version of each dense tensor on each server any reply
-  // reported.
+  // reported, under cluster map known_map_ (Know).
   PsClient::Versions known_ ABSL_GUARDED_BY(mu_);
+  uint64_t known_map_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

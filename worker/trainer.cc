@@ -428,6 +428,7 @@ StepPipeline::Hooks Worker::Impl::PipelineHooks(Session& session) {
   // committed first (Drain).
   hooks.abandoned = [&session] { return session.over.load(); };
   hooks.stats = &session.staleness;
+  hooks.map_version = [](StepPipeline::Lane& lane) { return lane.ps->map_version(); };
   return hooks;
 }
 

@@ -419,11 +419,13 @@ std::vector<Row> RowsOf(const TableRows& rows) {
 
 // All pages of a partition, each table's rows as a page holds them.
 std::vector<TableRows> ReadAll(ServerStorage& storage, uint32_t partition, uint32_t partitions,
-                               size_t page_rows, int* pages = nullptr) {
+                               size_t page_rows, int* pages = nullptr,
+                               size_t max_scanned = ~size_t{0}) {
   std::vector<TableRows> runs;
   PartitionCursor cursor;
   while (true) {
-    StatusOr<PartitionPage> page = storage.ReadPartition(partition, partitions, cursor, page_rows);
+    StatusOr<PartitionPage> page =
+        storage.ReadPartition(partition, partitions, cursor, page_rows, max_scanned);
     EXPECT_TRUE(page.ok()) << page.status();
     if (!page.ok()) return runs;
     if (pages != nullptr) ++*pages;
@@ -488,6 +490,12 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   }
   EXPECT_EQ(got, want);
   EXPECT_EQ(pages, static_cast<int>((want.size() + 99) / 100));
+  // A page that scans at most 500 keys: the same rows, in pages of fewer
+  // (6,000 keys in all: at least 12 pages).
+  int short_pages = 0;
+  EXPECT_EQ(RowsOf(ReadAll(*a, kPartition, kPartitions, 100, &short_pages, 500)).size(),
+            rows.size());
+  EXPECT_GE(short_pages, 12);
   EXPECT_TRUE(
       absl::IsInvalidArgument(a->ReadPartition(kPartitions, kPartitions, {}, 100).status()));
 

@@ -434,6 +434,53 @@ TEST(StepPipeline, TensorsOutsideTheCopyDoNotHoldItBack) {
   }
 }
 
+// A partition move changes which server holds a dense tensor, and a
+// server's count for it: versions under the old map (server 0's, high) no
+// longer compare with the new map's (another server's, low). Before the
+// fix the copy stayed "behind" forever and every step waited.
+TEST(StepPipeline, VersionsOfAnotherClusterMapDoNotHoldTheCopyBack) {
+  StepPipeline::Hooks hooks;
+  hooks.make_lane = [] { return StepPipeline::Lane{}; };
+  hooks.abandoned = [] { return false; };
+  std::atomic<uint64_t> map{1};
+  hooks.map_version = [&](StepPipeline::Lane&) { return map.load(); };
+  // Under map 1 the tensor is on server 0, which counts 1000 and up; under
+  // map 2 on server 1, which counts from 1.
+  std::atomic<uint64_t> version{1000};
+  const auto versions = [&]() -> PsClient::Versions {
+    return map.load() == 1 ? PsClient::Versions{{version.load(), 0}}
+                           : PsClient::Versions{{0, version.load()}};
+  };
+  hooks.pull_dense = [&](StepPipeline::Lane&, StepPipeline::DenseCopy* copy) {
+    copy->values = {{0.0f}};
+    copy->versions = versions();
+    return absl::OkStatus();
+  };
+  StepPipeline pipeline(/*max_staleness=*/0, hooks);
+  for (int i = 0; i < 4; ++i) {
+    StepPipeline::Step step;
+    step.pushes.push_back([&, i](StepPipeline::Lane&, PsClient::Versions* applied,
+                                 StepPipeline::DenseCopy*) {
+      if (i == 2) {
+        map = 2;  // the push was re-routed after a move
+        version = 1;
+      }
+      ++version;
+      *applied = versions();
+      return absl::OkStatus();
+    });
+    step.commit = [](StepPipeline::Lane&) { return absl::OkStatus(); };
+    ASSERT_TRUE(pipeline.Enqueue(std::move(step)).ok());
+    ASSERT_TRUE(pipeline.Drain().ok());
+    AsyncAwait next(&pipeline);
+    if (next.WaitedFor(absl::Seconds(5))) {
+      pipeline.Stop();  // ends the wait
+      FAIL() << "the copy pulled after step " << i << " was held back";
+    }
+    EXPECT_TRUE(next.result().ok());
+  }
+}
+
 // The first failure stops the pipeline: nothing after it is pushed or
 // committed, the failed step is not committed, and the trainer hears it.
 TEST(StepPipeline, AFailedPushCommitsNothingFromThereOn) {
