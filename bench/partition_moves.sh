@@ -96,7 +96,7 @@ def rate(start, end):
     return None if a is None or b is None or end <= start else (b - a) / (end - start)
 
 drain_at = next(e["time"] for e in events if e["event"] == "partition_move_started")
-join_at = next(e["time"] for e in events if e["event"] == "server_joined")
+join_at = next((e["time"] for e in events if e["event"] == "server_joined"), float("inf"))
 phases = [("drain 2 -> 1", drain_at, join_at), ("join 1 -> 2", join_at, float("inf"))]
 base = rate(max(samples[0][0], drain_at - warmup), drain_at) if samples else None
 print("| rebalance | moves | rows | MiB | moving s | rows/s | MB/s | longest refused ms "
@@ -105,7 +105,7 @@ print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for name, start, end in phases:
     moved = [e for e in events if e["event"] == "partition_moved" and start <= e["time"] < end]
     if not moved:
-        print(f"| {name} | 0 | | | | | | | | | |")
+        print(f"| {name} | 0 (the job ended first: try more --rows) | | | | | | | | | |")
         continue
     rows = sum(e["rows"] for e in moved)
     size = sum(e["bytes"] for e in moved)
@@ -113,7 +113,8 @@ for name, start, end in phases:
     longest = max(e["unavailable_ms"] for e in moved)
     first = min(e["time"] - e["took_ms"] / 1000 for e in moved)
     last = max(e["time"] for e in moved)
-    during = rate(first, last)
+    # While the job trained (a drain may go on into the evaluation).
+    during = rate(first, min(last, samples[-1][0])) if samples else None
     fmt = lambda v: "n/a" if v is None else f"{v:,.0f}"
     ratio = "n/a" if base in (None, 0) or during is None else f"{during / base:.2f}"
     print(f"| {name} | {len(moved)} | {rows:,} | {size / 2**20:.1f} | {took:.2f} | "

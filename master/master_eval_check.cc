@@ -30,9 +30,13 @@ Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
     ASSIGN_OR_RETURN(check_tables_, MatchParamTables(spec, eval_check_->params()));
     proto::NodeId self;
     self.set_role(proto::ROLE_MASTER);
+    // It runs on the master's only request thread: a check that cannot be
+    // made soon (a server behind the map, which learns it from a heartbeat
+    // this thread must answer) gives up well within a heartbeat's attempt,
+    // and the worker sends its commit again.
     CallOptions options;
-    options.attempt_timeout = absl::Seconds(2);
-    options.max_attempts = 2;
+    options.attempt_timeout = absl::Milliseconds(750);
+    options.max_attempts = 1;
     check_ps_ = std::make_unique<PsClient>(&factory_, self, std::move(spec), options, current_map);
   }
   uint64_t generation = 0;

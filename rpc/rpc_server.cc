@@ -109,6 +109,13 @@ struct ProxyState {
   absl::flat_hash_map<std::string, std::deque<int64_t>> arrivals = {};
   std::multiset<int64_t> waiting = {};
   std::atomic<int64_t>* oldest = nullptr;
+  // Handlers waiting for a request (their routing ids on the backend), and
+  // requests waiting for a handler (routed: the peer's routing id, its
+  // PeerFrame, the request's frames). A request goes to a handler that is
+  // free, never behind one busy with a long call (a partition's copy, a
+  // checkpoint), as a DEALER's round robin would.
+  std::deque<std::string> idle = {};
+  std::deque<std::vector<zmq::message_t>> queued = {};
 
   void PublishOldest() {
     oldest->store(waiting.empty() ? RpcServer::kNoneWaiting : *waiting.begin(),
@@ -147,30 +154,45 @@ bool ForwardRequest(zmq::socket_t& frontend, zmq::socket_t& backend, ProxyState&
     return true;
   }
   std::vector<zmq::message_t> routed;
-  routed.reserve(request.size() + 2);
+  routed.reserve(request.size() + 3);
   routed.push_back(std::move(routing));
   routed.push_back(std::move(peer));
   for (zmq::message_t& frame : request) routed.push_back(std::move(frame));
-  if (SendAll(backend, routed)) {
-    ++in_flight;
-    if (state.oldest != nullptr) {
-      const int64_t now = absl::ToUnixNanos(absl::Now());
-      state.arrivals[id].push_back(now);
-      state.waiting.insert(now);
-      state.PublishOldest();
-    }
-  } else if (in_flight == 0) {
-    state.in_flight.erase(id);
+  ++in_flight;
+  if (state.oldest != nullptr) {
+    const int64_t now = absl::ToUnixNanos(absl::Now());
+    state.arrivals[id].push_back(now);
+    state.waiting.insert(now);
+    state.PublishOldest();
   }
+  state.queued.push_back(std::move(routed));
   return true;
+}
+
+// Hands queued requests to free handlers.
+void Dispatch(zmq::socket_t& backend, ProxyState& state) {
+  while (!state.idle.empty() && !state.queued.empty()) {
+    std::vector<zmq::message_t> routed = std::move(state.queued.front());
+    state.queued.pop_front();
+    routed.insert(routed.begin(), zmq::message_t(state.idle.front()));
+    state.idle.pop_front();
+    SendAll(backend, routed);
+  }
 }
 
 // Moves one reply from the backend to the frontend; false when there is
 // none (`flags` dontwait).
 bool ForwardReply(zmq::socket_t& backend, zmq::socket_t& frontend, ProxyState& state,
                   zmq::recv_flags flags) {
+  zmq::message_t handler;
+  if (!backend.recv(handler, flags).has_value()) return false;
+  // Whatever a handler sends, it is free again: a reply, or (one empty
+  // frame) word that it is ready.
+  state.idle.emplace_back(static_cast<const char*>(handler.data()), handler.size());
+  if (!handler.more()) return true;
   zmq::message_t routing;
-  if (!backend.recv(routing, flags).has_value()) return false;
+  (void)backend.recv(routing, zmq::recv_flags::none);
+  if (!routing.more()) return true;  // ready
   const absl::string_view id(static_cast<const char*>(routing.data()), routing.size());
   auto it = state.in_flight.find(id);
   if (it != state.in_flight.end() && --it->second <= 0) state.in_flight.erase(it);
@@ -214,6 +236,7 @@ void Proxy(zmq::socket_t& frontend, zmq::socket_t& backend, zmq::socket_t& contr
     if (items[1].revents & ZMQ_POLLIN) {
       ForwardReply(backend, frontend, state, zmq::recv_flags::none);
     }
+    Dispatch(backend, state);
   }
   while (ForwardReply(backend, frontend, state, zmq::recv_flags::dontwait)) {
   }
@@ -249,7 +272,7 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
   zmq::socket_t control;
   std::vector<zmq::socket_t> workers;
   try {
-    backend = factory->MakeSocket(zmq::socket_type::dealer);
+    backend = factory->MakeSocket(zmq::socket_type::router);
     backend.bind(backend_endpoint);
     control = factory->MakeSocket(zmq::socket_type::pair);
     control.bind(control_endpoint);
@@ -258,6 +281,7 @@ StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(SocketFactory* factory,
     for (int i = 0; i < options.num_threads; ++i) {
       zmq::socket_t worker = factory->MakeSocket(zmq::socket_type::dealer);
       worker.set(zmq::sockopt::rcvtimeo, 100);
+      worker.set(zmq::sockopt::routing_id, absl::StrCat("handler-", i));
       worker.connect(backend_endpoint);
       workers.push_back(std::move(worker));
     }
@@ -324,9 +348,13 @@ void RpcServer::Stop() {
 
 void RpcServer::HandlerLoop(zmq::socket_t socket) {
   std::vector<zmq::message_t> frames;
+  // Ready: the proxy hands requests only to a handler free for them.
+  (void)socket.send(zmq::message_t(), zmq::send_flags::none);
   while (!stopping_.load(std::memory_order_relaxed)) {
     if (!ReceiveMultipart(socket, &frames)) continue;
     std::vector<zmq::message_t> reply = Handle(std::move(frames));
+    // Nothing to answer: ready again all the same.
+    if (reply.empty()) reply.emplace_back();
     for (size_t i = 0; i < reply.size(); ++i) {
       const auto flags = i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
       if (!socket.send(reply[i], flags).has_value()) break;

@@ -2,7 +2,9 @@
 //
 // One proxy thread owns the ROUTER and forwards requests over inproc to
 // `num_threads` handler threads (one DEALER each), which call the handler
-// and send the reply back the same way. Before the handler runs, the server
+// and send the reply back the same way. A request goes to a free handler
+// (the proxy queues it until one is): a long call (a partition's copy, a
+// checkpoint) holds up no other request while another handler is free. Before the handler runs, the server
 // rejects what no handler should see: fewer than one frame, more than
 // `max_frames`, an envelope that does not parse or speaks another protocol
 // version. Those get an INVALID_ARGUMENT reply; nothing a peer sends can

@@ -279,6 +279,35 @@ TEST_F(RpcTest, BlockedHandlerFailsWithDeadlineExceeded) {
   release.Notify();
 }
 
+// A handler held by a long call (a partition's copy, a checkpoint) takes no
+// more requests: the others go to the free handlers, not queued behind it
+// (a DEALER's round robin queued every other request there).
+TEST_F(RpcTest, ALongCallHoldsUpNoOtherRequest) {
+  absl::Notification release;
+  RpcServerOptions options;
+  options.num_threads = 2;
+  auto server = StartServer(
+      [&](Message& request, Message* reply) -> Status {
+        ASSIGN_OR_RETURN(std::span<const uint64_t> tag, request.Array<uint64_t>(0));
+        if (tag.size() == 1 && tag[0] == 0) {
+          release.WaitForNotificationWithTimeout(absl::Seconds(20));
+        }
+        return Echo(request, reply);
+      },
+      options);
+  RpcChannel slow(&factory_, WorkerId(0));
+  const uint64_t held = slow.Start(server->endpoint(), Tagged(0), Patient());
+  absl::SleepFor(absl::Milliseconds(50));  // the long call reaches a handler first
+  RpcChannel channel(&factory_, WorkerId(1));
+  for (uint64_t tag = 1; tag <= 8; ++tag) {
+    StatusOr<Message> reply =
+        channel.Call(server->endpoint(), Tagged(tag), Fast(1, absl::Seconds(2)));
+    EXPECT_TRUE(reply.ok()) << "call " << tag << ": " << reply.status();
+  }
+  release.Notify();
+  EXPECT_TRUE(slow.Wait(held).ok());
+}
+
 TEST_F(RpcTest, RetryAfterADroppedAttemptSucceedsWithTheSameId) {
   // A hand-made server that ignores the first request and answers the next.
   std::string endpoint;
