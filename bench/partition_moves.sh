@@ -7,8 +7,10 @@
 # to it.
 #
 #   bench/partition_moves.sh [--config examples/dlrm.ini] [--rows 2000000]
-#                            [--partitions 64] [--warmup 10]
+#                            [--partitions 64] [--warmup 10] [--reference]
 #
+# --reference also trains the same job on 2 fixed servers and prints both
+# eval AUCs.
 # Prints, for the drain and for the join: the moves, rows and MiB moved,
 # the moving rate (rows/s and MB/s over the moves' own time), the longest
 # time any key was refused, and the job's training rate while the moves ran
@@ -21,12 +23,14 @@ config="$root/examples/dlrm.ini"
 rows=2000000
 partitions=64
 warmup=10
+reference=false
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --config) config="$2"; shift 2 ;;
     --rows) rows="$2"; shift 2 ;;
     --partitions) partitions="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
+    --reference) reference=true; shift ;;
     *) echo "usage: bench/partition_moves.sh [--config FILE] [--rows N] [--partitions P]" \
          "[--warmup S]" >&2; exit 2 ;;
   esac
@@ -74,7 +78,10 @@ echo "ps[0] left; a server joins" >&2
 "$root/build/bin/eps-server" --config "$config" --master "$endpoint" --data-dir "$run/server-joined" \
   --ps.num_servers=2 --security.keys_dir="$run/keys" "${common[@]}" >"$run/logs/server-joined.log" 2>&1 &
 joined=$!
-wait "$job" || { echo "the job failed: see $work/job.log and $run/logs" >&2; exit 1; }
+while kill -0 "$job" 2>/dev/null; do sleep 1; done
+wait "$job" 2>/dev/null || true
+grep -q '^eps: job finished' "$work/job.txt" ||
+  { echo "the job failed: see $work/job.log and $run/logs" >&2; exit 1; }
 /usr/bin/python3 - "$run/master/events.jsonl" "$warmup" <<'PY'
 import json, sys
 events = [json.loads(line) for line in open(sys.argv[1])]
@@ -121,5 +128,12 @@ for name, start, end in phases:
           f"{rows / took:,.0f} | {size / took / 1e6:.1f} | {longest:.1f} | {fmt(base)} | "
           f"{fmt(during)} | {ratio} |")
 PY
-tail -n 4 "$work/job.txt"
+auc() { sed -n 's/^eval_auc *//p' "$1"; }
+if [ "$reference" = true ]; then
+  EPS_RUN_DIR="$work/reference" "$root/scripts/run_local.sh" "$config" "${common[@]}" \
+    >"$work/reference.txt" 2>"$work/reference.log"
+  echo "eval AUC with the moves $(auc "$work/job.txt"), on 2 fixed servers $(auc "$work/reference.txt")"
+else
+  echo "eval AUC with the moves $(auc "$work/job.txt")"
+fi
 echo "(runs in $work)" >&2
