@@ -377,6 +377,24 @@ TEST(StepPipeline, CountsWhatEachStepTrainedWithAndItsWait) {
 // Updates by other workers that a push's reply reveals count as well: a
 // copy the worker knows to miss more than max_staleness is not used, while
 // one that misses only the worker's own acknowledged push is.
+// Runs `step` (a commit added) to its end, then takes the next copy, which
+// must come within 5 s (the pipeline is stopped otherwise, ending the wait).
+void RunAndAwaitCopy(StepPipeline& pipeline, StepPipeline::Step step,
+                     std::shared_ptr<const StepPipeline::DenseCopy>* copy) {
+  step.commit = [](StepPipeline::Lane&) { return absl::OkStatus(); };
+  ASSERT_TRUE(pipeline.Enqueue(std::move(step)).ok());
+  ASSERT_TRUE(pipeline.Drain().ok());
+  AsyncAwait next(&pipeline);
+  if (next.WaitedFor(absl::Seconds(5))) {
+    pipeline.Stop();
+    FAIL() << "the copy pulled after the step was held back";
+  }
+  StatusOr<std::shared_ptr<const StepPipeline::DenseCopy>> result = next.result();
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_NE(*result, nullptr);
+  *copy = *std::move(result);
+}
+
 TEST(StepPipeline, OtherWorkersUpdatesTheRepliesRevealCount) {
   for (const uint64_t others : {uint64_t{0}, uint64_t{3}}) {
     SCOPED_TRACE(absl::StrCat(others, " pushes of others"));
@@ -422,15 +440,9 @@ TEST(StepPipeline, TensorsOutsideTheCopyDoNotHoldItBack) {
       *applied = {{++version}, {10 * version.load()}};
       return absl::OkStatus();
     });
-    step.commit = [](StepPipeline::Lane&) { return absl::OkStatus(); };
-    ASSERT_TRUE(pipeline.Enqueue(std::move(step)).ok());
-    ASSERT_TRUE(pipeline.Drain().ok());
-    AsyncAwait next(&pipeline);
-    if (next.WaitedFor(absl::Seconds(5))) {
-      pipeline.Stop();  // ends the wait
-      FAIL() << "the copy, current after step " << i << ", was held back";
-    }
-    EXPECT_EQ(VersionOf(next.result()), version.load());
+    std::shared_ptr<const StepPipeline::DenseCopy> copy;
+    ASSERT_NO_FATAL_FAILURE(RunAndAwaitCopy(pipeline, std::move(step), &copy));
+    EXPECT_EQ(copy->versions[0][0], version.load()) << "after step " << i;
   }
 }
 
@@ -469,15 +481,9 @@ TEST(StepPipeline, VersionsOfAnotherClusterMapDoNotHoldTheCopyBack) {
       *applied = versions();
       return absl::OkStatus();
     });
-    step.commit = [](StepPipeline::Lane&) { return absl::OkStatus(); };
-    ASSERT_TRUE(pipeline.Enqueue(std::move(step)).ok());
-    ASSERT_TRUE(pipeline.Drain().ok());
-    AsyncAwait next(&pipeline);
-    if (next.WaitedFor(absl::Seconds(5))) {
-      pipeline.Stop();  // ends the wait
-      FAIL() << "the copy pulled after step " << i << " was held back";
-    }
-    EXPECT_TRUE(next.result().ok());
+    std::shared_ptr<const StepPipeline::DenseCopy> copy;
+    SCOPED_TRACE(absl::StrCat("step ", i));
+    ASSERT_NO_FATAL_FAILURE(RunAndAwaitCopy(pipeline, std::move(step), &copy));
   }
 }
 
