@@ -303,7 +303,7 @@ class JobControl {
   // server_drained once it owns none); how many.
   uint32_t PlanDrain(uint32_t slot);
   // Retires drained `slot` (Membership::RetireServer) once nothing needs
-  // it: it owns no partition, no move or checkpoint round is in progress,
+  // it: it owns no partition, no move, checkpoint round or export is in progress,
   // and no recovery could restore a partition from its part of the newest
   // checkpoint (until then it asks for a checkpoint). True when it did.
   bool RetireIfDrained(uint32_t slot);

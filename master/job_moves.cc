@@ -80,7 +80,8 @@ uint32_t JobControl::PlanDrain(uint32_t slot) {
 }
 
 bool JobControl::RetireIfDrained(uint32_t slot) {
-  if (!drained_.contains(slot) || over() || recovery_.active()) return false;
+  // Not under an export either: it took its servers and map when it began.
+  if (!drained_.contains(slot) || over() || recovery_.active() || export_due_) return false;
   if (membership_.PartitionCounts()[slot] != 0) {
     drained_.erase(slot);  // a recovery gave it partitions back: drained again
     return false;

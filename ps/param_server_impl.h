@@ -130,7 +130,10 @@ class ParamServer::Impl {
   Status Rejoin(const Status& why);
   // RequestLeave, on Wait's thread: asks the master to drain this server
   // (DEREGISTER), or stops it when the master cannot or it was asked before.
-  void Leave();
+  // `again`: the periodic repeat while it waits (only a refusal stops it).
+  void Leave(bool again = false);
+  // One DEREGISTER to the master (a few short attempts).
+  Status AskToLeave();
   // The member session's hooks, on its heartbeat thread.
   MemberSession::Hooks SessionHooks();
   void OnHeartbeatReply(const proto::HeartbeatReply& body);
@@ -231,6 +234,8 @@ class ParamServer::Impl {
   // the master's drain once it accepted (Leave).
   bool leave_requested_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time leave_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // When Wait asks the master again while it waits for the drain.
+  absl::Time leave_ask_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   Status rejoin_why_ ABSL_GUARDED_BY(mu_);
   bool summarized_ = false;                  // Wait logged the summary
 };

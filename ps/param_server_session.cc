@@ -25,6 +25,10 @@
 
 namespace eps {
 
+// How often a server leaving asks the master again to drain it (a drain the
+// master gave up is planned again; asking is harmless).
+constexpr absl::Duration kLeaveAskEvery = absl::Seconds(30);
+
 std::unique_ptr<MemberSession> ParamServer::Impl::NewSession() {
   MemberSessionOptions session_options;
   session_options.master = options_.master;
@@ -114,17 +118,7 @@ Status ParamServer::Impl::Rejoin(const Status& why) {
   return absl::OkStatus();
 }
 
-void ParamServer::Impl::Leave() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (leave_deadline_ != absl::InfiniteFuture()) {
-      LOG(WARNING) << "asked again to stop: exiting now, before the drain is done (the master "
-                   << "counts ps[" << id_ << "] as lost and restores its partitions)";
-      leave_deadline_ = absl::InfiniteFuture();
-      stop_ = true;
-      return;
-    }
-  }
+Status ParamServer::Impl::AskToLeave() {
   proto::NodeId self;
   self.set_role(proto::ROLE_SERVER);
   self.set_id(id_);
@@ -133,21 +127,43 @@ void ParamServer::Impl::Leave() {
   request.header().set_method(proto::DEREGISTER);
   request.header().mutable_deregister_request();
   CallOptions call;
-  // The master answers at once; one that does not is gone or stopping.
+  // The master answers at once (asking again is harmless); one that does
+  // not within a few seconds is gone or stopping.
   call.attempt_timeout = std::min(options_.rpc_timeout, absl::Seconds(2));
-  call.max_attempts = 1;
-  const Status asked = master.Call(options_.master, std::move(request), call).status();
-  if (!asked.ok()) {
+  call.max_attempts = 3;
+  return master.Call(options_.master, std::move(request), call).status();
+}
+
+void ParamServer::Impl::Leave(bool again) {
+  if (!again) {
+    absl::MutexLock lock(&mu_);
+    if (leave_deadline_ != absl::InfiniteFuture()) {
+      LOG(WARNING) << "asked again to stop: exiting now, before the drain is done (the master "
+                   << "counts ps[" << id_ << "] as lost and restores its partitions)";
+      leave_deadline_ = absl::InfiniteFuture();
+      leave_ask_at_ = absl::InfiniteFuture();
+      stop_ = true;
+      return;
+    }
+  }
+  const Status asked = AskToLeave();
+  // Asked again (the master may have given the drain up): only a refusal
+  // ends the wait; a master away for a moment is asked again later.
+  if (!asked.ok() && (!again || absl::IsFailedPrecondition(asked) || absl::IsNotFound(asked))) {
     LOG(WARNING) << "the master cannot drain ps[" << id_ << "] (" << asked.message()
                  << "); exiting now";
     Stop(absl::OkStatus());
     return;
   }
-  LOG(INFO) << "leaving the job: the master moves ps[" << id_ << "]'s partitions to the other "
-            << "servers, and this server exits once it has (at most ps.leave_timeout_s, "
-            << absl::FormatDuration(options_.leave_timeout) << "); signal again to exit now";
+  if (!again) {
+    LOG(INFO) << "leaving the job: the master moves ps[" << id_ << "]'s partitions to the "
+              << "other servers, and this server exits once it has (at most "
+              << "ps.leave_timeout_s, " << absl::FormatDuration(options_.leave_timeout)
+              << "); signal again to exit now";
+  }
   absl::MutexLock lock(&mu_);
-  leave_deadline_ = absl::Now() + options_.leave_timeout;
+  if (!again) leave_deadline_ = absl::Now() + options_.leave_timeout;
+  leave_ask_at_ = absl::Now() + kLeaveAskEvery;
 }
 
 Status ParamServer::Impl::Wait() {
@@ -155,17 +171,25 @@ Status ParamServer::Impl::Wait() {
   while (true) {
     Status why;
     bool leave = false;
+    bool ask_again = false;
+    bool leaving = false;
     {
       absl::MutexLock lock(&mu_);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || rejoin_ || leave_requested_;
       };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&wake), leave_deadline_)) {
-        leave_deadline_ = absl::InfiniteFuture();
-        why = absl::DeadlineExceededError(absl::StrCat(
-            "the master did not drain ps[", id_, "] within ps.leave_timeout_s (",
-            absl::FormatDuration(options_.leave_timeout),
-            "): exiting; the master counts it as lost and restores its partitions"));
+      const absl::Time until = std::min(leave_deadline_, leave_ask_at_);
+      if (!mu_.AwaitWithDeadline(absl::Condition(&wake), until)) {
+        if (absl::Now() < leave_deadline_) {
+          ask_again = true;
+        } else {
+          leave_deadline_ = absl::InfiniteFuture();
+          leave_ask_at_ = absl::InfiniteFuture();
+          why = absl::DeadlineExceededError(absl::StrCat(
+              "the master did not drain ps[", id_, "] within ps.leave_timeout_s (",
+              absl::FormatDuration(options_.leave_timeout),
+              "): exiting; the master counts it as lost and restores its partitions"));
+        }
       } else if (stop_) {
         break;
       } else if (leave_requested_) {
@@ -175,13 +199,20 @@ Status ParamServer::Impl::Wait() {
         rejoin_ = false;
         why = rejoin_why_;
       }
+      leaving = leave_deadline_ != absl::InfiniteFuture();
     }
     if (absl::IsDeadlineExceeded(why)) {
       Stop(why);
-    } else if (leave) {
-      Leave();
+    } else if (leave || ask_again) {
+      Leave(/*again=*/ask_again);
     } else if (Status rejoined = Rejoin(why); !rejoined.ok()) {
-      Stop(rejoined);
+      if (leaving && absl::IsFailedPrecondition(rejoined)) {
+        // Drained and retired while it was cut off: it has left.
+        LOG(INFO) << "ps[" << id_ << "] has left the job (" << rejoined.message() << ")";
+        Stop(absl::OkStatus());
+      } else {
+        Stop(rejoined);
+      }
     }
   }
   session_->Stop();
