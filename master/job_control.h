@@ -294,9 +294,10 @@ class JobControl {
  private:
   Status ResumeFromCheckpoint(const MasterSnapshot& snapshot, absl::Time now);
   void StartRecovery(uint32_t server, const std::string& why, absl::Time now);
-  // Gives up the move in progress (a newer map; queued again while it has
-  // attempts left: event partition_move_failed), e.g. for a recovery.
-  void AbandonMoves(const std::string& reason);
+  // Gives up the move in progress (a newer map; with `retry`, queued again
+  // while it has attempts left: event partition_move_failed), e.g. for a
+  // recovery.
+  void AbandonMoves(const std::string& reason, bool retry = true);
   // The live slots a drain of `slot` may move to, with their partitions.
   std::map<uint32_t, uint32_t> DrainTargets(uint32_t slot) const;
   // Queues the moves of the partitions `slot` still owns (event

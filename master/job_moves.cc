@@ -131,7 +131,7 @@ uint32_t JobControl::PlanBalance() {
 std::optional<JobControl::MoveStep> JobControl::NextMoveStep(absl::Time now) {
   if (over()) {
     // Nothing serves the job any more: no move is left half done.
-    AbandonMoves("the job is over");
+    AbandonMoves("the job is over", /*retry=*/false);
     moves_.Clear();
     return std::nullopt;
   }
@@ -154,11 +154,17 @@ std::optional<JobControl::MoveStep> JobControl::NextMoveStep(absl::Time now) {
     const PartitionMove& move = started.move;
     const uint32_t owner =
         membership_.cluster_map().partition_owner(static_cast<int>(move.partition));
-    if (owner != move.from || !membership_.ServerAlive(move.from) ||
-        !membership_.ServerAlive(move.to)) {
-      moves_.GiveUp(absl::StrCat("partition ", move.partition, " is on ps[", owner,
-                                 "] now, or a server of its move is gone"),
-                    /*retry=*/false);
+    std::string stale;
+    if (owner != move.from) {
+      stale = absl::StrCat("partition ", move.partition, " is on ps[", owner, "] now");
+    } else if (const uint32_t gone = membership_.ServerAlive(move.from) ? move.to : move.from;
+               !membership_.ServerAlive(gone)) {
+      stale = absl::StrCat("ps[", gone, "] is not alive");
+    }
+    if (!stale.empty()) {
+      LOG(WARNING) << "the move of partition " << move.partition << " from ps[" << move.from
+                   << "] to ps[" << move.to << "] is dropped: " << stale;
+      moves_.GiveUp(stale, /*retry=*/false);
       return std::nullopt;
     }
     events_->Record("partition_move_started",
@@ -215,21 +221,21 @@ void JobControl::MoveStepDone(const MoveStep& step,
   if (draining_.contains(move.from) && !moves_.MovingFrom(move.from)) PlanDrain(move.from);
 }
 
-void JobControl::AbandonMoves(const std::string& reason) {
+void JobControl::AbandonMoves(const std::string& reason, bool retry) {
   if (!moves_.active().has_value()) return;
   const PartitionMove move = moves_.active()->move;
   const std::string why = absl::StrCat("moving partition ", move.partition, " from ps[",
                                        move.from, "] to ps[", move.to, "] failed: ", reason);
   // A newer map ends the move on both servers; the old owner keeps it.
   membership_.RaiseMapVersion();
-  const bool again = moves_.GiveUp(why, /*retry=*/true);
-  LOG(WARNING) << why << (again ? "; trying again" : "; given up");
+  const bool again = moves_.GiveUp(why, retry);
+  LOG(WARNING) << why << (again ? "; trying again" : retry ? "; given up" : "");
   events_->Record("partition_move_failed", {{"partition", move.partition},
                                             {"from", move.from},
                                             {"to", move.to},
                                             {"error", why},
                                             {"retry", again}});
-  if (!again && draining_.erase(move.from) > 0) {
+  if (!again && retry && draining_.erase(move.from) > 0) {
     moves_.DropFrom(move.from);
     LOG(WARNING) << "the drain of ps[" << move.from << "] stops: " << why
                  << "; ask again (POST /servers/" << move.from << "/drain)";

@@ -45,8 +45,11 @@ void JobControl::StartRecovery(uint32_t server, const std::string& why, absl::Ti
                                          {"reason", why},
                                          {"checkpoint", last->id()},
                                          {"mode", job_.checkpoint.on_server_failure}});
-    // A move's servers may be the ones restored; it starts again after.
+    // A move's servers may be the ones restored, and the restore may give
+    // partitions back to other owners: the moves are planned again after
+    // (drains and a balance go on once the job trains).
     AbandonMoves(why);
+    moves_.Clear();
     // No worker may push until the servers are restored: all register again.
     progress_.AddRetrained(membership_.FenceAllAlive(now, why));
     // A round still waiting for workers to pause will not see them again.

@@ -56,7 +56,7 @@ class ParamServer::Impl {
 
  private:
   // Ends Wait with `result` (the first non-OK one given wins).
-  void Stop(const Status& result);
+  void Stop(const Status& result) ABSL_LOCKS_EXCLUDED(mu_);
   Status Handle(Message& request, Message* reply);
   // A worker's quota of rows created (ps.max_new_rows_per_worker_s):
   // whether it may create rows now (counting a refusal), and what it did.
@@ -101,6 +101,8 @@ class ParamServer::Impl {
   void NoteMovingKeys(std::span<Table* const> tables,
                       std::span<const std::span<const uint64_t>> keys)
       ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // Publishes outgoing_'s partitions not handed off yet to noting_.
+  void PublishNoting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(moves_mu_);
   // FENCED when `sender` is a fenced worker (counting a refused push).
   Status CheckNotFenced(const proto::NodeId& sender, proto::Method method);
   // The table `table_id` if known; kInvalidArgument otherwise.
@@ -205,10 +207,14 @@ class ParamServer::Impl {
   };
   absl::Mutex moves_mu_ ABSL_ACQUIRED_AFTER(restore_mu_);
   std::map<uint32_t, OutgoingMove> outgoing_ ABSL_GUARDED_BY(moves_mu_);
-  // outgoing_.size(), read by every push without the lock; changed only
-  // under restore_mu_ held exclusively, so a push sees it before it checks
-  // its keys or not at all.
-  std::atomic<size_t> outgoing_count_{0};
+  // What pushes must note, read by every push without the lock
+  // (PublishNoting): kNotNoting, the one partition being copied away (the
+  // master moves one at a time), or kNotingSeveral. Raised only under
+  // restore_mu_ held exclusively, so a push sees it before it checks its
+  // keys or not at all.
+  static constexpr uint64_t kNotNoting = ~uint64_t{0};
+  static constexpr uint64_t kNotingSeveral = ~uint64_t{0} - 1;
+  std::atomic<uint64_t> noting_{kNotNoting};
 
   // Partitions this server is copying in -> the map version of their move:
   // a page is written only while its move is the newest (a copy a restarted
@@ -236,6 +242,9 @@ class ParamServer::Impl {
   absl::Time leave_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // When Wait asks the master again while it waits for the drain.
   absl::Time leave_ask_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Drained and told to go (OnHeartbeatReply): how long it goes on
+  // redirecting workers before it stops.
+  absl::Duration retire_linger_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   Status rejoin_why_ ABSL_GUARDED_BY(mu_);
   bool summarized_ = false;                  // Wait logged the summary
 };

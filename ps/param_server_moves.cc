@@ -52,16 +52,35 @@ void AddRowFrames(std::span<const TableRows> tables, proto::FetchPartitionReply*
 
 void ParamServer::Impl::NoteMovingKeys(std::span<Table* const> tables,
                                        std::span<const std::span<const uint64_t>> keys) {
-  if (outgoing_count_.load(std::memory_order_acquire) == 0) return;
+  const uint64_t noting = noting_.load(std::memory_order_acquire);
+  if (noting == kNotNoting) return;
   const uint32_t partitions = job_.num_partitions();
-  absl::MutexLock lock(&moves_mu_);
+  const auto moving = [&](uint64_t key) {
+    return noting == kNotingSeveral || PartitionOf(key, partitions) == noting;
+  };
+  // The lock (which every push to this server would wait for) only for
+  // the push's keys of the moving partition, found without it.
+  std::vector<std::pair<uint32_t, uint64_t>> noted;
   for (size_t i = 0; i < tables.size(); ++i) {
     const uint32_t table = tables[i]->spec().id();
     for (uint64_t key : keys[i]) {
-      auto it = outgoing_.find(PartitionOf(key, partitions));
-      if (it != outgoing_.end() && !it->second.handed_off) it->second.pushed[table].insert(key);
+      if (moving(key)) noted.emplace_back(table, key);
     }
   }
+  if (noted.empty()) return;
+  absl::MutexLock lock(&moves_mu_);
+  for (const auto& [table, key] : noted) {
+    auto it = outgoing_.find(PartitionOf(key, partitions));
+    if (it != outgoing_.end() && !it->second.handed_off) it->second.pushed[table].insert(key);
+  }
+}
+
+void ParamServer::Impl::PublishNoting() {
+  uint64_t noting = kNotNoting;
+  for (const auto& [p, move] : outgoing_) {
+    if (!move.handed_off) noting = noting == kNotNoting ? p : kNotingSeveral;
+  }
+  noting_.store(noting, std::memory_order_release);
 }
 
 Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* reply) {
@@ -172,7 +191,7 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
       move.map_version = body.map_version();
       move.pushed.resize(storage_->num_tables());
     }
-    outgoing_count_.store(outgoing_.size(), std::memory_order_release);
+    PublishNoting();
   } else {
     absl::MutexLock lock(&moves_mu_);
     auto it = outgoing_.find(p);
@@ -273,23 +292,18 @@ StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
 }
 
 Status ParamServer::Impl::AwaitMapVersion(uint64_t want) {
-  const absl::Time patience = absl::Now() + options_.rpc_timeout;
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (want == 0 || (placement_ != nullptr && placement_->version() >= want)) {
-        return absl::OkStatus();
-      }
-      if (session_ != nullptr) session_->HeartbeatNow();
-    }
-    if (absl::Now() >= patience) {
-      return ErrorWithReason(absl::StatusCode::kUnavailable,
-                             absl::StrCat("ps[", id_, "] has not received cluster map v", want,
-                                          " yet"),
-                             proto::NOT_READY);
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  if (want == 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return placement_ != nullptr && placement_->version() >= want;
+  };
+  if (has()) return absl::OkStatus();
+  // RefreshClusterMap installs it under mu_, which wakes the wait.
+  if (session_ != nullptr) session_->HeartbeatNow();
+  if (mu_.AwaitWithTimeout(absl::Condition(&has), options_.rpc_timeout)) return absl::OkStatus();
+  return ErrorWithReason(absl::StatusCode::kUnavailable,
+                         absl::StrCat("ps[", id_, "] has not received cluster map v", want, " yet"),
+                         proto::NOT_READY);
 }
 
 Status ParamServer::Impl::HandleMovePartition(const Message& request, Message* reply) {
@@ -349,6 +363,7 @@ Status ParamServer::Impl::HandleMovePartition(const Message& request, Message* r
             std::sort(out.tail[t].begin(), out.tail[t].end());
           }
           out.pushed.clear();
+          PublishNoting();
         }
         for (const std::vector<uint64_t>& keys : out.tail) pushed += keys.size();
         absl::MutexLock lock(&mu_);

@@ -136,13 +136,16 @@ Status ParamServer::Impl::AskToLeave() {
 
 void ParamServer::Impl::Leave(bool again) {
   if (!again) {
-    absl::MutexLock lock(&mu_);
-    if (leave_deadline_ != absl::InfiniteFuture()) {
+    bool asked_before = false;
+    {
+      absl::MutexLock lock(&mu_);
+      asked_before = leave_deadline_ != absl::InfiniteFuture();
+      if (asked_before) leave_deadline_ = leave_ask_at_ = absl::InfiniteFuture();
+    }
+    if (asked_before) {
       LOG(WARNING) << "asked again to stop: exiting now, before the drain is done (the master "
                    << "counts ps[" << id_ << "] as lost and restores its partitions)";
-      leave_deadline_ = absl::InfiniteFuture();
-      leave_ask_at_ = absl::InfiniteFuture();
-      stop_ = true;
+      Stop(absl::OkStatus());
       return;
     }
   }
@@ -255,6 +258,13 @@ MemberSession::Hooks ParamServer::Impl::SessionHooks() {
       rejoin_ = true;
       rejoin_why_ = status;
     } else {
+      absl::Duration linger;
+      {
+        absl::MutexLock lock(&mu_);
+        linger = retire_linger_;
+      }
+      // Drained and told to go: it serves its redirects a moment longer.
+      absl::SleepFor(linger);
       Stop(status);  // OK when the job is over
     }
   };
@@ -274,34 +284,31 @@ Status ParamServer::Impl::RefreshClusterMap() {
   std::vector<bool> owned(placement.num_partitions(), false);
   for (uint32_t p : placement.PartitionsOf(id_)) owned[p] = true;
   const size_t count = placement.PartitionsOf(id_).size();
+  const uint64_t version = placement.version();
   {
-    // A newer map ends every move of a partition away from here: committed
-    // (the partition is another's now) or given up (it is still ours).
+    absl::MutexLock lock(&mu_);
+    // A partition handed off stays refused until a map newer than its move.
+    std::erase_if(handed_off_, [&](const auto& handed) { return version > handed.second; });
+    for (const auto& [p, handed] : handed_off_) {
+      if (p < owned.size()) owned[p] = false;
+    }
+    LOG(INFO) << "cluster map v" << version << ": " << count << " of "
+              << placement.num_partitions() << " partitions are here";
+    placement_ = std::make_shared<const Placement>(std::move(placement));
+    owned_ = std::move(owned);
+  }
+  // Then (a first page checks the map it registers under, so none can
+  // register for an older one from now on): a newer map ends every move of
+  // a partition away from here, committed (the partition is another's now)
+  // or given up (it is still ours)...
+  {
     absl::MutexLock moves_lock(&moves_mu_);
-    std::erase_if(outgoing_, [&](const auto& move) {
-      return placement.version() > move.second.map_version;
-    });
-    outgoing_count_.store(outgoing_.size(), std::memory_order_release);
+    std::erase_if(outgoing_, [&](const auto& move) { return version > move.second.map_version; });
+    PublishNoting();
   }
-  {
-    // And every copy into here: committed or given up.
-    absl::MutexLock import_lock(&import_mu_);
-    std::erase_if(importing_, [&](const auto& copy) {
-      return placement.version() > copy.second;
-    });
-  }
-  absl::MutexLock lock(&mu_);
-  // A partition handed off stays refused until a map newer than its move.
-  std::erase_if(handed_off_, [&](const auto& handed) {
-    return placement.version() > handed.second;
-  });
-  for (const auto& [p, version] : handed_off_) {
-    if (p < owned.size()) owned[p] = false;
-  }
-  LOG(INFO) << "cluster map v" << placement.version() << ": " << count << " of "
-            << placement.num_partitions() << " partitions are here";
-  placement_ = std::make_shared<const Placement>(std::move(placement));
-  owned_ = std::move(owned);
+  // ...and every copy into here.
+  absl::MutexLock import_lock(&import_mu_);
+  std::erase_if(importing_, [&](const auto& copy) { return version > copy.second; });
   return absl::OkStatus();
 }
 
@@ -341,7 +348,14 @@ proto::ServerStats ParamServer::Impl::Stats() const {
 void ParamServer::Impl::OnHeartbeatReply(const proto::HeartbeatReply& body) {
   if (body.shutdown()) {
     if (body.state() == proto::JOB_RUNNING) {
-      LOG(INFO) << "the master has drained ps[" << id_ << "]: it leaves the job; exiting";
+      // Workers whose map is older still send here for a moment: they are
+      // answered WRONG_OWNER (every partition was handed off) and follow
+      // the new map, instead of waiting on a server that is gone.
+      const absl::Duration linger = std::max(absl::Seconds(3), 4 * options_.heartbeat);
+      LOG(INFO) << "the master has drained ps[" << id_ << "]: it leaves the job; exiting in "
+                << absl::FormatDuration(linger);
+      absl::MutexLock lock(&mu_);
+      retire_linger_ = linger;
     } else {
       LOG(INFO) << "the master says the job is "
                 << (body.state() == proto::JOB_FINISHED ? "finished" : "over") << "; exiting";

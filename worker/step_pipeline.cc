@@ -92,20 +92,21 @@ StatusOr<std::shared_ptr<const StepPipeline::DenseCopy>> StepPipeline::AwaitDens
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return copy_ != nullptr && Lag(*copy_) <= max_staleness_;
     };
+    if (!failure_.ok()) return failure_;
     if (!ready()) {
       why = copy_ == nullptr ? std::string("no copy pulled yet")
                              : absl::StrCat("the copy missed ", Lag(*copy_), " updates");
+      // A long wait says so while it lasts, not only once it is over.
+      absl::Time say_at = started + kWaitWarning;
+      RETURN_IF_ERROR(AwaitLocked(ready, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (absl::Now() < say_at) return;
+        say_at += kWaitWarning;
+        LOG(WARNING) << "a step has waited " << absl::FormatDuration(absl::Now() - started)
+                     << " for the dense tensors (worker.max_staleness = " << max_staleness_
+                     << "; the copy misses " << (copy_ == nullptr ? 0 : Lag(*copy_))
+                     << " updates, " << pushes_pending_ << " of this worker's pushes pending)";
+      }));
     }
-    // A long wait says so while it lasts, not only once it is over.
-    absl::Time say_at = started + kWaitWarning;
-    RETURN_IF_ERROR(AwaitLocked(ready, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (absl::Now() < say_at) return;
-      say_at += kWaitWarning;
-      LOG(WARNING) << "a step has waited " << absl::FormatDuration(absl::Now() - started)
-                   << " for the dense tensors (worker.max_staleness = " << max_staleness_
-                   << "; the copy misses " << (copy_ == nullptr ? 0 : Lag(*copy_))
-                   << " updates, " << pushes_pending_ << " of this worker's pushes pending)";
-    }));
     copy = copy_;
     lag = Lag(*copy_);
   }

@@ -180,9 +180,9 @@ json StatusDocument(const JobControl& control, absl::Time now) {
   }
   doc["workers"] = workers;
   json servers = json::array();
+  const std::map<uint32_t, uint32_t> partitions_of = membership.PartitionCounts();
   for (const auto& [id, server] : membership.servers()) {
-    uint64_t partitions = 0;
-    for (uint32_t owner : membership.cluster_map().partition_owner()) partitions += owner == id;
+    const uint32_t partitions = partitions_of.at(id);
     servers.push_back(
         {{"id", id},
          {"state", PeerStateName(server.state)},
@@ -350,11 +350,10 @@ std::string MetricsText(const JobControl& control) {
   // Keyed by the id as text, as the old code did: the series come out in
   // that (lexicographic) order, unlike the other per-server families.
   std::map<std::string, uint64_t> partitions;
+  const std::map<uint32_t, uint32_t> partitions_of = membership.PartitionCounts();
   for (const auto& [id, server] : membership.servers()) {
     servers.emplace_back(absl::StrCat(id), &server);
-    uint64_t owned = 0;
-    for (uint32_t owner : membership.cluster_map().partition_owner()) owned += owner == id;
-    partitions[absl::StrCat(id)] = owned;
+    partitions[absl::StrCat(id)] = partitions_of.at(id);
   }
   // A histogram a peer has not reported (or reported malformed) has no
   // series.

@@ -185,6 +185,28 @@ TEST_F(JobControlMovesTest, ADrainedServerThatDiesIsRetiredNotRecovered) {
   EXPECT_NE(control_->membership().LeftServer(0), nullptr);
 }
 
+// A recovery gives the move in progress up and drops the queued ones (the
+// restore may give partitions back to other owners): the drain plans them
+// again once the job trains, and none of them counts as failed.
+TEST_F(JobControlMovesTest, ARecoveryDropsTheQueuedMoves) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0).ok());
+  ASSERT_TRUE(RunStep(t0_).has_value());  // the first move's COPY
+  EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 3);
+  // ps[1] stops heartbeating.
+  ASSERT_TRUE(ServerBeat(0, At(9000)).ok());
+  for (uint32_t worker : {0u, 1u}) ASSERT_TRUE(WorkerBeat(worker, At(9000)).ok());
+  control_->Tick(At(9000));
+  ASSERT_TRUE(control_->recovery().active());
+  const nlohmann::json moves = control_->moves().ToJson(At(9000));
+  EXPECT_EQ(moves["queued"], 0) << moves.dump();
+  EXPECT_TRUE(moves["in_progress"].is_null()) << moves.dump();
+  EXPECT_EQ(moves["failed"], 0) << moves.dump();
+  EXPECT_EQ(events_.Count("partition_move_failed"), 1u) << "the one in progress";
+  EXPECT_FALSE(control_->NextMoveStep(At(9001)).has_value()) << "not during the recovery";
+  EXPECT_EQ(control_->SaveRecord().draining_servers_size(), 1) << "the drain goes on after";
+}
+
 TEST_F(JobControlMovesTest, AFailedStepGivesTheMoveUpWithANewerMapAndTriesAgain) {
   ASSERT_NO_FATAL_FAILURE(StartTraining());
   ASSERT_TRUE(control_->Drain(0).ok());
