@@ -7,7 +7,11 @@
 // (MultiGet) and atomic batched writes (WriteBatch, WAL on).
 //
 // Keys are stored as 8-byte big-endian strings, so RocksDB's bytewise order
-// is numeric order.
+// is numeric order. A table made with partitions (the job's
+// num_partitions) stores each key behind its partition, 4 more bytes
+// big-endian: the rows of a partition lie together, and a partition move
+// reads one range rather than filtering the whole table (docs/design.md
+// 2.20). Tables made before that layout keep key order.
 //
 // Thread-safety: safe for concurrent use (a KvStore's destruction excepted).
 
@@ -57,9 +61,18 @@ class KvStore {
  public:
   virtual ~KvStore() = default;
 
-  // Makes `table` usable (a column family "t<table>" in RocksDB). Idempotent.
-  // kUnavailable on I/O errors.
-  virtual Status CreateTable(uint32_t table) = 0;
+  // Makes `table` usable (a column family "t<table>" in RocksDB, or
+  // "t<table>.p<partitions>"). With `partitions` > 0 a new table stores its
+  // rows grouped by PartitionOf(key, partitions) (cluster/placement.h), in
+  // key order within each; with 0, in key order. A table that exists keeps
+  // its layout (Partitions says which), whatever `partitions` asks, except
+  // that one grouped by another number of partitions than asked (not 0) is
+  // kFailedPrecondition. Idempotent. kUnavailable on I/O errors.
+  virtual Status CreateTable(uint32_t table, uint32_t partitions) = 0;
+  Status CreateTable(uint32_t table) { return CreateTable(table, 0); }
+  // The partitions `table` groups its rows by; 0 for key order or an
+  // unknown table.
+  virtual uint32_t Partitions(uint32_t table) = 0;
 
   // Reads `keys` of `table` from one consistent snapshot of it: *found is
   // resized to keys.size(); for each found key i, its value is copied to
@@ -82,13 +95,16 @@ class KvStore {
   virtual Status Write(std::span<const KvWrite> writes, bool sync) = 0;
 
   // Calls visit(key, value) for every row of `table` whose key is at least
-  // `from`, in key order, from one consistent snapshot of it (writes made
-  // meanwhile are not seen). Streams: RocksDB seeks to `from` and reads
-  // block by block without filling its cache, so a table far larger than
-  // memory scans in bounded memory, and a scan stopped by its visitor can
-  // go on from the next key (a partition read a page at a time). Stops at
+  // `from`, in the table's order (key order; grouped by partition, then
+  // key order, when Partitions(table) > 0, where `from` must be 0), from
+  // one consistent snapshot of it (writes made meanwhile are not seen).
+  // Streams: RocksDB seeks to `from` and reads block by block without
+  // filling its cache, so a table far larger than memory scans in bounded
+  // memory, and a scan stopped by its visitor can go on from the next key
+  // (a partition of a table in key order read a page at a time). Stops at
   // the first error `visit` returns and returns it. kNotFound for an
-  // unknown table; kDataLoss/kUnavailable as MultiGet.
+  // unknown table; kInvalidArgument for a `from` a partitioned table
+  // cannot start at; kDataLoss/kUnavailable as MultiGet.
   virtual Status ScanFrom(
       uint32_t table, uint64_t from,
       const std::function<Status(uint64_t key, absl::string_view value)>& visit) = 0;
@@ -97,6 +113,14 @@ class KvStore {
               const std::function<Status(uint64_t key, absl::string_view value)>& visit) {
     return ScanFrom(table, 0, visit);
   }
+  // As ScanFrom, for the rows of partition `partition` of a table grouped
+  // by partition (Partitions(table) > 0) whose key is at least `from`, in
+  // key order: reads that partition's range only. kFailedPrecondition for a
+  // table in key order (filter a ScanFrom instead); kInvalidArgument for a
+  // partition out of range.
+  virtual Status ScanPartition(
+      uint32_t table, uint32_t partition, uint64_t from,
+      const std::function<Status(uint64_t key, absl::string_view value)>& visit) = 0;
 
   // Compacts `table` whole, so that the space of erased and overwritten rows
   // is given back to the file system now rather than when later writes

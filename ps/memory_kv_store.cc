@@ -1,19 +1,19 @@
 // The in-memory fake of KvStore (ps/kv_store.h): same contract, nothing
 // durable. Tests and the conformance suite use it in place of RocksDB.
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <vector>
-
-#include "absl/base/thread_annotations.h"
-#include <algorithm>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/placement.h"
 #include "core/logging.h"
 #include "ps/kv_store.h"
 
@@ -22,10 +22,22 @@ namespace {
 
 class MemoryKvStore final : public KvStore {
  public:
-  Status CreateTable(uint32_t table) override {
+  using KvStore::CreateTable;
+  Status CreateTable(uint32_t table, uint32_t partitions) override {
     absl::MutexLock lock(&mu_);
-    tables_.try_emplace(table);
-    return absl::OkStatus();
+    const auto [it, added] = tables_.try_emplace(table);
+    if (added) it->second.partitions = partitions;
+    const uint32_t have = it->second.partitions;
+    if (have == partitions || have == 0 || partitions == 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("table ", table, " is stored by ",
+                                                      it->second.partitions, " partitions, not ",
+                                                      partitions, " (a store of another job?)"));
+  }
+
+  uint32_t Partitions(uint32_t table) override {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = tables_.find(table);
+    return it == tables_.end() ? 0 : it->second.partitions;
   }
 
   Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
@@ -36,7 +48,7 @@ class MemoryKvStore final : public KvStore {
     absl::ReaderMutexLock lock(&mu_);
     auto table_it = tables_.find(table);
     if (table_it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table ", table));
-    const Rows& rows = table_it->second;
+    const Rows& rows = table_it->second.rows;
     found->assign(keys.size(), false);
     for (size_t i = 0; i < keys.size(); ++i) {
       auto it = rows.find(keys[i]);
@@ -61,10 +73,11 @@ class MemoryKvStore final : public KvStore {
       }
     }
     for (const KvWrite& write : writes) {
+      Rows& rows = tables_[write.table].rows;
       if (write.erase) {
-        tables_[write.table].erase(write.key);
+        rows.erase(write.key);
       } else {
-        tables_[write.table][write.key].assign(write.value.data(), write.value.size());
+        rows[write.key].assign(write.value.data(), write.value.size());
       }
     }
     return absl::OkStatus();
@@ -72,13 +85,48 @@ class MemoryKvStore final : public KvStore {
 
   Status ScanFrom(uint32_t table, uint64_t from,
                   const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+    std::vector<std::tuple<uint32_t, uint64_t, std::string>> rows;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = tables_.find(table);
+      if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table ", table));
+      const uint32_t partitions = it->second.partitions;
+      if (partitions != 0 && from != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table ", table, " is grouped by partition: a scan of it starts at key 0, not ",
+            from));
+      }
+      for (const auto& [key, value] : it->second.rows) {
+        if (key < from) continue;
+        rows.emplace_back(partitions == 0 ? 0 : PartitionOf(key, partitions), key, value);
+      }
+    }
+    // The table's order: by partition (all 0 in key order), then key.
+    std::sort(rows.begin(), rows.end());
+    for (const auto& [partition, key, value] : rows) RETURN_IF_ERROR(visit(key, value));
+    return absl::OkStatus();
+  }
+
+  Status ScanPartition(uint32_t table, uint32_t partition, uint64_t from,
+                       const std::function<Status(uint64_t, absl::string_view)>& visit) override {
     std::vector<std::pair<uint64_t, std::string>> rows;
     {
       absl::ReaderMutexLock lock(&mu_);
       auto it = tables_.find(table);
       if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table ", table));
-      for (const auto& row : it->second) {
-        if (row.first >= from) rows.push_back(row);
+      const uint32_t partitions = it->second.partitions;
+      if (partitions == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("table ", table, " is stored in key order, not by partition"));
+      }
+      if (partition >= partitions) {
+        return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of table ",
+                                                       table, " (of ", partitions, ")"));
+      }
+      for (const auto& row : it->second.rows) {
+        if (row.first >= from && PartitionOf(row.first, partitions) == partition) {
+          rows.push_back(row);
+        }
       }
     }
     std::sort(rows.begin(), rows.end());
@@ -99,7 +147,7 @@ class MemoryKvStore final : public KvStore {
   uint64_t ApproximateRows(uint32_t table) override {
     absl::ReaderMutexLock lock(&mu_);
     auto it = tables_.find(table);
-    return it == tables_.end() ? 0 : it->second.size();
+    return it == tables_.end() ? 0 : it->second.rows.size();
   }
 
   uint64_t ApproximateDiskBytes() override { return 0; }
@@ -107,9 +155,13 @@ class MemoryKvStore final : public KvStore {
 
  private:
   using Rows = absl::flat_hash_map<uint64_t, std::string>;
+  struct StoredTable {
+    uint32_t partitions = 0;  // as RocksDB's layout: the order of a scan
+    Rows rows;
+  };
 
   absl::Mutex mu_;
-  absl::flat_hash_map<uint32_t, Rows> tables_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, StoredTable> tables_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

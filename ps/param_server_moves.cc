@@ -21,9 +21,9 @@ namespace {
 
 // Rows the new owner asks for a page, and the bytes a page may hold.
 constexpr uint32_t kPageRows = 16384;
-// Keys of the store a page scans at most (a partition is a filtered scan
-// of every key): tens of ms, so that the pulls and pushes the RPC server
-// queues behind a page on its thread are not held up for long.
+// Keys of the store a page scans at most where a table is kept in key
+// order (a store made before rows were grouped by partition, where a
+// partition is a filtered scan of every key): tens of ms a page.
 constexpr size_t kPageScan = 32768;
 constexpr size_t kPageBytes = size_t{2} << 20;
 

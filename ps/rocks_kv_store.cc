@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cluster/placement.h"
 #include "core/logging.h"
 #include "ps/kv_store.h"
 #include "rocksdb/cache.h"
@@ -42,31 +43,80 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kKeyBytes = sizeof(uint64_t);
+// A key of a table grouped by partition: its partition, then the key.
+constexpr size_t kPartitionBytes = sizeof(uint32_t);
+constexpr size_t kMaxKeyBytes = kPartitionBytes + kKeyBytes;
 
 // MultiGet reads at most this many keys per RocksDB call: it bounds the
 // PinnableSlices (about 100 bytes each) and the cache blocks pinned at once.
 constexpr size_t kMultiGetChunk = 4096;
 
-std::string FamilyName(uint32_t table) { return absl::StrCat("t", table); }
-
-// The table of a family named "t<id>"; false for any other name.
-bool ParseFamilyName(const std::string& name, uint32_t* table) {
-  return name.size() > 1 && name[0] == 't' && absl::SimpleAtoi(name.substr(1), table) &&
-         name == FamilyName(*table);
+// "t<id>" for a table in key order, "t<id>.p<partitions>" for one grouped
+// by partition: the layout is in the name, so a store says it from the
+// moment it is opened, and a table is never half of one and half of the
+// other.
+std::string FamilyName(uint32_t table, uint32_t partitions) {
+  return partitions == 0 ? absl::StrCat("t", table) : absl::StrCat("t", table, ".p", partitions);
 }
 
-// Big-endian, so that bytewise key order is numeric order.
-void EncodeKey(uint64_t key, char* out) {
-  for (size_t i = 0; i < kKeyBytes; ++i) {
-    out[i] = static_cast<char>(key >> (8 * (kKeyBytes - 1 - i)));
+// The table and partitions of a family FamilyName names; false for any
+// other name.
+bool ParseFamilyName(const std::string& name, uint32_t* table, uint32_t* partitions) {
+  if (name.size() < 2 || name[0] != 't') return false;
+  const size_t dot = name.find(".p");
+  *partitions = 0;
+  if (!absl::SimpleAtoi(name.substr(1, dot == std::string::npos ? std::string::npos : dot - 1),
+                        table)) {
+    return false;
+  }
+  if (dot != std::string::npos &&
+      (!absl::SimpleAtoi(name.substr(dot + 2), partitions) || *partitions == 0)) {
+    return false;
+  }
+  return name == FamilyName(*table, *partitions);
+}
+
+// Big-endian, so that bytewise order is numeric order.
+template <typename T>
+void PutBigEndian(T value, char* out) {
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    out[i] = static_cast<char>(value >> (8 * (sizeof(T) - 1 - i)));
   }
 }
 
-uint64_t DecodeKey(const char* in) {
-  uint64_t key = 0;
-  for (size_t i = 0; i < kKeyBytes; ++i) key = (key << 8) | static_cast<unsigned char>(in[i]);
-  return key;
+template <typename T>
+T GetBigEndian(const char* in) {
+  T value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) value = (value << 8) | static_cast<unsigned char>(in[i]);
+  return value;
 }
+
+// A table's column family and how its keys are stored.
+struct Family {
+  rocksdb::ColumnFamilyHandle* handle = nullptr;
+  uint32_t partitions = 0;  // 0: key order
+
+  size_t key_bytes() const { return partitions == 0 ? kKeyBytes : kMaxKeyBytes; }
+  // Writes the stored form of `key` (key_bytes() of them) to `out`.
+  void Encode(uint64_t key, char* out) const {
+    if (partitions == 0) {
+      PutBigEndian(key, out);
+      return;
+    }
+    PutBigEndian(PartitionOf(key, partitions), out);
+    PutBigEndian(key, out + kPartitionBytes);
+  }
+  rocksdb::Slice Encoded(uint64_t key, char* out) const {
+    Encode(key, out);
+    return rocksdb::Slice(out, key_bytes());
+  }
+  // The key a stored key holds; false when it is not of this layout.
+  bool Decode(const rocksdb::Slice& stored, uint64_t* key) const {
+    if (stored.size() != key_bytes()) return false;
+    *key = GetBigEndian<uint64_t>(stored.data() + (partitions == 0 ? 0 : kPartitionBytes));
+    return true;
+  }
+};
 
 // Maps a RocksDB failure onto our codes: corruption is kDataLoss, anything
 // else from the disk is worth retrying (kUnavailable).
@@ -255,7 +305,7 @@ class RocksKvStore final : public KvStore {
  public:
   RocksKvStore(std::shared_ptr<rocksdb::Cache> cache, rocksdb::ColumnFamilyOptions family_options,
                std::unique_ptr<rocksdb::DB> db, std::vector<rocksdb::ColumnFamilyHandle*> handles,
-               absl::flat_hash_map<uint32_t, rocksdb::ColumnFamilyHandle*> tables)
+               absl::flat_hash_map<uint32_t, Family> tables)
       : cache_(std::move(cache)),
         family_options_(std::move(family_options)),
         db_(std::move(db)),
@@ -279,26 +329,37 @@ class RocksKvStore final : public KvStore {
     if (!status.ok()) LOG(ERROR) << "kv store: closing: " << status.ToString();
   }
 
-  Status CreateTable(uint32_t table) override {
+  using KvStore::CreateTable;
+  Status CreateTable(uint32_t table, uint32_t partitions) override {
     // create_mu_ serializes creators across the disk write, so two of them
     // cannot both create "t<table>"; readers only ever take mu_, briefly.
     absl::MutexLock create_lock(&create_mu_);
-    if (Family(table) != nullptr) return absl::OkStatus();
+    if (const Family family = Find(table); family.handle != nullptr) {
+      if (family.partitions == partitions || family.partitions == 0 || partitions == 0) {
+        return absl::OkStatus();
+      }
+      return absl::FailedPreconditionError(
+          absl::StrCat("table ", table, " is stored by ", family.partitions,
+                       " partitions, not ", partitions, " (a store of another job?)"));
+    }
     rocksdb::ColumnFamilyHandle* handle = nullptr;
-    rocksdb::Status status = db_->CreateColumnFamily(family_options_, FamilyName(table), &handle);
+    rocksdb::Status status =
+        db_->CreateColumnFamily(family_options_, FamilyName(table, partitions), &handle);
     if (!status.ok()) return FromRocks(status, absl::StrCat("creating table ", table));
     absl::MutexLock lock(&mu_);
     handles_.push_back(handle);
-    tables_[table] = handle;
+    tables_[table] = Family{.handle = handle, .partitions = partitions};
     return absl::OkStatus();
   }
+
+  uint32_t Partitions(uint32_t table) override { return Find(table).partitions; }
 
   Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
                   std::span<char> out, std::vector<bool>* found) override {
     CHECK(found != nullptr);
     CHECK_EQ(out.size(), keys.size() * value_bytes);
-    rocksdb::ColumnFamilyHandle* family = Family(table);
-    if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
+    const Family family = Find(table);
+    if (family.handle == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
     found->assign(keys.size(), false);
     if (keys.empty()) return absl::OkStatus();
 
@@ -310,7 +371,7 @@ class RocksKvStore final : public KvStore {
       read_options.snapshot = snapshot;
     }
     const size_t chunk = std::min(keys.size(), kMultiGetChunk);
-    std::vector<char> encoded(chunk * kKeyBytes);
+    std::vector<char> encoded(chunk * kMaxKeyBytes);
     std::vector<rocksdb::Slice> slices(chunk);
     std::vector<rocksdb::PinnableSlice> values(chunk);
     std::vector<rocksdb::Status> statuses(chunk);
@@ -318,10 +379,10 @@ class RocksKvStore final : public KvStore {
     for (size_t begin = 0; begin < keys.size() && result.ok(); begin += chunk) {
       const size_t n = std::min(chunk, keys.size() - begin);
       for (size_t i = 0; i < n; ++i) {
-        EncodeKey(keys[begin + i], &encoded[i * kKeyBytes]);
-        slices[i] = rocksdb::Slice(&encoded[i * kKeyBytes], kKeyBytes);
+        slices[i] = family.Encoded(keys[begin + i], &encoded[i * kMaxKeyBytes]);
       }
-      db_->MultiGet(read_options, family, n, slices.data(), values.data(), statuses.data());
+      db_->MultiGet(read_options, family.handle, n, slices.data(), values.data(),
+                    statuses.data());
       for (size_t i = 0; i < n; ++i) {
         const size_t index = begin + i;
         if (statuses[i].IsNotFound()) continue;
@@ -352,18 +413,20 @@ class RocksKvStore final : public KvStore {
     // Tables are looked up once per run of equal tables; all are checked
     // before anything is written, so an unknown one writes nothing.
     uint32_t last_table = writes.front().table;
-    rocksdb::ColumnFamilyHandle* family = Family(last_table);
-    char key[kKeyBytes];
+    Family family = Find(last_table);
+    char key[kMaxKeyBytes];
     for (const KvWrite& write : writes) {
       if (write.table != last_table) {
         last_table = write.table;
-        family = Family(last_table);
+        family = Find(last_table);
       }
-      if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", write.table));
-      EncodeKey(write.key, key);
+      if (family.handle == nullptr) {
+        return absl::NotFoundError(absl::StrCat("no table ", write.table));
+      }
+      const rocksdb::Slice stored = family.Encoded(write.key, key);
       rocksdb::Status status =
-          write.erase ? batch.Delete(family, rocksdb::Slice(key, kKeyBytes))
-                      : batch.Put(family, rocksdb::Slice(key, kKeyBytes),
+          write.erase ? batch.Delete(family.handle, stored)
+                      : batch.Put(family.handle, stored,
                                   rocksdb::Slice(write.value.data(), write.value.size()));
       if (!status.ok()) return FromRocks(status, "building a write batch");
     }
@@ -377,32 +440,39 @@ class RocksKvStore final : public KvStore {
 
   Status ScanFrom(uint32_t table, uint64_t from,
                   const std::function<Status(uint64_t, absl::string_view)>& visit) override {
-    rocksdb::ColumnFamilyHandle* family = Family(table);
-    if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
-    rocksdb::ReadOptions read_options;
-    // A scan reads every block once: caching them would only evict the
-    // blocks the serving path needs.
-    read_options.fill_cache = false;
-    read_options.readahead_size = 2 << 20;
-    // An iterator reads from the snapshot taken when it is made.
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, family));
-    char start[kKeyBytes];
-    EncodeKey(from, start);
-    for (it->Seek(rocksdb::Slice(start, kKeyBytes)); it->Valid(); it->Next()) {
-      const rocksdb::Slice key = it->key();
-      if (key.size() != kKeyBytes) {
-        return absl::DataLossError(
-            absl::StrCat("table ", table, " holds a key of ", key.size(), " bytes"));
-      }
-      const rocksdb::Slice value = it->value();
-      RETURN_IF_ERROR(visit(DecodeKey(key.data()), absl::string_view(value.data(), value.size())));
+    const Family family = Find(table);
+    if (family.handle == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
+    if (family.partitions != 0 && from != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", table, " is grouped by partition: a scan of it starts at key 0, not ", from));
     }
-    if (!it->status().ok()) return FromRocks(it->status(), absl::StrCat("scanning table ", table));
-    return absl::OkStatus();
+    char start[kKeyBytes];
+    PutBigEndian(from, start);
+    return Iterate(table, family, rocksdb::Slice(start, family.partitions == 0 ? kKeyBytes : 0),
+                   /*prefix=*/{}, visit);
+  }
+
+  Status ScanPartition(uint32_t table, uint32_t partition, uint64_t from,
+                       const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+    const Family family = Find(table);
+    if (family.handle == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
+    if (family.partitions == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("table ", table, " is stored in key order, not by partition"));
+    }
+    if (partition >= family.partitions) {
+      return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of table ", table,
+                                                     " (of ", family.partitions, ")"));
+    }
+    char start[kMaxKeyBytes];
+    PutBigEndian(partition, start);
+    PutBigEndian(from, start + kPartitionBytes);
+    return Iterate(table, family, rocksdb::Slice(start, kMaxKeyBytes),
+                   rocksdb::Slice(start, kPartitionBytes), visit);
   }
 
   Status Compact(uint32_t table) override {
-    rocksdb::ColumnFamilyHandle* family = Family(table);
+    rocksdb::ColumnFamilyHandle* family = Find(table).handle;
     if (family == nullptr) return absl::NotFoundError(absl::StrCat("no table ", table));
     rocksdb::CompactRangeOptions options;
     // Tombstones at the bottom level go too: the point is the space.
@@ -436,7 +506,7 @@ class RocksKvStore final : public KvStore {
   }
 
   uint64_t ApproximateRows(uint32_t table) override {
-    rocksdb::ColumnFamilyHandle* family = Family(table);
+    rocksdb::ColumnFamilyHandle* family = Find(table).handle;
     uint64_t rows = 0;
     if (family == nullptr || !db_->GetIntProperty(family, "rocksdb.estimate-num-keys", &rows)) {
       return 0;
@@ -467,12 +537,40 @@ class RocksKvStore final : public KvStore {
   }
 
  private:
-  // The handle of `table`, or nullptr. Handles live as long as the store,
-  // so the pointer stays valid after mu_ is released.
-  rocksdb::ColumnFamilyHandle* Family(uint32_t table) ABSL_LOCKS_EXCLUDED(mu_) {
+  // `table`'s column family and layout; a null handle for an unknown
+  // table. Handles live as long as the store, so the pointer stays valid
+  // after mu_ is released.
+  Family Find(uint32_t table) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::ReaderMutexLock lock(&mu_);
     auto it = tables_.find(table);
-    return it == tables_.end() ? nullptr : it->second;
+    return it == tables_.end() ? Family{} : it->second;
+  }
+
+  // Visits the rows of `family` from stored key `start` on, while their
+  // stored key begins with `prefix`.
+  Status Iterate(uint32_t table, const Family& family, const rocksdb::Slice& start,
+                 const rocksdb::Slice& prefix,
+                 const std::function<Status(uint64_t, absl::string_view)>& visit) {
+    rocksdb::ReadOptions read_options;
+    // A scan reads every block once: caching them would only evict the
+    // blocks the serving path needs.
+    read_options.fill_cache = false;
+    read_options.readahead_size = 2 << 20;
+    // An iterator reads from the snapshot taken when it is made.
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, family.handle));
+    for (it->Seek(start); it->Valid(); it->Next()) {
+      const rocksdb::Slice stored = it->key();
+      if (!stored.starts_with(prefix)) break;
+      uint64_t key = 0;
+      if (!family.Decode(stored, &key)) {
+        return absl::DataLossError(
+            absl::StrCat("table ", table, " holds a key of ", stored.size(), " bytes"));
+      }
+      const rocksdb::Slice value = it->value();
+      RETURN_IF_ERROR(visit(key, absl::string_view(value.data(), value.size())));
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), absl::StrCat("scanning table ", table));
+    return absl::OkStatus();
   }
 
   // Members destroyed in reverse order: the cache outlives the DB.
@@ -483,7 +581,7 @@ class RocksKvStore final : public KvStore {
   absl::Mutex mu_;
   // Every handle Open or CreateColumnFamily returned, default included.
   std::vector<rocksdb::ColumnFamilyHandle*> handles_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint32_t, rocksdb::ColumnFamilyHandle*> tables_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, Family> tables_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -523,7 +621,9 @@ StatusOr<std::unique_ptr<KvStore>> OpenRocksKvStore(const RocksKvStoreOptions& o
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
   for (const std::string& name : names) {
     uint32_t table = 0;
-    if (name != rocksdb::kDefaultColumnFamilyName && !ParseFamilyName(name, &table)) {
+    uint32_t partitions = 0;
+    if (name != rocksdb::kDefaultColumnFamilyName &&
+        !ParseFamilyName(name, &table, &partitions)) {
       return absl::DataLossError(absl::StrCat("the kv store in ", options.dir,
                                               " holds an unexpected column family ", name));
     }
@@ -540,10 +640,21 @@ StatusOr<std::unique_ptr<KvStore>> OpenRocksKvStore(const RocksKvStoreOptions& o
     return absl::UnavailableError(message);
   }
   std::unique_ptr<rocksdb::DB> db(raw);
-  absl::flat_hash_map<uint32_t, rocksdb::ColumnFamilyHandle*> tables;
+  absl::flat_hash_map<uint32_t, Family> tables;
   for (rocksdb::ColumnFamilyHandle* handle : handles) {
     uint32_t table = 0;
-    if (ParseFamilyName(handle->GetName(), &table)) tables[table] = handle;
+    uint32_t partitions = 0;
+    if (!ParseFamilyName(handle->GetName(), &table, &partitions)) continue;
+    const auto [it, added] =
+        tables.try_emplace(table, Family{.handle = handle, .partitions = partitions});
+    if (!added) {
+      const std::string message =
+          absl::StrCat("the kv store in ", options.dir, " holds table ", table, " twice: ",
+                       it->second.handle->GetName(), " and ", handle->GetName());
+      // Closes the store (its handles first) before saying why.
+      for (rocksdb::ColumnFamilyHandle* each : handles) db->DestroyColumnFamilyHandle(each);
+      return absl::DataLossError(message);
+    }
   }
   return std::unique_ptr<KvStore>(new RocksKvStore(std::move(cache), std::move(family_options),
                                                    std::move(db), std::move(handles),

@@ -103,6 +103,7 @@ StatusOr<std::vector<std::unique_ptr<Table>>> MakeTables(const proto::JobSpec& j
   TableStorage storage;
   storage.pass = pass;
   storage.store = store;
+  storage.partitions = job.num_partitions();
   storage.queue = queue;
   storage.budget = budget;
   storage.write_every_push = options.every_push && store != nullptr;
@@ -201,6 +202,13 @@ Status ServerStorage::CreateTables(const proto::JobSpec& job) {
                      MakeTables(job, options_, store_.get(), queue_.get(), budget_.get(), &pass_));
     tables_ = std::move(tables);
     job_ = job;
+    for (const auto& table : tables_) {
+      const uint32_t id = table->spec().id();
+      if (store_ == nullptr || store_->Partitions(id) == job.num_partitions()) continue;
+      LOG(WARNING) << "table '" << table->spec().name() << "' of this store is kept in key "
+                   << "order (it was made before stores grouped rows by partition): moving one "
+                   << "of its partitions to another server reads all of its rows";
+    }
   }
   {
     absl::MutexLock lock(&mu_);

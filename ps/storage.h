@@ -210,9 +210,10 @@ class ServerStorage {
   // (docs/model-format.md): for each table, DIR/params/<table name>/
   // part-<server id>.keys.npy (uint64: feature ids, or a dense tensor's
   // chunk indices) and .rows.npy (float32, rows x row_floats: the weights,
-  // then the optimizer state), in key order with a store. Flushes first and then streams
-  // the store's rows (bounded memory, whatever the table's size); without a
-  // store, writes the rows in memory. Consistent only while nothing pushes
+  // then the optimizer state), in the store's order with a store (by
+  // partition, then key). Flushes first and then streams the store's rows
+  // (bounded memory, whatever the table's size); without a store, writes
+  // the rows in memory. Consistent only while nothing pushes
   // (the master exports at the end of the job). Files appear whole or not
   // at all. kFailedPrecondition before SetServerId or CreateTables;
   // kUnavailable naming the file on I/O errors; the store's errors.
@@ -232,10 +233,11 @@ class ServerStorage {
 
   // A page of the rows of `partition` (PartitionOf(key, num_partitions))
   // from `from` on: at most `max_rows` (> 0) rows, the tables in id order,
-  // each in key order, scanning at most `max_scanned` keys of the store (a
-  // partition is a filtered scan of every key: a page of a big store must
-  // not hold a request thread for long; it may come back with fewer rows,
-  // or none, and `next` set). A read from the start (a default cursor) makes a
+  // each in key order. A store table grouped by the job's partitions reads
+  // the partition's range only; one in key order (a store made before that
+  // layout) is a filtered scan of every key, at most `max_scanned` keys a
+  // page (a page of a big store must not hold a request thread for long;
+  // it may come back with fewer rows, or none, and `next` set). A read from the start (a default cursor) makes a
   // full flush first, so that the store holds every row changed before it;
   // later pages read the store as it is then (a partition move fetches the
   // rows changed since as its tail: docs/design.md 2.20).

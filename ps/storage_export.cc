@@ -216,28 +216,36 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
     const size_t bytes = sizeof(float) * tables_[t]->stored_floats();
     TableRows run;
     run.table = t;
-    const Status scan = store_->ScanFrom(
-        t, t == from.table ? from.key : 0, [&](uint64_t key, absl::string_view value) -> Status {
-          if (scanned++ == max_scanned) {
-            page.next = PartitionCursor{.table = t, .key = key};
-            return absl::CancelledError("the page has scanned enough");
-          }
-          if (PartitionOf(key, num_partitions) != partition) return absl::OkStatus();
-          if (rows == max_rows) {
-            page.next = PartitionCursor{.table = t, .key = key};
-            return absl::CancelledError("the page is full");
-          }
-          if (value.size() != bytes) {
-            return absl::DataLossError(absl::StrCat("key ", key, " of table ", t, " holds ",
-                                                    value.size(), " bytes, expected ", bytes));
-          }
-          run.keys.push_back(key);
-          const size_t at = run.values.size();
-          run.values.resize(at + bytes / sizeof(float));
-          std::memcpy(run.values.data() + at, value.data(), bytes);
-          ++rows;
-          return absl::OkStatus();
-        });
+    const uint64_t first = t == from.table ? from.key : 0;
+    // A table grouped by partition reads the partition's range; one in
+    // key order (made before that layout) is filtered, a budget of keys a
+    // page.
+    const bool grouped = store_->Partitions(t) == num_partitions;
+    const auto visit = [&](uint64_t key, absl::string_view value) -> Status {
+      if (!grouped) {
+        if (scanned++ == max_scanned) {
+          page.next = PartitionCursor{.table = t, .key = key};
+          return absl::CancelledError("the page has scanned enough");
+        }
+        if (PartitionOf(key, num_partitions) != partition) return absl::OkStatus();
+      }
+      if (rows == max_rows) {
+        page.next = PartitionCursor{.table = t, .key = key};
+        return absl::CancelledError("the page is full");
+      }
+      if (value.size() != bytes) {
+        return absl::DataLossError(absl::StrCat("key ", key, " of table ", t, " holds ",
+                                                value.size(), " bytes, expected ", bytes));
+      }
+      run.keys.push_back(key);
+      const size_t at = run.values.size();
+      run.values.resize(at + bytes / sizeof(float));
+      std::memcpy(run.values.data() + at, value.data(), bytes);
+      ++rows;
+      return absl::OkStatus();
+    };
+    const Status scan = grouped ? store_->ScanPartition(t, partition, first, visit)
+                                : store_->ScanFrom(t, first, visit);
     if (!run.keys.empty()) page.tables.push_back(std::move(run));
     if (page.next.has_value()) return page;
     RETURN_IF_ERROR(scan);

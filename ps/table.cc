@@ -458,7 +458,7 @@ StatusOr<std::unique_ptr<Table>> Table::Create(const proto::TableSpec& spec, uin
     if (storage.queue == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": a store needs a write queue"));
     }
-    RETURN_IF_ERROR_CTX(storage.store->CreateTable(spec.id()), name);
+    RETURN_IF_ERROR_CTX(storage.store->CreateTable(spec.id(), storage.partitions), name);
   } else if (storage.budget != nullptr && storage.budget->limit() > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": a memory budget needs a store to evict rows to"));

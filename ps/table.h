@@ -72,6 +72,9 @@ class MemoryBudget {
 struct TableStorage {
   // Cold tier and store of record; null keeps every row in memory only.
   KvStore* store = nullptr;
+  // The job's partitions: a new store table groups its rows by them, so
+  // that a partition move reads one range of it (KvStore::CreateTable).
+  uint32_t partitions = 0;
   // Required with `store`: the ordered path to it.
   WriteQueue* queue = nullptr;
   // Shared hot-tier budget; null is unlimited. Only rows already durable in

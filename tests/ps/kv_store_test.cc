@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -16,9 +17,11 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/placement.h"
 #include "gtest/gtest.h"
 #include "tests/ps/kv_store_testing.h"
 #include "tests/testing/temp_dir.h"
@@ -140,6 +143,79 @@ TEST_P(KvStoreConformance, ScanVisitsEveryRowInKeyOrderFromOneSnapshot) {
             (std::vector<uint64_t>{256, 1ull << 40, std::numeric_limits<uint64_t>::max()}));
   EXPECT_EQ(keys_from(257),
             (std::vector<uint64_t>{1ull << 40, std::numeric_limits<uint64_t>::max()}));
+}
+
+TEST_P(KvStoreConformance, ATableGroupedByPartitionReadsOnePartitionInKeyOrder) {
+  constexpr uint32_t kPartitions = 4;
+  ASSERT_TRUE(store().CreateTable(1, kPartitions).ok());
+  EXPECT_EQ(store().Partitions(1), kPartitions);
+  std::vector<uint64_t> keys;
+  std::vector<std::string> values;
+  for (uint64_t i = 0; i < 200; ++i) {
+    keys.push_back(i * 0x9e3779b97f4a7c15ULL);  // spread over the key space
+    values.push_back(ValueFor(keys.back(), 2, 12));
+  }
+  ASSERT_TRUE(store().Write(WritesFor(1, keys, values), /*sync=*/false).ok());
+  const auto scan_partition = [&](uint32_t p, uint64_t from) {
+    std::vector<uint64_t> seen;
+    const Status scanned =
+        store().ScanPartition(1, p, from, [&](uint64_t key, absl::string_view value) {
+          EXPECT_EQ(value, ValueFor(key, 2, 12)) << "key " << key;
+          seen.push_back(key);
+          return absl::OkStatus();
+        });
+    EXPECT_TRUE(scanned.ok()) << scanned;
+    return seen;
+  };
+  size_t total = 0;
+  for (uint32_t p = 0; p < kPartitions; ++p) {
+    std::vector<uint64_t> want;
+    for (uint64_t key : keys) {
+      if (PartitionOf(key, kPartitions) == p) want.push_back(key);
+    }
+    std::sort(want.begin(), want.end());
+    ASSERT_GT(want.size(), 10u) << "partition " << p;
+    EXPECT_EQ(scan_partition(p, 0), want) << "partition " << p;
+    // From a key of the partition on: a page resuming.
+    EXPECT_EQ(scan_partition(p, want[5]), std::vector<uint64_t>(want.begin() + 5, want.end()));
+    total += want.size();
+  }
+  EXPECT_EQ(total, keys.size());
+  // A scan of the whole table sees every row, partition after partition.
+  std::vector<std::pair<uint32_t, uint64_t>> order;
+  ASSERT_TRUE(store()
+                  .Scan(1,
+                        [&](uint64_t key, absl::string_view) {
+                          order.emplace_back(PartitionOf(key, kPartitions), key);
+                          return absl::OkStatus();
+                        })
+                  .ok());
+  EXPECT_EQ(order.size(), keys.size());
+  EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
+  const auto nothing = [](uint64_t, absl::string_view) { return absl::OkStatus(); };
+  EXPECT_TRUE(absl::IsInvalidArgument(store().ScanFrom(1, 5, nothing)));
+  EXPECT_TRUE(absl::IsInvalidArgument(store().ScanPartition(1, kPartitions, 0, nothing)));
+  // Point reads and erases find their keys under the layout.
+  const std::vector<KvWrite> erase = {
+      KvWrite{.table = 1, .key = keys[3], .value = {}, .erase = true}};
+  ASSERT_TRUE(store().Write(erase, /*sync=*/false).ok());
+  Read read = Get(store(), 1, {keys[2], keys[3]}, 12);
+  ASSERT_TRUE(read.status.ok()) << read.status;
+  EXPECT_EQ(read.values[0], ValueFor(keys[2], 2, 12));
+  EXPECT_FALSE(read.values[1].has_value());
+
+  // A table keeps the layout it was made with: the same partitions are a
+  // no-op, others are refused; a table in key order stays so.
+  EXPECT_TRUE(store().CreateTable(1, kPartitions).ok());
+  EXPECT_TRUE(store().CreateTable(1).ok());  // a journal's replay names no layout
+  EXPECT_EQ(store().Partitions(1), kPartitions);
+  EXPECT_TRUE(absl::IsFailedPrecondition(store().CreateTable(1, 8)));
+  ASSERT_TRUE(store().CreateTable(2).ok());
+  EXPECT_TRUE(store().CreateTable(2, kPartitions).ok());
+  EXPECT_EQ(store().Partitions(2), 0u);
+  EXPECT_TRUE(absl::IsFailedPrecondition(store().ScanPartition(2, 0, 0, nothing)));
+  EXPECT_EQ(store().Partitions(9), 0u);
+  EXPECT_TRUE(absl::IsNotFound(store().ScanPartition(9, 0, 0, nothing)));
 }
 
 TEST_P(KvStoreConformance, LaterWritesOfAKeyInOneBatchWin) {

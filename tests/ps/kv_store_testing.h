@@ -55,7 +55,11 @@ class FailingKvStore final : public KvStore {
   std::atomic<int> writes{0};
   std::function<void(std::span<const KvWrite>)> before_write;
 
-  Status CreateTable(uint32_t table) override { return base_->CreateTable(table); }
+  using KvStore::CreateTable;
+  Status CreateTable(uint32_t table, uint32_t partitions) override {
+    return base_->CreateTable(table, partitions);
+  }
+  uint32_t Partitions(uint32_t table) override { return base_->Partitions(table); }
   Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t value_bytes,
                   std::span<char> out, std::vector<bool>* found) override {
     ++reads;
@@ -72,6 +76,11 @@ class FailingKvStore final : public KvStore {
                   const std::function<Status(uint64_t, absl::string_view)>& visit) override {
     if (fail_reads) return absl::UnavailableError("injected read failure");
     return base_->ScanFrom(table, from, visit);
+  }
+  Status ScanPartition(uint32_t table, uint32_t partition, uint64_t from,
+                       const std::function<Status(uint64_t, absl::string_view)>& visit) override {
+    if (fail_reads) return absl::UnavailableError("injected read failure");
+    return base_->ScanPartition(table, partition, from, visit);
   }
   Status Compact(uint32_t table) override { return base_->Compact(table); }
   Status Checkpoint(const std::string& dir) override { return base_->Checkpoint(dir); }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/placement.h"
 #include "gtest/gtest.h"
 #include "tests/ps/kv_store_testing.h"
 #include "tests/testing/temp_dir.h"
@@ -87,6 +88,38 @@ TEST_F(RocksKvStoreTest, ReopenKeepsDataAndTables) {
   ASSERT_TRUE(store->CreateTable(7).ok());
   Fill(*store, 7, 30, 3, 40);
   ExpectFilled(*store, 7, 30, 3, 40);
+}
+
+TEST_F(RocksKvStoreTest, ReopenKeepsEachTablesLayout) {
+  {
+    std::unique_ptr<KvStore> store = OpenRocks(Path("db"));
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateTable(1).ok());      // as stores made before the layout
+    ASSERT_TRUE(store->CreateTable(2, 16).ok());  // grouped by 16 partitions
+    Fill(*store, 1, 300, 1);
+    Fill(*store, 2, 300, 1);
+  }
+  std::unique_ptr<KvStore> store = OpenRocks(Path("db"));
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->Partitions(1), 0u);
+  EXPECT_EQ(store->Partitions(2), 16u);
+  // A job asking for partitions keeps the old table as it is, readable.
+  ASSERT_TRUE(store->CreateTable(1, 16).ok());
+  EXPECT_EQ(store->Partitions(1), 0u);
+  ExpectFilled(*store, 1, 300, 1);
+  ExpectFilled(*store, 2, 300, 1);
+  uint64_t rows = 0;
+  for (uint32_t p = 0; p < 16; ++p) {
+    ASSERT_TRUE(store
+                    ->ScanPartition(2, p, 0,
+                                    [&](uint64_t key, absl::string_view) {
+                                      EXPECT_EQ(PartitionOf(key, 16), p) << "key " << key;
+                                      ++rows;
+                                      return absl::OkStatus();
+                                    })
+                    .ok());
+  }
+  EXPECT_EQ(rows, 300u);
 }
 
 TEST_F(RocksKvStoreTest, CheckpointRestoresIntoAnotherDir) {

@@ -452,12 +452,21 @@ std::vector<Row> RowsOf(const std::vector<TableRows>& runs) {
 // A partition read a page at a time gives every row of it, each once, whole
 // (weights, optimizer state, pass), and nothing of other partitions; written
 // into another server's tables, it reads back the same (issue 18's copy).
-TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
+// Both store layouts: tables grouped by the job's partitions, read a range
+// at a time, and tables in key order (a store made before that layout, or
+// partitions other than the job's), a filtered scan.
+class PartitionCopyTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PartitionCopyTest, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
+  constexpr uint32_t kPartitions = 8;
+  constexpr uint32_t kPartition = 5;
+  const bool grouped = GetParam();
   TempDir temp;
   proto::JobSpec job = TwoTables();
   job.mutable_tables(1)->mutable_optimizer()->set_kind(proto::OptimizerSpec::ADAGRAD);
   job.mutable_tables(1)->mutable_optimizer()->set_epsilon(1e-8f);
   job.mutable_tables(1)->set_ttl_passes(2);
+  if (grouped) job.set_num_partitions(kPartitions);
   StorageOptions options;
   options.data_dir = temp.Join("a");
   options.flush_interval = absl::Milliseconds(10);
@@ -466,8 +475,6 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   const std::vector<uint64_t> keys = Keys(1, 3000);
   PushAll(*a, 0, keys, 2.0f);  // -1, journaled only so far
   PushAll(*a, 1, keys, 4.0f);
-  constexpr uint32_t kPartitions = 8;
-  constexpr uint32_t kPartition = 5;
   std::vector<std::pair<uint32_t, uint64_t>> want;
   for (uint32_t table : {0u, 1u}) {
     for (uint64_t key : keys) {
@@ -490,12 +497,17 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   }
   EXPECT_EQ(got, want);
   EXPECT_EQ(pages, static_cast<int>((want.size() + 99) / 100));
-  // A page that scans at most 500 keys: the same rows, in pages of fewer
-  // (6,000 keys in all: at least 12 pages).
+  // A page that scans at most 500 keys: the same rows. In key order, in
+  // pages of fewer (6,000 keys in all: at least 12 pages); grouped by
+  // partition, every key read is one of the partition's: the same pages.
   int short_pages = 0;
   EXPECT_EQ(RowsOf(ReadAll(*a, kPartition, kPartitions, 100, &short_pages, 500)).size(),
             rows.size());
-  EXPECT_GE(short_pages, 12);
+  if (grouped) {
+    EXPECT_EQ(short_pages, pages);
+  } else {
+    EXPECT_GE(short_pages, 12);
+  }
   EXPECT_TRUE(
       absl::IsInvalidArgument(a->ReadPartition(kPartitions, kPartitions, {}, 100).status()));
 
@@ -520,6 +532,11 @@ TEST(ServerStorage, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
                                                       1))));
   EXPECT_TRUE(absl::IsInvalidArgument(b->WriteTableRows(9, {}, {})));
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PartitionCopyTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "GroupedByPartition" : "InKeyOrder";
+                         });
 
 // A moving partition's tail: the stored rows of the keys asked for, once a
 // flush stored them, in their order; a key the store lacks has none.
