@@ -41,6 +41,9 @@ if [ ! -f "$data/truth.json" ]; then
   "$root/build/bin/eps-datagen" --rows "$rows" --seed 1 --files 4 --out "$data" >/dev/null 2>&1
 fi
 run="$work/run"
+# A run's files of an earlier bench in the same EPS_BENCH_DIR (its
+# master.json) would mislead this one.
+rm -rf "$run" "$work/reference"
 common=(--data.train="$data/train" --data.eval="$data/eval" --ps.partitions="$partitions"
         --job.progress_interval_s=1)
 EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" "$config" "${common[@]}" \

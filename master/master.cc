@@ -162,7 +162,11 @@ Status Master::Impl::StartServing() {
   const JobConfig& job = options_.job;
   RpcServerOptions rpc_options;
   rpc_options.endpoint = absl::StrCat("tcp://", job.master.bind_host, ":", options_.port);
-  rpc_options.num_threads = 1;
+  // Two: an evaluation commit's check pulls from the servers (seconds at
+  // worst) on the thread that took it, and heartbeats must not wait for it
+  // (one check at a time: CheckEvaluation). Each request holds mu_ only
+  // briefly, so two threads change nothing else.
+  rpc_options.num_threads = 2;
   rpc_options.max_frames = 2;
   rpc_options.name = "master";
   rpc_options.track_waiting = true;  // leases are judged on arrivals

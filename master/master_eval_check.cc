@@ -30,13 +30,13 @@ Status Master::Impl::PullForCheck(const Batch& batch, ParamBuffers* params) {
     ASSIGN_OR_RETURN(check_tables_, MatchParamTables(spec, eval_check_->params()));
     proto::NodeId self;
     self.set_role(proto::ROLE_MASTER);
-    // It runs on the master's only request thread: a check that cannot be
-    // made soon (a server behind the map, which learns it from a heartbeat
-    // this thread must answer) gives up well within a heartbeat's attempt,
-    // and the worker sends its commit again.
+    // It holds one of the master's two request threads, and no other
+    // check: a check that cannot be made soon (a server down, or behind
+    // the map) gives up within seconds, and the worker sends its commit
+    // again.
     CallOptions options;
-    options.attempt_timeout = absl::Milliseconds(750);
-    options.max_attempts = 1;
+    options.attempt_timeout = absl::Seconds(2);
+    options.max_attempts = 2;
     check_ps_ = std::make_unique<PsClient>(&factory_, self, std::move(spec), options, current_map);
   }
   uint64_t generation = 0;
@@ -92,10 +92,20 @@ Status Master::Impl::CheckEvaluation(const proto::NodeId& sender,
   }
   // Not one to apply now: JobControl refuses or acknowledges it.
   if (!range.has_value()) return absl::OkStatus();
+  // Another commit's check holds the other request thread for up to
+  // seconds: waiting for it here would leave none to answer heartbeats.
+  if (!eval_check_mu_.TryLock()) {
+    return ErrorWithReason(absl::StatusCode::kUnavailable,
+                           "the master is checking another evaluation commit; send it again",
+                           proto::SLOW_DOWN);
+  }
   const Status checked = eval_check_->Check(
       range->path, range->first_line, commit, labels, predictions,
-      [this](const Batch& batch, ParamBuffers* params) { return PullForCheck(batch, params); },
+      [this](const Batch& batch, ParamBuffers* params) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return PullForCheck(batch, params);  // eval_check_mu_ is held
+      },
       clock_->Now());
+  eval_check_mu_.Unlock();
   if (checked.ok()) return absl::OkStatus();
   if (absl::IsFailedPrecondition(checked)) {
     // No evaluation of this data can be checked: the job stops, and

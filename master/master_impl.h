@@ -83,15 +83,18 @@ class Master::Impl {
   Status HandleShardUnreadable(const Message& request, Message* reply);
   // COMMIT_PROGRESS of an evaluation, under CURVE: checked against the
   // file and the model (master/trust/eval_check.h) before JobControl applies
-  // it, without mu_ (one batch read, one pull; the RPC thread waits). A
-  // false one fences its worker (JobControl::RefuseEvaluation) and the
-  // FENCED error is returned; kUnavailable when it could not be checked
-  // (the worker sends it again).
+  // it, without mu_ (one batch read, one pull, on the RPC thread that took
+  // the commit; the master's other RPC thread serves meanwhile). One check
+  // at a time: a commit that finds another being checked is not waited
+  // for. A false one fences its worker (JobControl::RefuseEvaluation) and
+  // the FENCED error is returned; kUnavailable with SLOW_DOWN when it could
+  // not be checked now (the worker sends it again).
   Status CheckEvaluation(const proto::NodeId& sender, const proto::CommitProgressRequest& commit,
                          std::span<const float> labels, std::span<const float> predictions)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      ABSL_LOCKS_EXCLUDED(mu_, eval_check_mu_);
   // The parameters of `batch` from the servers, for eval_check_.
-  Status PullForCheck(const Batch& batch, ParamBuffers* params) ABSL_LOCKS_EXCLUDED(mu_);
+  Status PullForCheck(const Batch& batch, ParamBuffers* params)
+      ABSL_LOCKS_EXCLUDED(mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(eval_check_mu_);
   // POST /checkpoint: a coordinated round now (or the one in progress);
   // answers when it is complete or has failed.
   std::pair<int, std::string> PostCheckpoint();
@@ -169,15 +172,18 @@ class Master::Impl {
   // Under CURVE: what the master issues workers and hands servers; set by
   // StartServing, then read-only.
   std::optional<WorkerCredentials> worker_credentials_;
-  // Under CURVE with data.eval set (set by StartServing); used by the RPC
-  // thread only, as is its PsClient (made at the first check).
+  // Under CURVE with data.eval set (set by StartServing); used by one
+  // check at a time (eval_check_mu_), as is its PsClient (made at the first
+  // check).
   std::unique_ptr<EvalCheck> eval_check_;
-  std::unique_ptr<PsClient> check_ps_;
-  ParamTables check_tables_;  // of eval_check_'s model, with check_ps_
+  absl::Mutex eval_check_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::unique_ptr<PsClient> check_ps_ ABSL_GUARDED_BY(eval_check_mu_);
+  // Of eval_check_'s model, with check_ps_.
+  ParamTables check_tables_ ABSL_GUARDED_BY(eval_check_mu_);
   // The membership generation the dense tensors in eval_check_'s buffers
   // were pulled in (none yet: nullopt): the evaluation pushes nothing, and
   // a restore of the servers starts a new generation.
-  std::optional<uint64_t> check_dense_generation_;
+  std::optional<uint64_t> check_dense_generation_ ABSL_GUARDED_BY(eval_check_mu_);
   HttpService http_{clock_};
   std::thread job_thread_;
   std::string rpc_endpoint_;

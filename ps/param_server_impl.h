@@ -92,10 +92,16 @@ class ParamServer::Impl {
       ABSL_LOCKS_EXCLUDED(restore_mu_);
   Status HandleFetchPartition(const Message& request, Message* reply)
       ABSL_LOCKS_EXCLUDED(restore_mu_);
+  // FETCH_PARTITION of a copy's catch-up round or of its tail: a page of
+  // the rows of the keys pushed to during the copy (the proto says which).
+  Status ServeNotedRows(const proto::FetchPartitionRequest& body, size_t max_rows,
+                        proto::FetchPartitionReply* answer, Message* reply)
+      ABSL_LOCKS_EXCLUDED(restore_mu_, moves_mu_);
   // COPY and TAIL: reads the partition's pages (or its tail) from the old
-  // owner and writes them here; the rows and bytes.
+  // owner and writes them here; the rows and bytes, and in *fetching the
+  // time spent waiting for the old owner's pages.
   StatusOr<proto::MovePartitionReply> FetchFromOldOwner(const proto::MovePartitionRequest& move,
-                                                        bool tail);
+                                                        bool tail, absl::Duration* fetching);
   // Notes the keys of a push that belong to a partition being copied
   // away, before the push applies them (a cheap check while none is).
   void NoteMovingKeys(std::span<Table* const> tables,
@@ -200,9 +206,12 @@ class ParamServer::Impl {
   struct OutgoingMove {
     uint64_t map_version = 0;
     bool handed_off = false;
-    // Per table id: the keys pushed to since the copy began; at the
-    // hand-off, sorted into `tail`.
+    // Per table id: the keys pushed to since the copy began, or since its
+    // last catch-up round; at the next round, sorted into `caught_up`, at
+    // the hand-off into `tail`.
     std::vector<absl::flat_hash_set<uint64_t>> pushed;
+    uint32_t catch_up_round = 0;  // the last round begun (0: none)
+    std::vector<std::vector<uint64_t>> caught_up;
     std::vector<std::vector<uint64_t>> tail;
   };
   absl::Mutex moves_mu_ ABSL_ACQUIRED_AFTER(restore_mu_);

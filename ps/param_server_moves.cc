@@ -26,6 +26,11 @@ constexpr uint32_t kPageRows = 16384;
 // partition is a filtered scan of every key): tens of ms a page.
 constexpr size_t kPageScan = 32768;
 constexpr size_t kPageBytes = size_t{2} << 20;
+// A copy's catch-up rounds before its hand-off (FetchPartitionRequest.
+// catch_up): at most this many, and none more once a round took this few
+// rows (a tail this short is read in a few ms).
+constexpr uint32_t kCatchUpRounds = 3;
+constexpr uint64_t kShortTail = 256;
 
 // Failpoint ps.crash_in_move=STEP: the server doing step STEP of a move
 // (MovePartitionRequest.Step) kills itself at `where`.
@@ -46,6 +51,17 @@ void AddRowFrames(std::span<const TableRows> tables, proto::FetchPartitionReply*
     reply->AddArray(rows.keys);
     reply->AddArray(rows.values);
   }
+}
+
+// Per table, the keys of `noted`, sorted (the store reads them in order).
+std::vector<std::vector<uint64_t>> SortedKeys(
+    const std::vector<absl::flat_hash_set<uint64_t>>& noted) {
+  std::vector<std::vector<uint64_t>> sorted(noted.size());
+  for (size_t t = 0; t < noted.size(); ++t) {
+    sorted[t].assign(noted[t].begin(), noted[t].end());
+    std::sort(sorted[t].begin(), sorted[t].end());
+  }
+  return sorted;
 }
 
 }  // namespace
@@ -83,6 +99,91 @@ void ParamServer::Impl::PublishNoting() {
   noting_.store(noting, std::memory_order_release);
 }
 
+Status ParamServer::Impl::ServeNotedRows(const proto::FetchPartitionRequest& body,
+                                         size_t max_rows, proto::FetchPartitionReply* answer,
+                                         Message* reply) {
+  const uint32_t p = body.partition();
+  const bool tail = body.tail();
+  const std::string what =
+      tail ? std::string("tail") : absl::StrCat("catch-up round ", body.catch_up());
+  // The move's state for this request; null (with *error) when there is no
+  // such copy in progress, or no such round.
+  const auto find = [&](Status* error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(moves_mu_) {
+    auto it = outgoing_.find(p);
+    OutgoingMove* move = it == outgoing_.end() ? nullptr : &it->second;
+    if (move != nullptr && move->map_version == body.map_version() &&
+        move->handed_off == tail && (tail || move->catch_up_round >= body.catch_up())) {
+      return move;
+    }
+    *error = absl::FailedPreconditionError(absl::StrCat(
+        "ps[", id_, "] has no ", what, " of partition ", p, " at cluster map v",
+        body.map_version(), tail ? " (not handed off)" : " (no such copy, or handed off)"));
+    return static_cast<OutgoingMove*>(nullptr);
+  };
+  if (!tail && body.key() == 0) {
+    {
+      // A new round takes the keys noted so far, exclusively: every push to
+      // p either applied before (the flush below stores it) or is noted for
+      // the next round or the tail. A repeat of the round reads its keys
+      // again.
+      absl::WriterMutexLock restore_lock(&restore_mu_);
+      absl::MutexLock lock(&moves_mu_);
+      auto it = outgoing_.find(p);
+      if (it != outgoing_.end() && it->second.map_version == body.map_version() &&
+          !it->second.handed_off && it->second.catch_up_round + 1 == body.catch_up()) {
+        OutgoingMove& move = it->second;
+        move.catch_up_round = body.catch_up();
+        move.caught_up = SortedKeys(move.pushed);
+        for (auto& keys : move.pushed) keys.clear();
+      }
+    }
+    absl::ReaderMutexLock restore_lock(&restore_mu_);
+    RETURN_IF_ERROR_CTX(storage_->Flush(), absl::StrCat("catching up partition ", p));
+  }
+  // This page's part of the noted keys: `key` counts the ones sent before,
+  // the tables in id order.
+  std::vector<std::pair<uint32_t, std::vector<uint64_t>>> want;
+  uint64_t total = 0;
+  {
+    absl::MutexLock lock(&moves_mu_);
+    Status error;
+    const OutgoingMove* move = find(&error);
+    if (move == nullptr) return error;
+    if (!tail && move->catch_up_round != body.catch_up()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ps[", id_, "] is at catch-up round ", move->catch_up_round,
+                       " of partition ", p, ", not ", body.catch_up()));
+    }
+    const std::vector<std::vector<uint64_t>>& noted = tail ? move->tail : move->caught_up;
+    uint64_t skip = body.key();
+    size_t left = max_rows;
+    for (uint32_t t = 0; t < noted.size(); ++t) {
+      const std::vector<uint64_t>& keys = noted[t];
+      total += keys.size();
+      if (skip >= keys.size()) {
+        skip -= keys.size();
+        continue;
+      }
+      const size_t take = std::min(left, keys.size() - skip);
+      if (take == 0) continue;
+      const auto first = keys.begin() + static_cast<ptrdiff_t>(skip);
+      want.emplace_back(t, std::vector<uint64_t>(first, first + static_cast<ptrdiff_t>(take)));
+      left -= take;
+      skip = 0;
+    }
+  }
+  uint64_t sent = body.key();
+  absl::ReaderMutexLock restore_lock(&restore_mu_);
+  for (const auto& [table, keys] : want) {
+    ASSIGN_OR_RETURN(TableRows rows, storage_->ReadStoredRows(table, keys));
+    AddRowFrames(std::span(&rows, 1), answer, reply);
+    sent += keys.size();
+  }
+  answer->set_next_key(sent);
+  answer->set_done(sent >= total);
+  return absl::OkStatus();
+}
+
 Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* reply) {
   if (!request.header().has_fetch_partition_request()) {
     return absl::InvalidArgumentError("FETCH_PARTITION without its body");
@@ -116,51 +217,12 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
                          kPageBytes / (sizeof(uint64_t) + widest * sizeof(float))),
         1, kPageRows);
   }
-  if (body.tail()) {
-    // This page's part of the keys pushed to during the copy: `key` counts
-    // the ones sent before, the tables in id order.
-    std::vector<std::pair<uint32_t, std::vector<uint64_t>>> want;
-    uint64_t total = 0;
-    {
-      absl::MutexLock lock(&moves_mu_);
-      auto it = outgoing_.find(p);
-      if (it == outgoing_.end() || !it->second.handed_off ||
-          it->second.map_version != body.map_version()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "ps[", id_, "] has not handed off partition ", p, " at cluster map v",
-            body.map_version(), ": no tail to read"));
-      }
-      uint64_t skip = body.key();
-      size_t left = max_rows;
-      for (uint32_t t = 0; t < it->second.tail.size(); ++t) {
-        const std::vector<uint64_t>& tail = it->second.tail[t];
-        total += tail.size();
-        if (skip >= tail.size()) {
-          skip -= tail.size();
-          continue;
-        }
-        const size_t take = std::min(left, tail.size() - skip);
-        if (take == 0) continue;
-        const auto first = tail.begin() + static_cast<ptrdiff_t>(skip);
-        want.emplace_back(t, std::vector<uint64_t>(first, first + static_cast<ptrdiff_t>(take)));
-        left -= take;
-        skip = 0;
-      }
-    }
-    uint64_t sent = body.key();
-    absl::ReaderMutexLock restore_lock(&restore_mu_);
-    for (const auto& [table, keys] : want) {
-      ASSIGN_OR_RETURN(TableRows rows, storage_->ReadStoredRows(table, keys));
-      AddRowFrames(std::span(&rows, 1), answer, reply);
-      sent += keys.size();
-    }
-    answer->set_next_key(sent);
-    answer->set_done(sent >= total);
-    return absl::OkStatus();
-  }
+  if (body.tail() || body.catch_up() > 0) return ServeNotedRows(body, max_rows, answer, reply);
   // The map the move started from reaches this server a heartbeat after
   // the master wrote it.
+  const absl::Time arrived = absl::Now();
   RETURN_IF_ERROR(AwaitMapVersion(body.map_version()));
+  const absl::Time mapped = absl::Now();
   {
     absl::ReaderMutexLock lock(&mu_);
     if (placement_->version() > body.map_version() || !owned_[p]) {
@@ -191,6 +253,10 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
       move.map_version = body.map_version();
       move.pushed.resize(storage_->num_tables());
     }
+    // A copy read again from its start reads every row as the flush below
+    // leaves it, those of earlier catch-up rounds too: rounds begin anew.
+    move.catch_up_round = 0;
+    move.caught_up.clear();
     PublishNoting();
   } else {
     absl::MutexLock lock(&moves_mu_);
@@ -204,8 +270,16 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
   }
   absl::ReaderMutexLock restore_lock(&restore_mu_);
   const PartitionCursor from{.table = body.table(), .key = body.key()};
+  const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(PartitionPage page,
                    storage_->ReadPartition(p, partitions, from, max_rows, kPageScan));
+  if (const absl::Duration took = absl::Now() - arrived; took > absl::Milliseconds(500)) {
+    LOG(INFO) << "a page of partition " << p << " took " << absl::FormatDuration(took)
+              << ": " << absl::FormatDuration(mapped - arrived) << " for the map, "
+              << absl::FormatDuration(start - mapped) << " for the locks, "
+              << absl::FormatDuration(absl::Now() - start) << " to read"
+              << (first_page ? " (with a full flush first)" : "");
+  }
   AddRowFrames(page.tables, answer, reply);
   answer->set_done(!page.next.has_value());
   if (page.next.has_value()) {
@@ -216,7 +290,8 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
 }
 
 StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
-    const proto::MovePartitionRequest& move, bool tail) {
+    const proto::MovePartitionRequest& move, bool tail, absl::Duration* fetching) {
+  *fetching = absl::ZeroDuration();
   proto::NodeId self;
   self.set_role(proto::ROLE_SERVER);
   self.set_id(id_);
@@ -248,44 +323,69 @@ StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
   }
   proto::MovePartitionReply result;
   const absl::Time start = absl::Now();
-  while (true) {
-    Message request;
-    request.header().set_method(proto::FETCH_PARTITION);
-    *request.header().mutable_fetch_partition_request() = next;
-    StatusOr<Message> page = channel.Call(move.from_endpoint(), std::move(request), call);
-    RETURN_IF_ERROR_CTX(page.status(), absl::StrCat("reading partition ", move.partition(),
-                                                    tail ? "'s tail" : "", " from ", from));
-    const proto::FetchPartitionReply& body = page->header().fetch_partition_reply();
-    if (page->num_frames() != 2 * static_cast<size_t>(body.table_ids_size())) {
-      return absl::DataLossError(absl::StrCat("a page of partition ", move.partition(), " from ",
-                                              from, " names ", body.table_ids_size(),
-                                              " tables but carries ", page->num_frames(),
-                                              " frames"));
-    }
-    {
-      // Written only while this copy is the partition's newest.
-      absl::MutexLock import_lock(&import_mu_);
-      auto it = importing_.find(move.partition());
-      if (it == importing_.end() || it->second != move.map_version()) {
-        return absl::AbortedError(absl::StrCat("the move of partition ", move.partition(),
-                                               " at cluster map v", move.map_version(),
-                                               " was given up or superseded"));
+  // Reads pages from `next` on and writes them here; the rows in *rows.
+  const auto fetch = [&](proto::FetchPartitionRequest next, uint64_t* rows) -> Status {
+    while (true) {
+      Message request;
+      request.header().set_method(proto::FETCH_PARTITION);
+      *request.header().mutable_fetch_partition_request() = next;
+      const absl::Time asked = absl::Now();
+      StatusOr<Message> page = channel.Call(move.from_endpoint(), std::move(request), call);
+      *fetching += absl::Now() - asked;
+      RETURN_IF_ERROR_CTX(page.status(), absl::StrCat("reading partition ", move.partition(),
+                                                      tail                 ? "'s tail"
+                                                      : next.catch_up() > 0 ? "'s catch-up"
+                                                                            : "",
+                                                      " from ", from));
+      const proto::FetchPartitionReply& body = page->header().fetch_partition_reply();
+      if (page->num_frames() != 2 * static_cast<size_t>(body.table_ids_size())) {
+        return absl::DataLossError(absl::StrCat("a page of partition ", move.partition(),
+                                                " from ", from, " names ", body.table_ids_size(),
+                                                " tables but carries ", page->num_frames(),
+                                                " frames"));
       }
-      absl::ReaderMutexLock restore_lock(&restore_mu_);
-      for (int i = 0; i < body.table_ids_size(); ++i) {
-        ASSIGN_OR_RETURN(std::span<const uint64_t> keys, page->Array<uint64_t>(2 * i));
-        ASSIGN_OR_RETURN(std::span<const float> values, page->Array<float>(2 * i + 1));
-        RETURN_IF_ERROR_CTX(storage_->WriteTableRows(body.table_ids(i), keys, values),
-                            absl::StrCat("writing partition ", move.partition(), " from ", from));
-        result.set_rows(result.rows() + keys.size());
-        result.set_bytes(result.bytes() + keys.size_bytes() + values.size_bytes());
+      {
+        // Written only while this copy is the partition's newest.
+        absl::MutexLock import_lock(&import_mu_);
+        auto it = importing_.find(move.partition());
+        if (it == importing_.end() || it->second != move.map_version()) {
+          return absl::AbortedError(absl::StrCat("the move of partition ", move.partition(),
+                                                 " at cluster map v", move.map_version(),
+                                                 " was given up or superseded"));
+        }
+        absl::ReaderMutexLock restore_lock(&restore_mu_);
+        for (int i = 0; i < body.table_ids_size(); ++i) {
+          ASSIGN_OR_RETURN(std::span<const uint64_t> keys, page->Array<uint64_t>(2 * i));
+          ASSIGN_OR_RETURN(std::span<const float> values, page->Array<float>(2 * i + 1));
+          RETURN_IF_ERROR_CTX(
+              storage_->WriteTableRows(body.table_ids(i), keys, values),
+              absl::StrCat("writing partition ", move.partition(), " from ", from));
+          *rows += keys.size();
+          result.set_rows(result.rows() + keys.size());
+          result.set_bytes(result.bytes() + keys.size_bytes() + values.size_bytes());
+        }
       }
+      MaybeCrashInMove(
+          tail ? proto::MovePartitionRequest::TAIL : proto::MovePartitionRequest::COPY,
+          "having written a page of the partition");
+      if (body.done()) return absl::OkStatus();
+      next.set_table(body.next_table());
+      next.set_key(body.next_key());
     }
-    MaybeCrashInMove(tail ? proto::MovePartitionRequest::TAIL : proto::MovePartitionRequest::COPY,
-                     "having written a page of the partition");
-    if (body.done()) break;
-    next.set_table(body.next_table());
-    next.set_key(body.next_key());
+  };
+  uint64_t rows = 0;
+  RETURN_IF_ERROR(fetch(next, &rows));
+  // Catch-up rounds, while the old owner serves on: each takes the rows
+  // pushed to during the one before (the copy's seconds, then a round's
+  // tens of ms), so that the tail the hand-off waits for is short.
+  for (uint32_t round = 1; !tail && round <= kCatchUpRounds; ++round) {
+    proto::FetchPartitionRequest catch_up = next;
+    catch_up.set_catch_up(round);
+    catch_up.set_table(0);
+    catch_up.set_key(0);
+    uint64_t caught_up = 0;
+    RETURN_IF_ERROR(fetch(catch_up, &caught_up));
+    if (caught_up <= kShortTail) break;
   }
   result.set_duration_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   return result;
@@ -334,11 +434,16 @@ Status ParamServer::Impl::HandleMovePartition(const Message& request, Message* r
     case proto::MovePartitionRequest::COPY:
     case proto::MovePartitionRequest::TAIL: {
       const bool tail = move.step() == proto::MovePartitionRequest::TAIL;
-      ASSIGN_OR_RETURN(*answer, FetchFromOldOwner(move, tail));
+      absl::Duration fetching;
+      ASSIGN_OR_RETURN(*answer, FetchFromOldOwner(move, tail, &fetching));
+      // How long the old owner took to answer, against the whole: where a
+      // slow move spends its time.
       LOG(INFO) << (tail ? "took the tail of" : "copied") << " partition " << p << " from ps["
                 << move.from_server() << "]: " << answer->rows() << " rows ("
                 << absl::StrFormat("%.1f", answer->bytes() / double{1 << 20}) << " MiB) in "
-                << absl::StrFormat("%.0f", answer->duration_ms()) << " ms";
+                << absl::StrFormat("%.0f", answer->duration_ms()) << " ms ("
+                << absl::StrFormat("%.0f", absl::ToDoubleMilliseconds(fetching))
+                << " ms waiting for its pages)";
       return absl::OkStatus();
     }
     case proto::MovePartitionRequest::HANDOFF: {
@@ -357,12 +462,9 @@ Status ParamServer::Impl::HandleMovePartition(const Message& request, Message* r
         OutgoingMove& out = it->second;
         if (!out.handed_off) {
           out.handed_off = true;
-          out.tail.resize(out.pushed.size());
-          for (size_t t = 0; t < out.pushed.size(); ++t) {
-            out.tail[t].assign(out.pushed[t].begin(), out.pushed[t].end());
-            std::sort(out.tail[t].begin(), out.tail[t].end());
-          }
+          out.tail = SortedKeys(out.pushed);
           out.pushed.clear();
+          out.caught_up.clear();
           PublishNoting();
         }
         for (const std::vector<uint64_t>& keys : out.tail) pushed += keys.size();

@@ -237,8 +237,9 @@ class ServerStorage {
   // the partition's range only; one in key order (a store made before that
   // layout) is a filtered scan of every key, at most `max_scanned` keys a
   // page (a page of a big store must not hold a request thread for long;
-  // it may come back with fewer rows, or none, and `next` set). A read from the start (a default cursor) makes a
-  // full flush first, so that the store holds every row changed before it;
+  // it may come back with fewer rows, or none, and `next` set). A read
+  // from the start (a default cursor) makes a full flush first, so that
+  // the store holds every row changed before it;
   // later pages read the store as it is then (a partition move fetches the
   // rows changed since as its tail: docs/design.md 2.20).
   // kFailedPrecondition without a store or before CreateTables;

@@ -1,0 +1,115 @@
+// The old owner's side of a partition move (ps/param_server_moves.cc,
+// docs/design.md 2.20), spoken to as the new owner and the master would:
+// the copy's pages, its catch-up rounds and the tail the hand-off leaves.
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tests/ps/param_server_fixture.h"
+
+namespace eps {
+namespace {
+
+class ParamServerMovesTest : public ParamServerTest {
+ protected:
+  // The keys that `request` reads, every page of it from its first on (as
+  // the new owner); the error of the first page that fails.
+  StatusOr<std::set<uint64_t>> FetchAll(proto::FetchPartitionRequest request) {
+    std::set<uint64_t> keys;
+    while (true) {
+      Message message;
+      message.header().set_method(proto::FETCH_PARTITION);
+      *message.header().mutable_fetch_partition_request() = request;
+      ASSIGN_OR_RETURN(Message reply, CallOn(new_owner_, std::move(message)));
+      const proto::FetchPartitionReply& body = reply.header().fetch_partition_reply();
+      for (int i = 0; i < body.table_ids_size(); ++i) {
+        ASSIGN_OR_RETURN(std::span<const uint64_t> page, reply.Array<uint64_t>(2 * i));
+        keys.insert(page.begin(), page.end());
+      }
+      if (body.done()) return keys;
+      request.set_table(body.next_table());
+      request.set_key(body.next_key());
+    }
+  }
+
+  proto::FetchPartitionRequest Page(uint32_t partition) const {
+    proto::FetchPartitionRequest request;
+    request.set_partition(partition);
+    request.set_max_rows(2);  // several pages
+    request.set_map_version(1);
+    return request;
+  }
+
+  // MOVE_PARTITION HANDOFF of `partition` (as the master); the rows pushed
+  // to since the last catch-up round, as the reply counts them.
+  StatusOr<uint64_t> HandOff(uint32_t partition) {
+    Message message;
+    message.header().set_method(proto::MOVE_PARTITION);
+    proto::MovePartitionRequest* body = message.header().mutable_move_partition_request();
+    body->set_step(proto::MovePartitionRequest::HANDOFF);
+    body->set_partition(partition);
+    body->set_from_server(kServerId);
+    body->set_map_version(1);
+    ASSIGN_OR_RETURN(Message reply, CallOn(master_channel_, std::move(message)));
+    return reply.header().move_partition_reply().rows();
+  }
+
+  RpcChannel new_owner_{&factory_, Node(proto::ROLE_SERVER, kOtherServerId)};
+};
+
+// Rows pushed to during the copy are read in catch-up rounds while the old
+// owner serves on; the hand-off's tail holds only those pushed to since the
+// last round, so the time a key is refused no longer grows with the copy's.
+TEST_F(ParamServerMovesTest, CatchUpRoundsLeaveTheHandOffOnlyTheKeysPushedSince) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(StartServer(OptionsWithDataDir(dir.Join("ps"))));
+  ASSERT_NO_FATAL_FAILURE(AwaitMap());
+  const std::vector<uint64_t> here = EmbKeys(200, /*here=*/true);
+  const uint32_t p = PartitionOf(here[0], kPartitions);
+  std::vector<uint64_t> keys;
+  for (uint64_t key : here) {
+    if (PartitionOf(key, kPartitions) == p) keys.push_back(key);
+  }
+  ASSERT_GE(keys.size(), 5u);
+  const auto push = [&](std::vector<uint64_t> pushed) {
+    const Status status = Push(kEmb, pushed, std::vector<float>(pushed.size() * kDim, 1.0f));
+    ASSERT_TRUE(status.ok()) << status;
+  };
+  ASSERT_NO_FATAL_FAILURE(push(keys));
+
+  StatusOr<std::set<uint64_t>> copied = FetchAll(Page(p));
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ(*copied, std::set<uint64_t>(keys.begin(), keys.end()));
+  ASSERT_NO_FATAL_FAILURE(push({keys[0], keys[1], keys[2]}));
+
+  proto::FetchPartitionRequest round = Page(p);
+  round.set_catch_up(1);
+  StatusOr<std::set<uint64_t>> caught_up = FetchAll(round);
+  ASSERT_TRUE(caught_up.ok()) << caught_up.status();
+  EXPECT_EQ(*caught_up, (std::set<uint64_t>{keys[0], keys[1], keys[2]}));
+  ASSERT_NO_FATAL_FAILURE(push({keys[3]}));
+  // A repeat of the round (a lost reply) reads the same keys again.
+  caught_up = FetchAll(round);
+  ASSERT_TRUE(caught_up.ok()) << caught_up.status();
+  EXPECT_EQ(*caught_up, (std::set<uint64_t>{keys[0], keys[1], keys[2]}));
+  // Rounds go in order.
+  round.set_catch_up(3);
+  EXPECT_TRUE(absl::IsFailedPrecondition(FetchAll(round).status()));
+
+  StatusOr<uint64_t> tail_rows = HandOff(p);
+  ASSERT_TRUE(tail_rows.ok()) << tail_rows.status();
+  EXPECT_EQ(*tail_rows, 1u);
+  proto::FetchPartitionRequest tail = Page(p);
+  tail.set_tail(true);
+  StatusOr<std::set<uint64_t>> tail_keys = FetchAll(tail);
+  ASSERT_TRUE(tail_keys.ok()) << tail_keys.status();
+  EXPECT_EQ(*tail_keys, std::set<uint64_t>{keys[3]});
+  // Handed off: no round is left to catch up.
+  round.set_catch_up(1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(FetchAll(round).status()));
+}
+
+}  // namespace
+}  // namespace eps
