@@ -319,6 +319,12 @@ struct JobConfig {
     // CPU threads a worker's model math uses, in [0, 1024]; 0 = every core
     // the process may run on. Default 0.
     int64_t compute_threads = 0;
+    // Each training step waits until the worker's earlier pushes are
+    // applied and pulls its batch's rows again (rather than the loader's,
+    // pulled ahead), so that one worker with a fixed batch_size trains the
+    // same bits every run: for checks (a move loses no update, docs/
+    // design.md 2.20), not speed (no overlap, twice the pulls). Default off.
+    bool deterministic = false;
   } worker;
 
   struct Master {

@@ -112,6 +112,8 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "CPU threads of the model math; 0 = every core");
   v.Visit("worker.max_records_per_s", &worker.max_records_per_s,
           "cap on a worker's records/s, 0 none (demos, tests)");
+  v.Visit("worker.deterministic", &worker.deterministic,
+          "steps wait for the last push and pull again: the same bits every run (checks)");
 
   v.Visit("master.heartbeat_ms", &master.heartbeat_ms, "heartbeat interval");
   v.Visit("master.lease_ms", &master.lease_ms, "heartbeat silence after which a peer is dead");

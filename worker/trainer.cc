@@ -40,6 +40,8 @@ Status Worker::Impl::TrainBatches(Session& session, RpcChannel& master) {
     const ScopedLatency waiting(&session.batch_wait);
     return session.loader->Pop();
   };
+  // Under worker.deterministic: the trainer's own pulls.
+  std::unique_ptr<PsClient> sync_ps;
   while (std::shared_ptr<PreparedBatch> prepared = next_batch()) {
     if (session.over.load()) break;  // fenced: nothing queued may land
     if (!prepared->unreadable.empty()) {
@@ -59,6 +61,20 @@ Status Worker::Impl::TrainBatches(Session& session, RpcChannel& master) {
     // Until the pipeline takes the step (its on_end then ends it).
     absl::Cleanup end_step = [&session] { EndStep(session); };
     StepResult result;
+    if (options_.job.worker.deterministic && prepared->batch.size() > 0 &&
+        prepared->shard.phase() == proto::TRAIN) {
+      // The rows as every earlier push of this worker left them, not as
+      // the loader pulled them ahead.
+      {
+        const ScopedLatency waiting(&session.push_wait);
+        status = session.pipeline->Drain();
+      }
+      if (!status.ok()) break;
+      if (sync_ps == nullptr) sync_ps = MakePsClient(session, &master);
+      status = PullParams(session, *sync_ps, Pulled::kWithBatch, prepared->batch.keys,
+                          &prepared->params, nullptr);
+      if (!status.ok()) break;
+    }
     if (prepared->batch.size() > 0) {
       status = Train(session, prepared, &result);
       if (!status.ok()) break;
