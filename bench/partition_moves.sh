@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # What moving partitions costs a training job (docs/design.md 2.20): the job
-# of --config (DLRM by default) on 2 servers and 2 workers
-# (scripts/run_local.sh). After --warmup seconds of training, server 0 is
-# drained (POST /servers/0/drain: its partitions move live to server 1, and
-# it leaves the job); then a fresh server joins and half the partitions move
-# to it.
+# of --config (DLRM by default) with 2 workers (scripts/run_local.sh), and
+# the eval AUC it ends with. Two scenarios, after --warmup seconds of
+# training:
+#   drain-join (default): on 2 servers, server 0 is drained (POST
+#     /servers/0/drain: its partitions move live to server 1, and it leaves
+#     the job); then a fresh server joins and half the partitions move to it.
+#   grow (issue 18's): on 1 server, 2 fresh servers join (the partitions
+#     balance over 3), then server 0 is drained: the job ends on 2.
 #
 #   bench/partition_moves.sh [--config examples/dlrm.ini] [--rows 2000000]
 #                            [--partitions 64] [--warmup 10] [--reference]
+#                            [--scenario drain-join|grow] [--max-auc-gap G]
 #
 # --reference also trains the same job on 2 fixed servers and prints both
-# eval AUCs.
-# Prints, for the drain and for the join: the moves, rows and MiB moved,
-# the moving rate (rows/s and MB/s over the moves' own time), the longest
-# time any key was refused, and the job's training rate while the moves ran
-# against the --warmup seconds before the drain (the master's progress
-# samples, one a second).
+# eval AUCs; with --max-auc-gap, exits 1 when they differ by more than G.
+# Prints, for each rebalance: the moves, rows and MiB moved, the moving
+# rate (rows/s and MB/s over the moves' own time), the longest time any key
+# was refused, and the job's training rate while the moves ran against the
+# --warmup seconds before the first (the master's progress samples, one a
+# second).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="${EPS_BENCH_DIR:-$(mktemp -d /tmp/eps-moves-bench.XXXXXX)}"
@@ -24,6 +28,8 @@ rows=2000000
 partitions=64
 warmup=10
 reference=false
+scenario=drain-join
+max_gap=""
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --config) config="$2"; shift 2 ;;
@@ -31,10 +37,18 @@ while [ "$#" -gt 0 ]; do
     --partitions) partitions="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
     --reference) reference=true; shift ;;
+    --scenario) scenario="$2"; shift 2 ;;
+    --max-auc-gap) max_gap="$2"; reference=true; shift 2 ;;
     *) echo "usage: bench/partition_moves.sh [--config FILE] [--rows N] [--partitions P]" \
-         "[--warmup S]" >&2; exit 2 ;;
+         "[--warmup S] [--reference] [--scenario drain-join|grow] [--max-auc-gap G]" >&2
+       exit 2 ;;
   esac
 done
+case "$scenario" in
+  drain-join) first_servers=2 ;;
+  grow) first_servers=1 ;;
+  *) echo "--scenario: drain-join or grow, not $scenario" >&2; exit 2 ;;
+esac
 data="$work/data"
 if [ ! -f "$data/truth.json" ]; then
   cmake --build "$root/build" --target eps-datagen eps-server >/dev/null
@@ -46,11 +60,11 @@ run="$work/run"
 rm -rf "$run" "$work/reference"
 common=(--data.train="$data/train" --data.eval="$data/eval" --ps.partitions="$partitions"
         --job.progress_interval_s=1)
-EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" "$config" "${common[@]}" \
-  >"$work/job.txt" 2>"$work/job.log" &
+EPS_RUN_DIR="$run" "$root/scripts/run_local.sh" --servers "$first_servers" "$config" \
+  "${common[@]}" >"$work/job.txt" 2>"$work/job.log" &
 job=$!
-joined=""
-trap 'kill $job 2>/dev/null || true; [ -z "$joined" ] || kill -9 $joined 2>/dev/null || true' EXIT
+joined=()
+trap 'kill $job 2>/dev/null || true; [ "${#joined[@]}" = 0 ] || kill -9 "${joined[@]}" 2>/dev/null || true' EXIT
 
 # The status as JSON, or nothing while the master is not up.
 status() { curl -sf --max-time 5 "$http/status" || true; }
@@ -67,28 +81,55 @@ for _ in $(seq 600); do
   sleep 0.5
 done
 sleep "$warmup"
-echo "draining ps[0]" >&2
-curl -sf --max-time 30 -X POST -H "Authorization: Bearer $(cat "$run/keys/http_token")" \
-  "$http/servers/0/drain" >&2
-echo >&2
-# Until ps[0] has left, then a server joins.
-for _ in $(seq 1200); do
-  [ "$(status | field '[s["id"] for s in s["servers"]]' 2>/dev/null)" = "[1]" ] && break
-  kill -0 "$job" 2>/dev/null || break
-  sleep 0.5
-done
-echo "ps[0] left; a server joins" >&2
-"$root/build/bin/eps-server" --config "$config" --master "$endpoint" --data-dir "$run/server-joined" \
-  --ps.num_servers=2 --security.keys_dir="$run/keys" "${common[@]}" >"$run/logs/server-joined.log" 2>&1 &
-joined=$!
+# Server ids as /status lists them, e.g. [0, 1].
+ids() { status | field '[s["id"] for s in s["servers"]]' 2>/dev/null; }
+# Waits (at most 10 minutes) until `ids` prints $1 and no move is queued
+# or in progress.
+await() {
+  for _ in $(seq 1200); do
+    [ "$(ids)" = "$1" ] &&
+      [ "$(status | field 'int(s["moves"]["in_progress"] is None and s["moves"]["queued"] == 0)' \
+           2>/dev/null)" = 1 ] && return 0
+    kill -0 "$job" 2>/dev/null || return 0
+    sleep 0.5
+  done
+}
+join() {
+  "$root/build/bin/eps-server" --config "$config" --master "$endpoint" \
+    --data-dir "$run/server-joined-$1" --ps.num_servers="$first_servers" \
+    --security.keys_dir="$run/keys" "${common[@]}" >"$run/logs/server-joined-$1.log" 2>&1 &
+  joined+=($!)
+}
+drain() {
+  echo "draining ps[0]" >&2
+  date +%s.%N >"$work/drain_at"
+  curl -sf --max-time 30 -X POST -H "Authorization: Bearer $(cat "$run/keys/http_token")" \
+    "$http/servers/0/drain" >&2
+  echo >&2
+}
+if [ "$scenario" = grow ]; then
+  echo "2 servers join" >&2
+  join 1
+  join 2
+  await "[0, 1, 2]"
+  drain
+  await "[1, 2]"
+else
+  drain
+  await "[1]"
+  echo "ps[0] left; a server joins" >&2
+  join 1
+fi
 while kill -0 "$job" 2>/dev/null; do sleep 1; done
 wait "$job" 2>/dev/null || true
 grep -q '^eps: job finished' "$work/job.txt" ||
   { echo "the job failed: see $work/job.log and $run/logs" >&2; exit 1; }
-/usr/bin/python3 - "$run/master/events.jsonl" "$warmup" <<'PY'
+/usr/bin/python3 - "$run/master/events.jsonl" "$warmup" "$scenario" "$work/drain_at" <<'PY'
 import json, sys
 events = [json.loads(line) for line in open(sys.argv[1])]
 warmup = float(sys.argv[2])
+scenario = sys.argv[3]
+asked_drain = float(open(sys.argv[4]).read())
 samples = [(e["time"], e["records_trained"]) for e in events if e["event"] == "progress"
            and e["phase"] == "training"]
 
@@ -105,10 +146,13 @@ def rate(start, end):
     a, b = trained_at(start), trained_at(end)
     return None if a is None or b is None or end <= start else (b - a) / (end - start)
 
-drain_at = next(e["time"] for e in events if e["event"] == "partition_move_started")
+first_move = next(e["time"] for e in events if e["event"] == "partition_move_started")
 join_at = next((e["time"] for e in events if e["event"] == "server_joined"), float("inf"))
-phases = [("drain 2 -> 1", drain_at, join_at), ("join 1 -> 2", join_at, float("inf"))]
-base = rate(max(samples[0][0], drain_at - warmup), drain_at) if samples else None
+if scenario == "grow":
+    phases = [("2 join 1 -> 3", join_at, asked_drain), ("drain 3 -> 2", asked_drain, float("inf"))]
+else:
+    phases = [("drain 2 -> 1", asked_drain, join_at), ("join 1 -> 2", join_at, float("inf"))]
+base = rate(max(samples[0][0], first_move - warmup), first_move) if samples else None
 print("| rebalance | moves | rows | MiB | moving s | rows/s | MB/s | longest refused ms "
       "| records/s before | records/s during | ratio |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -135,7 +179,14 @@ auc() { sed -n 's/^eval_auc *//p' "$1"; }
 if [ "$reference" = true ]; then
   EPS_RUN_DIR="$work/reference" "$root/scripts/run_local.sh" "$config" "${common[@]}" \
     >"$work/reference.txt" 2>"$work/reference.log"
-  echo "eval AUC with the moves $(auc "$work/job.txt"), on 2 fixed servers $(auc "$work/reference.txt")"
+  moved_auc="$(auc "$work/job.txt")"
+  fixed_auc="$(auc "$work/reference.txt")"
+  echo "eval AUC with the moves $moved_auc, on 2 fixed servers $fixed_auc"
+  if [ -n "$max_gap" ] && ! /usr/bin/python3 -c \
+      "import sys; sys.exit(abs($moved_auc - $fixed_auc) > $max_gap)"; then
+    echo "the AUCs differ by more than $max_gap" >&2
+    exit 1
+  fi
 else
   echo "eval AUC with the moves $(auc "$work/job.txt")"
 fi
