@@ -42,7 +42,8 @@ struct KvWrite {
 // Sorts `writes` by (table, key) and keeps each key's last write in the
 // given order: what applying them in order would leave, in the key order
 // RocksDB's memtable inserts fastest (its skip list resumes from the last
-// insert).
+// insert; RocksKvStore::Write puts a table grouped by partition in its own
+// order).
 inline void KeepLastWritePerKey(std::vector<KvWrite>& writes) {
   const auto key_order = [](const KvWrite& a, const KvWrite& b) {
     return std::tie(a.table, a.key) < std::tie(b.table, b.key);

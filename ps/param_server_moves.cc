@@ -121,22 +121,29 @@ Status ParamServer::Impl::ServeNotedRows(const proto::FetchPartitionRequest& bod
     return static_cast<OutgoingMove*>(nullptr);
   };
   if (!tail && body.key() == 0) {
-    {
-      // A new round takes the keys noted so far, exclusively: every push to
-      // p either applied before (the flush below stores it) or is noted for
-      // the next round or the tail. A repeat of the round reads its keys
-      // again.
-      absl::WriterMutexLock restore_lock(&restore_mu_);
-      absl::MutexLock lock(&moves_mu_);
-      auto it = outgoing_.find(p);
-      if (it != outgoing_.end() && it->second.map_version == body.map_version() &&
-          !it->second.handed_off && it->second.catch_up_round + 1 == body.catch_up()) {
-        OutgoingMove& move = it->second;
-        move.catch_up_round = body.catch_up();
-        move.caught_up = SortedKeys(move.pushed);
-        for (auto& keys : move.pushed) keys.clear();
-      }
+    // A new round takes the keys noted so far, exclusively: every push to
+    // p either applied before (the flush below stores it) or is noted for
+    // the next round or the tail. Only the taking holds restore_mu_ (every
+    // pull and push waits for it); the sort holds moves_mu_, so a repeat of
+    // the round (which reads its keys again) waits for the keys.
+    restore_mu_.WriterLock();
+    moves_mu_.Lock();
+    auto it = outgoing_.find(p);
+    std::vector<absl::flat_hash_set<uint64_t>> taken;
+    if (it != outgoing_.end() && it->second.map_version == body.map_version() &&
+        !it->second.handed_off && it->second.catch_up_round + 1 == body.catch_up()) {
+      OutgoingMove& move = it->second;
+      move.catch_up_round = body.catch_up();
+      taken.swap(move.pushed);
+      move.pushed.resize(taken.size());
     }
+    restore_mu_.WriterUnlock();
+    Status error;
+    if (it != outgoing_.end() && !taken.empty()) it->second.caught_up = SortedKeys(taken);
+    const bool valid = find(&error) != nullptr;
+    moves_mu_.Unlock();
+    // Not flushed for a request that cannot be served.
+    if (!valid) return error;
     absl::ReaderMutexLock restore_lock(&restore_mu_);
     RETURN_IF_ERROR_CTX(storage_->Flush(), absl::StrCat("catching up partition ", p));
   }

@@ -10,8 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -409,24 +411,42 @@ class RocksKvStore final : public KvStore {
 
   Status Write(std::span<const KvWrite> writes, bool sync) override {
     if (writes.empty()) return absl::OkStatus();
-    rocksdb::WriteBatch batch;
     // Tables are looked up once per run of equal tables; all are checked
     // before anything is written, so an unknown one writes nothing.
-    uint32_t last_table = writes.front().table;
-    Family family = Find(last_table);
+    std::vector<Family> families(writes.size());
+    std::vector<uint32_t> partitions(writes.size(), 0);
+    bool grouped = false;
+    for (size_t i = 0; i < writes.size(); ++i) {
+      families[i] = i > 0 && writes[i].table == writes[i - 1].table ? families[i - 1]
+                                                                     : Find(writes[i].table);
+      if (families[i].handle == nullptr) {
+        return absl::NotFoundError(absl::StrCat("no table ", writes[i].table));
+      }
+      if (families[i].partitions != 0) {
+        partitions[i] = PartitionOf(writes[i].key, families[i].partitions);
+        grouped = true;
+      }
+    }
+    // Into the batch in the tables' stored order (callers sort by key:
+    // KeepLastWritePerKey), which RocksDB's memtable inserts fastest (its
+    // skip list resumes from the last insert). Stable: of two writes of a
+    // key, the later is still applied last.
+    std::vector<uint32_t> order(writes.size());
+    std::iota(order.begin(), order.end(), 0);
+    if (grouped) {
+      std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return std::tie(writes[a].table, partitions[a], writes[a].key) <
+               std::tie(writes[b].table, partitions[b], writes[b].key);
+      });
+    }
+    rocksdb::WriteBatch batch;
     char key[kMaxKeyBytes];
-    for (const KvWrite& write : writes) {
-      if (write.table != last_table) {
-        last_table = write.table;
-        family = Find(last_table);
-      }
-      if (family.handle == nullptr) {
-        return absl::NotFoundError(absl::StrCat("no table ", write.table));
-      }
-      const rocksdb::Slice stored = family.Encoded(write.key, key);
+    for (uint32_t i : order) {
+      const KvWrite& write = writes[i];
+      const rocksdb::Slice stored = families[i].Encoded(write.key, key);
       rocksdb::Status status =
-          write.erase ? batch.Delete(family.handle, stored)
-                      : batch.Put(family.handle, stored,
+          write.erase ? batch.Delete(families[i].handle, stored)
+                      : batch.Put(families[i].handle, stored,
                                   rocksdb::Slice(write.value.data(), write.value.size()));
       if (!status.ok()) return FromRocks(status, "building a write batch");
     }
@@ -556,6 +576,15 @@ class RocksKvStore final : public KvStore {
     // blocks the serving path needs.
     read_options.fill_cache = false;
     read_options.readahead_size = 2 << 20;
+    // A partition's range ends where the next partition's begins: RocksDB
+    // then stops there rather than stepping over the deleted rows past it.
+    char end[kPartitionBytes];
+    rocksdb::Slice upper;
+    if (prefix.size() == kPartitionBytes) {
+      PutBigEndian(GetBigEndian<uint32_t>(prefix.data()) + 1, end);
+      upper = rocksdb::Slice(end, kPartitionBytes);
+      read_options.iterate_upper_bound = &upper;
+    }
     // An iterator reads from the snapshot taken when it is made.
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, family.handle));
     for (it->Seek(start); it->Valid(); it->Next()) {

@@ -204,6 +204,18 @@ TEST_P(KvStoreConformance, ATableGroupedByPartitionReadsOnePartitionInKeyOrder) 
   EXPECT_EQ(read.values[0], ValueFor(keys[2], 2, 12));
   EXPECT_FALSE(read.values[1].has_value());
 
+  // Of two writes of a key in one batch, across partitions, the later wins.
+  ASSERT_TRUE(store()
+                  .Write(WritesFor(1, {keys[7], keys[8], keys[7]},
+                                   {ValueFor(keys[7], 5, 12), ValueFor(keys[8], 5, 12),
+                                    ValueFor(keys[7], 6, 12)}),
+                         /*sync=*/false)
+                  .ok());
+  read = Get(store(), 1, {keys[7], keys[8]}, 12);
+  ASSERT_TRUE(read.status.ok()) << read.status;
+  EXPECT_EQ(read.values[0], ValueFor(keys[7], 6, 12));
+  EXPECT_EQ(read.values[1], ValueFor(keys[8], 5, 12));
+
   // A table keeps the layout it was made with: the same partitions are a
   // no-op, others are refused; a table in key order stays so.
   EXPECT_TRUE(store().CreateTable(1, kPartitions).ok());
