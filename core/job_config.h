@@ -320,10 +320,11 @@ struct JobConfig {
     // the process may run on. Default 0.
     int64_t compute_threads = 0;
     // Each training step waits until the worker's earlier pushes are
-    // applied and pulls its batch's rows again (rather than the loader's,
-    // pulled ahead), so that one worker with a fixed batch_size trains the
-    // same bits every run: for checks (a move loses no update, docs/
-    // design.md 2.20), not speed (no overlap, twice the pulls). Default off.
+    // applied and only then pulls its batch's rows (the loader, which works
+    // ahead, pulls none), so that one worker with a fixed batch_size trains
+    // the same bits every run: for checks (a move loses no update, docs/
+    // design.md 2.20), not speed (pulls no longer overlap steps). Default
+    // off.
     bool deterministic = false;
   } worker;
 

@@ -27,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/status.h"
 
@@ -56,6 +57,15 @@ inline void KeepLastWritePerKey(std::vector<KvWrite>& writes) {
     writes[kept++] = writes[i];
   }
   writes.resize(kept);
+}
+
+// Whether CreateTable(table, `asked`) may keep a table that exists grouped
+// by `have` partitions (0: key order): OK unless both are set and differ.
+inline Status CheckTableLayout(uint32_t table, uint32_t have, uint32_t asked) {
+  if (have == asked || have == 0 || asked == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("table ", table, " is stored by ", have,
+                                                    " partitions, not ", asked,
+                                                    " (a store of another job?)"));
 }
 
 class KvStore {

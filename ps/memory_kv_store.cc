@@ -27,11 +27,7 @@ class MemoryKvStore final : public KvStore {
     absl::MutexLock lock(&mu_);
     const auto [it, added] = tables_.try_emplace(table);
     if (added) it->second.partitions = partitions;
-    const uint32_t have = it->second.partitions;
-    if (have == partitions || have == 0 || partitions == 0) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat("table ", table, " is stored by ",
-                                                      it->second.partitions, " partitions, not ",
-                                                      partitions, " (a store of another job?)"));
+    return CheckTableLayout(table, it->second.partitions, partitions);
   }
 
   uint32_t Partitions(uint32_t table) override {

@@ -104,8 +104,6 @@ Status ParamServer::Impl::ServeNotedRows(const proto::FetchPartitionRequest& bod
                                          Message* reply) {
   const uint32_t p = body.partition();
   const bool tail = body.tail();
-  const std::string what =
-      tail ? std::string("tail") : absl::StrCat("catch-up round ", body.catch_up());
   // The move's state for this request; null (with *error) when there is no
   // such copy in progress, or no such round.
   const auto find = [&](Status* error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(moves_mu_) {
@@ -116,7 +114,9 @@ Status ParamServer::Impl::ServeNotedRows(const proto::FetchPartitionRequest& bod
       return move;
     }
     *error = absl::FailedPreconditionError(absl::StrCat(
-        "ps[", id_, "] has no ", what, " of partition ", p, " at cluster map v",
+        "ps[", id_, "] has no ",
+        tail ? std::string("tail") : absl::StrCat("catch-up round ", body.catch_up()),
+        " of partition ", p, " at cluster map v",
         body.map_version(), tail ? " (not handed off)" : " (no such copy, or handed off)"));
     return static_cast<OutgoingMove*>(nullptr);
   };

@@ -324,12 +324,7 @@ class RocksKvStore final : public KvStore {
     // cannot both create "t<table>"; readers only ever take mu_, briefly.
     absl::MutexLock create_lock(&create_mu_);
     if (const Family family = Find(table); family.handle != nullptr) {
-      if (family.partitions == partitions || family.partitions == 0 || partitions == 0) {
-        return absl::OkStatus();
-      }
-      return absl::FailedPreconditionError(
-          absl::StrCat("table ", table, " is stored by ", family.partitions,
-                       " partitions, not ", partitions, " (a store of another job?)"));
+      return CheckTableLayout(table, family.partitions, partitions);
     }
     rocksdb::ColumnFamilyHandle* handle = nullptr;
     rocksdb::Status status =

@@ -63,8 +63,8 @@ Status Worker::Impl::TrainBatches(Session& session, RpcChannel& master) {
     StepResult result;
     if (options_.job.worker.deterministic && prepared->batch.size() > 0 &&
         prepared->shard.phase() == proto::TRAIN) {
-      // The rows as every earlier push of this worker left them, not as
-      // the loader pulled them ahead.
+      // The rows as every earlier push of this worker left them (the
+      // loader, which works ahead, pulls none: LoaderHooks).
       {
         const ScopedLatency waiting(&session.push_wait);
         status = session.pipeline->Drain();

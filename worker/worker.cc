@@ -252,6 +252,11 @@ ShardLoader::Hooks Worker::Impl::LoaderHooks(Session& session) {
     // tensors pulled with its batches are the final ones; the worker's
     // dense copy may miss the last pushes of other workers.
     const Pulled which = prepared.shard.phase() == proto::EVAL ? Pulled::kAll : Pulled::kWithBatch;
+    // Under worker.deterministic the trainer pulls a training batch's rows
+    // itself, once the worker's pushes before it are applied.
+    if (options_.job.worker.deterministic && which == Pulled::kWithBatch) {
+      return absl::OkStatus();
+    }
     return PullParams(session, ps, which, prepared.batch.keys, &prepared.params, nullptr);
   };
   hooks.stopping = [this, &session] { return StoppingOrOver(session); };
