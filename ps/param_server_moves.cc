@@ -122,8 +122,8 @@ Status ParamServer::Impl::ServeNotedRows(const proto::FetchPartitionRequest& bod
   };
   if (!tail && body.key() == 0) {
     // A new round takes the keys noted so far, exclusively: every push to
-    // p either applied before (the flush below stores it) or is noted for
-    // the next round or the tail. Only the taking holds restore_mu_ (every
+    // p either applied before (this round reads it) or is noted for the
+    // next round or the tail. Only the taking holds restore_mu_ (every
     // pull and push waits for it); the sort holds moves_mu_, so a repeat of
     // the round (which reads its keys again) waits for the keys.
     restore_mu_.WriterLock();
@@ -142,10 +142,7 @@ Status ParamServer::Impl::ServeNotedRows(const proto::FetchPartitionRequest& bod
     if (it != outgoing_.end() && !taken.empty()) it->second.caught_up = SortedKeys(taken);
     const bool valid = find(&error) != nullptr;
     moves_mu_.Unlock();
-    // Not flushed for a request that cannot be served.
     if (!valid) return error;
-    absl::ReaderMutexLock restore_lock(&restore_mu_);
-    RETURN_IF_ERROR_CTX(storage_->Flush(), absl::StrCat("catching up partition ", p));
   }
   // This page's part of the noted keys: `key` counts the ones sent before,
   // the tables in id order.
@@ -182,7 +179,7 @@ Status ParamServer::Impl::ServeNotedRows(const proto::FetchPartitionRequest& bod
   uint64_t sent = body.key();
   absl::ReaderMutexLock restore_lock(&restore_mu_);
   for (const auto& [table, keys] : want) {
-    ASSIGN_OR_RETURN(TableRows rows, storage_->ReadStoredRows(table, keys));
+    ASSIGN_OR_RETURN(TableRows rows, storage_->ReadRows(table, keys));
     AddRowFrames(std::span(&rows, 1), answer, reply);
     sent += keys.size();
   }
@@ -260,11 +257,32 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
       move.map_version = body.map_version();
       move.pushed.resize(storage_->num_tables());
     }
-    // A copy read again from its start reads every row as the flush below
-    // leaves it, those of earlier catch-up rounds too: rounds begin anew.
+    // A copy read again from its start reads the store again, and the rows
+    // it lacks again in the rounds: rounds begin anew.
     move.catch_up_round = 0;
     move.caught_up.clear();
     PublishNoting();
+  }
+  if (first_page) {
+    // The rows of p the store lacks now (changed in memory since they were
+    // last stored) are read from memory in the first catch-up round, noted
+    // as if pushed: every row the pages below read stale or miss was either
+    // such a row or pushed since the noting began. No full flush (seconds
+    // under load) before the copy.
+    absl::ReaderMutexLock restore_lock(&restore_mu_);
+    ASSIGN_OR_RETURN(std::vector<std::vector<uint64_t>> unstored,
+                     storage_->UnstoredKeys(
+                         [&](uint64_t key) { return PartitionOf(key, partitions) == p; }));
+    absl::MutexLock lock(&moves_mu_);
+    auto it = outgoing_.find(p);
+    if (it == outgoing_.end() || it->second.map_version != body.map_version() ||
+        it->second.handed_off) {
+      return absl::AbortedError(absl::StrCat("the copy of partition ", p, " at cluster map v",
+                                             body.map_version(), " ended while it began"));
+    }
+    for (size_t t = 0; t < unstored.size() && t < it->second.pushed.size(); ++t) {
+      it->second.pushed[t].insert(unstored[t].begin(), unstored[t].end());
+    }
   } else {
     absl::MutexLock lock(&moves_mu_);
     auto it = outgoing_.find(p);
@@ -285,7 +303,7 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
               << ": " << absl::FormatDuration(mapped - arrived) << " for the map, "
               << absl::FormatDuration(start - mapped) << " for the locks, "
               << absl::FormatDuration(absl::Now() - start) << " to read"
-              << (first_page ? " (with a full flush first)" : "");
+              << (first_page ? " (with the walk for unstored rows)" : "");
   }
   AddRowFrames(page.tables, answer, reply);
   answer->set_done(!page.next.has_value());
@@ -478,11 +496,6 @@ Status ParamServer::Impl::HandleMovePartition(const Message& request, Message* r
         absl::MutexLock lock(&mu_);
         handed_off_[p] = move.map_version();
         owned_[p] = false;
-      }
-      {
-        // The tail is read from the store.
-        absl::ReaderMutexLock restore_lock(&restore_mu_);
-        RETURN_IF_ERROR_CTX(storage_->Flush(), absl::StrCat("handing off partition ", p));
       }
       MaybeCrashInMove(proto::MovePartitionRequest::HANDOFF, "having handed the partition off");
       answer->set_rows(pushed);

@@ -232,23 +232,23 @@ class ServerStorage {
   void NotePassesDone(uint32_t passes_done) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A page of the rows of `partition` (PartitionOf(key, num_partitions))
-  // from `from` on: at most `max_rows` (> 0) rows, the tables in id order,
-  // each in key order. A store table grouped by the job's partitions reads
-  // the partition's range only; one in key order (a store made before that
-  // layout) is a filtered scan of every key, at most `max_scanned` keys a
-  // page (a page of a big store must not hold a request thread for long;
-  // it may come back with fewer rows, or none, and `next` set). A read
-  // from the start (a default cursor) makes a full flush first, so that
-  // the store holds every row changed before it;
-  // later pages read the store as it is then (a partition move fetches the
-  // rows changed since as its tail: docs/design.md 2.20).
+  // in the store, from `from` on: at most `max_rows` (> 0) rows, the tables
+  // in id order, each in key order. A store table grouped by the job's
+  // partitions reads the partition's range only; one in key order (a store
+  // made before that layout) is a filtered scan of every key, at most
+  // `max_scanned` keys a page (a page of a big store must not hold a
+  // request thread for long; it may come back with fewer rows, or none, and
+  // `next` set). Reads the store as it is: the rows changed in memory since
+  // they were last stored are not in it (UnstoredKeys names them, ReadRows
+  // reads them; a partition move reads them in its catch-up rounds:
+  // docs/design.md 2.20).
   // kFailedPrecondition without a store or before CreateTables;
   // kInvalidArgument for a partition out of range; the store's errors.
   StatusOr<PartitionPage> ReadPartition(uint32_t partition, uint32_t num_partitions,
                                         const PartitionCursor& from, size_t max_rows,
                                         size_t max_scanned = ~size_t{0});
 
-  // Writes rows another server read (ReadPartition, ReadStoredRows) into
+  // Writes rows another server read (ReadPartition, ReadRows) into
   // table `table`, as changed rows, whole (weights, optimizer state,
   // pass). kFailedPrecondition before CreateTables; kInvalidArgument for an
   // unknown table, or values that are not the table's stored floats per
@@ -256,12 +256,19 @@ class ServerStorage {
   Status WriteTableRows(uint32_t table, std::span<const uint64_t> keys,
                         std::span<const float> values);
 
-  // The stored rows of `keys` of table `table` (a moving partition's tail),
-  // in the order of `keys`; a key the store lacks has none. Reads the store
-  // only: REQUIRES a Flush since the rows last changed.
-  // kFailedPrecondition without a store; kInvalidArgument for an unknown
-  // table; the store's errors.
-  StatusOr<TableRows> ReadStoredRows(uint32_t table, std::span<const uint64_t> keys);
+  // Per table id, the keys `keep` accepts of the rows held in memory whose
+  // latest image the store may lack (Table::VisitUnstored), sorted: what a
+  // read of the store (ReadPartition) begun after this call may miss or
+  // read stale, unless changed again since. Walks every resident row.
+  // kFailedPrecondition without a store or before CreateTables.
+  StatusOr<std::vector<std::vector<uint64_t>>> UnstoredKeys(
+      const std::function<bool(uint64_t key)>& keep);
+
+  // The current rows of `keys` of table `table` (Table::Read: from memory,
+  // else the store), in the order of `keys`; a key in neither has none.
+  // Makes no row. kFailedPrecondition without a store; kInvalidArgument for
+  // an unknown table; the store's errors.
+  StatusOr<TableRows> ReadRows(uint32_t table, std::span<const uint64_t> keys);
 
   // A warm start: loads the rows of the model export in `dir` that
   // `owned` accepts (by their key in this job: the feature id, or the

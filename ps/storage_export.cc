@@ -2,6 +2,7 @@
 // row this server holds, resident or not, as .npy parts of the export;
 // Import loads the rows it owns of one (the warm start).
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -208,7 +209,6 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
         "this server keeps no store to read a partition from (start it with --data-dir)");
   }
   if (tables_.empty()) return absl::FailedPreconditionError("no tables yet: no partition to read");
-  if (from.table == 0 && from.key == 0) RETURN_IF_ERROR(FlushLocked(/*journal_only=*/false));
   PartitionPage page;
   size_t rows = 0;
   size_t scanned = 0;
@@ -253,8 +253,25 @@ StatusOr<PartitionPage> ServerStorage::ReadPartition(uint32_t partition,
   return page;
 }
 
-StatusOr<TableRows> ServerStorage::ReadStoredRows(uint32_t table,
-                                                  std::span<const uint64_t> keys) {
+StatusOr<std::vector<std::vector<uint64_t>>> ServerStorage::UnstoredKeys(
+    const std::function<bool(uint64_t key)>& keep) {
+  absl::ReaderMutexLock state_lock(&state_mu_);
+  if (!broken_.ok()) return broken_;
+  if (store_ == nullptr || tables_.empty()) {
+    return absl::FailedPreconditionError(
+        "no store or no tables yet: no rows the store lacks to name");
+  }
+  std::vector<std::vector<uint64_t>> keys(tables_.size());
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    tables_[t]->VisitUnstored([&](uint64_t key) {
+      if (keep(key)) keys[t].push_back(key);
+    });
+    std::sort(keys[t].begin(), keys[t].end());
+  }
+  return keys;
+}
+
+StatusOr<TableRows> ServerStorage::ReadRows(uint32_t table, std::span<const uint64_t> keys) {
   absl::ReaderMutexLock state_lock(&state_mu_);
   if (!broken_.ok()) return broken_;
   if (store_ == nullptr) {
@@ -265,16 +282,13 @@ StatusOr<TableRows> ServerStorage::ReadStoredRows(uint32_t table,
     return absl::InvalidArgumentError(absl::StrCat("no table ", table, " (the job has ",
                                                    tables_.size(), ")"));
   }
-  const size_t floats = tables_[table]->stored_floats();
+  Table& from = *tables_[table];
+  const size_t floats = from.stored_floats();
   TableRows rows;
   rows.table = table;
   rows.values.resize(keys.size() * floats);
   std::vector<bool> found;
-  RETURN_IF_ERROR(store_->MultiGet(
-      table, keys, floats * sizeof(float),
-      std::span<char>(reinterpret_cast<char*>(rows.values.data()),
-                      rows.values.size() * sizeof(float)),
-      &found));
+  RETURN_IF_ERROR(from.Read(keys, rows.values, &found));
   // The found rows, moved up over the missing ones.
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!found[i]) continue;

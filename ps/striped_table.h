@@ -126,6 +126,9 @@ class StripedTable final : public Table {
   uint32_t stored_floats() const override { return stored_floats_; }
   StatusOr<uint64_t> Expire(uint32_t passes_done) override;
   void VisitResident(const std::function<void(uint64_t, const float*)>& visit) override;
+  Status Read(std::span<const uint64_t> keys, std::span<float> out,
+              std::vector<bool>* found) override;
+  void VisitUnstored(const std::function<void(uint64_t)>& visit) override;
 
  private:
   // Counts `rows` refused updates; warns on the first and then whenever the

@@ -420,6 +420,37 @@ void StripedTable::VisitResident(const std::function<void(uint64_t, const float*
   }
 }
 
+Status StripedTable::Read(std::span<const uint64_t> keys, std::span<float> out,
+                          std::vector<bool>* found) {
+  CHECK_EQ(out.size(), keys.size() * stored_floats_) << "Read of table " << spec_.id();
+  found->assign(keys.size(), false);
+  uint64_t max_seq = 0;
+  uint64_t created = 0;
+  return ForEachRow(
+      keys, /*modify=*/false, &max_seq, &created,
+      [&](uint32_t i, const float* row) {
+        if (row == nullptr) return;
+        std::memcpy(out.data() + size_t{i} * stored_floats_, row,
+                    sizeof(float) * stored_floats_);
+        (*found)[i] = true;
+      },
+      Creation::kNever);
+}
+
+void StripedTable::VisitUnstored(const std::function<void(uint64_t)>& visit) {
+  if (storage_.store == nullptr) return;
+  for (uint32_t s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    for (uint32_t i = 0; i < stripe.index_capacity; ++i) {
+      const uint32_t slot = stripe.index[i].slot;
+      if (slot == kEmptySlot) continue;
+      const SlotMeta& meta = MetaLocked(stripe, slot);
+      if (!DurableLocked(meta)) visit(meta.key);
+    }
+  }
+}
+
 TableStats StripedTable::stats() const {
   TableStats stats;
   stats.rows_in_memory = rows_.load(std::memory_order_relaxed);

@@ -44,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "core/status.h"
@@ -199,6 +200,20 @@ class Table {
   // meanwhile may be seen before or after the push. Rows only in the store
   // are not visited (a table without a store holds every row in memory).
   virtual void VisitResident(const std::function<void(uint64_t key, const float* row)>& visit) = 0;
+
+  // Copies each key's current row as stored (stored_floats() floats: the
+  // weights, the optimizer state and under expiry the pass) into
+  // out[i*stored_floats(), ...), from memory or else the store, and sets
+  // found[i]; a key in neither has no row (found false, its floats
+  // untouched). Makes no row. Errors as Pull.
+  // REQUIRES: out.size() == keys.size() * stored_floats().
+  virtual Status Read(std::span<const uint64_t> keys, std::span<float> out,
+                      std::vector<bool>* found) = 0;
+  // Calls visit(key) for every row held in memory whose latest image the
+  // store may lack: changed since it was last queued for the store, or
+  // queued and not yet durable. Stripe by stripe under each stripe's lock;
+  // none without a store.
+  virtual void VisitUnstored(const std::function<void(uint64_t key)>& visit) = 0;
 
   // Rows held in memory.
   uint64_t num_rows() const { return stats().rows_in_memory; }

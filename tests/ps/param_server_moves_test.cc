@@ -59,9 +59,11 @@ class ParamServerMovesTest : public ParamServerTest {
   RpcChannel new_owner_{&factory_, Node(proto::ROLE_SERVER, kOtherServerId)};
 };
 
-// Rows pushed to during the copy are read in catch-up rounds while the old
-// owner serves on; the hand-off's tail holds only those pushed to since the
-// last round, so the time a key is refused no longer grows with the copy's.
+// The copy's pages read the old owner's store; its first catch-up round
+// reads from memory the rows the store lacked when the copy began and those
+// pushed to since, while the old owner serves on; later rounds and the
+// hand-off's tail hold only the keys pushed to since the round before, so
+// the time a key is refused no longer grows with the copy's.
 TEST_F(ParamServerMovesTest, CatchUpRoundsLeaveTheHandOffOnlyTheKeysPushedSince) {
   TempDir dir;
   ASSERT_NO_FATAL_FAILURE(StartServer(OptionsWithDataDir(dir.Join("ps"))));
@@ -73,6 +75,7 @@ TEST_F(ParamServerMovesTest, CatchUpRoundsLeaveTheHandOffOnlyTheKeysPushedSince)
     if (PartitionOf(key, kPartitions) == p) keys.push_back(key);
   }
   ASSERT_GE(keys.size(), 5u);
+  const std::set<uint64_t> all(keys.begin(), keys.end());
   const auto push = [&](std::vector<uint64_t> pushed) {
     const Status status = Push(kEmb, pushed, std::vector<float>(pushed.size() * kDim, 1.0f));
     ASSERT_TRUE(status.ok()) << status;
@@ -81,12 +84,23 @@ TEST_F(ParamServerMovesTest, CatchUpRoundsLeaveTheHandOffOnlyTheKeysPushedSince)
 
   StatusOr<std::set<uint64_t>> copied = FetchAll(Page(p));
   ASSERT_TRUE(copied.ok()) << copied.status();
-  EXPECT_EQ(*copied, std::set<uint64_t>(keys.begin(), keys.end()));
   ASSERT_NO_FATAL_FAILURE(push({keys[0], keys[1], keys[2]}));
-
   proto::FetchPartitionRequest round = Page(p);
   round.set_catch_up(1);
   StatusOr<std::set<uint64_t>> caught_up = FetchAll(round);
+  ASSERT_TRUE(caught_up.ok()) << caught_up.status();
+  std::set<uint64_t> read = *copied;
+  read.insert(caught_up->begin(), caught_up->end());
+  EXPECT_EQ(read, all);
+  for (uint64_t key : {keys[0], keys[1], keys[2]}) EXPECT_TRUE(caught_up->contains(key)) << key;
+  // Within the first round's reach (the store held none of them when the
+  // copy began: a server's periodic flushes go to its journal) and not
+  // before a round of its own.
+  EXPECT_TRUE(copied->empty());
+
+  ASSERT_NO_FATAL_FAILURE(push({keys[0], keys[1], keys[2]}));
+  round.set_catch_up(2);
+  caught_up = FetchAll(round);
   ASSERT_TRUE(caught_up.ok()) << caught_up.status();
   EXPECT_EQ(*caught_up, (std::set<uint64_t>{keys[0], keys[1], keys[2]}));
   ASSERT_NO_FATAL_FAILURE(push({keys[3]}));
@@ -95,7 +109,7 @@ TEST_F(ParamServerMovesTest, CatchUpRoundsLeaveTheHandOffOnlyTheKeysPushedSince)
   ASSERT_TRUE(caught_up.ok()) << caught_up.status();
   EXPECT_EQ(*caught_up, (std::set<uint64_t>{keys[0], keys[1], keys[2]}));
   // Rounds go in order.
-  round.set_catch_up(3);
+  round.set_catch_up(4);
   EXPECT_TRUE(absl::IsFailedPrecondition(FetchAll(round).status()));
 
   StatusOr<uint64_t> tail_rows = HandOff(p);

@@ -484,6 +484,29 @@ TEST_P(PartitionCopyTest, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   std::sort(want.begin(), want.end());
   ASSERT_GT(want.size(), 500u);
 
+  // Journaled only so far: a page of the store has none of them, memory has
+  // them all, and UnstoredKeys names them; read from memory they are the
+  // rows the store has once flushed.
+  const auto in_partition = [&](uint64_t key) {
+    return PartitionOf(key, kPartitions) == kPartition;
+  };
+  StatusOr<std::vector<std::vector<uint64_t>>> unstored = a->UnstoredKeys(in_partition);
+  ASSERT_TRUE(unstored.ok()) << unstored.status();
+  std::vector<Row> from_memory;
+  std::vector<std::pair<uint32_t, uint64_t>> unstored_keys;
+  for (uint32_t table = 0; table < unstored->size(); ++table) {
+    for (uint64_t key : (*unstored)[table]) unstored_keys.emplace_back(table, key);
+    StatusOr<TableRows> read = a->ReadRows(table, (*unstored)[table]);
+    ASSERT_TRUE(read.ok()) << read.status();
+    for (Row& row : RowsOf(*read)) from_memory.push_back(std::move(row));
+  }
+  EXPECT_EQ(unstored_keys, want);
+  EXPECT_TRUE(ReadAll(*a, kPartition, kPartitions, 100).empty());
+  ASSERT_TRUE(a->Flush().ok());
+  unstored = a->UnstoredKeys(in_partition);
+  ASSERT_TRUE(unstored.ok()) << unstored.status();
+  for (const std::vector<uint64_t>& keys : *unstored) EXPECT_TRUE(keys.empty());
+
   int pages = 0;
   const std::vector<TableRows> runs = ReadAll(*a, kPartition, kPartitions, 100, &pages);
   const std::vector<Row> rows = RowsOf(runs);
@@ -496,6 +519,11 @@ TEST_P(PartitionCopyTest, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
     }
   }
   EXPECT_EQ(got, want);
+  ASSERT_EQ(from_memory.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(from_memory[i].key, rows[i].key);
+    ASSERT_EQ(from_memory[i].values, rows[i].values) << rows[i].key;
+  }
   EXPECT_EQ(pages, static_cast<int>((want.size() + 99) / 100));
   // A page that scans at most 500 keys: the same rows. In key order, in
   // pages of fewer (6,000 keys in all: at least 12 pages); grouped by
@@ -517,6 +545,7 @@ TEST_P(PartitionCopyTest, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
   for (const TableRows& run : runs) {
     ASSERT_TRUE(b->WriteTableRows(run.table, run.keys, run.values).ok());
   }
+  ASSERT_TRUE(b->Flush().ok());
   const std::vector<Row> copied = RowsOf(ReadAll(*b, kPartition, kPartitions, 1000));
   ASSERT_EQ(copied.size(), rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -538,35 +567,50 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PartitionCopyTest, ::testing::Bool(),
                            return info.param ? "GroupedByPartition" : "InKeyOrder";
                          });
 
-// A moving partition's tail: the stored rows of the keys asked for, once a
-// flush stored them, in their order; a key the store lacks has none.
-TEST(ServerStorage, ReadsTheStoredRowsOfKeys) {
+// A moving partition's catch-up and tail: the current rows of the keys
+// asked for, in their order, from memory (changed since stored) or else the
+// store; a key in neither has none, and no row is made for it.
+TEST(ServerStorage, ReadsTheCurrentRowsOfKeys) {
   TempDir temp;
   StorageOptions options;
   options.data_dir = temp.Join("a");
+  const std::vector<uint64_t> keys = Keys(1, 100);
+  const std::vector<uint64_t> asked = {keys[7], 987654321, keys[3]};
+  const auto expect_rows = [&](ServerStorage& storage, float weight) {
+    StatusOr<TableRows> read = storage.ReadRows(0, asked);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->table, 0u);
+    const std::vector<Row> rows = RowsOf(*read);
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_EQ(rows[0].key, keys[7]);
+    EXPECT_EQ(rows[1].key, keys[3]);
+    for (const Row& row : rows) {
+      EXPECT_EQ(row.table, 0u);
+      ASSERT_EQ(row.values.size(), storage.table(0)->stored_floats());
+      EXPECT_EQ(row.values[0], weight);
+    }
+  };
+  {
+    std::unique_ptr<ServerStorage> storage = MustOpen(options, TwoTables());
+    ASSERT_NE(storage, nullptr);
+    PushAll(*storage, 0, keys, 2.0f);
+    ASSERT_TRUE(storage->Flush().ok());
+    PushAll(*storage, 0, keys, 2.0f);  // changed in memory since stored
+    expect_rows(*storage, -2.0f);
+    EXPECT_TRUE(absl::IsInvalidArgument(storage->ReadRows(9, asked).status()));
+  }
+  // Reopened: every row is in the store only.
   std::unique_ptr<ServerStorage> storage = MustOpen(options, TwoTables());
   ASSERT_NE(storage, nullptr);
-  const std::vector<uint64_t> keys = Keys(1, 100);
-  PushAll(*storage, 0, keys, 2.0f);
-  ASSERT_TRUE(storage->Flush().ok());
-  const std::vector<uint64_t> asked = {keys[7], 987654321, keys[3]};
-  StatusOr<TableRows> read = storage->ReadStoredRows(0, asked);
-  ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_EQ(read->table, 0u);
-  const std::vector<Row> rows = RowsOf(*read);
-  ASSERT_EQ(rows.size(), 2u);
-  EXPECT_EQ(rows[0].key, keys[7]);
-  EXPECT_EQ(rows[1].key, keys[3]);
-  for (const Row& row : rows) {
-    EXPECT_EQ(row.table, 0u);
-    ASSERT_EQ(row.values.size(), storage->table(0)->stored_floats());
-    EXPECT_EQ(row.values[0], -1.0f);
-  }
-  EXPECT_TRUE(absl::IsInvalidArgument(storage->ReadStoredRows(9, asked).status()));
+  ASSERT_EQ(storage->table(0)->num_rows(), 0u);
+  expect_rows(*storage, -2.0f);
+  EXPECT_EQ(storage->table(0)->num_rows(), 2u);
   StorageOptions memory;
   std::unique_ptr<ServerStorage> no_store = MustOpen(memory, TwoTables());
   ASSERT_NE(no_store, nullptr);
-  EXPECT_TRUE(absl::IsFailedPrecondition(no_store->ReadStoredRows(0, asked).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(no_store->ReadRows(0, asked).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(no_store->UnstoredKeys([](uint64_t) { return true; })
+                                             .status()));
 }
 
 // An export leaves out the keys its filter refuses (a partition the
