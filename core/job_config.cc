@@ -245,6 +245,25 @@ Status ValidateAutoscale(const JobConfig::Autoscale& a) {
                              a.scale_down_stabilization_s, 0, kDayS, "a day"));
   RETURN_IF_ERROR(CheckRange("autoscale.max_restarts", a.max_restarts, 0, 1'000'000));
   RETURN_IF_ERROR(CheckRange("autoscale.restart_backoff_s", a.restart_backoff_s, 0, 3600));
+  RETURN_IF_ERROR(CheckRange("autoscale.max_servers", a.max_servers, 0, 4096));
+  if (a.max_servers > 0) {
+    RETURN_IF_ERROR(CheckRange("autoscale.min_servers", a.min_servers, 1, a.max_servers,
+                               "autoscale.max_servers"));
+  }
+  if (!(a.servers_memory_high > 0 && a.servers_memory_high <= 1)) {
+    return OptionError("autoscale.servers_memory_high",
+                       absl::StrCat("must be in (0, 1], a fraction of ps.memory_budget_mb (got ",
+                                    a.servers_memory_high, ")"));
+  }
+  if (!(a.servers_min_hit_rate >= 0 && a.servers_min_hit_rate <= 1)) {
+    return OptionError("autoscale.servers_min_hit_rate",
+                       absl::StrCat("must be in [0, 1] (got ", a.servers_min_hit_rate, ")"));
+  }
+  if (!(a.servers_max_push_ms >= 0 && std::isfinite(a.servers_max_push_ms))) {
+    return OptionError("autoscale.servers_max_push_ms",
+                       absl::StrCat("must be a number of ms >= 0 (got ", a.servers_max_push_ms,
+                                    ")"));
+  }
   if (a.source == "none") return absl::OkStatus();
   if ((a.source == "slurm" || a.launcher == "slurm") && a.partition.empty()) {
     return OptionError("autoscale.partition",

@@ -461,6 +461,30 @@ struct JobConfig {
     // start, in seconds, in [0, 3600], doubling with each such exit in a
     // row up to 64 times. Default 5.
     int64_t restart_backoff_s = 5;
+    // Parameter servers (master/autoscale/server_scaler.h): with
+    // max_servers > 0 the autoscaler keeps between min_servers and
+    // max_servers servers, starting eps-server processes on the master's
+    // machine (on DATA_DIR/servers/server-<launch id>; they join the
+    // running job) and draining idle ones. max_servers in [0, 4096],
+    // default 0 (the servers are left alone); min_servers in
+    // [1, max_servers], default 1. Works with any autoscale.source.
+    int64_t min_servers = 1;
+    int64_t max_servers = 0;
+    // A server is short of room, and the job grows by one server, when its
+    // rows in memory pass servers_memory_high of its ps.memory_budget_mb
+    // (in (0, 1]; default 0.9), its hit rate over the last interval is
+    // below servers_min_hit_rate (in [0, 1]; 0, the default: never), or its
+    // pushes' p99 over the last interval is above servers_max_push_ms
+    // (>= 0; 0, the default: never). The job shrinks by one server when,
+    // with one fewer, every rule set would still hold with room: the rows
+    // in memory of all of them under half of servers_memory_high of the
+    // budgets, the hit rate at least servers_min_hit_rate and the p99
+    // under half of servers_max_push_ms. With no rule set it never shrinks.
+    double servers_memory_high = 0.9;
+    double servers_min_hit_rate = 0;
+    double servers_max_push_ms = 0;
+    // The eps-server to run; empty: the one next to eps-master.
+    std::string server_binary;
   } autoscale;
 
   // Who may act on the job (rpc/security.h). Each process reads these for

@@ -179,6 +179,18 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "dead or stuck workers replaced at most");
   v.Visit("autoscale.restart_backoff_s", &autoscale.restart_backoff_s,
           "wait before replacing a worker that died within a minute, doubling in a row");
+  v.Visit("autoscale.min_servers", &autoscale.min_servers,
+          "with max_servers: parameter servers kept at least");
+  v.Visit("autoscale.max_servers", &autoscale.max_servers,
+          "parameter servers kept at most; 0 leaves the servers alone");
+  v.Visit("autoscale.servers_memory_high", &autoscale.servers_memory_high,
+          "add a server when one holds this fraction of its memory budget");
+  v.Visit("autoscale.servers_min_hit_rate", &autoscale.servers_min_hit_rate,
+          "add a server when one's hit rate falls below this; 0 never");
+  v.Visit("autoscale.servers_max_push_ms", &autoscale.servers_max_push_ms,
+          "add a server when one's push p99 passes this many ms; 0 never");
+  v.Visit("autoscale.server_binary", &autoscale.server_binary,
+          "eps-server to start; empty: the one next to eps-master");
   v.Visit("security.mode", &security.mode,
           "curve (peers authenticated by the job's keys) or off (anyone can act on the job)");
   v.Visit("security.keys_dir", &security.keys_dir, "the job's keys (eps-keygen --out DIR)");

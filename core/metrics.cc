@@ -114,6 +114,17 @@ StatusOr<HistogramSnapshot> HistogramFromProto(const proto::Histogram& histogram
   return snapshot;
 }
 
+std::optional<double> QuantileBound(const HistogramSnapshot& snapshot, double share) {
+  uint64_t below = 0;
+  for (size_t i = 0; i < snapshot.bounds.size() && i < snapshot.counts.size(); ++i) {
+    below += snapshot.counts[i];
+    if (below > 0 && static_cast<double>(below) >= share * static_cast<double>(snapshot.count)) {
+      return snapshot.bounds[i];
+    }
+  }
+  return std::nullopt;
+}
+
 std::span<const double> LatencyHistogram::Bounds() { return kBounds; }
 
 void LatencyHistogram::Observe(absl::Duration duration) {

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -53,6 +54,10 @@ void HistogramToProto(const HistogramSnapshot& snapshot, proto::Histogram* out);
 // not finite and strictly increasing, or it has not one count more than
 // bounds (a peer's message is checked before it is exposed).
 StatusOr<HistogramSnapshot> HistogramFromProto(const proto::Histogram& histogram);
+// The bound of the first bucket under which at least `share` (in (0, 1]) of
+// the observations fall; nullopt when there are none, or when that takes
+// the bucket above every bound.
+std::optional<double> QuantileBound(const HistogramSnapshot& snapshot, double share);
 
 // Durations counted into fixed buckets. Safe for concurrent use.
 class LatencyHistogram {

@@ -262,6 +262,13 @@ class JobControl {
   void MoveStepDone(const MoveStep& step, const StatusOr<proto::MovePartitionReply>& reply,
                     absl::Time now);
   const PartitionMoves& moves() const { return moves_; }
+  // Slots being drained (drained ones stay: no balance gives them
+  // partitions again).
+  const std::set<uint32_t>& draining() const { return draining_; }
+  // Why the job's servers are changing now (a recovery, moves, a drain, a
+  // join waiting for its partitions, or the job not training), for the
+  // server autoscaler; empty when they are not.
+  std::string ServersChanging() const;
 
   // --- Persistence ----------------------------------------------------------
 

@@ -37,6 +37,19 @@ StatusOr<json> JobControl::Drain(uint32_t slot) {
   return json{{"server", slot}, {"moves_queued", queued}};
 }
 
+std::string JobControl::ServersChanging() const {
+  if (over() || progress_.phase() != JobPhase::kTraining || !membership_.placed()) {
+    return absl::StrCat("the job is ", JobPhaseName(progress_.phase()), ", not training");
+  }
+  if (recovery_.active()) return absl::StrCat("a recovery is in progress (", recovery_.why(), ")");
+  if (!moves_.idle()) return "partitions are moving";
+  for (uint32_t slot : draining_) {
+    if (!drained_.contains(slot)) return absl::StrCat("ps[", slot, "] is being drained");
+  }
+  if (balancing_) return "a server that joined waits for its partitions";
+  return "";
+}
+
 std::map<uint32_t, uint32_t> JobControl::DrainTargets(uint32_t slot) const {
   std::map<uint32_t, uint32_t> counts;
   for (const auto& [id, partitions] : membership_.PartitionCounts()) {

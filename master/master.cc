@@ -105,6 +105,7 @@ Status Master::Impl::Start() {
   }
   RETURN_IF_ERROR(StartServing());
   RETURN_IF_ERROR(StartAutoscaler());
+  RETURN_IF_ERROR(StartServerScaler());
   job_thread_ = std::thread([this] { JobLoop(); });
   return absl::OkStatus();
 }
@@ -113,6 +114,7 @@ json Master::Impl::Document() const {
   json doc = StatusDocument(*control_, clock_->Now());
   doc["autoscale"] =
       autoscaler_ != nullptr ? autoscaler_->StatusJson() : json{{"source", "none"}};
+  if (server_scaler_ != nullptr) doc["autoscale"]["servers"] = server_scaler_->StatusJson();
   return doc;
 }
 
@@ -208,16 +210,17 @@ Status Master::Impl::StartServing() {
           [this] {
             std::string text;
             const Autoscaler* autoscaler;
+            const ServerScaler* server_scaler;
             {
               absl::MutexLock lock(&mu_);
               text = MetricsText(*control_);
               autoscaler = autoscaler_.get();  // set once, lives as long as the server
+              server_scaler = server_scaler_.get();
             }
-            if (autoscaler != nullptr) {
-              PrometheusWriter autoscale;
-              autoscaler->WriteMetrics(autoscale);
-              text += autoscale.text();
-            }
+            PrometheusWriter autoscale;
+            if (autoscaler != nullptr) autoscaler->WriteMetrics(autoscale);
+            if (server_scaler != nullptr) server_scaler->WriteMetrics(autoscale);
+            text += autoscale.text();
             PrometheusWriter refusals;
             refusals.Family("eps_master_requests_refused_total", MetricType::kCounter,
                             "Requests the master refused: for their sender's role (reason "
@@ -728,6 +731,7 @@ void Master::Impl::StopThreads() {
   // The workers it launched heard the job is over: it waits for them (a
   // bounded grace) while the RPC server still answers their last calls.
   if (autoscaler_ != nullptr) autoscaler_->Stop();
+  if (server_scaler_ != nullptr) server_scaler_->Stop(absl::Seconds(30));
   http_.Stop();
   if (rpc_) rpc_->Stop();
 }

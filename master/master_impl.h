@@ -21,6 +21,7 @@
 #include "core/clock.h"
 #include "core/logging.h"
 #include "master/autoscale/autoscaler.h"
+#include "master/autoscale/server_scaler.h"
 #include "master/event_log.h"
 #include "master/http/http_service.h"
 #include "master/http/status_report.h"
@@ -76,6 +77,11 @@ class Master::Impl {
   Status StartAutoscaler();
   // The autoscaler's view of the workers it launched.
   std::map<uint64_t, WorkerFleet::Seen> LaunchedWorkers() const ABSL_LOCKS_EXCLUDED(mu_);
+  // With autoscale.max_servers > 0 (master_moves.cc): DATA_DIR/server.ini
+  // for the servers it starts, and its thread.
+  Status StartServerScaler();
+  // The server autoscaler's view of the servers.
+  ServerScaler::View ServerView() const ABSL_LOCKS_EXCLUDED(mu_);
   Status Handle(Message& request, Message* reply);
   // SHARD_UNREADABLE: JobControl judges the report around the master's own
   // read of the file, done without mu_ (one shard: a few MiB; the RPC
@@ -204,6 +210,8 @@ class Master::Impl {
   std::map<uint64_t, nlohmann::json> export_results_ ABSL_GUARDED_BY(mu_);
   // Set by Start when [autoscale] is on; stopped before the RPC server.
   std::unique_ptr<Autoscaler> autoscaler_;
+  // Set by Start when autoscale.max_servers > 0; stopped with it.
+  std::unique_ptr<ServerScaler> server_scaler_;
   // Orders whole Persist() calls, so writes land in the order of changes.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 

@@ -1,10 +1,15 @@
 // Master::Impl's partition moves (docs/design.md 2.20): the steps JobControl
-// asks for, sent without mu_, and POST /servers/N/drain.
+// asks for, sent without mu_, POST /servers/N/drain, and the server
+// autoscaler (autoscale.max_servers).
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "core/failpoint.h"
+#include "core/file_util.h"
 #include "master/master_impl.h"
 
 namespace eps {
@@ -59,6 +64,63 @@ std::pair<int, std::string> Master::Impl::PostDrain(uint32_t slot) {
     return {code, DumpJson(nlohmann::json{{"error", std::string(drain.status().message())}})};
   }
   return {200, DumpJson(*drain)};
+}
+
+Status Master::Impl::StartServerScaler() {
+  const JobConfig& job = options_.job;
+  if (job.autoscale.max_servers == 0) return absl::OkStatus();
+  ServerScaler::Options scaler{
+      .server_binary = job.autoscale.server_binary.empty() ? NextToMaster("eps-server")
+                                                           : job.autoscale.server_binary,
+      .config = (std::filesystem::path(options_.data_dir) / "server.ini").string(),
+      .master_endpoint = rpc_endpoint_,
+      .dir = (std::filesystem::path(options_.data_dir) / "servers").string()};
+  if (::access(scaler.server_binary.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "autoscale.server_binary: ", scaler.server_binary,
+        " is not an executable eps-server; set autoscale.server_binary to one"));
+  }
+  ASSIGN_OR_RETURN(const std::string server_ini, job.ToIni());
+  RETURN_IF_ERROR(WriteFileAtomically(scaler.config, server_ini));
+  auto server_scaler = std::make_unique<ServerScaler>(
+      job, std::move(scaler), [this] { return ServerView(); },
+      [this](uint32_t slot) -> StatusOr<nlohmann::json> {
+        StatusOr<nlohmann::json> drain;
+        {
+          absl::MutexLock lock(&mu_);
+          drain = control_->Drain(slot);
+          changed_.SignalAll();
+        }
+        RETURN_IF_ERROR(Persist());
+        return drain;
+      },
+      events_.get(), clock_);
+  server_scaler->Start();
+  absl::MutexLock lock(&mu_);
+  server_scaler_ = std::move(server_scaler);
+  return absl::OkStatus();
+}
+
+ServerScaler::View Master::Impl::ServerView() const {
+  absl::MutexLock lock(&mu_);
+  ServerScaler::View view;
+  view.running = !control_->over();
+  view.changing = control_->ServersChanging();
+  for (const auto& [slot, server] : control_->membership().servers()) {
+    view.pids[slot] = server.pid;
+    if (server.state != PeerState::kAlive || control_->draining().contains(slot)) continue;
+    ServerReading reading{.slot = slot,
+                          .memory_bytes = static_cast<int64_t>(server.stats.bytes()),
+                          .budget_bytes = server.stats.memory_budget_bytes(),
+                          .hits = server.stats.hits(),
+                          .misses = server.stats.misses()};
+    if (StatusOr<HistogramSnapshot> pushes = HistogramFromProto(server.stats.push_latency());
+        pushes.ok()) {
+      reading.push_latency = *std::move(pushes);
+    }
+    view.servers.push_back(std::move(reading));
+  }
+  return view;
 }
 
 }  // namespace eps

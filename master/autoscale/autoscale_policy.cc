@@ -30,10 +30,61 @@ nlohmann::json AutoscaleDecision::ToJson() const {
   return out;
 }
 
+Stabilizer::Stabilizer(const JobConfig::Autoscale& options, int64_t start)
+    : up_window_(absl::Seconds(options.scale_up_stabilization_s)),
+      down_window_(absl::Seconds(options.scale_down_stabilization_s)),
+      cooldown_s_(options.cooldown_s),
+      target_(start) {}
+
+void Stabilizer::Settle(int64_t recommended, absl::Time now, AutoscaleDecision* decision) {
+  decision->previous = target_;
+  decision->target = target_;
+  decision->action = AutoscaleDecision::Action::kHold;
+  recommendations_.emplace_back(now, recommended);
+  const absl::Duration longest = std::max(up_window_, down_window_);
+  while (recommendations_.size() > 1 && now - recommendations_.front().first >= longest) {
+    recommendations_.pop_front();
+  }
+  // The newest recommendation always counts; older ones while within
+  // their window.
+  int64_t up_to = recommended;
+  int64_t down_to = recommended;
+  for (const auto& [time, size] : recommendations_) {
+    if (now - time < up_window_) up_to = std::min(up_to, size);
+    if (now - time < down_window_) down_to = std::max(down_to, size);
+  }
+  int64_t wanted = target_;
+  if (up_to > target_) {
+    wanted = up_to;
+  } else if (down_to < target_) {
+    wanted = down_to;
+  }
+  if (wanted == target_) {
+    if (recommended != target_) {
+      absl::StrAppend(&decision->rule, "; held at ", target_, " by the stabilization window (",
+                      recommended > target_ ? "lowest" : "highest",
+                      " recommendation in it: ", recommended > target_ ? up_to : down_to, ")");
+    }
+  } else if (last_change_.has_value() && now - *last_change_ < absl::Seconds(cooldown_s_)) {
+    absl::StrAppend(&decision->rule, "; held at ", target_, " by autoscale.cooldown_s = ",
+                    cooldown_s_, " (", absl::ToInt64Seconds(now - *last_change_),
+                    " s since the last change)");
+  } else {
+    if (wanted != recommended) {
+      absl::StrAppend(&decision->rule, "; ", wanted, " by the stabilization window");
+    }
+    decision->action =
+        wanted > target_ ? AutoscaleDecision::Action::kUp : AutoscaleDecision::Action::kDown;
+    decision->target = wanted;
+    target_ = wanted;
+    last_change_ = now;
+  }
+}
+
 AutoscalePolicy::AutoscalePolicy(const JobConfig::Autoscale& options)
-    : options_(options), target_(options.min_workers) {
-  last_.previous = target_;
-  last_.target = target_;
+    : options_(options), stabilizer_(options, options.min_workers) {
+  last_.previous = target();
+  last_.target = target();
   last_.rule = absl::StrCat("start at autoscale.min_workers = ", options_.min_workers);
 }
 
@@ -52,11 +103,11 @@ std::pair<int64_t, std::string> AutoscalePolicy::Recommend(const AutoscaleSignal
       own.stopping > 0
           ? absl::StrCat(free_text, " and ", own.stopping, " our stopping workers release")
           : free_text;
-  int64_t size = target_;
+  int64_t size = target();
   std::string why;
   if (signal.pending_gpus > releasing) {
     const int64_t give_back = (signal.pending_gpus - releasing + per_worker - 1) / per_worker;
-    size = target_ - give_back;
+    size = target() - give_back;
     why = absl::StrCat("other jobs wait for ", signal.pending_gpus, " GPUs, ", releasing_text,
                        ": give back ", give_back, " worker(s)");
   } else if (signal.pending_gpus > 0) {
@@ -67,12 +118,12 @@ std::pair<int64_t, std::string> AutoscalePolicy::Recommend(const AutoscaleSignal
   } else if (releasing < options_.scale_down_free_gpus) {
     const int64_t give_back =
         (options_.scale_down_free_gpus - releasing + per_worker - 1) / per_worker;
-    size = target_ - give_back;
+    size = target() - give_back;
     why = absl::StrCat(releasing_text, " < autoscale.scale_down_free_gpus = ",
                        options_.scale_down_free_gpus, ": give back ", give_back, " worker(s)");
   } else if (free >= options_.scale_up_free_gpus) {
     const int64_t take = free / per_worker;
-    size = target_ + take;
+    size = target() + take;
     why = absl::StrCat(free_text, " >= autoscale.scale_up_free_gpus = ",
                        options_.scale_up_free_gpus, ": take ", take, " worker(s)");
   } else {
@@ -93,59 +144,18 @@ AutoscaleDecision AutoscalePolicy::Decide(const StatusOr<AutoscaleSignal>& signa
                                           const OwnGpus& own, absl::Time now) {
   AutoscaleDecision decision;
   decision.time = now;
-  decision.previous = target_;
-  decision.target = target_;
+  decision.previous = target();
+  decision.target = target();
   if (!signal.ok()) {
-    decision.rule = absl::StrCat("no signal (", signal.status().message(), "): keeping ", target_,
+    decision.rule = absl::StrCat("no signal (", signal.status().message(), "): keeping ", target(),
                                  " worker(s)");
     last_ = decision;
     return decision;
   }
   decision.signal = *signal;
   auto [recommended, why] = Recommend(*signal, own);
-  const absl::Duration up_window = absl::Seconds(options_.scale_up_stabilization_s);
-  const absl::Duration down_window = absl::Seconds(options_.scale_down_stabilization_s);
-  recommendations_.emplace_back(now, recommended);
-  const absl::Duration longest = std::max(up_window, down_window);
-  while (recommendations_.size() > 1 && now - recommendations_.front().first >= longest) {
-    recommendations_.pop_front();
-  }
-  // The newest recommendation always counts; older ones while within
-  // their window.
-  int64_t up_to = recommended;
-  int64_t down_to = recommended;
-  for (const auto& [time, size] : recommendations_) {
-    if (now - time < up_window) up_to = std::min(up_to, size);
-    if (now - time < down_window) down_to = std::max(down_to, size);
-  }
-  int64_t wanted = target_;
-  if (up_to > target_) {
-    wanted = up_to;
-  } else if (down_to < target_) {
-    wanted = down_to;
-  }
   decision.rule = why;
-  if (wanted == target_) {
-    if (recommended != target_) {
-      absl::StrAppend(&decision.rule, "; held at ", target_, " by the stabilization window (",
-                      recommended > target_ ? "lowest" : "highest",
-                      " recommendation in it: ", recommended > target_ ? up_to : down_to, ")");
-    }
-  } else if (last_change_.has_value() &&
-             now - *last_change_ < absl::Seconds(options_.cooldown_s)) {
-    absl::StrAppend(&decision.rule, "; held at ", target_, " by autoscale.cooldown_s = ",
-                    options_.cooldown_s, " (", absl::ToInt64Seconds(now - *last_change_),
-                    " s since the last change)");
-  } else {
-    if (wanted != recommended) {
-      absl::StrAppend(&decision.rule, "; ", wanted, " by the stabilization window");
-    }
-    decision.action =
-        wanted > target_ ? AutoscaleDecision::Action::kUp : AutoscaleDecision::Action::kDown;
-    decision.target = wanted;
-    target_ = wanted;
-    last_change_ = now;
-  }
+  stabilizer_.Settle(recommended, now, &decision);
   last_ = decision;
   return decision;
 }

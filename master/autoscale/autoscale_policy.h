@@ -81,6 +81,29 @@ struct AutoscaleDecision {
 
 const char* ActionName(AutoscaleDecision::Action action);
 
+// A size between its recommendations, as Kubernetes' HPA keeps one: it
+// grows only to the lowest size recommended during the last
+// autoscale.scale_up_stabilization_s, shrinks only to the highest during
+// the last scale_down_stabilization_s, and changes at most once per
+// cooldown_s. AutoscalePolicy's for workers, ServerScalePolicy's for servers.
+class Stabilizer {
+ public:
+  Stabilizer(const JobConfig::Autoscale& options, int64_t start);
+  // One recommendation at `now`: sets decision's previous, target and
+  // action, and appends to its rule what held the size, if anything did.
+  void Settle(int64_t recommended, absl::Time now, AutoscaleDecision* decision);
+  int64_t target() const { return target_; }
+
+ private:
+  const absl::Duration up_window_;
+  const absl::Duration down_window_;
+  const int64_t cooldown_s_;
+  int64_t target_;
+  std::optional<absl::Time> last_change_;
+  // Recommendations of the longer of the two windows, oldest first.
+  std::deque<std::pair<absl::Time, int64_t>> recommendations_;
+};
+
 class AutoscalePolicy {
  public:
   explicit AutoscalePolicy(const JobConfig::Autoscale& options);
@@ -91,7 +114,7 @@ class AutoscalePolicy {
                            absl::Time now);
 
   // The workers the job should have now.
-  int64_t target() const { return target_; }
+  int64_t target() const { return stabilizer_.target(); }
   // The newest decision (a hold when nothing was decided yet).
   const AutoscaleDecision& last() const { return last_; }
 
@@ -101,10 +124,7 @@ class AutoscalePolicy {
                                             const OwnGpus& own) const;
 
   const JobConfig::Autoscale options_;
-  int64_t target_;
-  std::optional<absl::Time> last_change_;
-  // Recommendations of the longer of the two windows, oldest first.
-  std::deque<std::pair<absl::Time, int64_t>> recommendations_;
+  Stabilizer stabilizer_;
   AutoscaleDecision last_;
 };
 

@@ -199,14 +199,14 @@ class CommandLauncher final : public WorkerLauncher {
 };
 
 // The eps-worker next to this eps-master.
-std::string WorkerNextToMaster() {
+}  // namespace
+
+std::string NextToMaster(const std::string& name) {
   std::error_code error;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) return "eps-worker";
-  return (self.parent_path() / "eps-worker").string();
+  if (error) return name;
+  return (self.parent_path() / name).string();
 }
-
-}  // namespace
 
 StatusOr<AutoscaleSignal> ParseSignalLine(absl::string_view output) {
   const absl::string_view line = absl::StripAsciiWhitespace(output.substr(0, output.find('\n')));
@@ -295,7 +295,7 @@ StatusOr<std::unique_ptr<WorkerLauncher>> MakeLauncher(const JobConfig& job,
   if (options.launcher == "command") return std::make_unique<CommandLauncher>(options, context);
   if (options.launcher == "local" || options.launcher == "slurm") {
     const std::string binary =
-        options.worker_binary.empty() ? WorkerNextToMaster() : options.worker_binary;
+        options.worker_binary.empty() ? NextToMaster("eps-worker") : options.worker_binary;
     // (A Slurm node runs the same path: a shared install, as the config
     // and log paths are shared.)
     if (::access(binary.c_str(), X_OK) != 0) {

@@ -73,6 +73,10 @@ struct LauncherContext {
   }
 };
 
+// The program `name` in the directory of the running eps-master (`name`
+// alone when that cannot be read).
+std::string NextToMaster(const std::string& name);
+
 StatusOr<std::unique_ptr<WorkerLauncher>> MakeLauncher(const JobConfig& job,
                                                        const LauncherContext& context);
 

@@ -33,14 +33,7 @@ json StalenessSummary(const proto::Histogram& wire, const char* counted) {
   summary[counted] = snapshot->count;
   summary["mean"] = snapshot->sum / static_cast<double>(snapshot->count);
   for (const auto& [name, share] : {std::pair{"p50", 0.5}, std::pair{"p99", 0.99}}) {
-    uint64_t below = 0;
-    for (size_t i = 0; i < snapshot->bounds.size(); ++i) {
-      below += snapshot->counts[i];
-      if (static_cast<double>(below) >= share * static_cast<double>(snapshot->count)) {
-        summary[name] = snapshot->bounds[i];
-        break;
-      }
-    }
+    if (std::optional<double> bound = QuantileBound(*snapshot, share)) summary[name] = *bound;
   }
   return summary;
 }

@@ -135,6 +135,20 @@ TEST(HistogramProto, RejectsMalformedHistograms) {
   EXPECT_EQ(HistogramFromProto(wire).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The bound of the first bucket that holds the share asked for; none
+// without observations or above the last bound.
+TEST(HistogramSnapshot, QuantileBoundIsTheBucketThatReachesTheShare) {
+  HistogramSnapshot snapshot;
+  snapshot.bounds = {1, 2, 4};
+  snapshot.counts = {0, 0, 0, 0};
+  EXPECT_FALSE(QuantileBound(snapshot, 0.5).has_value());
+  snapshot.counts = {0, 90, 9, 1};
+  snapshot.count = 100;
+  EXPECT_EQ(QuantileBound(snapshot, 0.5), 2.0);
+  EXPECT_EQ(QuantileBound(snapshot, 0.99), 4.0);
+  EXPECT_FALSE(QuantileBound(snapshot, 1.0).has_value());
+}
+
 TEST(HistogramProto, CountIsTheSumOfTheCounts) {
   proto::Histogram wire;
   wire.add_bounds(1);
