@@ -113,7 +113,8 @@ ServerScaler::View Master::Impl::ServerView() const {
                           .memory_bytes = static_cast<int64_t>(server.stats.bytes()),
                           .budget_bytes = server.stats.memory_budget_bytes(),
                           .hits = server.stats.hits(),
-                          .misses = server.stats.misses()};
+                          .misses = server.stats.misses(),
+                          .push_latency = {}};
     if (StatusOr<HistogramSnapshot> pushes = HistogramFromProto(server.stats.push_latency());
         pushes.ok()) {
       reading.push_latency = *std::move(pushes);

@@ -93,6 +93,9 @@ class Stabilizer {
   // action, and appends to its rule what held the size, if anything did.
   void Settle(int64_t recommended, absl::Time now, AutoscaleDecision* decision);
   int64_t target() const { return target_; }
+  // The size is `size` now, by no decision of this one (servers started or
+  // drained by hand): later recommendations count from it.
+  void Follow(int64_t size) { target_ = size; }
 
  private:
   const absl::Duration up_window_;

@@ -141,6 +141,11 @@ AutoscaleDecision ServerScalePolicy::Decide(const std::vector<ServerReading>& se
     last_ = decision;
     return decision;
   }
+  // Settled: the size is the servers the job has (some may have been
+  // started or drained by hand since the last decision).
+  stabilizer_.Follow(static_cast<int64_t>(servers.size()));
+  decision.previous = target();
+  decision.target = target();
   auto [recommended, why] = Recommend(servers, since);
   if (recommended > options_.max_servers) {
     recommended = options_.max_servers;

@@ -144,70 +144,83 @@ bool ServerScaler::LaunchOne(absl::Time now) {
   }
   LOG(INFO) << "autoscale: started server launch " << id << " (pid " << (*process)->pid()
             << ") on " << data_dir;
-  launches_[id] = Launch{.process = std::move(*process), .started = now};
+  launches_[id] = Launch{.process = std::move(*process), .started = now, .slot = std::nullopt};
   return true;
 }
 
 void ServerScaler::Step(absl::Time now, bool read) {
   const View view = view_();  // takes the master's lock
-  std::optional<uint32_t> drain;
+  std::vector<uint32_t> drains;
   {
     absl::MutexLock lock(&mu_);
+    const int64_t exits_before = failures_;
     Track(view, now);
     if (!view.running || stopped_) return;
     live_ = static_cast<int64_t>(view.servers.size());
-    if (!policy_.has_value()) policy_.emplace(job_.autoscale, std::max<int64_t>(1, live_));
+    // A server it started that exited unasked is started again (within
+    // autoscale.max_restarts): the job had it for a reason.
+    const int64_t lost = failures_ - exits_before;
+    for (int64_t i = 0; i < lost && failures_ <= job_.autoscale.max_restarts; ++i) {
+      LaunchOne(now);
+    }
+    if (!read) return;
     std::string changing = view.changing;
     for (const auto& [id, launch] : launches_) {
       if (changing.empty() && !launch.slot.has_value()) {
         changing = absl::StrCat("server launch ", id, " has not joined yet");
       }
     }
-    if (read) {
-      const AutoscaleDecision decision = policy_->Decide(view.servers, changing, now);
-      ++decisions_[ActionName(decision.action)];
-      if (decision.action != AutoscaleDecision::Action::kHold) {
-        LOG(INFO) << "autoscale: " << ActionName(decision.action) << " " << decision.previous
-                  << " -> " << decision.target << " servers: " << decision.rule;
-        events_->Record(absl::StrCat("servers_", ActionName(decision.action)),
-                        decision.ToJson());
-      } else {
-        VLOG(1) << "autoscale: servers hold at " << decision.target << ": " << decision.rule;
-      }
+    // Made once the servers first settle, from as many as the job has then.
+    if (!policy_.has_value()) {
+      if (!changing.empty()) return;
+      policy_.emplace(job_.autoscale, std::max<int64_t>(1, live_));
     }
-    // One step at a time, and none while the servers change.
-    if (!changing.empty()) return;
-    const int64_t target = policy_->target();
-    if (live_ < target) {
-      if (failures_ > job_.autoscale.max_restarts) return;  // said when it happened
-      LaunchOne(now);
+    const AutoscaleDecision decision = policy_->Decide(view.servers, changing, now);
+    ++decisions_[ActionName(decision.action)];
+    if (decision.action == AutoscaleDecision::Action::kHold) {
+      VLOG(1) << "autoscale: servers hold at " << decision.target << ": " << decision.rule;
       return;
     }
-    if (live_ <= target) return;
-    // The newest server this scaler started, else the highest slot.
-    std::optional<uint64_t> newest;
-    for (const auto& [id, launch] : launches_) {
-      const bool live = std::any_of(view.servers.begin(), view.servers.end(),
-                                    [&](const ServerReading& s) { return s.slot == launch.slot; });
-      if (live && !launch.draining) newest = id;
+    LOG(INFO) << "autoscale: " << ActionName(decision.action) << " " << decision.previous
+              << " -> " << decision.target << " servers: " << decision.rule;
+    events_->Record(absl::StrCat("servers_", ActionName(decision.action)), decision.ToJson());
+    for (int64_t i = decision.previous; i < decision.target; ++i) {
+      if (!LaunchOne(now)) break;
     }
-    if (newest.has_value()) {
-      drain = launches_[*newest].slot;
-      launches_[*newest].draining = true;
-    } else {
-      drain = std::max_element(view.servers.begin(), view.servers.end(),
-                               [](const ServerReading& a, const ServerReading& b) {
-                                 return a.slot < b.slot;
-                               })->slot;
+    // Shrinking: the newest servers this scaler started, then the
+    // highest slots.
+    std::vector<uint32_t> candidates;
+    for (auto it = launches_.rbegin(); it != launches_.rend(); ++it) {
+      if (it->second.slot.has_value() && !it->second.draining) {
+        candidates.push_back(*it->second.slot);
+      }
+    }
+    std::vector<uint32_t> slots;
+    for (const ServerReading& server : view.servers) slots.push_back(server.slot);
+    std::sort(slots.rbegin(), slots.rend());
+    candidates.insert(candidates.end(), slots.begin(), slots.end());
+    for (int64_t i = decision.target; i < decision.previous && !candidates.empty(); ++i) {
+      const uint32_t slot = candidates.front();
+      std::erase(candidates, slot);
+      if (std::find(slots.begin(), slots.end(), slot) == slots.end()) {
+        --i;  // not live: the next one
+        continue;
+      }
+      drains.push_back(slot);
+      for (auto& [id, launch] : launches_) {
+        if (launch.slot == slot) launch.draining = true;
+      }
     }
   }
-  StatusOr<json> drained = drain_(*drain);  // takes the master's lock
-  absl::MutexLock lock(&mu_);
-  if (drained.ok()) {
-    LOG(INFO) << "autoscale: draining ps[" << *drain << "]: " << drained->dump();
-  } else {
-    last_error_ = absl::StrCat("draining ps[", *drain, "]: ", drained.status().message());
-    LOG(WARNING) << "autoscale: " << last_error_;
+  for (uint32_t slot : drains) {
+    StatusOr<json> drained = drain_(slot);  // takes the master's lock
+    absl::MutexLock lock(&mu_);
+    if (drained.ok()) {
+      LOG(INFO) << "autoscale: draining ps[" << slot << "]: " << drained->dump();
+    } else {
+      last_error_ = absl::StrCat("draining ps[", slot, "]: ", drained.status().message());
+      LOG(WARNING) << "autoscale: " << last_error_;
+    }
   }
 }
 

@@ -11,10 +11,11 @@
 //   - shrinking drains one server (as POST /servers/N/drain): the newest
 //     one it started, else the highest slot; its partitions move live and
 //     it leaves the job (a server it started then exits).
-// A launched server that has not registered within start_timeout (2
-// minutes) is killed and counts as a failed start; one that exits unasked
-// is not started again by itself: the next readings see one server fewer
-// than the target and start another, up to autoscale.max_restarts in all.
+// A launched server that has not registered within 2 minutes is killed;
+// one that exits unasked, or is killed so, is started again at once (on a
+// fresh data dir: it takes the dead one's slot), while such failures number
+// at most autoscale.max_restarts. Servers started or drained by hand count
+// from the next reading on (ServerScalePolicy follows the job's size).
 //
 // The decisions are events (servers_scale_up, servers_scale_down, with the
 // rule) and log lines; /status "autoscale"."servers" and the

@@ -296,6 +296,27 @@ TEST(JobConfig, ValidateNamesTheOffendingOption) {
        [](JobConfig& c) { c.optimizer.per_table = "lr.w:learning_rate=1e-50"; }},
       {"optimizer.per_table",
        [](JobConfig& c) { c.optimizer.per_table = "lr.w:beta1=0.99999999"; }},
+      {"autoscale.max_servers", [](JobConfig& c) { c.autoscale.max_servers = -1; }},
+      {"autoscale.max_servers", [](JobConfig& c) { c.autoscale.max_servers = 5000; }},
+      {"autoscale.min_servers",
+       [](JobConfig& c) {
+         c.autoscale.max_servers = 2;
+         c.autoscale.min_servers = 3;
+       }},
+      {"autoscale.min_servers",
+       [](JobConfig& c) {
+         c.autoscale.max_servers = 2;
+         c.autoscale.min_servers = 0;
+       }},
+      {"autoscale.servers_memory_high", [](JobConfig& c) { c.autoscale.servers_memory_high = 0; }},
+      {"autoscale.servers_memory_high",
+       [](JobConfig& c) { c.autoscale.servers_memory_high = 1.5; }},
+      {"autoscale.servers_min_hit_rate",
+       [](JobConfig& c) { c.autoscale.servers_min_hit_rate = -0.1; }},
+      {"autoscale.servers_max_push_ms",
+       [](JobConfig& c) {
+         c.autoscale.servers_max_push_ms = std::numeric_limits<double>::quiet_NaN();
+       }},
       {"autoscale.source", [](JobConfig& c) { c.autoscale.source = "kubernetes"; }},
       {"autoscale.launcher", [](JobConfig& c) { c.autoscale.launcher = "ssh"; }},
       {"autoscale.command", [](JobConfig& c) { c.autoscale.source = "command"; }},

@@ -115,6 +115,8 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
        0, 1'000'000},
       {"autoscale.restart_backoff_s",
        [](JobConfig& c) -> int64_t& { return c.autoscale.restart_backoff_s; }, 0, 3600},
+      {"autoscale.max_servers", [](JobConfig& c) -> int64_t& { return c.autoscale.max_servers; },
+       0, 4096},
   };
   for (const IntBound& bound : int_bounds) {
     for (int64_t v : {bound.min, bound.max}) {
