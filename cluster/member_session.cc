@@ -218,6 +218,7 @@ bool MemberSession::Heartbeat() {
   Message request;
   request.header().set_method(proto::HEARTBEAT);
   hooks_.fill_heartbeat(request.header().mutable_heartbeat_request());
+  request.header().mutable_heartbeat_request()->set_seq(++heartbeat_seq_);
   CallOptions call;
   call.attempt_timeout = std::max(heartbeat_, absl::Seconds(1));
   call.max_attempts = 1;

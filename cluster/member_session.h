@@ -217,6 +217,8 @@ class MemberSession {
   Status status_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;           // Stop() was called
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // HeartbeatNow()
+  // The last heartbeat's HeartbeatRequest.seq (the heartbeat thread's own).
+  uint64_t heartbeat_seq_ = 0;
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   // When the last heartbeat the master answered (at first: the
   // registration) was sent.

@@ -472,7 +472,8 @@ struct JobConfig {
     int64_t max_servers = 0;
     // A server is short of room, and the job grows by one server, when its
     // rows in memory pass servers_memory_high of its ps.memory_budget_mb
-    // (in (0, 1]; default 0.9), its hit rate over the last interval is
+    // (in (0, 1]; default 0.9) and it evicts rows to stay within it, its
+    // hit rate over the last interval is
     // below servers_min_hit_rate (in [0, 1]; 0, the default: never), or its
     // pushes' p99 over the last interval is above servers_max_push_ms
     // (>= 0; 0, the default: never). The job shrinks by one server when,

@@ -184,7 +184,7 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("autoscale.max_servers", &autoscale.max_servers,
           "parameter servers kept at most; 0 leaves the servers alone");
   v.Visit("autoscale.servers_memory_high", &autoscale.servers_memory_high,
-          "add a server when one holds this fraction of its memory budget");
+          "add a server when one holds this fraction of its memory budget and evicts");
   v.Visit("autoscale.servers_min_hit_rate", &autoscale.servers_min_hit_rate,
           "add a server when one's hit rate falls below this; 0 never");
   v.Visit("autoscale.servers_max_push_ms", &autoscale.servers_max_push_ms,

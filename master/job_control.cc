@@ -246,7 +246,8 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     RETURN_IF_ERROR(CheckWorkerStats(stats));
     const std::optional<uint64_t> round = checkpoints_.round_id();
     RETURN_IF_ERROR(membership_.WorkerHeartbeat(sender, recovery_.why(), std::move(stats),
-                                                request.paused_for_checkpoint(), round, now));
+                                                request.paused_for_checkpoint(), round, now,
+                                                request.seq()));
     if (round.has_value()) reply->set_pause_for_checkpoint(*round);
     if (std::optional<uint64_t> split = progress_.SplitRequestedOf(sender.id()); split) {
       reply->set_split_shard(*split);
@@ -261,7 +262,8 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     proto::ServerStats stats = request.server();
     RETURN_IF_ERROR(CheckServerStats(stats, request.storage_error()));
     RETURN_IF_ERROR(
-        membership_.ServerHeartbeat(sender.id(), request.endpoint(), stats, now, &first_contact));
+        membership_.ServerHeartbeat(sender.id(), request.endpoint(), stats, now, &first_contact,
+                                    request.seq()));
     const ServerEntry& server = *membership_.server(sender.id());
     if (!request.storage_error().empty()) {
       // What it acknowledges from now on may never reach its store: stop

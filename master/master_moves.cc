@@ -11,6 +11,7 @@
 #include "core/failpoint.h"
 #include "core/file_util.h"
 #include "master/master_impl.h"
+#include "rpc/net.h"
 
 namespace eps {
 
@@ -106,14 +107,18 @@ ServerScaler::View Master::Impl::ServerView() const {
   ServerScaler::View view;
   view.running = !control_->over();
   view.changing = control_->ServersChanging();
+  view.draining = control_->draining();
+  const std::string host = Hostname();
   for (const auto& [slot, server] : control_->membership().servers()) {
-    view.pids[slot] = server.pid;
-    if (server.state != PeerState::kAlive || control_->draining().contains(slot)) continue;
+    if (server.state != PeerState::kAlive) continue;
+    if (server.host == host) view.pids[slot] = server.pid;
+    if (control_->draining().contains(slot)) continue;
     ServerReading reading{.slot = slot,
                           .memory_bytes = static_cast<int64_t>(server.stats.bytes()),
                           .budget_bytes = server.stats.memory_budget_bytes(),
                           .hits = server.stats.hits(),
                           .misses = server.stats.misses(),
+                          .evictions = server.stats.evictions(),
                           .push_latency = {}};
     if (StatusOr<HistogramSnapshot> pushes = HistogramFromProto(server.stats.push_latency());
         pushes.ok()) {

@@ -225,7 +225,7 @@ StatusOr<WorkerEntry*> Membership::Live(const proto::NodeId& sender,
 
 Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
                                    const proto::ServerStats& stats, absl::Time now,
-                                   bool* first_contact) {
+                                   bool* first_contact, uint64_t seq) {
   auto it = servers_.find(slot);
   if (it == servers_.end() || it->second.state != PeerState::kAlive) {
     return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
@@ -241,6 +241,10 @@ Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
                            proto::FENCED);
   }
   *first_contact = !it->second.seen;
+  if (seq != 0) {
+    if (seq <= it->second.heartbeat_seq) return absl::OkStatus();  // stale
+    it->second.heartbeat_seq = seq;
+  }
   it->second.last_seen = now;
   it->second.seen = true;
   it->second.stats = stats;
@@ -249,8 +253,13 @@ Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
 
 Status Membership::WorkerHeartbeat(const proto::NodeId& sender, const std::string& fenced_why,
                                    proto::WorkerStats stats, uint64_t paused_for,
-                                   std::optional<uint64_t> round, absl::Time now) {
+                                   std::optional<uint64_t> round, absl::Time now,
+                                   uint64_t seq) {
   ASSIGN_OR_RETURN(WorkerEntry * worker, Live(sender, fenced_why));
+  if (seq != 0) {
+    if (seq <= worker->heartbeat_seq) return absl::OkStatus();  // stale
+    worker->heartbeat_seq = seq;
+  }
   worker->last_seen = now;
   worker->records_per_s = stats.records_per_s();
   worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());

@@ -68,6 +68,8 @@ struct WorkerEntry {
   std::string fenced_why;
   // As last reported; kept once the worker is gone (/metrics).
   proto::WorkerStats stats;
+  // The last HeartbeatRequest.seq applied (0: none numbered yet).
+  uint64_t heartbeat_seq = 0;
 };
 
 struct ServerEntry {
@@ -83,6 +85,8 @@ struct ServerEntry {
   // Since when it has failed to acknowledge the fence list (InfiniteFuture
   // while it acknowledges).
   absl::Time fences_failing_since = absl::InfiniteFuture();
+  // The last HeartbeatRequest.seq applied (0: none numbered yet).
+  uint64_t heartbeat_seq = 0;
 };
 
 // A server slot and the endpoint a call to it goes to.
@@ -145,10 +149,12 @@ class Membership {
   // keeps its `stats` (bounded by the caller: master/trust/peer_stats.h) and the
   // checkpoint it `paused_for`; while `round` is in progress and it paused
   // for it, the round holds it back (held_until). Each batch-size change
-  // it reports for the first time is the event batch_size_changed.
+  // it reports for the first time is the event batch_size_changed. A
+  // heartbeat numbered `seq` (HeartbeatRequest.seq) at or below the last
+  // one applied for this registration changes nothing (it is OK).
   Status WorkerHeartbeat(const proto::NodeId& sender, const std::string& fenced_why,
                          proto::WorkerStats stats, uint64_t paused_for,
-                         std::optional<uint64_t> round, absl::Time now);
+                         std::optional<uint64_t> round, absl::Time now, uint64_t seq = 0);
   // Worker `id` made progress at `now`: it took a shard, or had a commit
   // of `records` records applied. No-op for an unknown id.
   void NoteProgress(uint32_t id, absl::Time now, uint64_t records = 0);
@@ -158,9 +164,10 @@ class Membership {
   // A server's heartbeat: renews its lease. FENCED (kFailedPrecondition)
   // when the slot is not alive, or `endpoint` (when given) is not the
   // slot's current process. Sets *first_contact when this master had not
-  // heard from the server yet.
+  // heard from the server yet. A stale `seq`, as WorkerHeartbeat's.
   Status ServerHeartbeat(uint32_t slot, const std::string& endpoint,
-                         const proto::ServerStats& stats, absl::Time now, bool* first_contact);
+                         const proto::ServerStats& stats, absl::Time now, bool* first_contact,
+                         uint64_t seq = 0);
   const ServerEntry* server(uint32_t slot) const;
   // The slot has a live server.
   bool ServerAlive(uint32_t slot) const {

@@ -16,14 +16,20 @@ ServerScalePolicy::ServerScalePolicy(const JobConfig::Autoscale& options, int64_
 }
 
 ServerScalePolicy::Since ServerScalePolicy::Difference(const ServerReading& now) const {
-  Since since{.hits = now.hits, .misses = now.misses, .pushes = now.push_latency};
+  Since since{.hits = now.hits,
+              .misses = now.misses,
+              .evictions = now.evictions,
+              .pushes = now.push_latency};
   auto it = previous_.find(now.slot);
   if (it == previous_.end()) return since;
   const ServerReading& before = it->second;
   // A server restarted in the slot counts from 0 again: all of it is new.
-  if (now.hits < before.hits || now.misses < before.misses) return since;
+  if (now.hits < before.hits || now.misses < before.misses || now.evictions < before.evictions) {
+    return since;
+  }
   since.hits -= before.hits;
   since.misses -= before.misses;
+  since.evictions -= before.evictions;
   const HistogramSnapshot& old = before.push_latency;
   if (old.bounds == now.push_latency.bounds && old.counts.size() == since.pushes.counts.size() &&
       old.count <= since.pushes.count) {
@@ -44,13 +50,15 @@ std::pair<int64_t, std::string> ServerScalePolicy::Recommend(
   for (const ServerReading& server : servers) {
     const Since& recent = since.at(server.slot);
     const double high = options_.servers_memory_high * static_cast<double>(server.budget_bytes);
-    if (server.budget_bytes > 0 && static_cast<double>(server.memory_bytes) > high) {
-      return {size + 1, absl::StrFormat("ps[%u] holds %.1f MiB in memory, over %.2f of its "
-                                        "budget of %.1f MiB (autoscale.servers_memory_high): "
-                                        "one server more",
-                                        server.slot, server.memory_bytes / 1048576.0,
-                                        options_.servers_memory_high,
-                                        server.budget_bytes / 1048576.0)};
+    if (server.budget_bytes > 0 && static_cast<double>(server.memory_bytes) > high &&
+        recent.evictions >= kMinEvictions) {
+      return {size + 1,
+              absl::StrFormat("ps[%u] holds %.1f MiB in memory, over %.2f of its budget of "
+                              "%.1f MiB (autoscale.servers_memory_high), and evicted %u rows "
+                              "since the last reading: one server more",
+                              server.slot, server.memory_bytes / 1048576.0,
+                              options_.servers_memory_high, server.budget_bytes / 1048576.0,
+                              recent.evictions)};
     }
     const uint64_t lookups = recent.hits + recent.misses;
     if (options_.servers_min_hit_rate > 0 && lookups >= kMinLookups) {
@@ -80,6 +88,9 @@ std::pair<int64_t, std::string> ServerScalePolicy::Recommend(
   int64_t memory = 0;
   int64_t budget = 0;
   for (const ServerReading& server : servers) {
+    if (server.budget_bytes > 0 && since.at(server.slot).evictions >= kMinEvictions) {
+      return {size, absl::StrCat("ps[", server.slot, "] evicts rows: keep the size")};
+    }
     memory += server.memory_bytes;
     budget = budget == 0 ? server.budget_bytes : std::min(budget, server.budget_bytes);
     if (server.budget_bytes <= 0) budget = -1;  // one server without a budget: no judgement

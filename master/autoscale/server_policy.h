@@ -9,10 +9,13 @@
 //     server fewer ("idle");
 //   - otherwise the size stays.
 // The rules, each off at its default but memory's:
-//   memory    a server's rows in memory above servers_memory_high of its
-//             ps.memory_budget_mb (no budget: never short); idle when all
-//             servers' rows in memory, spread over one server fewer, stay
-//             under half of that;
+//   memory    a server's hot tier above servers_memory_high of its
+//             ps.memory_budget_mb and evicting rows to stay within it (at
+//             least kMinEvictions since the last reading: its rows do not
+//             fit; the size alone never falls, as a hot tier keeps its
+//             arenas); no budget: never short. Idle when no server evicts
+//             and their hot tiers, spread over one server fewer, stay under
+//             half of that;
 //   hit rate  a server's lookups served from memory since the last reading,
 //             over all its lookups, below servers_min_hit_rate (at least
 //             kMinLookups of them); idle when every server's is at least it;
@@ -54,6 +57,7 @@ struct ServerReading {
   int64_t budget_bytes = 0;  // ps.memory_budget_mb; 0: unlimited
   uint64_t hits = 0;
   uint64_t misses = 0;
+  uint64_t evictions = 0;
   HistogramSnapshot push_latency;  // seconds
 };
 
@@ -63,6 +67,7 @@ class ServerScalePolicy {
   // rate or p99 says nothing.
   static constexpr uint64_t kMinLookups = 1000;
   static constexpr uint64_t kMinPushes = 100;
+  static constexpr uint64_t kMinEvictions = 100;
 
   // `start`: the servers the job has now.
   ServerScalePolicy(const JobConfig::Autoscale& options, int64_t start);
@@ -80,6 +85,7 @@ class ServerScalePolicy {
   struct Since {
     uint64_t hits = 0;
     uint64_t misses = 0;
+    uint64_t evictions = 0;
     HistogramSnapshot pushes;
   };
   Since Difference(const ServerReading& now) const;

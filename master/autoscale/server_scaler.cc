@@ -61,13 +61,22 @@ void ServerScaler::Stop(absl::Duration grace) {
     mu_.Lock();
   }
   for (auto& [id, launch] : launches_) {
-    if (grace > absl::ZeroDuration()) {
+    if (grace > absl::ZeroDuration() && !launch.killed) {
       LOG(WARNING) << "autoscale: server launch " << id << " (pid " << launch.process->pid()
                    << ") still running " << absl::FormatDuration(grace)
                    << " after the job ended; killing it";
     }
     launch.process->Signal(SIGKILL);
-    launch.process->Wait(absl::Seconds(5));
+  }
+  // Reaped without holding the lock for long (/status reads under it).
+  const absl::Time reap_until = clock_->Now() + absl::Seconds(5);
+  while (!launches_.empty() && clock_->Now() < reap_until) {
+    for (auto it = launches_.begin(); it != launches_.end();) {
+      it = it->second.process->Poll().has_value() ? launches_.erase(it) : std::next(it);
+    }
+    mu_.Unlock();
+    absl::SleepFor(absl::Milliseconds(20));
+    mu_.Lock();
   }
   launches_.clear();
 }
@@ -97,8 +106,9 @@ void ServerScaler::Track(const View& view, absl::Time now) {
         if (pid == static_cast<uint32_t>(launch.process->pid())) launch.slot = slot;
       }
     }
+    if (launch.slot.has_value() && view.draining.contains(*launch.slot)) launch.draining = true;
     if (const std::optional<int> code = launch.process->Poll(); code.has_value()) {
-      if (!launch.draining && view.running) {
+      if (!launch.draining && !launch.killed && *code != 0) {
         ++failures_;
         last_error_ = absl::StrCat("server launch ", it->first, " exited with ", *code,
                                    " unasked; its log: ", options_.dir, "/server-", it->first,
@@ -110,17 +120,15 @@ void ServerScaler::Track(const View& view, absl::Time now) {
       it = launches_.erase(it);
       continue;
     }
-    if (!launch.slot.has_value() && now - launch.started > kStartTimeout) {
+    if (!launch.slot.has_value() && !launch.killed && now - launch.started > kStartTimeout) {
       ++failures_;
       last_error_ = absl::StrCat("server launch ", it->first, " did not join the job within ",
                                  absl::FormatDuration(kStartTimeout), "; killed. Its log: ",
                                  options_.dir, "/server-", it->first, ".log");
       LOG(WARNING) << "autoscale: " << last_error_;
       events_->Record("server_launch_failed", {{"launch_id", it->first}});
-      launch.process->Signal(SIGKILL);
-      launch.process->Wait(absl::Seconds(5));
-      it = launches_.erase(it);
-      continue;
+      launch.process->Signal(SIGKILL);  // reaped by a later Track
+      launch.killed = true;
     }
     ++it;
   }
@@ -129,6 +137,13 @@ void ServerScaler::Track(const View& view, absl::Time now) {
 bool ServerScaler::LaunchOne(absl::Time now) {
   const uint64_t id = next_launch_id_++;
   const std::string data_dir = absl::StrCat(options_.dir, "/server-", id);
+  if (failures_ > job_.autoscale.max_restarts) {
+    last_error_ = absl::StrCat(failures_, " servers failed to start or exited unasked, more than "
+                               "autoscale.max_restarts = ", job_.autoscale.max_restarts,
+                               ": starting no more");
+    LOG(WARNING) << "autoscale: " << last_error_;
+    return false;
+  }
   std::error_code error;
   std::filesystem::create_directories(options_.dir, error);
   StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Start(
@@ -160,8 +175,8 @@ void ServerScaler::Step(absl::Time now, bool read) {
     // A server it started that exited unasked is started again (within
     // autoscale.max_restarts): the job had it for a reason.
     const int64_t lost = failures_ - exits_before;
-    for (int64_t i = 0; i < lost && failures_ <= job_.autoscale.max_restarts; ++i) {
-      LaunchOne(now);
+    for (int64_t i = 0; i < lost; ++i) {
+      if (!LaunchOne(now)) break;
     }
     if (!read) return;
     std::string changing = view.changing;

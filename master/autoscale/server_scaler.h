@@ -12,9 +12,12 @@
 //     one it started, else the highest slot; its partitions move live and
 //     it leaves the job (a server it started then exits).
 // A launched server that has not registered within 2 minutes is killed;
-// one that exits unasked, or is killed so, is started again at once (on a
-// fresh data dir: it takes the dead one's slot), while such failures number
-// at most autoscale.max_restarts. Servers started or drained by hand count
+// one that exits unasked (not drained, and with a code other than 0, which
+// a server told the job is over or drained exits with), or is killed so, is
+// started again at once (on a fresh data dir: it takes the dead one's slot).
+// Once such failures number more than autoscale.max_restarts it starts no
+// server at all, and says so. Data dirs of servers that left stay (nothing
+// is deleted). Servers started or drained by hand count
 // from the next reading on (ServerScalePolicy follows the job's size).
 //
 // The decisions are events (servers_scale_up, servers_scale_down, with the
@@ -34,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,8 +61,12 @@ class ServerScaler {
   struct View {
     // The live servers that hold (or may take) partitions: not draining.
     std::vector<ServerReading> servers;
-    // Their processes' ids, by slot (to tell which launch took which slot).
+    // The process ids of the live servers on this machine, by slot (to
+    // tell which launch took which slot).
     std::map<uint32_t, uint32_t> pids;
+    // Slots being drained or drained (JobControl::draining): a server of
+    // them that exits was asked to.
+    std::set<uint32_t> draining;
     // Why the servers are changing now (ServerScalePolicy); empty if not.
     std::string changing;
     bool running = true;  // false once the job is over
@@ -98,6 +106,7 @@ class ServerScaler {
     absl::Time started;
     std::optional<uint32_t> slot;  // once registered
     bool draining = false;
+    bool killed = false;  // SIGKILL sent (a failed start): reaped by Track
   };
   void Loop();
   // One reading, its decision, and the steps toward the target.

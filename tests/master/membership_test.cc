@@ -263,6 +263,51 @@ TEST_F(MembershipTest, WorkerHeartbeatKeepsWhatTheWorkerReports) {
   EXPECT_EQ(members_.workers().at(id).last_progress, at);
 }
 
+// With 2 RPC threads a slow heartbeat can be applied after the one sent
+// after it: a numbered heartbeat at or below the last one applied changes
+// nothing (its pause, its stats, its batch-size changes), and an unnumbered
+// one (an older sender) is applied as before.
+TEST_F(MembershipTest, AHeartbeatOlderThanTheLastAppliedChangesNothing) {
+  const uint32_t id = members_.AdmitWorker(WorkerRequest(300), t0_);
+  proto::WorkerStats newer;
+  newer.set_records_per_s(300);
+  proto::BatchSizeChange* change = newer.add_batch_size_changes();
+  change->set_seq(1);
+  change->set_from(512);
+  change->set_to(256);
+  const absl::Time at = t0_ + absl::Milliseconds(500);
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(id), "", newer, 7, 7, at, /*seq=*/5).ok());
+  proto::WorkerStats older;  // sent before the change, and before the pause
+  older.set_records_per_s(100);
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(id), "", older, 0, 7,
+                                       at + absl::Milliseconds(10), /*seq=*/4)
+                  .ok());
+  const WorkerEntry& worker = members_.workers().at(id);
+  EXPECT_EQ(worker.paused_for, 7u);
+  EXPECT_EQ(worker.records_per_s, 300);
+  EXPECT_EQ(worker.last_seen, at);
+  // The next one repeats the change: still one event.
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(id), "", newer, 7, 7,
+                                       at + absl::Milliseconds(20), /*seq=*/6)
+                  .ok());
+  EXPECT_EQ(events_.Count("batch_size_changed"), 1u);
+  ASSERT_TRUE(members_.WorkerHeartbeat(WorkerNode(id), "", older, 0, 7,
+                                       at + absl::Milliseconds(30), /*seq=*/0)
+                  .ok());
+  EXPECT_EQ(members_.workers().at(id).paused_for, 0u);
+
+  PlaceTwoServers(t0_);
+  bool first_contact = false;
+  proto::ServerStats big;
+  big.set_rows(1000);
+  ASSERT_TRUE(members_.ServerHeartbeat(0, "", big, at, &first_contact, /*seq=*/3).ok());
+  ASSERT_TRUE(members_.ServerHeartbeat(0, "", proto::ServerStats(), at + absl::Milliseconds(5),
+                                       &first_contact, /*seq=*/2)
+                  .ok());
+  EXPECT_EQ(members_.servers().at(0).stats.rows(), 1000u);
+  EXPECT_EQ(members_.servers().at(0).last_seen, at);
+}
+
 TEST_F(MembershipTest, LiveWorkerRefusesOtherRoles) {
   proto::NodeId server;
   server.set_role(proto::ROLE_SERVER);

@@ -40,10 +40,15 @@ HistogramSnapshot Pushes(uint64_t fast, uint64_t slow) {
   return pushes;
 }
 
-ServerReading Server(uint32_t slot, int64_t memory_mib, int64_t budget_mib = 100) {
+// `evictions`: since the server started.
+ServerReading Server(uint32_t slot, int64_t memory_mib, int64_t budget_mib = 100,
+                     uint64_t evictions = 0) {
   return ServerReading{.slot = slot,
                        .memory_bytes = memory_mib * kMiB,
                        .budget_bytes = budget_mib * kMiB,
+                       .hits = 0,
+                       .misses = 0,
+                       .evictions = evictions,
                        .push_latency = Pushes(0, 0)};
 }
 
@@ -57,23 +62,31 @@ class ServerScalePolicyTest : public ::testing::Test {
   absl::Time now_ = absl::UnixEpoch();
 };
 
-TEST_F(ServerScalePolicyTest, AServerOverItsMemoryShareAddsOneUpToTheMaximum) {
+TEST_F(ServerScalePolicyTest, AServerOverItsMemoryShareAndEvictingAddsOneUpToTheMaximum) {
   ServerScalePolicy policy(Options(), 1);
-  AutoscaleDecision decision = Read(policy, {Server(0, 95)});
+  AutoscaleDecision decision = Read(policy, {Server(0, 95, 100, 1000)});
   EXPECT_EQ(decision.action, Action::kUp);
   EXPECT_EQ(decision.target, 2);
   EXPECT_THAT(decision.rule, HasSubstr("ps[0] holds 95.0 MiB"));
   EXPECT_THAT(decision.rule, HasSubstr("autoscale.servers_memory_high"));
-  decision = Read(policy, {Server(0, 95), Server(1, 95)});
+  EXPECT_THAT(decision.rule, HasSubstr("evicted 1000 rows"));
+  decision = Read(policy, {Server(0, 95, 100, 2000), Server(1, 95, 100, 1000)});
   EXPECT_EQ(decision.target, 3);
-  decision = Read(policy, {Server(0, 95), Server(1, 95), Server(2, 95)});
+  decision =
+      Read(policy, {Server(0, 95, 100, 3000), Server(1, 95, 100, 2000), Server(2, 95, 100, 500)});
   EXPECT_EQ(decision.action, Action::kHold);
   EXPECT_EQ(decision.target, 3);
   EXPECT_THAT(decision.rule, HasSubstr("autoscale.max_servers = 3"));
   // Under the mark: nothing to add; without a budget, never.
   ServerScalePolicy calm(Options(), 1);
-  EXPECT_EQ(Read(calm, {Server(0, 85)}).action, Action::kHold);
-  EXPECT_EQ(Read(calm, {Server(0, 500, /*budget_mib=*/0)}).action, Action::kHold);
+  EXPECT_EQ(Read(calm, {Server(0, 85, 100, 1000)}).action, Action::kHold);
+  EXPECT_EQ(Read(calm, {Server(0, 500, /*budget_mib=*/0, 2000)}).action, Action::kHold);
+  // Past the mark but no longer evicting since the last reading (a hot
+  // tier's size never falls: after a join it stays): its rows fit now.
+  ServerScalePolicy fits(Options(), 2);
+  Read(fits, {Server(0, 95, 100, 1000), Server(1, 10)});
+  decision = Read(fits, {Server(0, 95, 100, 1050), Server(1, 10)});
+  EXPECT_EQ(decision.action, Action::kHold) << decision.rule;
 }
 
 TEST_F(ServerScalePolicyTest, ALowHitRateSinceTheLastReadingAddsOne) {
@@ -131,6 +144,12 @@ TEST_F(ServerScalePolicyTest, IdleServersShrinkByOneDownToTheMinimum) {
   decision = Read(busy, {Server(0, 50), Server(1, 50)});
   EXPECT_EQ(decision.action, Action::kHold);
   EXPECT_THAT(decision.rule, HasSubstr("would pass half"));
+  // A server that evicts rows is not idle, whatever its size.
+  ServerScalePolicy evicting(Options(), 2);
+  Read(evicting, {Server(0, 10, 100, 0), Server(1, 10)});
+  decision = Read(evicting, {Server(0, 10, 100, 500), Server(1, 10)});
+  EXPECT_EQ(decision.action, Action::kHold) << decision.rule;
+  EXPECT_THAT(decision.rule, HasSubstr("evicts rows"));
   // With no budget and no other rule, nothing tells an idle server.
   ServerScalePolicy blind(Options(), 2);
   decision = Read(blind, {Server(0, 1, 0), Server(1, 1, 0)});
@@ -140,11 +159,12 @@ TEST_F(ServerScalePolicyTest, IdleServersShrinkByOneDownToTheMinimum) {
 
 TEST_F(ServerScalePolicyTest, ReadingsDuringAChangeHoldTheSize) {
   ServerScalePolicy policy(Options(), 1);
-  AutoscaleDecision decision = Read(policy, {Server(0, 95)}, "partitions are moving");
+  AutoscaleDecision decision =
+      Read(policy, {Server(0, 95, 100, 1000)}, "partitions are moving");
   EXPECT_EQ(decision.action, Action::kHold);
   EXPECT_EQ(decision.target, 1);
   EXPECT_THAT(decision.rule, HasSubstr("partitions are moving"));
-  EXPECT_EQ(Read(policy, {Server(0, 95)}).action, Action::kUp);
+  EXPECT_EQ(Read(policy, {Server(0, 95, 100, 2000)}).action, Action::kUp);
 }
 
 TEST_F(ServerScalePolicyTest, BelowTheMinimumGrowsAtOnce) {
