@@ -32,13 +32,18 @@ constexpr size_t kPageBytes = size_t{2} << 20;
 constexpr uint32_t kCatchUpRounds = 3;
 constexpr uint64_t kShortTail = 256;
 
-// Failpoint ps.crash_in_move=STEP: the server doing step STEP of a move
-// (MovePartitionRequest.Step) kills itself at `where`.
-void MaybeCrashInMove(proto::MovePartitionRequest::Step step, const char* where) {
-  if (!FailpointArmed("ps.crash_in_move", static_cast<uint64_t>(step))) return;
-  LOG(WARNING) << "failpoint ps.crash_in_move=" << static_cast<int>(step)
-               << ": killing this server (SIGKILL) " << where;
+// Kills this server (SIGKILL) at `where` when failpoint `name` is armed for
+// `value`: ps.crash_in_move=STEP, the server doing step STEP of a move
+// (MovePartitionRequest.Step); ps.crash_serving_copy=1, the old owner
+// serving the copy's first page (the move registered, pushes noted).
+void MaybeCrash(const char* name, uint64_t value, const char* where) {
+  if (!FailpointArmed(name, value)) return;
+  LOG(WARNING) << "failpoint " << name << "=" << value << ": killing this server (SIGKILL) "
+               << where;
   raise(SIGKILL);
+}
+void MaybeCrashInMove(proto::MovePartitionRequest::Step step, const char* where) {
+  MaybeCrash("ps.crash_in_move", static_cast<uint64_t>(step), where);
 }
 
 // Adds `tables` to a FETCH_PARTITION reply: per table its id, a frame of
@@ -293,6 +298,7 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
           " is in progress on ps[", id_, "]: start again from the first page"));
     }
   }
+  if (first_page) MaybeCrash("ps.crash_serving_copy", 1, "serving the copy's first page");
   absl::ReaderMutexLock restore_lock(&restore_mu_);
   const PartitionCursor from{.table = body.table(), .key = body.key()};
   const absl::Time start = absl::Now();

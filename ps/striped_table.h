@@ -202,6 +202,11 @@ class StripedTable final : public Table {
   Status ForEachRow(std::span<const uint64_t> keys, bool modify, uint64_t* max_seq,
                     uint64_t* created, Visit&& visit, Creation creation = Creation::kAlways);
 
+  // Calls visit(stripe, slot) for every row in memory, stripe by stripe,
+  // under each stripe's lock.
+  template <typename Visit>
+  void ForEachResident(Visit&& visit);
+
   // The slot holding `key`, or kEmptySlot.
   uint32_t FindLocked(const Stripe& stripe, uint64_t key, uint64_t hash) const
       ABSL_SHARED_LOCKS_REQUIRED(stripe.mu);

@@ -408,16 +408,22 @@ uint64_t StripedTable::QueueDirtyRows(bool journal_only) {
   return max_seq;
 }
 
-void StripedTable::VisitResident(const std::function<void(uint64_t, const float*)>& visit) {
+template <typename Visit>
+void StripedTable::ForEachResident(Visit&& visit) {
   for (uint32_t s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
     for (uint32_t i = 0; i < stripe.index_capacity; ++i) {
       const uint32_t slot = stripe.index[i].slot;
-      if (slot == kEmptySlot) continue;
-      visit(MetaLocked(stripe, slot).key, RowLocked(stripe, slot));
+      if (slot != kEmptySlot) visit(stripe, slot);
     }
   }
+}
+
+void StripedTable::VisitResident(const std::function<void(uint64_t, const float*)>& visit) {
+  ForEachResident([&](const Stripe& stripe, uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    visit(MetaLocked(stripe, slot).key, RowLocked(stripe, slot));
+  });
 }
 
 Status StripedTable::Read(std::span<const uint64_t> keys, std::span<float> out,
@@ -439,16 +445,10 @@ Status StripedTable::Read(std::span<const uint64_t> keys, std::span<float> out,
 
 void StripedTable::VisitUnstored(const std::function<void(uint64_t)>& visit) {
   if (storage_.store == nullptr) return;
-  for (uint32_t s = 0; s < kNumStripes; ++s) {
-    Stripe& stripe = stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
-    for (uint32_t i = 0; i < stripe.index_capacity; ++i) {
-      const uint32_t slot = stripe.index[i].slot;
-      if (slot == kEmptySlot) continue;
-      const SlotMeta& meta = MetaLocked(stripe, slot);
-      if (!DurableLocked(meta)) visit(meta.key);
-    }
-  }
+  ForEachResident([&](const Stripe& stripe, uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const SlotMeta& meta = MetaLocked(stripe, slot);
+    if (!DurableLocked(meta)) visit(meta.key);
+  });
 }
 
 TableStats StripedTable::stats() const {

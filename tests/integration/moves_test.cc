@@ -305,7 +305,8 @@ TEST_F(MovesTest, ADrainChangesNoBitOfTheTrainedRowsOfASynchronousJob) {
 }
 
 // A server of a move, or the master, killed with -9 at a step of it
-// (failpoints ps.crash_in_move and master.crash_in_move): the move is
+// (failpoints ps.crash_in_move, ps.crash_serving_copy and
+// master.crash_in_move): the move is
 // given up, the partition keeps one owner, and the job finishes exactly
 // once; a killed server comes back on its data dir (a recovery), a killed
 // master on its own.
@@ -361,9 +362,12 @@ TEST_P(MoveKillTest, EndsWithOneOwnerAndEveryRecordOnce) {
 INSTANTIATE_TEST_SUITE_P(
     EachStep, MoveKillTest,
     ::testing::Values(Kill{"NewOwnerInCopy", "ps.crash_in_move=1", false},
+                      Kill{"OldOwnerInCopy", "ps.crash_serving_copy=1", false},
                       Kill{"OldOwnerAtHandOff", "ps.crash_in_move=2", false},
                       Kill{"NewOwnerInTail", "ps.crash_in_move=3", false},
-                      Kill{"MasterAfterHandOff", "master.crash_in_move=2", true}),
+                      Kill{"MasterAfterCopy", "master.crash_in_move=1", true},
+                      Kill{"MasterAfterHandOff", "master.crash_in_move=2", true},
+                      Kill{"MasterAfterTail", "master.crash_in_move=3", true}),
     [](const ::testing::TestParamInfo<Kill>& info) { return std::string(info.param.name); });
 
 }  // namespace
