@@ -30,6 +30,19 @@ nlohmann::json AutoscaleDecision::ToJson() const {
   return out;
 }
 
+int64_t ClampSize(int64_t size, int64_t min, const char* min_option, int64_t max,
+                  const char* max_option, std::string* why) {
+  if (size > max) {
+    absl::StrAppend(why, " (at ", max_option, " = ", max, ")");
+    return max;
+  }
+  if (size < min) {
+    absl::StrAppend(why, " (at ", min_option, " = ", min, ")");
+    return min;
+  }
+  return size;
+}
+
 Stabilizer::Stabilizer(const JobConfig::Autoscale& options, int64_t start)
     : up_window_(absl::Seconds(options.scale_up_stabilization_s)),
       down_window_(absl::Seconds(options.scale_down_stabilization_s)),
@@ -130,13 +143,8 @@ std::pair<int64_t, std::string> AutoscalePolicy::Recommend(const AutoscaleSignal
     why = absl::StrCat(free_text, " within [", options_.scale_down_free_gpus, ", ",
                        options_.scale_up_free_gpus, "): keep the size");
   }
-  if (size > options_.max_workers) {
-    size = options_.max_workers;
-    absl::StrAppend(&why, " (at autoscale.max_workers = ", options_.max_workers, ")");
-  } else if (size < options_.min_workers) {
-    size = options_.min_workers;
-    absl::StrAppend(&why, " (at autoscale.min_workers = ", options_.min_workers, ")");
-  }
+  size = ClampSize(size, options_.min_workers, "autoscale.min_workers", options_.max_workers,
+                   "autoscale.max_workers", &why);
   return {size, why};
 }
 

@@ -81,6 +81,11 @@ struct AutoscaleDecision {
 
 const char* ActionName(AutoscaleDecision::Action action);
 
+// `size` within [min, max] (the options `min_option` and `max_option`),
+// appending " (at OPTION = N)" to `why` when it was not.
+int64_t ClampSize(int64_t size, int64_t min, const char* min_option, int64_t max,
+                  const char* max_option, std::string* why);
+
 // A size between its recommendations, as Kubernetes' HPA keeps one: it
 // grows only to the lowest size recommended during the last
 // autoscale.scale_up_stabilization_s, shrinks only to the highest during

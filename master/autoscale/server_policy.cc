@@ -158,13 +158,8 @@ AutoscaleDecision ServerScalePolicy::Decide(const std::vector<ServerReading>& se
   decision.previous = target();
   decision.target = target();
   auto [recommended, why] = Recommend(servers, since);
-  if (recommended > options_.max_servers) {
-    recommended = options_.max_servers;
-    absl::StrAppend(&why, " (at autoscale.max_servers = ", options_.max_servers, ")");
-  } else if (recommended < options_.min_servers) {
-    recommended = options_.min_servers;
-    absl::StrAppend(&why, " (at autoscale.min_servers = ", options_.min_servers, ")");
-  }
+  recommended = ClampSize(recommended, options_.min_servers, "autoscale.min_servers",
+                          options_.max_servers, "autoscale.max_servers", &why);
   decision.rule = why;
   stabilizer_.Settle(recommended, now, &decision);
   last_ = decision;
