@@ -502,8 +502,16 @@ Status JobControl::ShardUnreadable(const proto::NodeId& sender,
   return JobOver();
 }
 
-Status JobControl::Deregister(const proto::NodeId& sender) {
+Status JobControl::Deregister(const proto::NodeId& sender, const std::string& endpoint) {
   if (sender.role() == proto::ROLE_SERVER) {
+    const ServerEntry* server = membership_.server(sender.id());
+    if (server != nullptr && !endpoint.empty() && endpoint != server->endpoint) {
+      return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                             absl::StrCat("ps[", sender.id(), "] is now served at ",
+                                          server->endpoint, "; this server at ", endpoint,
+                                          " was replaced: nothing of it to drain"),
+                             proto::FENCED);
+    }
     // A server asked to stop (SIGTERM): drained, then told to exit.
     return Drain(sender.id()).status();
   }

@@ -138,7 +138,10 @@ class JobControl {
   Status ShardUnreadable(const proto::NodeId& sender, const proto::ShardUnreadableRequest& request,
                          const TrainingProgress::UnreadRange& range, const Status& readable,
                          absl::Time now, proto::ShardUnreadableReply* reply);
-  Status Deregister(const proto::NodeId& sender);
+  // DEREGISTER: a worker leaves (its shards go back at once); a server is
+  // drained (Drain), unless `endpoint` (when given) is not its slot's
+  // current process: FENCED, nothing drained.
+  Status Deregister(const proto::NodeId& sender, const std::string& endpoint = "");
 
   // --- The job loop ---------------------------------------------------------
 

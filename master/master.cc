@@ -650,7 +650,7 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
         break;
       }
       case proto::DEREGISTER:
-        status = control.Deregister(sender);
+        status = control.Deregister(sender, request.header().deregister_request().endpoint());
         if (status.ok()) out.mutable_deregister_reply();
         break;
       default:

@@ -125,7 +125,7 @@ Status ParamServer::Impl::AskToLeave() {
   RpcChannel master(&factory_, self);
   Message request;
   request.header().set_method(proto::DEREGISTER);
-  request.header().mutable_deregister_request();
+  request.header().mutable_deregister_request()->set_endpoint(endpoint_);
   CallOptions call;
   // The master answers at once (asking again is harmless); one that does
   // not within a few seconds is gone or stopping.

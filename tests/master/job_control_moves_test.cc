@@ -144,7 +144,13 @@ TEST_F(JobControlMovesTest, ADrainedServerLeavesTheJobAndIsToldToExit) {
 
 TEST_F(JobControlMovesTest, AServerThatDeregistersIsDrained) {
   ASSERT_NO_FATAL_FAILURE(StartTraining());
-  ASSERT_TRUE(control_->Deregister(ServerNode(1)).ok());
+  // A replaced process of the slot (another endpoint) drains nothing.
+  const Status replaced = control_->Deregister(ServerNode(1), "tcp://127.0.0.1:1");
+  EXPECT_EQ(replaced.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(replaced), proto::FENCED);
+  EXPECT_THAT(replaced.message(), ::testing::HasSubstr("was replaced"));
+  EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 0);
+  ASSERT_TRUE(control_->Deregister(ServerNode(1), control_->membership().server(1)->endpoint).ok());
   EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 4);
   // ps[0] is the last server able to hold the partitions: it cannot leave.
   const Status last = control_->Deregister(ServerNode(0));
