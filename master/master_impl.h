@@ -148,6 +148,9 @@ class Master::Impl {
   void AdvanceMoves(ServerCalls& calls);
   // POST /servers/N/drain.
   std::pair<int, std::string> PostDrain(uint32_t slot) ABSL_LOCKS_EXCLUDED(mu_);
+  // JobControl::Drain, then persisted (POST /servers/N/drain and the server
+  // autoscaler): its reply, its refusal, or Persist's error (kUnavailable).
+  StatusOr<nlohmann::json> DrainServer(uint32_t slot) ABSL_LOCKS_EXCLUDED(mu_);
   // The warm start (job.init_from) before training starts.
   void AdvanceImport(ServerCalls& calls);
   // While servers work, leases run on: a server that dies meanwhile is not

@@ -50,21 +50,27 @@ void Master::Impl::AdvanceMoves(ServerCalls& calls) {
   }
 }
 
-std::pair<int, std::string> Master::Impl::PostDrain(uint32_t slot) {
+StatusOr<nlohmann::json> Master::Impl::DrainServer(uint32_t slot) {
   StatusOr<nlohmann::json> drain;
   {
     absl::MutexLock lock(&mu_);
     drain = control_->Drain(slot);
     changed_.SignalAll();
   }
-  if (Status persisted = Persist(); !persisted.ok()) {
-    return {500, DumpJson(nlohmann::json{{"error", std::string(persisted.message())}})};
-  }
-  if (!drain.ok()) {
-    const int code = drain.status().code() == absl::StatusCode::kNotFound ? 404 : 409;
-    return {code, DumpJson(nlohmann::json{{"error", std::string(drain.status().message())}})};
-  }
-  return {200, DumpJson(*drain)};
+  RETURN_IF_ERROR(Persist());
+  return drain;
+}
+
+std::pair<int, std::string> Master::Impl::PostDrain(uint32_t slot) {
+  StatusOr<nlohmann::json> drain = DrainServer(slot);
+  if (drain.ok()) return {200, DumpJson(*drain)};
+  // Drain refuses with kNotFound or kFailedPrecondition; Persist fails
+  // with kUnavailable.
+  const absl::StatusCode code = drain.status().code();
+  return {code == absl::StatusCode::kNotFound             ? 404
+          : code == absl::StatusCode::kFailedPrecondition ? 409
+                                                          : 500,
+          DumpJson(nlohmann::json{{"error", std::string(drain.status().message())}})};
 }
 
 Status Master::Impl::StartServerScaler() {
@@ -85,16 +91,7 @@ Status Master::Impl::StartServerScaler() {
   RETURN_IF_ERROR(WriteFileAtomically(scaler.config, server_ini));
   auto server_scaler = std::make_unique<ServerScaler>(
       job, std::move(scaler), [this] { return ServerView(); },
-      [this](uint32_t slot) -> StatusOr<nlohmann::json> {
-        StatusOr<nlohmann::json> drain;
-        {
-          absl::MutexLock lock(&mu_);
-          drain = control_->Drain(slot);
-          changed_.SignalAll();
-        }
-        RETURN_IF_ERROR(Persist());
-        return drain;
-      },
+      [this](uint32_t slot) { return DrainServer(slot); },
       events_.get(), clock_);
   server_scaler->Start();
   absl::MutexLock lock(&mu_);

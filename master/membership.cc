@@ -27,6 +27,16 @@ double RegistrationsPerS(int64_t max_workers) {
   return std::max(8.0, static_cast<double>(max_workers) / 8);
 }
 
+// A heartbeat numbered `seq` (HeartbeatRequest.seq) at or below `*last`,
+// the last one applied, is stale; otherwise it becomes the last. 0 (an
+// unnumbered sender) is never stale.
+bool StaleHeartbeat(uint64_t seq, uint64_t* last) {
+  if (seq == 0) return false;
+  if (seq <= *last) return true;
+  *last = seq;
+  return false;
+}
+
 }  // namespace
 
 Membership::Membership(const JobConfig& job, EventSink* events)
@@ -241,10 +251,7 @@ Status Membership::ServerHeartbeat(uint32_t slot, const std::string& endpoint,
                            proto::FENCED);
   }
   *first_contact = !it->second.seen;
-  if (seq != 0) {
-    if (seq <= it->second.heartbeat_seq) return absl::OkStatus();  // stale
-    it->second.heartbeat_seq = seq;
-  }
+  if (StaleHeartbeat(seq, &it->second.heartbeat_seq)) return absl::OkStatus();
   it->second.last_seen = now;
   it->second.seen = true;
   it->second.stats = stats;
@@ -256,10 +263,7 @@ Status Membership::WorkerHeartbeat(const proto::NodeId& sender, const std::strin
                                    std::optional<uint64_t> round, absl::Time now,
                                    uint64_t seq) {
   ASSIGN_OR_RETURN(WorkerEntry * worker, Live(sender, fenced_why));
-  if (seq != 0) {
-    if (seq <= worker->heartbeat_seq) return absl::OkStatus();  // stale
-    worker->heartbeat_seq = seq;
-  }
+  if (StaleHeartbeat(seq, &worker->heartbeat_seq)) return absl::OkStatus();
   worker->last_seen = now;
   worker->records_per_s = stats.records_per_s();
   worker->records_pushed = std::max(worker->records_pushed, stats.records_pushed());

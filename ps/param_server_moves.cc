@@ -242,33 +242,34 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
   }
   const bool first_page = body.table() == 0 && body.key() == 0;
   if (first_page) {
-    // From now on pushes to p are noted. Exclusively: every push either
-    // applied before (the page's full flush stores it) or sees the note.
-    absl::WriterMutexLock restore_lock(&restore_mu_);
-    absl::MutexLock lock(&moves_mu_);
     {
-      // Again: a newer map may have come since the check above.
-      absl::ReaderMutexLock map_lock(&mu_);
-      if (placement_->version() != body.map_version() || !owned_[p]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "partition ", p, " is not on ps[", id_, "] at cluster map v", body.map_version(),
-            " any more (this server is at v", placement_->version(), ")"));
+      // From now on pushes to p are noted. Exclusively: every push either
+      // applied before (the walk below finds its rows unstored, or the
+      // store has them) or sees the note.
+      absl::WriterMutexLock restore_lock(&restore_mu_);
+      absl::MutexLock lock(&moves_mu_);
+      {
+        // Again: a newer map may have come since the check above.
+        absl::ReaderMutexLock map_lock(&mu_);
+        if (placement_->version() != body.map_version() || !owned_[p]) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "partition ", p, " is not on ps[", id_, "] at cluster map v", body.map_version(),
+              " any more (this server is at v", placement_->version(), ")"));
+        }
       }
+      OutgoingMove& move = outgoing_[p];
+      if (move.map_version != body.map_version() || move.handed_off) {
+        // A new copy (a repeated first page keeps what was noted).
+        move = OutgoingMove{};
+        move.map_version = body.map_version();
+        move.pushed.resize(storage_->num_tables());
+      }
+      // A copy read again from its start reads the store again, and the rows
+      // it lacks again in the rounds: rounds begin anew.
+      move.catch_up_round = 0;
+      move.caught_up.clear();
+      PublishNoting();
     }
-    OutgoingMove& move = outgoing_[p];
-    if (move.map_version != body.map_version() || move.handed_off) {
-      // A new copy (a repeated first page keeps what was noted).
-      move = OutgoingMove{};
-      move.map_version = body.map_version();
-      move.pushed.resize(storage_->num_tables());
-    }
-    // A copy read again from its start reads the store again, and the rows
-    // it lacks again in the rounds: rounds begin anew.
-    move.catch_up_round = 0;
-    move.caught_up.clear();
-    PublishNoting();
-  }
-  if (first_page) {
     // The rows of p the store lacks now (changed in memory since they were
     // last stored) are read from memory in the first catch-up round, noted
     // as if pushed: every row the pages below read stale or miss was either

@@ -257,7 +257,7 @@ class ServerStorage {
                         std::span<const float> values);
 
   // Per table id, the keys `keep` accepts of the rows held in memory whose
-  // latest image the store may lack (Table::VisitUnstored), sorted: what a
+  // latest image the store may lack (Table::VisitUnstored), unordered: what a
   // read of the store (ReadPartition) begun after this call may miss or
   // read stale, unless changed again since. Walks every resident row.
   // kFailedPrecondition without a store or before CreateTables.

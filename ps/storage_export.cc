@@ -2,7 +2,6 @@
 // row this server holds, resident or not, as .npy parts of the export;
 // Import loads the rows it owns of one (the warm start).
 
-#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -266,7 +265,6 @@ StatusOr<std::vector<std::vector<uint64_t>>> ServerStorage::UnstoredKeys(
     tables_[t]->VisitUnstored([&](uint64_t key) {
       if (keep(key)) keys[t].push_back(key);
     });
-    std::sort(keys[t].begin(), keys[t].end());
   }
   return keys;
 }

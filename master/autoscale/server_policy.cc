@@ -155,8 +155,6 @@ AutoscaleDecision ServerScalePolicy::Decide(const std::vector<ServerReading>& se
   // Settled: the size is the servers the job has (some may have been
   // started or drained by hand since the last decision).
   stabilizer_.Follow(static_cast<int64_t>(servers.size()));
-  decision.previous = target();
-  decision.target = target();
   auto [recommended, why] = Recommend(servers, since);
   recommended = ClampSize(recommended, options_.min_servers, "autoscale.min_servers",
                           options_.max_servers, "autoscale.max_servers", &why);

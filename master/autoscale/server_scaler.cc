@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 
@@ -49,17 +50,20 @@ void ServerScaler::Stop(absl::Duration grace) {
     wake_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
-  const absl::Time deadline = clock_->Now() + grace;
   absl::MutexLock lock(&mu_);
-  while (true) {
-    for (auto it = launches_.begin(); it != launches_.end();) {
-      it = it->second.process->Poll().has_value() ? launches_.erase(it) : std::next(it);
+  // Reaps the exited until none is left or `until`, releasing the lock
+  // between polls (/status reads under it).
+  const auto reap = [&](absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (true) {
+      std::erase_if(launches_,
+                    [](auto& entry) { return entry.second.process->Poll().has_value(); });
+      if (launches_.empty() || clock_->Now() >= until) return;
+      mu_.Unlock();
+      absl::SleepFor(absl::Milliseconds(20));
+      mu_.Lock();
     }
-    if (launches_.empty() || clock_->Now() >= deadline) break;
-    mu_.Unlock();
-    absl::SleepFor(absl::Milliseconds(50));
-    mu_.Lock();
-  }
+  };
+  reap(clock_->Now() + grace);  // the master told them the job is over
   for (auto& [id, launch] : launches_) {
     if (grace > absl::ZeroDuration() && !launch.killed) {
       LOG(WARNING) << "autoscale: server launch " << id << " (pid " << launch.process->pid()
@@ -68,16 +72,7 @@ void ServerScaler::Stop(absl::Duration grace) {
     }
     launch.process->Signal(SIGKILL);
   }
-  // Reaped without holding the lock for long (/status reads under it).
-  const absl::Time reap_until = clock_->Now() + absl::Seconds(5);
-  while (!launches_.empty() && clock_->Now() < reap_until) {
-    for (auto it = launches_.begin(); it != launches_.end();) {
-      it = it->second.process->Poll().has_value() ? launches_.erase(it) : std::next(it);
-    }
-    mu_.Unlock();
-    absl::SleepFor(absl::Milliseconds(20));
-    mu_.Lock();
-  }
+  reap(clock_->Now() + absl::Seconds(5));
   launches_.clear();
 }
 
@@ -202,30 +197,25 @@ void ServerScaler::Step(absl::Time now, bool read) {
     for (int64_t i = decision.previous; i < decision.target; ++i) {
       if (!LaunchOne(now)) break;
     }
-    // Shrinking: the newest servers this scaler started, then the
-    // highest slots.
-    std::vector<uint32_t> candidates;
+    // Shrinking: the newest live servers this scaler started, then the
+    // highest live slots. (The drain shows in the next view, which holds
+    // decisions until it ends; Track marks the launch.)
+    std::vector<uint32_t> live;
+    for (const ServerReading& server : view.servers) live.push_back(server.slot);
+    std::sort(live.rbegin(), live.rend());
+    std::vector<uint32_t> order;
     for (auto it = launches_.rbegin(); it != launches_.rend(); ++it) {
-      if (it->second.slot.has_value() && !it->second.draining) {
-        candidates.push_back(*it->second.slot);
+      if (it->second.slot.has_value() && absl::c_linear_search(live, *it->second.slot)) {
+        order.push_back(*it->second.slot);
       }
     }
-    std::vector<uint32_t> slots;
-    for (const ServerReading& server : view.servers) slots.push_back(server.slot);
-    std::sort(slots.rbegin(), slots.rend());
-    candidates.insert(candidates.end(), slots.begin(), slots.end());
-    for (int64_t i = decision.target; i < decision.previous && !candidates.empty(); ++i) {
-      const uint32_t slot = candidates.front();
-      std::erase(candidates, slot);
-      if (std::find(slots.begin(), slots.end(), slot) == slots.end()) {
-        --i;  // not live: the next one
-        continue;
-      }
-      drains.push_back(slot);
-      for (auto& [id, launch] : launches_) {
-        if (launch.slot == slot) launch.draining = true;
-      }
+    for (uint32_t slot : live) {
+      if (!absl::c_linear_search(order, slot)) order.push_back(slot);
     }
+    const size_t fewer =
+        static_cast<size_t>(std::max<int64_t>(0, decision.previous - decision.target));
+    order.resize(std::min(fewer, order.size()));
+    drains = std::move(order);
   }
   for (uint32_t slot : drains) {
     StatusOr<json> drained = drain_(slot);  // takes the master's lock

@@ -105,7 +105,7 @@ class ServerScaler {
     std::unique_ptr<Subprocess> process;
     absl::Time started;
     std::optional<uint32_t> slot;  // once registered
-    bool draining = false;
+    bool draining = false;  // its slot was seen draining (View.draining)
     bool killed = false;  // SIGKILL sent (a failed start): reaped by Track
   };
   void Loop();

@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <map>
 #include <vector>
 
@@ -500,6 +502,10 @@ TEST_P(PartitionCopyTest, APartitionCopiesPageByPageWithEveryRowOnceAndWhole) {
     ASSERT_TRUE(read.ok()) << read.status();
     for (Row& row : RowsOf(*read)) from_memory.push_back(std::move(row));
   }
+  std::sort(unstored_keys.begin(), unstored_keys.end());
+  std::sort(from_memory.begin(), from_memory.end(), [](const Row& a, const Row& b) {
+    return std::tie(a.table, a.key) < std::tie(b.table, b.key);
+  });
   EXPECT_EQ(unstored_keys, want);
   EXPECT_TRUE(ReadAll(*a, kPartition, kPartitions, 100).empty());
   ASSERT_TRUE(a->Flush().ok());
