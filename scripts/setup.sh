@@ -19,7 +19,7 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libcpp-httplib-dev nlohmann-json3-dev libxxhash-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
 )
-# Callers add what only they need (scripts/test.sh: chromium for -L browser).
+# Callers add what only they need (scripts/test.sh: chromium, prometheus, ...
 EXTRA_PACKAGES=(${EXTRA_PACKAGES[@]+"${EXTRA_PACKAGES[@]}"})
 
 install_missing_packages() {

@@ -8,21 +8,20 @@
 # skips the long labels `soak` and `fuzz` (the latter exists only in an
 # EPS_FUZZ build: scripts/sanitize.sh -L fuzz); pass e.g. `-L soak` to run
 # those.
-# GPU tests (label `gpu`) skip with a message when no GPU is visible; the
-# status page's test (label `browser`) skips without Debian's chromium, which
-# is installed when the arguments name that label (`-L browser`).
+# GPU tests (label `gpu`) skip with a message when no GPU is visible. The
+# status page's test (label `browser`) runs in Debian's chromium, installed
+# here with the other packages; without it (a build set up by hand) the test
+# skips with a message.
 set -euo pipefail
 # promtool validates /metrics; matplotlib runs scripts/plot_run.py; Slurm's
 # daemons and munge run the autoscaler's Slurm test; PyYAML reads the
 # Kubernetes manifests; numpy reads a model export (scripts/eps_model.py) and
-# xxhash gives its feature ids. The PyTorch rebuild of an export
+# xxhash gives its feature ids; chromium renders the status page
+# (browser_test). The PyTorch rebuild of an export
 # (export_test) runs where python3-torch is installed and skips visibly
 # elsewhere.
 EXTRA_PACKAGES=(prometheus python3-matplotlib python3-yaml python3-numpy python3-xxhash slurm-wlm
-  munge)
-for arg in "$@"; do
-  if [[ "$arg" == *browser* ]]; then EXTRA_PACKAGES+=(chromium); fi
-done
+  munge chromium)
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
 install_missing_packages

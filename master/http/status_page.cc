@@ -172,17 +172,17 @@ function render(s) {
                    ["last", c.last ? "#" + c.last.checkpoint + ", " + text(c.last.bytes) +
                                      " bytes, pause " + text(c.last.pause_ms) + " ms" : "–"],
                    ["recoveries", text(r.recoveries)]];
-  const m = s.moves || {};
+  const mv = s.moves || {};
   entries.push(["partition moves",
-                text(m.done) + " done, " + text(m.failed) + " failed, " + text(m.queued) +
-                    " queued; " + text(m.rows) + " rows, longest unavailable " +
-                    text(m.longest_unavailable_ms) + " ms"]);
-  if (m.in_progress) {
-    const p = m.in_progress;
+                text(mv.done) + " done, " + text(mv.failed) + " failed, " + text(mv.queued) +
+                    " queued; " + text(mv.rows) + " rows, longest unavailable " +
+                    text(mv.longest_unavailable_ms) + " ms"]);
+  if (mv.in_progress) {
+    const p = mv.in_progress;
     entries.push(["moving", "partition " + p.partition + ": ps[" + p.from + "] to ps[" + p.to +
                             "], " + p.step]);
   }
-  if (m.last_error) entries.push(["last move error", m.last_error]);
+  if (mv.last_error) entries.push(["last move error", mv.last_error]);
   if (r.in_progress) {
     entries.push(["recovering", r.in_progress.reason + " (waiting for servers: " +
                                 (r.in_progress.waiting_for_servers || []).join(", ") + ")"]);
