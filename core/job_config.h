@@ -316,8 +316,9 @@ struct JobConfig {
     // Caps a worker's training rate, in records/s, in [0, 1e9]; 0 = no cap.
     // For demos and tests of elasticity on small data. Default 0.
     int64_t max_records_per_s = 0;
-    // CPU threads a worker's model math uses, in [0, 1024]; 0 = every core
-    // the process may run on. Default 0.
+    // CPU threads a worker's model math uses, in [0, 1024]; 0 = the CPUs the
+    // process may use (affinity mask and cgroup quota) divided among the
+    // workers on its host (core/cpu_budget.h). Default 0.
     int64_t compute_threads = 0;
     // Each training step waits until the worker's earlier pushes are
     // applied and only then pulls its batch's rows (the loader, which works

@@ -109,7 +109,7 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
   v.Visit("worker.master_wait_s", &worker.master_wait_s,
           "seconds a worker keeps trying to reach the master");
   v.Visit("worker.compute_threads", &worker.compute_threads,
-          "CPU threads of the model math; 0 = every core");
+          "CPU threads of the model math; 0 = its share of the CPUs it may use");
   v.Visit("worker.max_records_per_s", &worker.max_records_per_s,
           "cap on a worker's records/s, 0 none (demos, tests)");
   v.Visit("worker.deterministic", &worker.deterministic,

@@ -2,9 +2,11 @@
 //
 //   eps-server --config JOB.ini --master tcp://HOST:PORT [--port N] [--data-dir DIR]
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 
+#include "core/cpu_budget.h"
 #include "core/flags.h"
 #include "core/logging.h"
 #include "core/memory.h"
@@ -33,12 +35,18 @@ int main(int argc, char** argv) {
     std::cerr << "eps-server: " << config.status().message() << "\n";
     return 2;
   }
+  eps::ParamServerOptions options = eps::ParamServerOptions::FromConfig(*config);
+  // Request threads past the CPUs this process may use (affinity mask,
+  // cgroup quota) only take turns on them: ps.threads is capped there.
+  const eps::CpuBudget cpu =
+      eps::ChooseCpuThreads(eps::ReadCpuLimits(), /*explicit_threads=*/0, /*workers_on_host=*/1);
+  const int configured_threads = options.threads;
+  options.threads = std::min(options.threads, cpu.threads);
   // Before the server's threads start: one arena per request handler (the
   // pull and push path never waits for another's), and two for RocksDB's
   // background jobs and the rest.
-  eps::LimitMallocArenas(static_cast<int>(config->ps.threads) + 2);
+  eps::LimitMallocArenas(options.threads + 2);
   eps::TuneForMessages();
-  eps::ParamServerOptions options = eps::ParamServerOptions::FromConfig(*config);
   options.master = master;
   options.port = port;
   options.storage.data_dir = data_dir;
@@ -47,6 +55,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   eps::SetLogNode("ps");
+  LOG(INFO) << "request threads: " << options.threads << " (ps.threads " << configured_threads
+            << "; the CPU budget: " << cpu.reason << ")";
   eps::StatusOr<eps::SecurityOptions> security =
       eps::LoadSecurity(config->security, eps::proto::ROLE_SERVER);
   if (!security.ok()) {

@@ -130,19 +130,13 @@ for i in $(seq 0 $((servers - 1))); do
     "${extra[@]}" >"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!)
 done
-# Workers share this machine's cores for their model math, unless the
-# config or the command line says how many threads each uses.
-worker_extra=()
-if ! grep -qE '^[[:space:]]*compute_threads[[:space:]]*=' "$config" &&
-  [[ " ${overrides[*]} " != *" --worker.compute_threads="* ]]; then
-  # One core stays for the servers, the workers' loaders and the master:
-  # on 2 cores, Wide & Deep trains 18% faster with 1 compute thread than 2.
-  share=$(( ($(nproc) - 1) / workers ))
-  worker_extra+=(--worker.compute_threads=$(( share > 0 ? share : 1 )))
-fi
+# Workers share this machine's CPUs for their model math: each is told how
+# many run here and, unless worker.compute_threads says otherwise, takes its
+# part of the CPUs it may use (affinity and cgroup quota, core/cpu_budget.h;
+# the first lines of its log say what it chose and why).
 for i in $(seq 0 $((workers - 1))); do
-  "$bin/eps-worker" --config "$config" --master "$endpoint" "${extra[@]}" "${worker_extra[@]}" \
-    >"$run_dir/logs/worker-$i.log" 2>&1 &
+  EPS_WORKERS_ON_HOST="$workers" "$bin/eps-worker" --config "$config" --master "$endpoint" \
+    "${extra[@]}" >"$run_dir/logs/worker-$i.log" 2>&1 &
   pids+=($!)
 done
 

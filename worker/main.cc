@@ -43,6 +43,17 @@ std::string LaunchSecret() {
       absl::string_view(*contents).substr(0, contents->find('\n'))));
 }
 
+// The eps workers on this host, this one included, as its launcher says
+// (EPS_WORKERS_ON_HOST, set by scripts/run_local.sh and the autoscaler's
+// local launcher): 1 when unset, 0 (refused by Validate) when malformed.
+int64_t WorkersOnHost() {
+  const char* value = std::getenv("EPS_WORKERS_ON_HOST");
+  if (value == nullptr || *value == '\0') return 1;
+  int64_t workers = 0;
+  if (!absl::SimpleAtoi(value, &workers)) return 0;
+  return workers;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,6 +74,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.job = *std::move(config);
+  options.workers_on_host = WorkersOnHost();
   if (eps::Status valid = options.Validate(); !valid.ok()) {
     std::cerr << "eps-worker: " << valid.message() << "\n";
     return 2;

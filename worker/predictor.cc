@@ -15,6 +15,7 @@
 #include "cluster/job_spec_check.h"
 #include "cluster/model_format.h"
 #include "cluster/placement.h"
+#include "core/cpu_budget.h"
 #include "core/data_paths.h"
 #include "core/data_schema.h"
 #include "core/logging.h"
@@ -161,7 +162,10 @@ StatusOr<PredictResult> Predict(const PredictOptions& options, const JobConfig& 
   } else {
     ASSIGN_OR_RETURN(model, Model::Create(model_options));
   }
-  SetCpuThreads(static_cast<int>(job.worker.compute_threads));
+  const CpuBudget cpu =
+      ChooseCpuThreads(ReadCpuLimits(), job.worker.compute_threads, /*workers_on_host=*/1);
+  LOG(INFO) << "compute threads: " << cpu.reason;
+  SetCpuThreads(cpu.threads);
   ASSIGN_OR_RETURN(std::unique_ptr<ExportedModel> exported,
                    ExportedModel::Load(options.model_dir, model->params()));
   const int64_t batch_size =

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "cluster/job_options.h"
 #include "cluster/job_progress.h"
+#include "core/cpu_budget.h"
 #include "core/data_schema.h"
 #include "core/logging.h"
 #include "models/cuda/cuda_model.h"
@@ -25,6 +26,10 @@ Status WorkerOptions::Validate() const {
   if (device != "auto" && device != "cpu" && device != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device: '", device, "' is not one of: auto, cpu, cuda"));
+  }
+  if (workers_on_host < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "EPS_WORKERS_ON_HOST must be a whole number >= 1 (read as ", workers_on_host, ")"));
   }
   return job.Validate();
 }
@@ -348,6 +353,10 @@ Status Worker::Impl::RunSession() {
 
 Status Worker::Impl::Run() {
   RETURN_IF_ERROR(options_.Validate());
+  // First in the log: how many threads the model math gets, and why.
+  const CpuBudget cpu = ChooseCpuThreads(ReadCpuLimits(), options_.job.worker.compute_threads,
+                                         options_.workers_on_host);
+  LOG(INFO) << "compute threads: " << cpu.reason;
   ASSIGN_OR_RETURN(Device device, ResolveDevice(options_.device));
   ASSIGN_OR_RETURN(Schema schema, Schema::FromConfig(options_.job));
   parser_ = std::make_unique<RecordParser>(schema);
@@ -361,7 +370,7 @@ Status Worker::Impl::Run() {
   device_ = DeviceName(device);
   LOG(INFO) << "model '" << model_options.type << "' trains on the " << device_
             << " (--device " << options_.device << ")";
-  SetCpuThreads(static_cast<int>(options_.job.worker.compute_threads));
+  SetCpuThreads(cpu.threads);
   for (const ParamSpec& param : model_->params()) has_step_params_ |= param.pull_each_step;
 
   const absl::Time started = absl::Now();

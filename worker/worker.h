@@ -63,6 +63,12 @@ struct WorkerOptions {
   // by hand.
   uint64_t launch_id = 0;
   std::string launch_secret;
+  // eps workers on this host, this one included, as its launcher says
+  // (eps-worker reads EPS_WORKERS_ON_HOST; scripts/run_local.sh and the
+  // autoscaler's local launcher set it): they share the host's CPUs, so
+  // with worker.compute_threads 0 each takes its part (core/cpu_budget.h).
+  // At least 1. Default 1.
+  int64_t workers_on_host = 1;
 
   Status Validate() const;
 };

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -99,16 +100,23 @@ class PrometheusSource final : public SignalSource {
 // eps-worker processes on this machine, each in its own process group.
 class LocalLauncher final : public WorkerLauncher {
  public:
-  LocalLauncher(std::string binary, const LauncherContext& context)
-      : binary_(std::move(binary)), context_(context) {}
+  LocalLauncher(std::string binary, const LauncherContext& context, int64_t max_workers)
+      : binary_(std::move(binary)), context_(context), max_workers_(max_workers) {}
 
   StatusOr<std::string> Start(uint64_t launch_id, const std::string& secret) override {
+    // A worker fixes its compute threads when it starts (core/cpu_budget.h),
+    // and the fleet may grow to autoscale.max_workers after it: each is told
+    // the most that may share this host, so that none takes the cores a
+    // later one needs (too few threads cost far less than too many).
+    const int64_t on_host =
+        std::max<int64_t>(max_workers_, static_cast<int64_t>(children_.size()) + 1);
     // The environment of a process is readable by its user alone.
     ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> child,
                      Subprocess::Start({binary_, "--config", context_.worker_config, "--master",
                                         context_.master_endpoint},
                                        {absl::StrCat("EPS_LAUNCH_ID=", launch_id),
-                                        absl::StrCat("EPS_LAUNCH_SECRET=", secret)},
+                                        absl::StrCat("EPS_LAUNCH_SECRET=", secret),
+                                        absl::StrCat("EPS_WORKERS_ON_HOST=", on_host)},
                                        context_.LogPath(launch_id)));
     const std::string handle = absl::StrCat("pid ", child->pid());
     children_[launch_id] = std::move(child);
@@ -142,6 +150,7 @@ class LocalLauncher final : public WorkerLauncher {
  private:
   const std::string binary_;
   const LauncherContext context_;
+  const int64_t max_workers_;
   std::map<uint64_t, std::unique_ptr<Subprocess>> children_;
 };
 
@@ -304,7 +313,7 @@ StatusOr<std::unique_ptr<WorkerLauncher>> MakeLauncher(const JobConfig& job,
           " is not an executable eps-worker; set autoscale.worker_binary to one"));
     }
     if (options.launcher == "slurm") return MakeSlurmLauncher(job, context, binary);
-    return std::make_unique<LocalLauncher>(binary, context);
+    return std::make_unique<LocalLauncher>(binary, context, options.max_workers);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("autoscale.launcher: no launcher '", options.launcher, "'"));
