@@ -351,9 +351,9 @@ struct JobConfig {
     // Default 600.
     int64_t progress_timeout_s = 600;
     // With work left and no live worker for this long, in seconds, the job
-    // stops resumably; 0 = wait for workers forever. In [0, 604800].
-    // Default 3600.
-    int64_t worker_wait_s = 3600;
+    // stops resumably; 0 = wait for workers forever. Not counted while an
+    // autoscaler may still start workers. In [0, 604800]. Default 300.
+    int64_t worker_wait_s = 300;
     // Live workers the master admits at most (a holder of the worker key
     // cannot register ids without end); another is refused until one
     // leaves. 0 = automatic: autoscale.max_workers + max(8, a quarter of

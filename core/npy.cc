@@ -1,8 +1,10 @@
 #include "core/npy.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +24,9 @@ constexpr size_t kMagicBytes = 6;
 // that the final header fits where the first one was written; a multiple of
 // 64 as numpy writes them.
 constexpr size_t kPreambleBytes = 128;
+// The longest header a reader accepts (numpy's own reader refuses those
+// over 10,000 bytes unless told otherwise; eps writes 118).
+constexpr uint64_t kMaxHeaderBytes = 65536;
 
 StatusOr<size_t> DtypeBytes(const std::string& descr) {
   if (descr == "<f4") return 4;
@@ -123,28 +128,59 @@ Status NpyWriter::Close() {
 }
 
 StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(const std::string& path) {
-  std::error_code error;
-  if (!std::filesystem::exists(path, error)) {
-    return absl::NotFoundError(absl::StrCat("no file ", path));
+  // O_NONBLOCK: opening a FIFO to read would wait for a writer; this way it
+  // opens at once and fstat refuses it (for a regular file the flag changes
+  // nothing).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat("no file ", path));
+    }
+    return IoError("cannot open", path);
   }
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) return IoError("cannot open", path);
-  std::unique_ptr<NpyReader> reader(new NpyReader(path, file));
   const auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat(path, " is not an array eps can read: ", why));
   };
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const Status error = IoError("cannot stat", path);
+    ::close(fd);
+    return error;
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return bad("not a regular file");
+  }
+  std::FILE* file = ::fdopen(fd, "rb");
+  if (file == nullptr) {
+    const Status error = IoError("cannot open", path);
+    ::close(fd);
+    return error;
+  }
+  std::unique_ptr<NpyReader> reader(new NpyReader(path, file));
+  // Every size the header claims is checked against this before anything
+  // of that size is allocated.
+  const uint64_t file_bytes = static_cast<uint64_t>(info.st_size);
   char preamble[10];
   if (std::fread(preamble, 1, sizeof(preamble), file) != sizeof(preamble) ||
       std::memcmp(preamble, kMagic, kMagicBytes) != 0) {
     return bad("no .npy magic");
   }
-  size_t header_bytes = static_cast<unsigned char>(preamble[8]) |
-                        (static_cast<size_t>(static_cast<unsigned char>(preamble[9])) << 8);
-  if (preamble[6] != 1) {
+  const int version = static_cast<unsigned char>(preamble[6]);
+  if (version < 1 || version > 3) return bad(absl::StrCat("format version ", version));
+  uint64_t header_bytes = static_cast<unsigned char>(preamble[8]) |
+                          (static_cast<uint64_t>(static_cast<unsigned char>(preamble[9])) << 8);
+  uint64_t header_offset = sizeof(preamble);
+  if (version != 1) {
     // Versions 2 and 3 have a 4-byte header length.
     unsigned char more[2];
     if (std::fread(more, 1, 2, file) != 2) return bad("truncated header");
-    header_bytes |= (static_cast<size_t>(more[0]) << 16) | (static_cast<size_t>(more[1]) << 24);
+    header_bytes |= (static_cast<uint64_t>(more[0]) << 16) | (static_cast<uint64_t>(more[1]) << 24);
+    header_offset += 2;
+  }
+  if (header_bytes > kMaxHeaderBytes || header_offset + header_bytes > file_bytes) {
+    return bad(absl::StrCat("the header claims ", header_bytes, " bytes; the file has ",
+                            file_bytes, " in all (a header is at most ", kMaxHeaderBytes, ")"));
   }
   std::string header(header_bytes, '\0');
   if (std::fread(header.data(), 1, header_bytes, file) != header_bytes) {
@@ -155,6 +191,7 @@ StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(const std::string& path) {
     if (at == std::string::npos) return "";
     size_t begin = at + key.size() + 3;
     while (begin < header.size() && header[begin] == ' ') ++begin;
+    if (begin >= header.size()) return "";
     const char open = header[begin];
     const char close = open == '\'' ? '\'' : open == '(' ? ')' : ',';
     const size_t end = header.find(close, begin + 1);
@@ -166,11 +203,30 @@ StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(const std::string& path) {
   if (!value_bytes.ok()) return bad(std::string(value_bytes.status().message()));
   reader->value_bytes_ = *value_bytes;
   if (field("fortran_order") != "False") return bad("not in C order");
-  std::string shape(absl::StripSuffix(absl::StripPrefix(field("shape"), "("), ")"));
+  const std::string shape_field = field("shape");
+  if (shape_field.empty()) return bad("no shape");
+  std::string shape(absl::StripSuffix(absl::StripPrefix(shape_field, "("), ")"));
   for (absl::string_view piece : absl::StrSplit(shape, ',', absl::SkipWhitespace())) {
     uint64_t dim = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(piece), &dim)) return bad("bad shape");
     reader->shape_.push_back(dim);
+  }
+  // The data the shape claims, without overflow, against what the file
+  // holds: a lying header fails here, not in an allocation.
+  uint64_t row_bytes = reader->value_bytes_;
+  for (size_t i = 1; i < reader->shape_.size(); ++i) {
+    if (__builtin_mul_overflow(row_bytes, reader->shape_[i], &row_bytes)) {
+      return bad(absl::StrCat("shape ", ShapeText(reader->shape_), " is larger than any file"));
+    }
+  }
+  uint64_t data_bytes = 0;
+  if (__builtin_mul_overflow(row_bytes, reader->rows(), &data_bytes)) {
+    return bad(absl::StrCat("shape ", ShapeText(reader->shape_), " is larger than any file"));
+  }
+  const uint64_t data_offset = header_offset + header_bytes;
+  if (data_bytes > file_bytes - data_offset) {
+    return bad(absl::StrCat("truncated: shape ", ShapeText(reader->shape_), " needs ", data_bytes,
+                            " bytes of data, the file holds ", file_bytes - data_offset));
   }
   return reader;
 }

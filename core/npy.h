@@ -82,8 +82,10 @@ struct NpyArray {
 // array larger than memory is read in pieces.
 class NpyReader {
  public:
-  // Opens `path` and reads its header. Errors as ReadNpy's, but a file too
-  // short for its shape is found by Read.
+  // Opens `path` and reads its header, checking every size it claims
+  // against the file's size before allocating anything of that size.
+  // Never blocks on a FIFO. Errors as ReadNpy's; a file that shrinks while
+  // being read is found by Read.
   static StatusOr<std::unique_ptr<NpyReader>> Open(const std::string& path);
   ~NpyReader();
   NpyReader(const NpyReader&) = delete;
@@ -95,9 +97,9 @@ class NpyReader {
   // Values per row (the product of shape[1:]) and bytes per row.
   uint64_t row_size() const;
   size_t row_bytes() const { return row_size() * value_bytes_; }
-  // Reads the next min(max_rows, rows left) rows into `out` (resized);
-  // returns how many (0 at the end). kDataLoss naming the file when it ends
-  // early.
+  // Reads the next min(max_rows, rows left) rows into `out` (resized to
+  // at most the file's size: Open checked it holds them all); returns how
+  // many (0 at the end). kDataLoss naming the file when it ends early.
   StatusOr<uint64_t> Read(uint64_t max_rows, std::vector<char>* out);
 
  private:
@@ -111,9 +113,11 @@ class NpyReader {
 };
 
 // Reads the array at `path`. kNotFound naming a missing file; kDataLoss
-// naming the file for one that is not a complete .npy array of a dtype
-// above (truncated, Fortran order, big-endian, ...); kUnavailable on other
-// read errors.
+// naming the file for one that is not a regular file (a directory, a FIFO:
+// refused without blocking) or not a complete .npy array of a dtype above
+// (truncated, a header claiming more than the file holds, a shape whose
+// size overflows, Fortran order, big-endian, ...); kUnavailable on other
+// read errors. Allocates no more than the file's size.
 StatusOr<NpyArray> ReadNpy(const std::string& path);
 
 }  // namespace eps

@@ -195,6 +195,8 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
     }
     const bool replaces = membership_.AdmitServer(claim.slot, request, now);
     if (replaces) recovery_.AddLost(claim.slot);
+    // A process admitted anew: moves may go to its slot again.
+    excluded_new_owners_.erase(claim.slot);
     if (claim.joined) {
       LOG(INFO) << "ps[" << claim.slot << "] joins the job (" << request.endpoint()
                 << "): partitions move to it";
@@ -265,6 +267,7 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
         membership_.ServerHeartbeat(sender.id(), request.endpoint(), stats, now, &first_contact,
                                     request.seq()));
     const ServerEntry& server = *membership_.server(sender.id());
+    FillMovesOut(sender.id(), reply);
     if (!request.storage_error().empty()) {
       // What it acknowledges from now on may never reach its store: stop
       // before more work is lost.
@@ -502,10 +505,31 @@ Status JobControl::ShardUnreadable(const proto::NodeId& sender,
   return JobOver();
 }
 
+Status JobControl::Deregister(const proto::NodeId& sender,
+                              const proto::DeregisterRequest& request) {
+  if (sender.role() == proto::ROLE_SERVER &&
+      (!request.has_server_id() || request.server_id() != sender.id())) {
+    ++deregisters_refused_;
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a DEREGISTER from ps[", sender.id(), "] names ",
+        request.has_server_id() ? absl::StrCat("slot ", request.server_id()) : "no slot",
+        ": a server asks to drain only its own slot"));
+  }
+  return Deregister(sender, request.endpoint());
+}
+
 Status JobControl::Deregister(const proto::NodeId& sender, const std::string& endpoint) {
   if (sender.role() == proto::ROLE_SERVER) {
+    // Checked always: a server that does not say which process it is
+    // drains nothing (any holder of the server key could name a slot).
+    if (endpoint.empty()) {
+      ++deregisters_refused_;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a DEREGISTER from ps[", sender.id(), "] names no endpoint: nothing drained"));
+    }
     const ServerEntry* server = membership_.server(sender.id());
-    if (server != nullptr && !endpoint.empty() && endpoint != server->endpoint) {
+    if (server != nullptr && endpoint != server->endpoint) {
+      ++deregisters_refused_;
       return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
                              absl::StrCat("ps[", sender.id(), "] is now served at ",
                                           server->endpoint, "; this server at ", endpoint,
@@ -559,6 +583,7 @@ void JobControl::EnforceBounds(absl::Time now) {
       .servers_alive = membership_.alive_servers(),
       .all_servers_alive = membership_.all_servers_alive(),
       .workers_alive = membership_.alive_workers(),
+      .workers_coming = may_launch_ != nullptr && may_launch_(),
       .holders = {},
       .checkpoint_failures = checkpoints_.consecutive_failures(),
       .last_checkpoint_failure = checkpoints_.last_failure()};

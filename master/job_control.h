@@ -31,6 +31,7 @@
 #define EPS_MASTER_JOB_CONTROL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -83,6 +84,11 @@ class JobControl {
   // its worker. `key` must outlive the unit; nullptr (the default) checks
   // nothing.
   void CheckWorkWith(const WorkerCredentials* key) { receipt_key_ = key; }
+  // With an autoscaler: whether it may still start workers. While it may,
+  // no worker alive does not stop the job (master.worker_wait_s): the
+  // autoscaler is waiting for capacity or replacing them. Unset: it never
+  // may.
+  void ExpectWorkersFrom(std::function<bool()> may_launch) { may_launch_ = std::move(may_launch); }
 
   // --- RPC handlers ---------------------------------------------------------
   // Each validates, applies and fills its reply; errors as the wire
@@ -213,9 +219,16 @@ class JobControl {
     uint32_t attempt = 0;  // 1 for the first
   };
   std::optional<ImportWrite> NextImport(absl::Time now);
+  // The master checked the export before asking `write`'s servers to load
+  // it (ValidateModelExport, cluster/model_format.h): an error stops the
+  // job at once (resumably), naming the file, and no server is asked.
+  void ImportChecked(const ImportWrite& write, const Status& checked, absl::Time now);
   // The servers answered (rows loaded, or the error). Training starts when
-  // all succeeded; otherwise tried again, and after kMaxExportAttempts the
-  // job fails naming the error.
+  // all succeeded. A server that refused the export itself (kNotFound,
+  // kDataLoss, kInvalidArgument, kFailedPrecondition: a file missing or
+  // broken, a model of another type) stops the job at once with its
+  // reason, as ImportChecked does; other errors are tried again, and after
+  // kMaxExportAttempts the job fails naming the error.
   void Imported(const ImportWrite& write, const std::vector<StatusOr<uint64_t>>& replies,
                 absl::Time now);
 
@@ -362,6 +375,7 @@ class JobControl {
   bool balancing_ = false;
   ProgressMeter meter_;
   const WorkerCredentials* receipt_key_ = nullptr;
+  std::function<bool()> may_launch_;
   bool resumed_ = false;
   WaitBounds bounds_;
   absl::Time done_at_ = absl::InfiniteFuture();
@@ -383,6 +397,33 @@ class JobControl {
   uint32_t export_attempts_ = 0;
   std::string export_error_;
   std::string saved_record_;  // the master record last taken, serialized
+
+  // --- A server is a member the master admitted (issue 49) -------------------
+
+ public:
+  // DEREGISTER as the wire carries it. A server's names its slot
+  // (`server_id`, which must be the sender's id: kPermissionDenied
+  // otherwise) and its endpoint (kInvalidArgument when empty; FENCED when
+  // not its slot's current process); each refusal drains nothing and is
+  // counted (deregisters_refused). Then as Deregister above.
+  Status Deregister(const proto::NodeId& sender, const proto::DeregisterRequest& request);
+  // Servers' DEREGISTERs refused since the master started (/metrics
+  // eps_master_requests_refused_total{reason="deregister"}).
+  uint64_t deregisters_refused() const { return deregisters_refused_; }
+  // Slots no move goes to (no drain or balance picks them) since a move to
+  // them failed in their own step (COPY or TAIL) PartitionMoves::
+  // kMaxAttempts times; a slot leaves the set when a process registers for
+  // it again. Not persisted: a restarted master tries them again.
+  const std::set<uint32_t>& excluded_new_owners() const { return excluded_new_owners_; }
+
+ private:
+  // Adds to a heartbeat reply for server `slot` the move in progress whose
+  // old owner it is (HeartbeatReply.moves_out): the old owner serves its
+  // pages only to the new owner named there (job_moves.cc).
+  void FillMovesOut(uint32_t slot, proto::HeartbeatReply* reply) const;
+
+  uint64_t deregisters_refused_ = 0;
+  std::set<uint32_t> excluded_new_owners_;
 };
 
 }  // namespace eps

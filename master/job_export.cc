@@ -27,12 +27,43 @@ std::optional<JobControl::ImportWrite> JobControl::NextImport(absl::Time now) {
   return write;
 }
 
+// Why a warm start stopped before any training: the export (or
+// job.init_from) must change, and the job then starts again (with no
+// checkpoint, --resume has nothing to go on from).
+static std::string ImportStopReason(const std::string& dir, absl::string_view error) {
+  return absl::StrCat("job.init_from: ", error, "; nothing of ", dir,
+                      " was loaded: fix the export or job.init_from and start the job again");
+}
+
+// An error of a server's warm start that another try would meet again:
+// the export itself is missing, broken or of another model.
+static bool RefusesTheExport(const Status& status) {
+  if (ReasonOf(status) == proto::NOT_READY) return false;
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void JobControl::ImportChecked(const ImportWrite& write, const Status& checked, absl::Time now) {
+  if (checked.ok() || over() || !import_due_) return;
+  import_attempts_ = write.attempt;
+  import_error_ = std::string(checked.message());
+  Stop(ImportStopReason(job_.job.init_from, checked.message()), now);
+}
+
 void JobControl::Imported(const ImportWrite& write, const std::vector<StatusOr<uint64_t>>& replies,
                           absl::Time now) {
   if (over() || !import_due_) return;
   std::string error;
   uint64_t rows = 0;
   bool starting = false;
+  bool refused = false;
   for (size_t i = 0; i < replies.size(); ++i) {
     if (replies[i].ok()) {
       rows += *replies[i];
@@ -41,6 +72,7 @@ void JobControl::Imported(const ImportWrite& write, const std::vector<StatusOr<u
     // A server that has no tables or map yet loads on a later tick; its
     // lease bounds how long it may take.
     starting |= ReasonOf(replies[i].status()) == proto::NOT_READY;
+    refused |= RefusesTheExport(replies[i].status());
     absl::StrAppend(&error, error.empty() ? "" : "; ", "ps[",
                     i < write.servers.size() ? write.servers[i].first : 0, "]: ",
                     replies[i].status().message());
@@ -54,6 +86,11 @@ void JobControl::Imported(const ImportWrite& write, const std::vector<StatusOr<u
     return;
   }
   import_error_ = error;
+  if (refused) {
+    import_attempts_ = write.attempt;
+    Stop(ImportStopReason(job_.job.init_from, error), now);
+    return;
+  }
   if (starting) return;
   import_attempts_ = write.attempt;
   LOG(WARNING) << "loading " << job_.job.init_from << " (attempt " << write.attempt << " of "

@@ -53,7 +53,8 @@ std::string JobControl::ServersChanging() const {
 std::map<uint32_t, uint32_t> JobControl::DrainTargets(uint32_t slot) const {
   std::map<uint32_t, uint32_t> counts;
   for (const auto& [id, partitions] : membership_.PartitionCounts()) {
-    if (id != slot && !draining_.contains(id) && membership_.ServerAlive(id)) {
+    if (id != slot && !draining_.contains(id) && !excluded_new_owners_.contains(id) &&
+        membership_.ServerAlive(id)) {
       counts[id] = partitions;
     }
   }
@@ -209,8 +210,23 @@ void JobControl::MoveStepDone(const MoveStep& step,
   }
   const PartitionMove move = active->move;
   if (!reply.ok()) {
-    AbandonMoves(absl::StrCat("step ", proto::MovePartitionRequest::Step_Name(step.request.step()),
-                              ": ", reply.status().message()));
+    const std::string why = absl::StrCat(
+        "step ", proto::MovePartitionRequest::Step_Name(step.request.step()), ": ",
+        reply.status().message());
+    AbandonMoves(why);
+    // The new owner's own step (its copy or its tail) failed on its last
+    // attempt: no drain or balance picks it again, or a server that never
+    // copies would be given the partition without end.
+    const bool new_owners_step = step.request.step() != proto::MovePartitionRequest::HANDOFF;
+    if (new_owners_step && move.attempts >= PartitionMoves::kMaxAttempts &&
+        excluded_new_owners_.insert(move.to).second) {
+      LOG(WARNING) << "ps[" << move.to << "] failed to take partition " << move.partition
+                   << " " << move.attempts << " times (last: " << why
+                   << "): no partition moves to it until it registers again";
+      events_->Record("move_target_excluded",
+                      {{"server", move.to}, {"partition", move.partition}, {"error", why}});
+      moves_.DropTo(move.to);
+    }
     return;
   }
   if (membership_.cluster_map().version() != active->map_version) {
@@ -232,6 +248,15 @@ void JobControl::MoveStepDone(const MoveStep& step,
             << membership_.cluster_map().version() << ")";
   events_->Record("partition_moved", record);
   if (draining_.contains(move.from) && !moves_.MovingFrom(move.from)) PlanDrain(move.from);
+}
+
+void JobControl::FillMovesOut(uint32_t slot, proto::HeartbeatReply* reply) const {
+  const std::optional<PartitionMoves::Active>& active = moves_.active();
+  if (!active.has_value() || active->move.from != slot) return;
+  proto::MoveNotice* notice = reply->add_moves_out();
+  notice->set_partition(active->move.partition);
+  notice->set_to_server(active->move.to);
+  notice->set_map_version(active->map_version);
 }
 
 void JobControl::AbandonMoves(const std::string& reason, bool retry) {

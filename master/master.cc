@@ -139,6 +139,7 @@ Status Master::Impl::StartAutoscaler() {
   autoscaler->Start();
   // Under mu_: /status and /metrics may be asked for already.
   absl::MutexLock lock(&mu_);
+  control_->ExpectWorkersFrom([autoscaler = autoscaler.get()] { return autoscaler->MayLaunch(); });
   autoscaler_ = std::move(autoscaler);
   return absl::OkStatus();
 }
@@ -211,9 +212,11 @@ Status Master::Impl::StartServing() {
             std::string text;
             const Autoscaler* autoscaler;
             const ServerScaler* server_scaler;
+            uint64_t deregisters_refused = 0;
             {
               absl::MutexLock lock(&mu_);
               text = MetricsText(*control_);
+              deregisters_refused = control_->deregisters_refused();
               autoscaler = autoscaler_.get();  // set once, lives as long as the server
               server_scaler = server_scaler_.get();
             }
@@ -225,14 +228,16 @@ Status Master::Impl::StartServing() {
             refusals.Family("eps_master_requests_refused_total", MetricType::kCounter,
                             "Requests the master refused: for their sender's role (reason "
                             "permission_denied), for carrying no key the job trusts "
-                            "(unauthenticated; refused CURVE handshakes included), or for a "
-                            "limit (limit: requests in flight, message size).");
+                            "(unauthenticated; refused CURVE handshakes included), for a "
+                            "limit (limit: requests in flight, message size), or a server's "
+                            "DEREGISTER naming another slot or no endpoint (deregister).");
             refusals.Sample({{"reason", "permission_denied"}},
                             static_cast<double>(rpc_->refused()));
             refusals.Sample({{"reason", "unauthenticated"}},
                             static_cast<double>(rpc_->unauthenticated() +
                                                 factory_.handshakes_refused()));
             refusals.Sample({{"reason", "limit"}}, static_cast<double>(rpc_->limited()));
+            refusals.Sample({{"reason", "deregister"}}, static_cast<double>(deregisters_refused));
             http_.WriteMetrics(refusals);
             return text + refusals.text();
           },
@@ -650,7 +655,7 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
         break;
       }
       case proto::DEREGISTER:
-        status = control.Deregister(sender, request.header().deregister_request().endpoint());
+        status = control.Deregister(sender, request.header().deregister_request());
         if (status.ok()) out.mutable_deregister_reply();
         break;
       default:

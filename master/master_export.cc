@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/model_format.h"
 #include "core/logging.h"
 #include "master/master_impl.h"
 #include "master/http/status_report.h"
@@ -137,6 +138,15 @@ void Master::Impl::AdvanceImport(ServerCalls& calls) {
     write = control_->NextImport(clock_->Now());
   }
   if (!write.has_value()) return;
+  // The master reads the manifest and every part's headers first (on each
+  // try: the files may have changed): an export no server could load
+  // stops the job naming the file before any server opens it.
+  if (Status checked = ValidateModelExport(options_.job.job.init_from); !checked.ok()) {
+    absl::MutexLock lock(&mu_);
+    control_->ImportChecked(*write, checked, clock_->Now());
+    changed_.SignalAll();
+    return;
+  }
   std::vector<Recovery::RestoreTarget> targets;
   for (const ServerAddress& server : write->servers) {
     targets.push_back({.slot = server.first, .endpoint = server.second, .path = ""});

@@ -18,6 +18,10 @@ void PartitionMoves::DropFrom(uint32_t slot) {
   std::erase_if(queue_, [slot](const PartitionMove& move) { return move.from == slot; });
 }
 
+void PartitionMoves::DropTo(uint32_t slot) {
+  std::erase_if(queue_, [slot](const PartitionMove& move) { return move.to == slot; });
+}
+
 bool PartitionMoves::Queued(uint32_t partition) const {
   if (active_.has_value() && active_->move.partition == partition) return true;
   return std::any_of(queue_.begin(), queue_.end(), [partition](const PartitionMove& move) {

@@ -75,6 +75,8 @@ class PartitionMoves {
   void Clear() { queue_.clear(); }
   // Drops the queued moves away from `slot`.
   void DropFrom(uint32_t slot);
+  // Drops the queued moves to `slot`.
+  void DropTo(uint32_t slot);
 
   // /status `moves`.
   nlohmann::json ToJson(absl::Time now) const;

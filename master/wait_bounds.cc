@@ -43,7 +43,7 @@ WaitBounds::Verdict WaitBounds::Check(const Facts& facts, absl::Time now) {
   // once). An export due needs no worker.
   const size_t workers_alive =
       facts.workers_alive - std::min(facts.workers_alive, verdict.fence.size());
-  if (workers_alive > 0 || facts.recovering || facts.export_due ||
+  if (workers_alive > 0 || facts.recovering || facts.export_due || facts.workers_coming ||
       job_.master.worker_wait_s == 0) {
     no_workers_since_ = absl::InfiniteFuture();
   } else if (no_workers_since_ == absl::InfiniteFuture()) {

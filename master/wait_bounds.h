@@ -8,8 +8,9 @@
 //     for master.progress_timeout_s is fenced. Time the job held workers
 //     back does not count: a recovery holds every worker, a checkpoint
 //     round only those that paused for it (the caller passes that in);
-//   - workers to train: with none alive for master.worker_wait_s the job
-//     stops, resumably (not during a recovery, nor with an export due);
+//   - workers to train: with none alive for master.worker_wait_s (300 s by
+//     default) the job stops, resumably (not during a recovery, nor with an
+//     export due, nor while an autoscaler may still start workers);
 //   - checkpoints that keep failing (checkpoint.max_failures in a row)
 //     leave nothing newer to return to: the job stops, resumably.
 // The caller describes the job at each tick (Facts) and acts on the
@@ -48,6 +49,8 @@ class WaitBounds {
     size_t servers_alive = 0;
     bool all_servers_alive = true;
     size_t workers_alive = 0;
+    // An autoscaler may still start workers: none alive is no verdict.
+    bool workers_coming = false;
     // Each alive holder of a shard in progress (once), with its last
     // progress or the end of a checkpoint round that held it back,
     // whichever is later. Those fenced by the verdict count as not alive

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -9,8 +10,20 @@
 
 namespace eps {
 
+std::optional<size_t> FirstNonFinite(std::span<const float> predictions) {
+  for (size_t i = 0; i < predictions.size(); ++i) {
+    if (!std::isfinite(predictions[i])) return i;
+  }
+  return std::nullopt;
+}
+
 double ComputeAuc(std::span<const float> predictions, std::span<const float> labels) {
   CHECK_EQ(predictions.size(), labels.size());
+  // A NaN breaks the strict weak order std::sort needs (undefined behavior,
+  // reads past the end) and equals nothing, not even itself.
+  if (std::any_of(predictions.begin(), predictions.end(), [](float p) { return std::isnan(p); })) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   const size_t n = predictions.size();
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
@@ -20,9 +33,12 @@ double ComputeAuc(std::span<const float> predictions, std::span<const float> lab
   double positive_rank_sum = 0;
   uint64_t positives = 0;
   for (size_t i = 0; i < n;) {
-    size_t j = i;
-    uint64_t tied_positives = 0;
-    while (j < n && predictions[order[j]] == predictions[order[i]]) {
+    // The first of a run of ties is counted outside the comparison, so each
+    // pass moves on by at least one record.
+    const float value = predictions[order[i]];
+    uint64_t tied_positives = labels[order[i]] >= 0.5f;
+    size_t j = i + 1;
+    while (j < n && predictions[order[j]] == value) {
       tied_positives += labels[order[j]] >= 0.5f;
       ++j;
     }

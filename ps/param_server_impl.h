@@ -92,6 +92,14 @@ class ParamServer::Impl {
       ABSL_LOCKS_EXCLUDED(restore_mu_);
   Status HandleFetchPartition(const Message& request, Message* reply)
       ABSL_LOCKS_EXCLUDED(restore_mu_);
+  // OK when `sender` is the server the master named as the new owner of
+  // its move of `body`'s partition at `body`'s map version
+  // (HeartbeatReply.moves_out), waiting (up to rpc_timeout) for two
+  // heartbeat replies when none names it yet: the master starts a move
+  // before the new owner asks. kPermissionDenied otherwise, counted in
+  // fetches_refused_ (ServerStats.requests_refused); nothing registered.
+  Status CheckFetcher(const proto::NodeId& sender, const proto::FetchPartitionRequest& body)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // FETCH_PARTITION of a copy's catch-up round or of its tail: a page of
   // the rows of the keys pushed to during the copy (the proto says which).
   Status ServeNotedRows(const proto::FetchPartitionRequest& body, size_t max_rows,
@@ -238,6 +246,13 @@ class ParamServer::Impl {
   // here under that map or an older one, whatever it says.
   std::map<uint32_t, uint64_t> handed_off_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> owned_ ABSL_GUARDED_BY(mu_);  // partition -> owned here
+  // The moves the master's last heartbeat reply named this server the old
+  // owner of (HeartbeatReply.moves_out), by partition, and the replies
+  // taken so far (CheckFetcher waits on them).
+  std::map<uint32_t, proto::MoveNotice> moves_out_ ABSL_GUARDED_BY(mu_);
+  uint64_t replies_taken_ ABSL_GUARDED_BY(mu_) = 0;
+  // FETCH_PARTITION requests refused for their sender (CheckFetcher).
+  std::atomic<uint64_t> fetches_refused_{0};
   // Start has made the tables (and recorded the server's id): RESTORE is
   // served from then on.
   bool tables_ready_ ABSL_GUARDED_BY(mu_) = false;

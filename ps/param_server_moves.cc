@@ -193,6 +193,43 @@ Status ParamServer::Impl::ServeNotedRows(const proto::FetchPartitionRequest& bod
   return absl::OkStatus();
 }
 
+Status ParamServer::Impl::CheckFetcher(const proto::NodeId& sender,
+                                       const proto::FetchPartitionRequest& body) {
+  const auto named = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = moves_out_.find(body.partition());
+    return sender.role() == proto::ROLE_SERVER && it != moves_out_.end() &&
+           it->second.map_version() == body.map_version() &&
+           it->second.to_server() == sender.id();
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (named()) return absl::OkStatus();
+    if (sender.role() == proto::ROLE_SERVER && session_ != nullptr) {
+      // The master starts a move before its new owner asks, but the last
+      // reply may predate it, and so may the heartbeat in flight: the one
+      // after that names it.
+      const uint64_t taken = replies_taken_;
+      session_->HeartbeatNow();
+      const auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return named() || replies_taken_ >= taken + 2;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&settled), options_.rpc_timeout);
+      if (named()) return absl::OkStatus();
+    }
+  }
+  const uint64_t refused = fetches_refused_.fetch_add(1) + 1;
+  const std::string why = absl::StrCat(
+      "the master started no move of partition ", body.partition(), " at cluster map v",
+      body.map_version(), " from ps[", id_, "] to ", RoleName(sender.role()), " ", sender.id(),
+      ": its pages go only to the new owner the master named");
+  // Logged at the first refusal and then at powers of two (a peer may ask
+  // without end).
+  if ((refused & (refused - 1)) == 0) {
+    LOG(WARNING) << "refused FETCH_PARTITION (" << refused << " so far): " << why;
+  }
+  return absl::PermissionDeniedError(why);
+}
+
 Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* reply) {
   if (!request.header().has_fetch_partition_request()) {
     return absl::InvalidArgumentError("FETCH_PARTITION without its body");
@@ -211,6 +248,10 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
           absl::StrCat("partition ", p, " of a job of ", partitions));
     }
   }
+  // Before anything is registered or read: a page request of a move the
+  // master did not start, or from another server than its new owner,
+  // leaves no trace but the count.
+  RETURN_IF_ERROR(CheckFetcher(request.header().sender(), body));
   proto::FetchPartitionReply* answer = reply->header().mutable_fetch_partition_reply();
   size_t max_rows = 0;
   {

@@ -125,7 +125,9 @@ Status ParamServer::Impl::AskToLeave() {
   RpcChannel master(&factory_, self);
   Message request;
   request.header().set_method(proto::DEREGISTER);
-  request.header().mutable_deregister_request()->set_endpoint(endpoint_);
+  proto::DeregisterRequest* body = request.header().mutable_deregister_request();
+  body->set_endpoint(endpoint_);
+  body->set_server_id(id_);
   CallOptions call;
   // The master answers at once (asking again is harmless); one that does
   // not within a few seconds is gone or stopping.
@@ -335,7 +337,7 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_admission_candidates(storage.admission_candidates);
   stats.set_rows_expired(storage.rows_expired);
   if (rpc_ != nullptr) {
-    stats.set_requests_refused(rpc_->refused());
+    stats.set_requests_refused(rpc_->refused() + fetches_refused_.load());
     stats.set_requests_unauthenticated(rpc_->unauthenticated() + factory_.handshakes_refused());
     stats.set_requests_limited(rpc_->limited() + rows_limited_.load());
   }
@@ -346,6 +348,16 @@ proto::ServerStats ParamServer::Impl::Stats() const {
 }
 
 void ParamServer::Impl::OnHeartbeatReply(const proto::HeartbeatReply& body) {
+  {
+    // Every reply says all the moves out of here there are (a move given
+    // up or committed is in none after).
+    absl::MutexLock lock(&mu_);
+    moves_out_.clear();
+    for (const proto::MoveNotice& notice : body.moves_out()) {
+      moves_out_[notice.partition()] = notice;
+    }
+    ++replies_taken_;
+  }
   if (body.shutdown()) {
     if (body.state() == proto::JOB_RUNNING) {
       // Workers whose map is older still send here for a moment: they are

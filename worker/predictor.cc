@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -214,6 +215,15 @@ StatusOr<PredictResult> Predict(const PredictOptions& options, const JobConfig& 
     exported->FillParams(batch, &params, &result.unseen);
     result.ids += batch.keys.size();
     model->ForwardBackward(batch, params, &batch_predictions, nullptr);
+    // Before anything of the batch is written or counted: the record's
+    // index is that of its line among the records scored, from 0.
+    if (const std::optional<size_t> bad = FirstNonFinite(batch_predictions)) {
+      return absl::DataLossError(absl::StrCat(
+          options.model_dir, ": the prediction of record ", predictions.size() + *bad,
+          " (from 0, malformed lines not counted) is ",
+          absl::StrFormat("%g", batch_predictions[*bad]),
+          ": the export's weights do not give a finite score"));
+    }
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
     predictions.insert(predictions.end(), batch_predictions.begin(), batch_predictions.end());
     if (out != nullptr) {

@@ -42,7 +42,9 @@ class ExportedModel {
   // of the export's model options). kNotFound naming the file when
   // manifest.json or a part is missing (an export not finished);
   // kFailedPrecondition for another format or a newer major version;
-  // kDataLoss naming the file for parts that do not fit the manifest;
+  // kDataLoss naming the file for parts that do not fit the manifest, and
+  // for a manifest or part that the checks of cluster/model_format.h
+  // refuse (not a regular file, outside `dir`, a header that lies);
   // kInvalidArgument when a parameter of the model is not in the export.
   static StatusOr<std::unique_ptr<ExportedModel>> Load(const std::string& dir,
                                                        const std::vector<ParamSpec>& params);
@@ -102,8 +104,10 @@ using PredictProgress = std::function<void(uint64_t, uint64_t)>;
 
 // Scores `options.data` with the export; `job` is the export's job.ini
 // (with any overrides). kInvalidArgument for bad options or data paths;
-// ExportedModel::Load's errors; kUnavailable naming a file that cannot be
-// read or written.
+// ExportedModel::Load's errors; kDataLoss naming the export and the first
+// record (its index) whose prediction is NaN or infinite, stopping there
+// (--out then holds the batches before it); kUnavailable naming a file
+// that cannot be read or written.
 StatusOr<PredictResult> Predict(const PredictOptions& options, const JobConfig& job,
                                 const PredictProgress& progress);
 

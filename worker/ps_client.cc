@@ -102,6 +102,57 @@ Status PsClient::AfterRound(const RoundOutcome& outcome, absl::string_view metho
   return absl::OkStatus();
 }
 
+Status PsClient::RerouteSilent(std::span<const Keys> tables, absl::string_view method,
+                               const std::vector<SilentRequest>& silent,
+                               std::vector<std::vector<uint32_t>>* remaining) {
+  const SilentRequest& first = silent.front();
+  // The silence stands (the caller's AwaitVerdict decides what follows),
+  // saying why the keys were not sent elsewhere.
+  auto stands = [&](absl::string_view why) {
+    return Annotate(first.error, absl::StrCat(method, " to ps[", first.server_id, "] (", why, ")"));
+  };
+  StatusOr<proto::ClusterMap> fetched = refresh_map_();
+  if (!fetched.ok()) {
+    return stands(absl::StrCat("the master's cluster map could not be fetched: ",
+                               fetched.status().message()));
+  }
+  StatusOr<Placement> fresh = Placement::FromProto(*fetched);
+  if (!fresh.ok()) {
+    return stands(absl::StrCat("the master's cluster map is inconsistent: ",
+                               fresh.status().message()));
+  }
+  // The same version routes every key as this round did (a map of the same
+  // version naming another endpoint for the slot is not taken: the slot's
+  // process changes only with a recovery, which fences this worker).
+  if (fresh->version() <= map_version()) {
+    return stands(absl::StrCat("the master's cluster map is still v", map_version()));
+  }
+  for (const SilentRequest& request : silent) {
+    for (const Piece& piece : request.request->pieces) {
+      for (uint32_t position : piece.positions) {
+        const uint64_t key = tables[piece.table].keys[position];
+        if (fresh->server(fresh->ServerIndexOf(key)).id() == request.server_id) {
+          return stands(absl::StrCat("cluster map v", fresh->version(), " still places ",
+                                     table(tables[piece.table].table_id).name(), " key ", key,
+                                     " on ps[", request.server_id, "]"));
+        }
+      }
+    }
+  }
+  for (const SilentRequest& request : silent) {
+    LOG(INFO) << method << ": no reply from ps[" << request.server_id << "] ("
+              << request.endpoint << "); the master's cluster map v" << fresh->version()
+              << " (this worker had v" << map_version()
+              << ") places its keys elsewhere: sending them there";
+    for (const Piece& piece : request.request->pieces) {
+      (*remaining)[piece.table].insert((*remaining)[piece.table].end(), piece.positions.begin(),
+                                       piece.positions.end());
+    }
+  }
+  placement_ = std::make_unique<Placement>(*std::move(fresh));
+  return absl::OkStatus();
+}
+
 std::vector<PsClient::Request> PsClient::Plan(
     std::span<const Keys> tables, const std::vector<std::vector<uint32_t>>& positions) const {
   const size_t num_servers = placement_->num_servers();
@@ -159,7 +210,8 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
     remaining[t].resize(tables[t].keys.size());
     for (uint32_t i = 0; i < remaining[t].size(); ++i) remaining[t][i] = i;
   }
-  const absl::Time deadline = absl::Now() + options_.attempt_timeout * options_.max_attempts;
+  const absl::Duration budget = options_.attempt_timeout * options_.max_attempts;
+  absl::Time deadline = absl::Now() + budget;
   for (int round = 0; round < kMaxRoutingRounds; ++round) {
     std::vector<Request> requests = Plan(tables, remaining);
     std::vector<uint64_t> calls(requests.size());
@@ -170,6 +222,7 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
     // Wait for every call, even after an error, so none is left pending.
     Status first_error;
     RoundOutcome outcome;
+    std::vector<SilentRequest> silent;
     for (auto& list : remaining) list.clear();
     for (size_t r = 0; r < requests.size(); ++r) {
       std::optional<StatusOr<Message>> waited;
@@ -180,6 +233,17 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
         }
       }
       StatusOr<Message>& reply = *waited;
+      if (!reply.ok() && absl::IsDeadlineExceeded(reply.status())) {
+        // No reply after every attempt: the server may have left the job
+        // (drained and retired) while this map still names it. Decided
+        // once the round is over, with the master's map.
+        const proto::ServerInfo& server = placement_->server(requests[r].server);
+        silent.push_back({.request = &requests[r],
+                          .server_id = server.id(),
+                          .endpoint = server.endpoint(),
+                          .error = reply.status()});
+        continue;
+      }
       Status status = reply.ok() ? on_reply(requests[r], *reply) : reply.status();
       if (status.ok()) continue;
       const proto::ErrorReason reason = ReasonOf(status);
@@ -198,6 +262,15 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
       }
     }
     RETURN_IF_ERROR(first_error);
+    if (!silent.empty()) {
+      RETURN_IF_ERROR(RerouteSilent(tables, method, silent, &remaining));
+      // The installed map is the master's newest already: what was refused
+      // is routed by it too. The new owners get a whole call's time (this
+      // round spent it on the silence), still within the routing rounds.
+      outcome.wrong_owner = false;
+      deadline = std::max(deadline, absl::Now() + budget);
+      if (!outcome.not_ready && !outcome.slow_down) continue;
+    }
     if (!outcome.wrong_owner && !outcome.not_ready && !outcome.slow_down) return absl::OkStatus();
     RETURN_IF_ERROR(AfterRound(outcome, method, &round, deadline));
   }

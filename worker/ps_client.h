@@ -9,7 +9,12 @@
 // A server that has not received the cluster map yet (NOT_READY), or one
 // that refuses keys while the master has no newer map (the new owner not
 // yet told), is asked again until the call's time (attempt timeout x
-// attempts) runs out.
+// attempts) runs out. A server that does not answer at all (every attempt
+// timed out) may have left the job (drained, retired and exited) while
+// this client's map still names it: the client fetches the map and, when
+// a newer one gives every key of the silent request to another slot,
+// sends them there; only a map that still places them on the silent slot
+// (or no newer map) makes the call fail with the silence.
 //
 // Thread-safety: one thread only (it owns an RpcChannel).
 
@@ -20,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -73,8 +79,8 @@ class PsClient {
   // Pulls the rows of tables[i].keys into (*out)[i], resized to
   // keys x dim; and, given `versions`, each server's version of what it
   // sent (the lowest when it sent a table in several messages).
-  // kDeadlineExceeded when a server does not answer; the server's error
-  // otherwise.
+  // kDeadlineExceeded when a server does not answer and the master's
+  // newest map still places its keys on it; the server's error otherwise.
   Status Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
               Versions* versions = nullptr);
 
@@ -143,6 +149,13 @@ class PsClient {
     size_t server = 0;  // index into the placement
     std::vector<Piece> pieces;
   };
+  // A request of a routing round that got no reply after every attempt.
+  struct SilentRequest {
+    const Request* request = nullptr;  // the round's, alive until the next Plan
+    uint32_t server_id = 0;            // the slot it went to
+    std::string endpoint;              // and that slot's endpoint then
+    Status error;                      // the channel's (kDeadlineExceeded)
+  };
 
   // Routes `positions[t]` of each table to servers and packs them into
   // requests within the size cap.
@@ -186,6 +199,22 @@ class PsClient {
   // newer (until `deadline`, not counting the round).
   Status AfterRound(const RoundOutcome& outcome, absl::string_view method, int* round,
                     absl::Time deadline);
+  // After a round in which the `silent` requests got no reply at all:
+  // fetches the master's cluster map, and when it is newer than the
+  // installed one and gives every key of those requests to a slot other
+  // than the one each went to (that slot left the job, or its partitions
+  // moved away), installs it and adds those keys to *remaining for the
+  // next round. Otherwise returns the first silent request's error (its
+  // code, kDeadlineExceeded), saying why it stands, and leaves the map as
+  // it was.
+  //
+  // A push whose server went silent is sent to the new owner only then: the
+  // old owner refused the keys whole from its hand-off on (WRONG_OWNER), so
+  // it applied the push only if it got it before the hand-off and its
+  // reply and every resend were lost (docs/design.md 2.20, "Exactly once").
+  Status RerouteSilent(std::span<const Keys> tables, absl::string_view method,
+                       const std::vector<SilentRequest>& silent,
+                       std::vector<std::vector<uint32_t>>* remaining);
 
   SocketFactory* const factory_;
   const proto::JobSpec job_;

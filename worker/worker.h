@@ -25,7 +25,8 @@
 // Cluster map versions announced in heartbeat replies are followed by
 // noting them only: the parameter clients belong to the loader and the
 // trainer threads (one thread each), and each fetches the map itself when
-// a server answers WRONG_OWNER. The map changes only when a replacement
+// a server answers WRONG_OWNER, or does not answer at all (a drained server
+// that has left: worker/ps_client.h). The map changes only when a replacement
 // server takes a dead one's slot, and the master fences every worker
 // during that recovery, so the next session starts from the new map
 // anyway; an eager fetch would add a master call per change and a hand-off

@@ -180,6 +180,7 @@ void Autoscaler::Reconcile(absl::Time now) {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, code] : exits) fleet_.Exited(id, code, now);
     plan = fleet_.Next(policy_.target(), seen, now);
+    may_launch_.store(!fleet_.exhausted(), std::memory_order_relaxed);
   }
   for (uint64_t id : plan.stop) {
     std::string handle;

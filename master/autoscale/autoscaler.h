@@ -22,6 +22,7 @@
 #ifndef EPS_MASTER_AUTOSCALE_AUTOSCALER_H_
 #define EPS_MASTER_AUTOSCALE_AUTOSCALER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -76,6 +77,11 @@ class Autoscaler {
   // Whether `secret` is the one launch `launch_id` was handed (compared in
   // constant time). False for a launch id this autoscaler never made.
   bool VerifyLaunch(uint64_t launch_id, absl::string_view secret) const;
+  // Whether it may still start workers: false once its fleet reached
+  // autoscale.max_restarts (master.worker_wait_s then bounds a job left
+  // with none). Lock-free: the master asks under its own lock, which the
+  // autoscaler's thread takes while it holds mu_.
+  bool MayLaunch() const { return may_launch_.load(std::memory_order_relaxed); }
 
   // /status "autoscale" (no secret in it).
   nlohmann::json StatusJson() const;
@@ -100,6 +106,7 @@ class Autoscaler {
   std::thread thread_;
 
   mutable absl::Mutex mu_;
+  std::atomic<bool> may_launch_{true};
   absl::CondVar wake_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   AutoscalePolicy policy_ ABSL_GUARDED_BY(mu_);

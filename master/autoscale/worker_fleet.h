@@ -94,6 +94,8 @@ class WorkerFleet {
   int64_t stopping() const;
   // Launched and not being stopped.
   int64_t live() const;
+  // Past autoscale.max_restarts: the fleet replaces no more workers.
+  bool exhausted() const { return limit_reported_; }
   // The launcher's handle of `launch_id`; empty when unknown.
   std::string handle(uint64_t launch_id) const;
   // Launch ids the launcher should watch for exits.

@@ -2,8 +2,13 @@
 
 #include "core/npy.h"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -22,6 +27,35 @@ using ::testing::HasSubstr;
   auto NPY_CONCAT(result_, __LINE__) = (expr);                                   \
   ASSERT_TRUE(NPY_CONCAT(result_, __LINE__).ok()) << NPY_CONCAT(result_, __LINE__).status(); \
   lhs = std::move(*NPY_CONCAT(result_, __LINE__))
+
+// A .npy file as a hostile writer makes it: format `version` (1: a 2-byte
+// header length, 2: 4 bytes) whose length field says `claimed_header`,
+// then `header`, then `data_bytes` zero bytes.
+void WriteRawNpy(const std::string& path, int version, uint32_t claimed_header,
+                 const std::string& header, size_t data_bytes) {
+  std::string bytes("\x93NUMPY", 6);
+  bytes += static_cast<char>(version);
+  bytes += '\0';
+  const int length_bytes = version == 1 ? 2 : 4;
+  for (int i = 0; i < length_bytes; ++i) {
+    bytes += static_cast<char>((claimed_header >> (8 * i)) & 0xff);
+  }
+  bytes += header;
+  bytes.append(data_bytes, '\0');
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// A truthful header of `shape` (numpy's text, e.g. "(3, 4)") for "<f4".
+std::string Header(const std::string& shape) {
+  return "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }\n";
+}
+
+// The peak resident set of this process so far, in bytes.
+uint64_t PeakRss() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
+}
 
 TEST(Npy, StreamedRowsReadBackWithTheirShape) {
   testing::TempDir dir;
@@ -111,6 +145,69 @@ TEST(Npy, RefusesWhatItCannotRead) {
   EXPECT_THAT(truncated.message(), HasSubstr("truncated"));
   std::ofstream(dir.Join("text.npy")) << "hello";
   EXPECT_TRUE(absl::IsDataLoss(ReadNpy(dir.Join("text.npy")).status()));
+}
+
+// Issue 49: a 200-byte file whose v2 header claims 0xFFFFFFF0 bytes once
+// took 4 GiB before failing.
+TEST(Npy, AHeaderLongerThanTheFileFailsWithoutAllocatingIt) {
+  testing::TempDir dir;
+  const std::string path = dir.Join("liar.npy");
+  WriteRawNpy(path, /*version=*/2, /*claimed_header=*/0xFFFFFFF0u, Header("(3,)"),
+              /*data_bytes=*/200 - 12 - Header("(3,)").size());
+  ASSERT_EQ(std::filesystem::file_size(path), 200u);
+  const uint64_t peak_before = PeakRss();
+  const Status status = ReadNpy(path).status();
+  EXPECT_TRUE(absl::IsDataLoss(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr(path));
+  EXPECT_THAT(status.message(), HasSubstr("claims 4294967280 bytes"));
+  EXPECT_LT(PeakRss() - peak_before, uint64_t{256} << 20);
+  // The same through the row reader, and a v1 header that runs past the end.
+  EXPECT_TRUE(absl::IsDataLoss(NpyReader::Open(path).status()));
+  WriteRawNpy(path, /*version=*/1, /*claimed_header=*/60000, Header("(3,)"), /*data_bytes=*/12);
+  EXPECT_THAT(ReadNpy(path).status().message(), HasSubstr("claims 60000 bytes"));
+}
+
+// Issue 49: a row shape of (n, 4194304) once asked for 64 GiB at once and
+// died of std::bad_alloc.
+TEST(Npy, AShapeTheFileDoesNotHoldFailsBeforeAllocating) {
+  testing::TempDir dir;
+  const std::string path = dir.Join("huge.npy");
+  const std::string header = Header("(1024, 4194304)");
+  WriteRawNpy(path, /*version=*/1, static_cast<uint32_t>(header.size()), header,
+              /*data_bytes=*/64);
+  const uint64_t peak_before = PeakRss();
+  const Status opened = NpyReader::Open(path).status();
+  EXPECT_TRUE(absl::IsDataLoss(opened)) << opened;
+  EXPECT_THAT(opened.message(), HasSubstr(path));
+  EXPECT_THAT(opened.message(), HasSubstr("(1024, 4194304) needs 17179869184 bytes"));
+  const Status read = ReadNpy(path).status();
+  EXPECT_TRUE(absl::IsDataLoss(read)) << read;
+  EXPECT_THAT(read.message(), HasSubstr(path));
+  EXPECT_LT(PeakRss() - peak_before, uint64_t{256} << 20);
+
+  // A shape whose size overflows 64 bits, even with no rows.
+  for (const std::string shape : {"(4294967296, 4294967296, 4294967296)",
+                                  "(0, 4294967296, 4294967296)", "(18446744073709551615,)"}) {
+    const std::string big = Header(shape);
+    WriteRawNpy(path, /*version=*/1, static_cast<uint32_t>(big.size()), big, /*data_bytes=*/64);
+    const Status overflow = ReadNpy(path).status();
+    EXPECT_TRUE(absl::IsDataLoss(overflow)) << shape << ": " << overflow;
+    EXPECT_THAT(overflow.message(), HasSubstr(path)) << shape;
+  }
+}
+
+TEST(Npy, RefusesWhatIsNotARegularFileWithoutBlocking) {
+  testing::TempDir dir;
+  std::filesystem::create_directory(dir.Join("dir.npy"));
+  const Status directory = ReadNpy(dir.Join("dir.npy")).status();
+  EXPECT_TRUE(absl::IsDataLoss(directory)) << directory;
+  EXPECT_THAT(directory.message(), HasSubstr(dir.Join("dir.npy")));
+  EXPECT_THAT(directory.message(), HasSubstr("not a regular file"));
+  // A FIFO with no writer: opening it to read would wait for one forever.
+  ASSERT_EQ(::mkfifo(dir.Join("fifo.npy").c_str(), 0600), 0);
+  const Status fifo = NpyReader::Open(dir.Join("fifo.npy")).status();
+  EXPECT_TRUE(absl::IsDataLoss(fifo)) << fifo;
+  EXPECT_THAT(fifo.message(), HasSubstr(dir.Join("fifo.npy")));
 }
 
 }  // namespace

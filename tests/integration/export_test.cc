@@ -2,9 +2,13 @@
 // export when the last pass is done, and eps-predict scores the eval data
 // with it exactly as the job evaluated it (issue 17).
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
 #include <cstdio>
 #include <iostream>
 #include <algorithm>
@@ -14,9 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "core/npy.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -435,6 +441,224 @@ TEST(Export, EpsPredictRefusesWhatIsNotAnExport) {
   const auto [usage_code, usage] = RunPredict(dir, {"--data", dir.Join("data.txt")});
   EXPECT_EQ(usage_code, 2) << usage;
   EXPECT_NE(usage.find("--model"), std::string::npos) << usage;
+}
+
+// A .npy file of `header` behind a preamble of `version` whose length
+// field says `claimed`, then `data` zero bytes.
+void WriteNpyBytes(const std::string& path, int version, uint32_t claimed,
+                   const std::string& header, size_t data) {
+  std::filesystem::remove(path);
+  std::string bytes("\x93NUMPY", 6);
+  bytes += static_cast<char>(version);
+  bytes += '\0';
+  for (int i = 0; i < (version == 1 ? 2 : 4); ++i) {
+    bytes += static_cast<char>((claimed >> (8 * i)) & 0xff);
+  }
+  bytes += header;
+  bytes.append(data, '\0');
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// Names `part` as the first part of the first parameter of the export in
+// `model`.
+void SetFirstPart(const std::string& model, const std::string& part) {
+  std::ifstream in(model + "/manifest.json");
+  json edited = json::parse(in);
+  in.close();
+  edited["params"][0]["parts"][0] = part;
+  std::ofstream(model + "/manifest.json", std::ios::trunc) << edited.dump(2);
+}
+
+// A hostile copy of an export (issue 49).
+struct HostileExport {
+  std::string name;
+  // Spoils the copy of the export in `model`; returns what the error
+  // must name.
+  std::function<std::string(const std::string& model)> spoil;
+};
+
+// The hostile exports made from a copy of one whose first part is
+// `first_part`: NaN weights ("nan-weights", which only a reader of the
+// values finds), then one spoilt file or part path each.
+std::vector<HostileExport> HostileExports(const std::string& first_part) {
+  return {
+    {"nan-weights",
+     [](const std::string& model) {
+       // Every weight of every part NaN (past the 128-byte preamble
+       // NpyWriter writes).
+       for (const auto& entry : std::filesystem::recursive_directory_iterator(model)) {
+         const std::string path = entry.path().string();
+         if (!absl::EndsWith(path, ".rows.npy")) continue;
+         std::string bytes = ReadFile(path);
+         const float nan = std::numeric_limits<float>::quiet_NaN();
+         for (size_t at = 128; at + sizeof(float) <= bytes.size(); at += sizeof(float)) {
+           std::memcpy(bytes.data() + at, &nan, sizeof(float));
+         }
+         std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+       }
+       return model + ": the prediction of record ";
+     }},
+    {"lying-header",
+     [first_part](const std::string& model) {
+       const std::string path = model + "/" + first_part + ".keys.npy";
+       const std::string header = "{'descr': '<u8', 'fortran_order': False, 'shape': (3,), }\n";
+       WriteNpyBytes(path, 2, 0xFFFFFFF0u, header, 200 - 12 - header.size());
+       return path + " is not an array eps can read: the header claims 4294967280 bytes";
+     }},
+    {"huge-rows",
+     [first_part](const std::string& model) {
+       const std::string path = model + "/" + first_part + ".rows.npy";
+       const std::string header =
+           "{'descr': '<f4', 'fortran_order': False, 'shape': (1024, 4194304), }\n";
+       WriteNpyBytes(path, 1, static_cast<uint32_t>(header.size()), header, 4096);
+       return path + " is not an array eps can read: truncated";
+     }},
+    {"directory-manifest",
+     [](const std::string& model) {
+       std::filesystem::remove(model + "/manifest.json");
+       std::filesystem::create_directory(model + "/manifest.json");
+       return model + "/manifest.json is a directory";
+     }},
+    {"fifo-part",
+     [first_part](const std::string& model) {
+       const std::string path = model + "/" + first_part + ".keys.npy";
+       std::filesystem::remove(path);
+       EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0);
+       return path + " is a FIFO";
+     }},
+    {"dotdot-part",
+     [first_part](const std::string& model) {
+       // The files it names exist: only the path check stands in the way.
+       const std::string outside = model + "-outside";
+       std::filesystem::create_directories(outside);
+       for (const char* suffix : {".keys.npy", ".rows.npy"}) {
+         std::filesystem::copy_file(model + "/" + first_part + suffix,
+                                    outside + "/part-0" + suffix);
+       }
+       const std::string part =
+           "../" + std::filesystem::path(outside).filename().string() + "/part-0";
+       SetFirstPart(model, part);
+       return model + "/manifest.json: part '" + part + "' holds '..'";
+     }},
+    {"absolute-part",
+     [first_part](const std::string& model) {
+       const std::string outside = model + "-outside";
+       std::filesystem::create_directories(outside);
+       for (const char* suffix : {".keys.npy", ".rows.npy"}) {
+         std::filesystem::copy_file(model + "/" + first_part + suffix,
+                                    outside + "/part-0" + suffix);
+       }
+       SetFirstPart(model, outside + "/part-0");
+       return model + "/manifest.json: part '" + outside + "/part-0' is an absolute path";
+     }},
+    {"symlinked-part",
+     [first_part](const std::string& model) {
+       const std::string outside = model + "-outside";
+       std::filesystem::create_directories(outside);
+       const std::string path = model + "/" + first_part + ".keys.npy";
+       std::filesystem::rename(path, outside + "/part-0.keys.npy");
+       std::filesystem::create_symlink(outside + "/part-0.keys.npy", path);
+       return path + " resolves to ";
+     }},
+  };
+}
+
+// Issue 49: hostile exports given to eps-predict, then to a warm start;
+// one trained export serves both. eps-predict fails in one line naming
+// the file (or, for NaN weights, the export and the record), exits 1 and
+// stays under 3 GiB of address space (a header driving an allocation of 4
+// or 16 GiB would die of std::bad_alloc instead), without blocking on a
+// FIFO.
+TEST(Export, HostileExportsAreRefusedByEpsPredictAndAWarmStart) {
+  TempDir dir;
+  ASSERT_TRUE(GenerateData(dir.Join("data"), 20000, /*seed=*/3, /*files=*/1).ok());
+  json final_status;
+  // The step of the warm start's test: at the default, 20,000 records can
+  // end past the divergence bound.
+  ASSERT_NO_FATAL_FAILURE(
+      TrainAndExport(dir, "wdl", &final_status, nullptr, {"--optimizer.learning_rate=0.01"}));
+  const std::string trained = dir.Join("wdl");
+  json manifest;
+  {
+    std::ifstream in(trained + "/manifest.json");
+    manifest = json::parse(in);
+  }
+  const std::string first_part = manifest["params"][0]["parts"][0].get<std::string>();
+
+  // eps-predict on export `model`, its address space limited.
+  const auto predict = [&](const std::string& model) {
+    std::vector<std::string> args = {
+        "/bin/sh", "-c", "ulimit -v 3145728 && exec \"$0\" \"$@\"", BinaryPath("eps-predict"),
+        "--model", model, "--data", dir.Join("data/eval"), "--device", "cpu"};
+    StatusOr<std::unique_ptr<Process>> process = Process::Start(args, model + ".log");
+    if (!process.ok()) return std::pair<std::optional<int>, std::string>{std::nullopt, ""};
+    const std::optional<int> code = (*process)->Wait(absl::Seconds(60));
+    return std::pair<std::optional<int>, std::string>{code, (*process)->Log()};
+  };
+  {
+    const auto [code, output] = predict(trained);
+    ASSERT_EQ(code, 0) << "the intact export under the same limit:\n" << output;
+  }
+  const std::vector<HostileExport> cases = HostileExports(first_part);
+  for (const HostileExport& hostile : cases) {
+    SCOPED_TRACE(hostile.name);
+    const std::string model = dir.Join(hostile.name);
+    std::filesystem::copy(trained, model, std::filesystem::copy_options::recursive);
+    const std::string named = hostile.spoil(model);
+    const absl::Time start = absl::Now();
+    const auto [code, output] = predict(model);
+    EXPECT_EQ(code, 1) << output;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << output;
+    EXPECT_NE(output.find(named), std::string::npos) << "no '" << named << "' in:\n" << output;
+    int error_lines = 0;
+    for (absl::string_view line : absl::StrSplit(output, '\n')) {
+      error_lines += absl::StartsWith(line, "eps-predict: ");
+    }
+    EXPECT_EQ(error_lines, 1) << output;
+  }
+
+  // The same exports as a warm start (job.init_from) on the same data: the
+  // master checks the export before any server loads it and stops the job
+  // at once naming the file; no server crashes (a header that drove an
+  // allocation once took both down with std::bad_alloc) or grows. NaN
+  // weights are the evaluation's to find, not the check's.
+  std::filesystem::create_directories(dir.Join("runs"));
+  for (const HostileExport& hostile : cases) {
+    if (hostile.name == "nan-weights") continue;
+    SCOPED_TRACE("job.init_from: " + hostile.name);
+    const std::string model = dir.Join("warm-" + hostile.name);
+    std::filesystem::copy(trained, model, std::filesystem::copy_options::recursive);
+    const std::string named = hostile.spoil(model);
+    const std::string run_dir = dir.Join("runs/" + hostile.name);
+    std::filesystem::create_directories(run_dir);
+    LocalJob job(run_dir, WriteConfig(dir, "wdl"),
+                 {"--data.train=" + dir.Join("data/train"), "--job.init_from=" + model});
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(job.Start(/*servers=*/2, /*workers=*/1).ok()) << job.Logs();
+    StatusOr<int> master_exit = job.WaitForMaster(absl::Seconds(30));
+    ASSERT_TRUE(master_exit.ok()) << job.Logs();
+    EXPECT_NE(*master_exit, 0) << job.Logs();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << job.Logs();
+    StatusOr<json> status = job.FinalStatus();
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_EQ((*status)["state"], "failed") << status->dump();
+    const std::string error = status->value("error", std::string());
+    EXPECT_NE(error.find("job.init_from: " + named), std::string::npos)
+        << "no '" << named << "' in: " << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+    EXPECT_NE(job.master().Log().find(named), std::string::npos) << job.master().Log();
+    // Told nothing to load, the servers end with the job: none died of a
+    // signal (128 + its number) nor grew past 1 GiB.
+    for (std::unique_ptr<Process>& server : job.servers()) {
+      if (const std::optional<uint64_t> peak = server->PeakResidentBytes()) {
+        EXPECT_LT(*peak, uint64_t{1} << 30) << server->Log();
+      }
+      const std::optional<int> code = server->Wait(absl::Seconds(20));
+      EXPECT_TRUE(!code.has_value() || *code < 128) << "exit " << code.value_or(-1) << ":\n"
+                                                    << server->Log();
+      EXPECT_EQ(server->Log().find("bad_alloc"), std::string::npos) << server->Log();
+    }
+  }
 }
 
 }  // namespace

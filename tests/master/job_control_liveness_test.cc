@@ -295,6 +295,43 @@ TEST_F(JobControlLivenessTest, NoWorkerForTooLongStopsTheJobResumably) {
   ExpectStoppedWith("no worker was alive for 1m (master.worker_wait_s = 60 s)");
 }
 
+// The default bound is minutes, not an hour (issue 49: a job whose workers
+// all exited sat an hour at "waiting for workers").
+TEST_F(JobControlLivenessTest, NoWorkerStopsTheJobWithinFiveMinutesByDefault) {
+  job_.master.worker_wait_s = JobConfig().master.worker_wait_s;
+  ASSERT_EQ(job_.master.worker_wait_s, 300);
+  StartTraining();
+  for (int64_t s = 1; s <= 320 && !control_->over(); ++s) {
+    Beat(At(s * 1000), {0, 1}, {});
+    control_->Tick(At(s * 1000));
+  }
+  ExpectStoppedWith("no worker was alive for 5m");
+}
+
+// An autoscaler that may still start workers holds the bound (it is waiting
+// for free GPUs, or replacing the workers); once it may not (its
+// autoscale.max_restarts reached), the bound runs from then.
+TEST_F(JobControlLivenessTest, AnAutoscalerThatMayStillLaunchHoldsTheWorkersBound) {
+  job_.master.worker_wait_s = 60;
+  StartTraining();
+  bool may_launch = true;
+  control_->ExpectWorkersFrom([&may_launch] { return may_launch; });
+  int64_t s = 1;
+  for (; s <= 600; ++s) {
+    Beat(At(s * 1000), {0, 1}, {});
+    control_->Tick(At(s * 1000));
+  }
+  EXPECT_FALSE(control_->over());
+  EXPECT_THAT(control_->Waits(At(s * 1000)),
+              ::testing::Not(::testing::Contains(HasSubstr("workers: none alive"))));
+  may_launch = false;
+  for (const int64_t until = s + 62; s <= until && !control_->over(); ++s) {
+    Beat(At(s * 1000), {0, 1}, {});
+    control_->Tick(At(s * 1000));
+  }
+  ExpectStoppedWith("no worker was alive for 1m1s (master.worker_wait_s = 60 s)");
+}
+
 TEST_F(JobControlLivenessTest, WorkerWaitZeroWaitsForWorkersForever) {
   job_.master.worker_wait_s = 0;
   StartTraining();

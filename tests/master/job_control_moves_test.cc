@@ -153,7 +153,8 @@ TEST_F(JobControlMovesTest, AServerThatDeregistersIsDrained) {
   ASSERT_TRUE(control_->Deregister(ServerNode(1), control_->membership().server(1)->endpoint).ok());
   EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 4);
   // ps[0] is the last server able to hold the partitions: it cannot leave.
-  const Status last = control_->Deregister(ServerNode(0));
+  const Status last =
+      control_->Deregister(ServerNode(0), control_->membership().server(0)->endpoint);
   EXPECT_EQ(last.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(last.message(), ::testing::HasSubstr("only server left"));
 }
@@ -297,6 +298,91 @@ TEST_F(JobControlMovesTest, AMoveThatSawAnotherMapIsGivenUp) {
   EXPECT_EQ(control_->membership().cluster_map().partition_owner(
                 static_cast<int>(copy->request.partition())),
             0u);
+}
+
+// A DEREGISTER names its slot and its endpoint, both checked always: one
+// naming another slot, or no slot, or no endpoint, or another process's
+// endpoint drains nothing and is counted (/metrics).
+TEST_F(JobControlMovesTest, ADeregisterNamesItsOwnSlotAndEndpoint) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  const std::string endpoint = control_->membership().server(1)->endpoint;
+  const auto request = [](std::string endpoint, std::optional<uint32_t> slot) {
+    proto::DeregisterRequest body;
+    body.set_endpoint(std::move(endpoint));
+    if (slot.has_value()) body.set_server_id(*slot);
+    return body;
+  };
+  EXPECT_EQ(control_->Deregister(ServerNode(1), request(endpoint, 0)).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(control_->Deregister(ServerNode(1), request(endpoint, std::nullopt)).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(control_->Deregister(ServerNode(1), request("", 1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Slot 0 named, with ps[1]'s endpoint.
+  const Status other = control_->Deregister(ServerNode(0), request(endpoint, 0));
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(other), proto::FENCED);
+  EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 0);
+  EXPECT_TRUE(control_->draining().empty());
+  EXPECT_EQ(control_->deregisters_refused(), 4u);
+  ASSERT_TRUE(control_->Deregister(ServerNode(1), request(endpoint, 1)).ok());
+  EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 4);
+  EXPECT_EQ(control_->deregisters_refused(), 4u);
+}
+
+// The old owner learns from its heartbeats' replies which server the
+// master named as the new owner of the move in progress.
+TEST_F(JobControlMovesTest, TheOldOwnerHearsWhichServerTakesThePartition) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0).ok());
+  std::optional<JobControl::MoveStep> copy = control_->NextMoveStep(t0_);
+  ASSERT_TRUE(copy.has_value());
+  const auto beat = [&](uint32_t slot) {
+    proto::HeartbeatRequest request;
+    request.set_endpoint(control_->membership().server(slot)->endpoint);
+    proto::HeartbeatReply reply;
+    const Status status = control_->Heartbeat(ServerNode(slot), request, At(1), &reply);
+    EXPECT_TRUE(status.ok()) << status;
+    return reply;
+  };
+  const proto::HeartbeatReply old_owner = beat(0);
+  ASSERT_EQ(old_owner.moves_out_size(), 1);
+  EXPECT_EQ(old_owner.moves_out(0).partition(), copy->request.partition());
+  EXPECT_EQ(old_owner.moves_out(0).to_server(), 1u);
+  EXPECT_EQ(old_owner.moves_out(0).map_version(), copy->request.map_version());
+  EXPECT_EQ(beat(1).moves_out_size(), 0) << "not the old owner";
+  // Given up: named to nobody.
+  control_->MoveStepDone(*copy, absl::UnavailableError("gone"), At(2));
+  EXPECT_EQ(beat(0).moves_out_size(), 0);
+}
+
+// A new owner that never copies: its moves are given up after
+// PartitionMoves::kMaxAttempts tries, and no move goes to it again (a
+// balance would otherwise give it the partitions without end).
+TEST_F(JobControlMovesTest, ANewOwnerThatNeverCopiesIsGivenUpAndNotChosenAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  proto::RegisterServerReply joined;
+  ASSERT_TRUE(RegisterServer(5002, 102, std::nullopt, t0_, &joined).ok());
+  ASSERT_EQ(joined.server_id(), 2u);
+  int copies = 0;
+  while (std::optional<JobControl::MoveStep> step =
+             RunStep(At(copies), 0, absl::UnavailableError("ps[2] copies nothing"))) {
+    EXPECT_EQ(step->request.step(), Step::COPY);
+    EXPECT_EQ(step->target.first, 2u);
+    ++copies;
+    ASSERT_LT(copies, 20) << "retried without end";
+  }
+  // Two moves planned; the first to fail 3 times ends both.
+  EXPECT_EQ(copies, 5);
+  EXPECT_TRUE(control_->excluded_new_owners().contains(2));
+  EXPECT_EQ(events_.Count("move_target_excluded"), 1u);
+  EXPECT_FALSE(control_->SaveRecord().balancing_servers());
+  EXPECT_FALSE(control_->NextMoveStep(At(100)).has_value());
+  // A drain goes to the other servers only.
+  ASSERT_TRUE(control_->Drain(0).ok());
+  std::optional<JobControl::MoveStep> copy = control_->NextMoveStep(At(110));
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->target.first, 1u);
 }
 
 }  // namespace

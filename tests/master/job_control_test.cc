@@ -252,14 +252,55 @@ TEST_F(JobControlTest, AWarmStartThatCannotLoadFailsTheJobNamingTheCause) {
   for (uint32_t attempt = 1; attempt <= JobControl::kMaxExportAttempts; ++attempt) {
     std::optional<JobControl::ImportWrite> write = control_->NextImport(At(10 * attempt));
     ASSERT_TRUE(write.has_value());
-    control_->Imported(*write,
-                       {absl::InvalidArgumentError("job.init_from: no embedding table 'emb'"),
-                        uint64_t{0}},
+    control_->Imported(*write, {absl::UnavailableError("cannot stat /models/day1"), uint64_t{0}},
                        At(10 * attempt + 5));
   }
   EXPECT_TRUE(control_->over());
   EXPECT_FALSE(control_->progress().stopped());
+  EXPECT_THAT(control_->progress().failure(), HasSubstr("ps[0]: cannot stat /models/day1"));
+}
+
+// Issue 49: an export a server refuses as such is not tried again.
+TEST_F(JobControlTest, AWarmStartAServerRefusesStopsTheJobAtOnce) {
+  job_.job.init_from = "/models/day1";
+  control_->StartNew("job-1");
+  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+  control_->DataScanned(TinyData(), t0_);
+  std::optional<JobControl::ImportWrite> write = control_->NextImport(At(10));
+  ASSERT_TRUE(write.has_value());
+  control_->Imported(*write,
+                     {absl::InvalidArgumentError("job.init_from: no embedding table 'emb'"),
+                      uint64_t{0}},
+                     At(15));
+  EXPECT_TRUE(control_->over());
+  EXPECT_TRUE(control_->progress().stopped());
   EXPECT_THAT(control_->progress().failure(), HasSubstr("ps[0]: job.init_from: no embedding table"));
+  EXPECT_FALSE(control_->NextImport(At(20)).has_value());
+  EXPECT_FALSE(control_->checkpoints().last().has_value());
+}
+
+// Issue 49: the master's own check of the export (ValidateModelExport)
+// stops the job before any server is asked to load it.
+TEST_F(JobControlTest, AWarmStartTheMasterRefusesStopsTheJobNamingTheFile) {
+  job_.job.init_from = "/models/day1";
+  control_->StartNew("job-1");
+  ASSERT_TRUE(RegisterServer(5000, 100, std::nullopt, t0_).ok());
+  ASSERT_TRUE(RegisterServer(5001, 101, std::nullopt, t0_).ok());
+  control_->DataScanned(TinyData(), t0_);
+  std::optional<JobControl::ImportWrite> write = control_->NextImport(At(10));
+  ASSERT_TRUE(write.has_value());
+  control_->ImportChecked(*write, absl::OkStatus(), At(11));
+  EXPECT_FALSE(control_->over());
+  control_->ImportChecked(
+      *write, absl::DataLossError("/models/day1/params/emb/part-0.keys.npy is a FIFO"), At(12));
+  EXPECT_TRUE(control_->over());
+  EXPECT_TRUE(control_->progress().stopped());
+  EXPECT_THAT(control_->progress().failure(),
+              HasSubstr("job.init_from: /models/day1/params/emb/part-0.keys.npy is a FIFO"));
+  EXPECT_EQ(control_->progress().phase(), JobPhase::kFailed);
+  EXPECT_FALSE(control_->NextImport(At(20)).has_value());
+  EXPECT_EQ(events_.Count("model_loaded"), 0u);
 }
 
 TEST_F(JobControlTest, ServerLostBeforeTrainingOnlyFreesItsSlot) {

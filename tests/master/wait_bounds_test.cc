@@ -128,15 +128,16 @@ TEST_F(WaitBoundsTest, NoWorkerForTheWorkerWaitStopsTheJobResumably) {
   EXPECT_TRUE(verdict.fail.empty());
 }
 
-TEST_F(WaitBoundsTest, NoWorkersIsNoWaitDuringARecoveryAnExportOrWithTheBoundOff) {
+TEST_F(WaitBoundsTest, NoWorkersIsNoWaitDuringARecoveryAnExportAnAutoscalerOrWithTheBoundOff) {
   WaitBounds::Facts facts = Training();
   facts.workers_alive = 0;
-  for (int excuse = 0; excuse < 3; ++excuse) {
+  for (int excuse = 0; excuse < 4; ++excuse) {
     WaitBounds::Facts excused = facts;
     JobConfig job = job_;
     if (excuse == 0) excused.recovering = true;
     if (excuse == 1) excused.export_due = true;
     if (excuse == 2) job.master.worker_wait_s = 0;
+    if (excuse == 3) excused.workers_coming = true;
     WaitBounds bounds(job);
     bounds.Check(excused, At(0));
     EXPECT_TRUE(bounds.Check(excused, At(1000)).stop.empty()) << excuse;

@@ -136,6 +136,12 @@ class FakeMaster {
     absl::MutexLock lock(&mu_);
     partitions_moved_ = moved;
   }
+  // The moves heartbeat replies name this server the old owner of
+  // (HeartbeatReply.moves_out).
+  void set_moves_out(std::vector<proto::MoveNotice> moves) {
+    absl::MutexLock lock(&mu_);
+    moves_out_ = std::move(moves);
+  }
   // The id REGISTER_SERVER assigns (and the map and heartbeats expect).
   void set_server_id(uint32_t id) {
     absl::MutexLock lock(&mu_);
@@ -249,6 +255,7 @@ class FakeMaster {
         body->set_state(shutdown_ ? proto::JOB_FINISHED : proto::JOB_RUNNING);
         body->set_shutdown(shutdown_);
         body->set_cluster_map_version(map_version_);
+        for (const proto::MoveNotice& move : moves_out_) *body->add_moves_out() = move;
         return absl::OkStatus();
       }
       case proto::GET_CLUSTER_MAP: {
@@ -278,6 +285,7 @@ class FakeMaster {
   proto::RegisterServerRequest last_registration_ ABSL_GUARDED_BY(mu_);
   uint64_t map_version_ ABSL_GUARDED_BY(mu_) = 1;
   bool partitions_moved_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<proto::MoveNotice> moves_out_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   Status heartbeat_error_ ABSL_GUARDED_BY(mu_);
   int refuse_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;

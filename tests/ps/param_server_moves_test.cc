@@ -56,6 +56,16 @@ class ParamServerMovesTest : public ParamServerTest {
     return reply.header().move_partition_reply().rows();
   }
 
+  // The master names `new_owner_` as the new owner of `partition` (at map
+  // version 1) in the heartbeats' replies.
+  void StartMoveTo(uint32_t partition, uint32_t to = kOtherServerId) {
+    proto::MoveNotice move;
+    move.set_partition(partition);
+    move.set_to_server(to);
+    move.set_map_version(1);
+    master_->set_moves_out({move});
+  }
+
   RpcChannel new_owner_{&factory_, Node(proto::ROLE_SERVER, kOtherServerId)};
 };
 
@@ -82,6 +92,7 @@ TEST_F(ParamServerMovesTest, CatchUpRoundsLeaveTheHandOffOnlyTheKeysPushedSince)
   };
   ASSERT_NO_FATAL_FAILURE(push(keys));
 
+  StartMoveTo(p);
   StatusOr<std::set<uint64_t>> copied = FetchAll(Page(p));
   ASSERT_TRUE(copied.ok()) << copied.status();
   ASSERT_NO_FATAL_FAILURE(push({keys[0], keys[1], keys[2]}));
@@ -123,6 +134,53 @@ TEST_F(ParamServerMovesTest, CatchUpRoundsLeaveTheHandOffOnlyTheKeysPushedSince)
   // Handed off: no round is left to catch up.
   round.set_catch_up(1);
   EXPECT_TRUE(absl::IsFailedPrecondition(FetchAll(round).status()));
+}
+
+// Any holder of the server key can ask for a partition's pages: the old
+// owner serves them only to the server the master named as the new owner
+// of a move it started, and a refused request registers nothing (no move
+// that notes pushes), counted in the heartbeat's stats (/metrics
+// eps_server_requests_refused_total).
+TEST_F(ParamServerMovesTest, PagesGoOnlyToTheNewOwnerOfAMoveTheMasterStarted) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(StartServer(OptionsWithDataDir(dir.Join("ps"))));
+  ASSERT_NO_FATAL_FAILURE(AwaitMap());
+  const std::vector<uint64_t> here = EmbKeys(50, /*here=*/true);
+  const uint32_t p = PartitionOf(here[0], kPartitions);
+  ASSERT_TRUE(Push(kEmb, here, std::vector<float>(here.size() * kDim, 1.0f)).ok());
+
+  // No move at all.
+  StatusOr<std::set<uint64_t>> pages = FetchAll(Page(p));
+  EXPECT_EQ(pages.status().code(), absl::StatusCode::kPermissionDenied) << pages.status();
+  // A move the master started, to another server than the one asking.
+  StartMoveTo(p, /*to=*/kOtherServerId + 1);
+  pages = FetchAll(Page(p));
+  EXPECT_EQ(pages.status().code(), absl::StatusCode::kPermissionDenied) << pages.status();
+  // Of another map version, or of another partition.
+  proto::MoveNotice stale;
+  stale.set_partition(p);
+  stale.set_to_server(kOtherServerId);
+  stale.set_map_version(2);
+  master_->set_moves_out({stale});
+  pages = FetchAll(Page(p));
+  EXPECT_EQ(pages.status().code(), absl::StatusCode::kPermissionDenied) << pages.status();
+  // A worker, whatever the master started.
+  StartMoveTo(p);
+  Message from_worker;
+  from_worker.header().set_method(proto::FETCH_PARTITION);
+  *from_worker.header().mutable_fetch_partition_request() = Page(p);
+  EXPECT_EQ(Call(std::move(from_worker)).status().code(), absl::StatusCode::kPermissionDenied);
+  master_->set_moves_out({});
+  // Nothing was registered: no copy is in progress to hand off.
+  EXPECT_EQ(HandOff(p).status().code(), absl::StatusCode::kFailedPrecondition);
+  const proto::ServerStats stats = master_->AwaitStats(
+      [](const proto::ServerStats& s) { return s.requests_refused() >= 4; }, absl::Seconds(5));
+  EXPECT_EQ(stats.requests_refused(), 4u);
+
+  // The named new owner reads every row.
+  StartMoveTo(p);
+  pages = FetchAll(Page(p));
+  ASSERT_TRUE(pages.ok()) << pages.status();
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Tests worker/ps_client.h when servers fail it (fake servers:
 // tests/worker/ps_client_testing.h): a new owner that learns the map late,
-// endless WRONG_OWNER or NOT_READY, SLOW_DOWN, a dead server, abandoned
-// calls, errors and malformed replies, empty calls, and the map.
+// endless WRONG_OWNER or NOT_READY, SLOW_DOWN, a dead server, a server that
+// left the job (drained and gone) while the client's map still names it,
+// abandoned calls, errors and malformed replies, empty calls, and the map.
 
 #include "worker/ps_client.h"
 
@@ -137,6 +138,120 @@ TEST_F(PsClientTest, DeadServerIsDeadlineExceededNamingIt) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_THAT(status.message(), HasSubstr(dead));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// The master's map after a drain of server 1 into server 2 (issue 49): a
+// newer version with server 1's partitions on server 2 and server 1 erased
+// (retired); servers 0 and 2 work by it, and the client's refresh returns
+// it. Server 1's port in the client's map is closed (MoveServerOneToAClosedPort):
+// the retired server has exited.
+proto::ClusterMap RetireServerOne(const proto::ClusterMap& before) {
+  proto::ClusterMap retired = before;
+  retired.set_version(before.version() + 1);
+  for (int p = 0; p < retired.partition_owner_size(); ++p) {
+    if (retired.partition_owner(p) == 1) retired.set_partition_owner(p, 2);
+  }
+  retired.clear_servers();
+  for (const proto::ServerInfo& server : before.servers()) {
+    if (server.id() != 1) *retired.add_servers() = server;
+  }
+  return retired;
+}
+
+// A push whose server no longer answers (it was drained, retired and exited
+// while the worker's map still named it) asks the master for the map and
+// goes to the new owner: applied exactly once, receipt and all, instead of
+// failing the worker with kDeadlineExceeded.
+TEST_F(PsClientTest, SilentServerGoneFromTheMapIsLeftForItsNewOwner) {
+  const std::string dead = MoveServerOneToAClosedPort();
+  ASSERT_FALSE(dead.empty());
+  std::unique_ptr<PsClient> client = ClientGivingUpAfter(absl::Milliseconds(100), 2);
+  const proto::ClusterMap retired = RetireServerOne(map_);
+  servers_[0]->SetMap(retired);
+  servers_[2]->SetMap(retired);
+  refreshed_map_ = retired;
+
+  const std::vector<uint64_t> wide = MakeKeys(100);
+  const std::vector<uint64_t> deep = MakeKeys(60, /*salt=*/500);
+  const std::vector<float> wide_grads = GradsFor(kWide, wide);
+  const std::vector<float> deep_grads = GradsFor(kDeep, deep);
+  const std::vector<PsClient::Keys> tables = {{kWide, wide}, {kDeep, deep}};
+  const std::vector<std::span<const float>> grads = {wide_grads, deep_grads};
+  // Some keys were server 1's, or the test proves nothing.
+  size_t on_one = 0;
+  for (uint64_t key : wide) on_one += OwnerOf(map_, key) == 1 ? 1 : 0;
+  ASSERT_GT(on_one, 0u);
+
+  proto::WorkBatch batch;
+  batch.set_records(7);
+  std::string receipt;
+  const Status status = client->Push(tables, grads, /*lr_scale=*/1.0f, /*based_on=*/nullptr,
+                                     /*versions=*/nullptr, /*pass=*/1, &batch, &receipt);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_FALSE(receipt.empty());
+  EXPECT_EQ(refreshes_, 1);
+  EXPECT_EQ(client->map_version(), retired.version());
+  EXPECT_EQ(servers_[1]->requests(), 0);  // the live fake behind the old endpoint
+  // Every key applied once, on its owner under the new map.
+  for (uint32_t table : {kWide, kDeep}) {
+    for (uint64_t key : table == kWide ? wide : deep) {
+      const uint32_t owner = OwnerOf(retired, key);
+      for (uint32_t id = 0; id < servers_.size(); ++id) {
+        const auto pushed = servers_[id]->pushed();
+        const auto it = pushed.find({table, key});
+        const size_t times = it == pushed.end() ? 0 : it->second.size();
+        EXPECT_EQ(times, id == owner ? 1u : 0u) << "table " << table << " key " << key
+                                                << " on server " << id;
+      }
+    }
+  }
+  // Pulls go by the new map, with no more silence to wait out.
+  ASSERT_NO_FATAL_FAILURE(ExpectPulls(*client, wide, deep));
+  EXPECT_EQ(refreshes_, 1);
+}
+
+// A pull meeting the silence fetches the map and reads the new owner too.
+TEST_F(PsClientTest, SilentServerGoneFromTheMapIsLeftByPulls) {
+  const std::string dead = MoveServerOneToAClosedPort();
+  ASSERT_FALSE(dead.empty());
+  std::unique_ptr<PsClient> client = ClientGivingUpAfter(absl::Milliseconds(100), 2);
+  const proto::ClusterMap retired = RetireServerOne(map_);
+  servers_[0]->SetMap(retired);
+  servers_[2]->SetMap(retired);
+  refreshed_map_ = retired;
+  ASSERT_NO_FATAL_FAILURE(ExpectPulls(*client, MakeKeys(100), MakeKeys(60, /*salt=*/500)));
+  EXPECT_EQ(refreshes_, 1);
+  EXPECT_EQ(client->map_version(), retired.version());
+}
+
+// Only a map that leaves the keys elsewhere is followed: a newer map that
+// still places them on the silent server leaves the silence standing (the
+// worker's AwaitVerdict decides), and the client's map as it was.
+TEST_F(PsClientTest, SilentServerStillInTheNewerMapIsDeadlineExceeded) {
+  const std::string dead = MoveServerOneToAClosedPort();
+  ASSERT_FALSE(dead.empty());
+  std::unique_ptr<PsClient> client = ClientGivingUpAfter(absl::Milliseconds(100), 2);
+  // v2 moves server 0's partitions to server 2; server 1 keeps its own.
+  refreshed_map_ = map_;
+  refreshed_map_.set_version(map_.version() + 1);
+  for (int p = 0; p < refreshed_map_.partition_owner_size(); ++p) {
+    if (refreshed_map_.partition_owner(p) == 0) refreshed_map_.set_partition_owner(p, 2);
+  }
+  const std::vector<uint64_t> wide = MakeKeys(100);
+  const std::vector<float> wide_grads = GradsFor(kWide, wide);
+  const std::vector<PsClient::Keys> tables = {{kWide, wide}};
+  const std::vector<std::span<const float>> grads = {wide_grads};
+  const Status status = client->Push(tables, grads);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(status.message(), HasSubstr(dead));
+  EXPECT_THAT(status.message(), HasSubstr("still places"));
+  EXPECT_EQ(refreshes_, 1);
+  EXPECT_EQ(client->map_version(), map_.version());
+  // Nothing of server 1's keys went anywhere else.
+  for (uint64_t key : wide) {
+    if (OwnerOf(map_, key) != 1) continue;
+    for (const auto& server : servers_) EXPECT_EQ(server->pushed().count({kWide, key}), 0u);
+  }
 }
 
 // A client whose worker was fenced stops waiting for a silent server at
