@@ -106,6 +106,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# CPU-seconds (user + system) of the children of this shell it reaped so far
+# (bash's `times`, second line: "0m12.345s 0m1.234s"). `times` runs in this
+# shell, not in a $(...) subshell, whose children are its own.
+children_cpu_s() {
+  times >"$run_dir/.times"
+  awk 'NR == 2 { split($1, u, /[ms]/); split($2, s, /[ms]/)
+                 printf "%.2f\n", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' "$run_dir/.times"
+}
+children_cpu_s >"$run_dir/.cpu_before"
+cpu_before=$(cat "$run_dir/.cpu_before")
 started=$(date +%s)
 "$bin/eps-master" --config "$config" --port 0 --http-port 0 --data-dir "$run_dir/master" \
   "${extra[@]}" >"$run_dir/logs/master.log" 2>&1 &
@@ -142,6 +152,19 @@ done
 
 # Follow the master's progress lines while the job runs.
 tail -n +1 -f "$run_dir/logs/master.log" --pid "$master_pid" >&2 &
+# While the job runs, each process's CPU-seconds so far, read from /proc
+# every 0.5 s (bash reaps its children as they exit, taking their /proc
+# entries with them): the split by process below misses each one's last
+# half second; the total does not.
+ticks=$(getconf CLK_TCK)
+declare -A cpu_of
+while kill -0 "$master_pid" 2>/dev/null; do
+  for pid in "${pids[@]}"; do
+    # `read`, not a command: what this loop runs counts in the total.
+    read -r -a stat 2>/dev/null <"/proc/$pid/stat" && cpu_of[$pid]=$((stat[13] + stat[14]))
+  done
+  sleep 0.5
+done
 status=0
 wait "$master_pid" || status=$?
 sleep 0.2
@@ -149,18 +172,37 @@ for pid in "${pids[@]:1}"; do
   wait "$pid" 2>/dev/null || true
 done
 elapsed=$(( $(date +%s) - started ))
+# Every process of the job was reaped above: the build, the data and the
+# keys before it are not counted.
+children_cpu_s >"$run_dir/.cpu_after"
+cpu_s=$(awk -v a="$cpu_before" -v b="$(cat "$run_dir/.cpu_after")" 'BEGIN { printf "%.2f", b - a }')
+# The sampled split: pids[0] is the master, then the servers, then the workers.
+cpu_sum() {
+  local sum=0 pid
+  for pid in "$@"; do sum=$((sum + ${cpu_of[$pid]:-0})); done
+  awk -v s="$sum" -v t="$ticks" 'BEGIN { printf "%.2f", s / t }'
+}
+cpu_master=$(cpu_sum "${pids[0]}")
+cpu_servers=$(cpu_sum "${pids[@]:1:servers}")
+cpu_workers=$(cpu_sum "${pids[@]:$((1 + servers))}")
 
 final="$run_dir/master/final_status.json"
 if [ "$status" -ne 0 ] || [ ! -f "$final" ]; then
   echo "eps: the job failed (master exit code $status); see $run_dir/logs" >&2
   exit 1
 fi
-python3 - "$final" "${data:-}" "$elapsed" <<'PY'
+python3 - "$final" "${data:-}" "$elapsed" "$cpu_s" "$cpu_master" "$cpu_servers" "$cpu_workers" \
+  <<'PY'
 import json, os, sys
 final = json.load(open(sys.argv[1]))
 m = final["metrics"]
 fmt = lambda v: "n/a" if v is None else f"{v:.5f}"
-print(f"eps: job {final['state']} in {sys.argv[3]} s: {final['records_trained']} records trained")
+records, cpu = final["records_trained"], float(sys.argv[4])
+print(f"eps: job {final['state']} in {sys.argv[3]} s: {records} records trained")
+master, servers, workers = map(float, sys.argv[5:8])
+print(f"cpu_seconds  {cpu:.2f} (every process of the job, user + system; "
+      f"{1000 * cpu / max(records, 1):.4f} per 1,000 records trained; sampled every 0.5 s: "
+      f"workers {workers:.2f}, servers {servers:.2f}, master {master:.2f})")
 print(f"eval_auc     {fmt(m['eval_auc'])}")
 print(f"eval_logloss {fmt(m['eval_logloss'])}")
 print(f"train_loss   {fmt(m['train_loss'])}")
