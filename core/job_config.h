@@ -296,13 +296,13 @@ struct JobConfig {
     // next copy's pull with the next step. Embedding rows are pulled
     // worker.prefetch_batches ahead either way. Shared by every member.
     // Default 0: with 2 workers, 1 cost DLRM (Adam on its MLPs) 0.032 eval
-    // AUC (README, Accuracy).
+    // AUC (docs/accuracy.md).
     int64_t max_staleness = 0;
     // How a step's dense tensors travel between worker and servers (their
     // gradients out, the new copy back): float32 or bfloat16 (half the
     // bytes; the servers keep float32). Default bfloat16: 1-6% more
-    // records/s on 2 cores, eval AUC within run-to-run noise (README,
-    // Performance).
+    // records/s on 2 cores, eval AUC within run-to-run noise
+    // (docs/performance.md).
     std::string dense_wire = "bfloat16";
     // Time one attempt of a remote call may take, in ms, in [1, 86400000];
     // times rpc_attempts at most a day. Default 10000.

@@ -28,7 +28,7 @@ install_missing_packages
 mkdir -p "$EPS_BUILD_DIR"
 configure_and_build
 
-# A failing test runs once more before it counts (README, Development): a few
+# A failing test runs once more before it counts (docs/development.md): a few
 # integration tests compare the accuracy of asynchronous runs, whose spread
 # on a loaded machine reaches their margins. Both runs show in the log.
 ctest_args=(--test-dir "$EPS_BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 600

@@ -231,7 +231,7 @@ json StatusDocument(const JobControl& control, absl::Time now) {
 std::string MetricsText(const JobControl& control) {
   // Families in a fixed order, each with every series it has: job progress,
   // training quality, membership and shards, per worker, per server,
-  // checkpoints and recoveries. README.md "### Metrics" lists them.
+  // checkpoints and recoveries. docs/observability.md "Metrics" lists them.
   const JobConfig& job = control.job();
   const TrainingProgress& progress = control.progress();
   const Membership& membership = control.membership();

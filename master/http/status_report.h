@@ -1,9 +1,9 @@
 // The master's two views of the job, built from JobControl's state: the
-// /status JSON document (its contract: README.md and DESIGN.md section 12)
-// and the /metrics text (Prometheus exposition format; README.md "###
-// Metrics" lists the families). Tests, scripts and dashboards read both, so
-// for the same state the output is the same, byte for byte: keys, order of
-// families, HELP texts.
+// /status JSON document (its contract: docs/observability.md and DESIGN.md
+// section 12) and the /metrics text (Prometheus exposition format;
+// docs/observability.md, "Metrics", lists the families). Tests, scripts and
+// dashboards read both, so for the same state the output is the same, byte
+// for byte: keys, order of families, HELP texts.
 //
 // Thread-safety: functions of the state; the caller holds the master's
 // mutex around every call. They read no clock (time is passed in) and do no

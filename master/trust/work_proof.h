@@ -10,7 +10,7 @@
 // cannot make a receipt, so a worker that commits records it never pushed
 // is caught at its first such commit (the master fences it and its shards
 // are trained by others). What a receipt does not prove: that the pushed
-// gradients are honest ones (README, "Security").
+// gradients are honest ones (docs/security.md).
 //
 // Thread-safety: a pure function.
 

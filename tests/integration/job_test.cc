@@ -157,7 +157,7 @@ std::pair<double, double> TrainBothWays(const std::string& run_dir, const std::s
 // examples/wdl.ini and deepfm.ini train): under the default Adam at 0.001
 // (optimizer.mlp) the embedding rows pulled a few batches ahead cost more
 // on this small data (measured with one worker: dlrm 0.727-0.731 against
-// 0.734-0.737 in one process; README, Accuracy).
+// 0.734-0.737 in one process; docs/accuracy.md).
 constexpr char kAdagradMlps[] = "--optimizer.mlp=type=adagrad,learning_rate=0.01";
 
 // The models with MLPs train through servers and a worker as in one
