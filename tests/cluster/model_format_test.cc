@@ -18,12 +18,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/raw_npy.h"
 #include "tests/testing/temp_dir.h"
 
 namespace eps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::eps::testing::WriteRawNpy;
 using nlohmann::json;
 
 constexpr uint64_t kDim = 4;
@@ -198,34 +200,13 @@ TEST_F(ModelFormat, AMissingPartIsNotFoundNamingIt) {
 TEST_F(ModelFormat, RefusesAPartWhoseHeaderClaimsMoreThanItsFileHolds) {
   const std::string header =
       "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 4194304), }\n";
-  std::string bytes("\x93NUMPY\x01", 7);
-  bytes += '\0';
-  bytes += static_cast<char>(header.size() & 0xff);
-  bytes += static_cast<char>(header.size() >> 8);
-  bytes += header;
-  bytes.append(160, '\0');
-  std::ofstream(part0() + ".rows.npy", std::ios::binary | std::ios::trunc) << bytes;
+  WriteRawNpy(part0() + ".rows.npy", 1, static_cast<uint32_t>(header.size()), header, 160);
   const Status status = ReadEmb();
   EXPECT_TRUE(absl::IsDataLoss(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr(part0() + ".rows.npy"));
   EXPECT_THAT(status.message(), HasSubstr("truncated"));
 }
 
-// The bytes of a .npy file: `header` behind a preamble of `version` whose
-// length field says `claimed`, then `data` zero bytes.
-void WriteNpyBytes(const std::string& path, int version, uint32_t claimed,
-                   const std::string& header, size_t data) {
-  std::filesystem::remove(path);
-  std::string bytes("\x93NUMPY", 6);
-  bytes += static_cast<char>(version);
-  bytes += '\0';
-  for (int i = 0; i < (version == 1 ? 2 : 4); ++i) {
-    bytes += static_cast<char>((claimed >> (8 * i)) & 0xff);
-  }
-  bytes += header;
-  bytes.append(data, '\0');
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 // ValidateModelExport(model()) refuses with kDataLoss (or `code`), in one
 // line naming `named`.
@@ -261,7 +242,7 @@ TEST_F(ModelFormat, ValidateModelExportRefusesALyingHeader) {
   // allocation of that size.
   const std::string path = part0() + ".keys.npy";
   const std::string header = "{'descr': '<u8', 'fortran_order': False, 'shape': (10,), }\n";
-  WriteNpyBytes(path, 2, 0xFFFFFFF0u, header, 200 - 12 - header.size());
+  WriteRawNpy(path, 2, 0xFFFFFFF0u, header, 200 - 12 - header.size());
   ExpectRefusedNaming(model(), path + " is not an array eps can read: the header claims "
                                       "4294967280 bytes");
 }
@@ -270,7 +251,7 @@ TEST_F(ModelFormat, ValidateModelExportRefusesHugeRowsWithoutReadingThem) {
   const std::string path = part0() + ".rows.npy";
   const std::string header =
       "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 4194304), }\n";
-  WriteNpyBytes(path, 1, static_cast<uint32_t>(header.size()), header, 4096);
+  WriteRawNpy(path, 1, static_cast<uint32_t>(header.size()), header, 4096);
   ExpectRefusedNaming(model(), path + " is not an array eps can read: truncated");
 }
 

@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/raw_npy.h"
 #include "tests/testing/temp_dir.h"
 
 namespace eps {
@@ -20,6 +21,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::eps::testing::WriteRawNpy;
 
 #define NPY_CONCAT_(a, b) a##b
 #define NPY_CONCAT(a, b) NPY_CONCAT_(a, b)
@@ -28,22 +30,6 @@ using ::testing::HasSubstr;
   ASSERT_TRUE(NPY_CONCAT(result_, __LINE__).ok()) << NPY_CONCAT(result_, __LINE__).status(); \
   lhs = std::move(*NPY_CONCAT(result_, __LINE__))
 
-// A .npy file as a hostile writer makes it: format `version` (1: a 2-byte
-// header length, 2: 4 bytes) whose length field says `claimed_header`,
-// then `header`, then `data_bytes` zero bytes.
-void WriteRawNpy(const std::string& path, int version, uint32_t claimed_header,
-                 const std::string& header, size_t data_bytes) {
-  std::string bytes("\x93NUMPY", 6);
-  bytes += static_cast<char>(version);
-  bytes += '\0';
-  const int length_bytes = version == 1 ? 2 : 4;
-  for (int i = 0; i < length_bytes; ++i) {
-    bytes += static_cast<char>((claimed_header >> (8 * i)) & 0xff);
-  }
-  bytes += header;
-  bytes.append(data_bytes, '\0');
-  std::ofstream(path, std::ios::binary) << bytes;
-}
 
 // A truthful header of `shape` (numpy's text, e.g. "(3, 4)") for "<f4".
 std::string Header(const std::string& shape) {

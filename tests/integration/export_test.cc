@@ -28,6 +28,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/process.h"
+#include "tests/testing/raw_npy.h"
 
 namespace eps::testing {
 namespace {
@@ -443,22 +444,6 @@ TEST(Export, EpsPredictRefusesWhatIsNotAnExport) {
   EXPECT_NE(usage.find("--model"), std::string::npos) << usage;
 }
 
-// A .npy file of `header` behind a preamble of `version` whose length
-// field says `claimed`, then `data` zero bytes.
-void WriteNpyBytes(const std::string& path, int version, uint32_t claimed,
-                   const std::string& header, size_t data) {
-  std::filesystem::remove(path);
-  std::string bytes("\x93NUMPY", 6);
-  bytes += static_cast<char>(version);
-  bytes += '\0';
-  for (int i = 0; i < (version == 1 ? 2 : 4); ++i) {
-    bytes += static_cast<char>((claimed >> (8 * i)) & 0xff);
-  }
-  bytes += header;
-  bytes.append(data, '\0');
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
 // Names `part` as the first part of the first parameter of the export in
 // `model`.
 void SetFirstPart(const std::string& model, const std::string& part) {
@@ -502,7 +487,7 @@ std::vector<HostileExport> HostileExports(const std::string& first_part) {
      [first_part](const std::string& model) {
        const std::string path = model + "/" + first_part + ".keys.npy";
        const std::string header = "{'descr': '<u8', 'fortran_order': False, 'shape': (3,), }\n";
-       WriteNpyBytes(path, 2, 0xFFFFFFF0u, header, 200 - 12 - header.size());
+       WriteRawNpy(path, 2, 0xFFFFFFF0u, header, 200 - 12 - header.size());
        return path + " is not an array eps can read: the header claims 4294967280 bytes";
      }},
     {"huge-rows",
@@ -510,7 +495,7 @@ std::vector<HostileExport> HostileExports(const std::string& first_part) {
        const std::string path = model + "/" + first_part + ".rows.npy";
        const std::string header =
            "{'descr': '<f4', 'fortran_order': False, 'shape': (1024, 4194304), }\n";
-       WriteNpyBytes(path, 1, static_cast<uint32_t>(header.size()), header, 4096);
+       WriteRawNpy(path, 1, static_cast<uint32_t>(header.size()), header, 4096);
        return path + " is not an array eps can read: truncated";
      }},
     {"directory-manifest",
