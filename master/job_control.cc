@@ -507,21 +507,18 @@ Status JobControl::ShardUnreadable(const proto::NodeId& sender,
 
 Status JobControl::Deregister(const proto::NodeId& sender,
                               const proto::DeregisterRequest& request) {
-  if (sender.role() == proto::ROLE_SERVER &&
-      (!request.has_server_id() || request.server_id() != sender.id())) {
-    ++deregisters_refused_;
-    return absl::PermissionDeniedError(absl::StrCat(
-        "a DEREGISTER from ps[", sender.id(), "] names ",
-        request.has_server_id() ? absl::StrCat("slot ", request.server_id()) : "no slot",
-        ": a server asks to drain only its own slot"));
-  }
-  return Deregister(sender, request.endpoint());
-}
-
-Status JobControl::Deregister(const proto::NodeId& sender, const std::string& endpoint) {
   if (sender.role() == proto::ROLE_SERVER) {
-    // Checked always: a server that does not say which process it is
-    // drains nothing (any holder of the server key could name a slot).
+    // Both checked always: a server that does not say which slot and which
+    // process it is drains nothing (any holder of the server key could
+    // name a slot).
+    if (!request.has_server_id() || request.server_id() != sender.id()) {
+      ++deregisters_refused_;
+      return absl::PermissionDeniedError(absl::StrCat(
+          "a DEREGISTER from ps[", sender.id(), "] names ",
+          request.has_server_id() ? absl::StrCat("slot ", request.server_id()) : "no slot",
+          ": a server asks to drain only its own slot"));
+    }
+    const std::string& endpoint = request.endpoint();
     if (endpoint.empty()) {
       ++deregisters_refused_;
       return absl::InvalidArgumentError(absl::StrCat(

@@ -145,9 +145,17 @@ class JobControl {
                          const TrainingProgress::UnreadRange& range, const Status& readable,
                          absl::Time now, proto::ShardUnreadableReply* reply);
   // DEREGISTER: a worker leaves (its shards go back at once); a server is
-  // drained (Drain), unless `endpoint` (when given) is not its slot's
-  // current process: FENCED, nothing drained.
-  Status Deregister(const proto::NodeId& sender, const std::string& endpoint = "");
+  // drained (Drain). A server's request names its slot (`server_id`, which
+  // must be the sender's id: kPermissionDenied otherwise) and its endpoint
+  // (kInvalidArgument when empty; FENCED when not its slot's current
+  // process); a refusal drains nothing and counts in deregisters_refused().
+  Status Deregister(const proto::NodeId& sender, const proto::DeregisterRequest& request = {});
+  // Servers' DEREGISTERs refused since the master started (/metrics
+  // eps_master_requests_refused_total{reason="deregister"}).
+  uint64_t deregisters_refused() const { return deregisters_refused_; }
+  // The slots no drain or balance moves a partition to (see
+  // excluded_new_owners_).
+  const std::set<uint32_t>& excluded_new_owners() const { return excluded_new_owners_; }
 
   // --- The job loop ---------------------------------------------------------
 
@@ -321,8 +329,13 @@ class JobControl {
   // while it has attempts left: event partition_move_failed), e.g. for a
   // recovery.
   void AbandonMoves(const std::string& reason, bool retry = true);
-  // The live slots a drain of `slot` may move to, with their partitions.
+  // The live slots a drain of `slot` may move to, with their partitions
+  // (none of excluded_new_owners_).
   std::map<uint32_t, uint32_t> DrainTargets(uint32_t slot) const;
+  // Adds to a heartbeat reply for server `slot` the move in progress whose
+  // old owner it is (HeartbeatReply.moves_out): the old owner serves its
+  // pages only to the new owner named there.
+  void FillMovesOut(uint32_t slot, proto::HeartbeatReply* reply) const;
   // Queues the moves of the partitions `slot` still owns (event
   // server_drained once it owns none); how many.
   uint32_t PlanDrain(uint32_t slot);
@@ -398,31 +411,11 @@ class JobControl {
   std::string export_error_;
   std::string saved_record_;  // the master record last taken, serialized
 
-  // --- A server is a member the master admitted (issue 49) -------------------
-
- public:
-  // DEREGISTER as the wire carries it. A server's names its slot
-  // (`server_id`, which must be the sender's id: kPermissionDenied
-  // otherwise) and its endpoint (kInvalidArgument when empty; FENCED when
-  // not its slot's current process); each refusal drains nothing and is
-  // counted (deregisters_refused). Then as Deregister above.
-  Status Deregister(const proto::NodeId& sender, const proto::DeregisterRequest& request);
-  // Servers' DEREGISTERs refused since the master started (/metrics
-  // eps_master_requests_refused_total{reason="deregister"}).
-  uint64_t deregisters_refused() const { return deregisters_refused_; }
-  // Slots no move goes to (no drain or balance picks them) since a move to
-  // them failed in their own step (COPY or TAIL) PartitionMoves::
-  // kMaxAttempts times; a slot leaves the set when a process registers for
-  // it again. Not persisted: a restarted master tries them again.
-  const std::set<uint32_t>& excluded_new_owners() const { return excluded_new_owners_; }
-
- private:
-  // Adds to a heartbeat reply for server `slot` the move in progress whose
-  // old owner it is (HeartbeatReply.moves_out): the old owner serves its
-  // pages only to the new owner named there (job_moves.cc).
-  void FillMovesOut(uint32_t slot, proto::HeartbeatReply* reply) const;
-
   uint64_t deregisters_refused_ = 0;
+  // Slots no drain or balance moves a partition to: a move to each failed
+  // in its own step (COPY or TAIL) PartitionMoves::kMaxAttempts times. A
+  // slot leaves the set when a process registers for it again; not
+  // persisted (a restarted master tries it again).
   std::set<uint32_t> excluded_new_owners_;
 };
 

@@ -36,9 +36,11 @@ static std::string ImportStopReason(const std::string& dir, absl::string_view er
 }
 
 // An error of a server's warm start that another try would meet again:
-// the export itself is missing, broken or of another model.
+// the export itself is missing, broken or of another model. An error with
+// a protocol reason (NOT_READY, FENCED, ...) is about the server, not the
+// export.
 static bool RefusesTheExport(const Status& status) {
-  if (ReasonOf(status) == proto::NOT_READY) return false;
+  if (ReasonOf(status) != proto::REASON_UNSPECIFIED) return false;
   switch (status.code()) {
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kDataLoss:

@@ -454,6 +454,17 @@ void SetFirstPart(const std::string& model, const std::string& part) {
   std::ofstream(model + "/manifest.json", std::ios::trunc) << edited.dump(2);
 }
 
+// Copies part `part` of the export in `model` to MODEL-outside/part-0
+// (beside the export, not in it); returns that directory.
+std::string CopyPartOutside(const std::string& model, const std::string& part) {
+  const std::string outside = model + "-outside";
+  std::filesystem::create_directories(outside);
+  for (const char* suffix : {".keys.npy", ".rows.npy"}) {
+    std::filesystem::copy_file(model + "/" + part + suffix, outside + "/part-0" + suffix);
+  }
+  return outside;
+}
+
 // A hostile copy of an export (issue 49).
 struct HostileExport {
   std::string name;
@@ -514,12 +525,7 @@ std::vector<HostileExport> HostileExports(const std::string& first_part) {
     {"dotdot-part",
      [first_part](const std::string& model) {
        // The files it names exist: only the path check stands in the way.
-       const std::string outside = model + "-outside";
-       std::filesystem::create_directories(outside);
-       for (const char* suffix : {".keys.npy", ".rows.npy"}) {
-         std::filesystem::copy_file(model + "/" + first_part + suffix,
-                                    outside + "/part-0" + suffix);
-       }
+       const std::string outside = CopyPartOutside(model, first_part);
        const std::string part =
            "../" + std::filesystem::path(outside).filename().string() + "/part-0";
        SetFirstPart(model, part);
@@ -527,12 +533,7 @@ std::vector<HostileExport> HostileExports(const std::string& first_part) {
      }},
     {"absolute-part",
      [first_part](const std::string& model) {
-       const std::string outside = model + "-outside";
-       std::filesystem::create_directories(outside);
-       for (const char* suffix : {".keys.npy", ".rows.npy"}) {
-         std::filesystem::copy_file(model + "/" + first_part + suffix,
-                                    outside + "/part-0" + suffix);
-       }
+       const std::string outside = CopyPartOutside(model, first_part);
        SetFirstPart(model, outside + "/part-0");
        return model + "/manifest.json: part '" + outside + "/part-0' is an absolute path";
      }},

@@ -142,19 +142,30 @@ TEST_F(JobControlMovesTest, ADrainedServerLeavesTheJobAndIsToldToExit) {
   EXPECT_EQ(restarted->membership().server(0), nullptr);
 }
 
+// A server's DEREGISTER, as ps/param_server_session.cc sends it.
+proto::DeregisterRequest ServerLeaving(uint32_t slot, std::string endpoint) {
+  proto::DeregisterRequest request;
+  request.set_server_id(slot);
+  request.set_endpoint(std::move(endpoint));
+  return request;
+}
+
 TEST_F(JobControlMovesTest, AServerThatDeregistersIsDrained) {
   ASSERT_NO_FATAL_FAILURE(StartTraining());
   // A replaced process of the slot (another endpoint) drains nothing.
-  const Status replaced = control_->Deregister(ServerNode(1), "tcp://127.0.0.1:1");
+  const Status replaced =
+      control_->Deregister(ServerNode(1), ServerLeaving(1, "tcp://127.0.0.1:1"));
   EXPECT_EQ(replaced.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReasonOf(replaced), proto::FENCED);
   EXPECT_THAT(replaced.message(), ::testing::HasSubstr("was replaced"));
   EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 0);
-  ASSERT_TRUE(control_->Deregister(ServerNode(1), control_->membership().server(1)->endpoint).ok());
+  ASSERT_TRUE(
+      control_->Deregister(ServerNode(1), ServerLeaving(1, control_->membership().server(1)->endpoint))
+          .ok());
   EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 4);
   // ps[0] is the last server able to hold the partitions: it cannot leave.
   const Status last =
-      control_->Deregister(ServerNode(0), control_->membership().server(0)->endpoint);
+      control_->Deregister(ServerNode(0), ServerLeaving(0, control_->membership().server(0)->endpoint));
   EXPECT_EQ(last.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(last.message(), ::testing::HasSubstr("only server left"));
 }
@@ -307,9 +318,9 @@ TEST_F(JobControlMovesTest, ADeregisterNamesItsOwnSlotAndEndpoint) {
   ASSERT_NO_FATAL_FAILURE(StartTraining());
   const std::string endpoint = control_->membership().server(1)->endpoint;
   const auto request = [](std::string endpoint, std::optional<uint32_t> slot) {
+    if (slot.has_value()) return ServerLeaving(*slot, std::move(endpoint));
     proto::DeregisterRequest body;
     body.set_endpoint(std::move(endpoint));
-    if (slot.has_value()) body.set_server_id(*slot);
     return body;
   };
   EXPECT_EQ(control_->Deregister(ServerNode(1), request(endpoint, 0)).code(),
