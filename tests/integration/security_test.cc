@@ -235,9 +235,23 @@ class RogueWorker {
   }
 
   // Commits `shard` whole as trained (TRAIN) or evaluated with `predictions`
-  // (EVAL), having pushed nothing.
+  // (EVAL), having pushed nothing. Sent again while the master answers
+  // SLOW_DOWN (it checks one evaluation commit at a time, and a real
+  // worker's may be in its check), as a worker does, for at most 30 s.
   Status CommitWhole(const proto::ShardAssignment& shard, std::vector<float> labels = {},
                      std::vector<float> predictions = {}) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    Status status = CommitWholeOnce(shard, labels, predictions);
+    while (ReasonOf(status) == proto::SLOW_DOWN && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(100));
+      status = CommitWholeOnce(shard, labels, predictions);
+    }
+    return status;
+  }
+
+ private:
+  Status CommitWholeOnce(const proto::ShardAssignment& shard, const std::vector<float>& labels,
+                         const std::vector<float>& predictions) {
     Message request;
     request.header().set_method(proto::COMMIT_PROGRESS);
     proto::CommitProgressRequest* body = request.header().mutable_commit_progress_request();
@@ -258,7 +272,6 @@ class RogueWorker {
     return channel.Call(master_, std::move(request), once).status();
   }
 
- private:
   std::unique_ptr<SocketFactory> factory_;
   std::string master_;
   proto::NodeId self_;
