@@ -95,7 +95,8 @@ await() {
   done
 }
 join() {
-  "$root/build/bin/eps-server" --config "$config" --master "$endpoint" \
+  # A join is an operator's act: the job's HTTP token admits it (docs/security.md).
+  EPS_LAUNCH_SECRET_FILE="$run/keys/http_token" "$root/build/bin/eps-server" --config "$config" --master "$endpoint" \
     --data-dir "$run/server-joined-$1" --ps.num_servers="$first_servers" \
     --security.keys_dir="$run/keys" "${common[@]}" >"$run/logs/server-joined-$1.log" 2>&1 &
   joined+=($!)

@@ -116,6 +116,12 @@ class StandInMaster {
         body->set_server_id(0);
         *body->mutable_job() = BenchJob();
         body->set_worker_credential_key(credential_key_);
+        if (!credential_key_.empty()) {
+          // The slot's credential, as the master issues it.
+          ASSIGN_OR_RETURN(WorkerCredentials credentials,
+                           WorkerCredentials::FromKey(credential_key_));
+          body->set_slot_credential(credentials.ServerCredential(0));
+        }
         return absl::OkStatus();
       }
       case proto::HEARTBEAT: {

@@ -178,7 +178,22 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
         ", not of this job (", this_job, "); give it a fresh --data-dir"));
   }
   if (over()) return JobOver();
+  // Who it claims to be is judged before the claim changes anything (a
+  // claim on a live slot marks its server dead).
+  const auto refused = [&](Status why) {
+    if (++servers_refused_ <= 16 || (servers_refused_ & (servers_refused_ - 1)) == 0) {
+      LOG(WARNING) << "refused a server registration (" << servers_refused_
+                   << " so far): " << why.message();
+    }
+    return why;
+  };
+  if (request.rejoin() || request.has_stored_server_id()) {
+    if (Status claim = admission_.CheckClaim(request); !claim.ok()) return refused(claim);
+  }
   ASSIGN_OR_RETURN(Membership::Claim claim, membership_.ClaimSlot(request));
+  if (claim.joined) {
+    if (Status join = admission_.CheckJoin(request); !join.ok()) return refused(join);
+  }
   if (claim.joined && (recovery_.active() || progress_.phase() != JobPhase::kTraining)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a server joins a job while it trains, with no recovery running; the job is ",
@@ -213,6 +228,7 @@ Status JobControl::RegisterServer(const proto::RegisterServerRequest& request, a
     MaybeStartTraining(now);
   }
   reply->set_server_id(claim.slot);
+  reply->set_slot_credential(admission_.Credential(claim.slot));
   *reply->mutable_job() = job_spec_;
   return absl::OkStatus();
 }

@@ -51,6 +51,7 @@
 #include "master/progress_meter.h"
 #include "master/recovery.h"
 #include "master/state_store.h"
+#include "master/trust/server_admission.h"
 #include "master/wait_bounds.h"
 #include "proto/eps.pb.h"
 #include "rpc/security.h"
@@ -84,6 +85,9 @@ class JobControl {
   // its worker. `key` must outlive the unit; nullptr (the default) checks
   // nothing.
   void CheckWorkWith(const WorkerCredentials* key) { receipt_key_ = key; }
+  // Under CURVE: who may take a server slot (master/trust/server_admission.h).
+  // Default: anyone with the server key (security off).
+  ServerAdmission& admission() { return admission_; }
   // With an autoscaler: whether it may still start workers. While it may,
   // no worker alive does not stop the job (master.worker_wait_s): the
   // autoscaler is waiting for capacity or replacing them. Unset: it never
@@ -153,6 +157,9 @@ class JobControl {
   // Servers' DEREGISTERs refused since the master started (/metrics
   // eps_master_requests_refused_total{reason="deregister"}).
   uint64_t deregisters_refused() const { return deregisters_refused_; }
+  // Server registrations ServerAdmission refused since the master started
+  // (eps_master_requests_refused_total{reason="server_admission"}).
+  uint64_t servers_refused() const { return servers_refused_; }
   // The slots no drain or balance moves a partition to (see
   // excluded_new_owners_).
   const std::set<uint32_t>& excluded_new_owners() const { return excluded_new_owners_; }
@@ -412,6 +419,8 @@ class JobControl {
   std::string saved_record_;  // the master record last taken, serialized
 
   uint64_t deregisters_refused_ = 0;
+  ServerAdmission admission_;
+  uint64_t servers_refused_ = 0;
   // Slots no drain or balance moves a partition to: a move to each failed
   // in its own step (COPY or TAIL) PartitionMoves::kMaxAttempts times. A
   // slot leaves the set when a process registers for it again; not

@@ -190,6 +190,8 @@ Status Master::Impl::StartServing() {
     {
       absl::MutexLock lock(&mu_);
       control_->CheckWorkWith(&*worker_credentials_);
+      control_->admission() =
+          ServerAdmission(&*worker_credentials_, options_.security.http_token);
     }
     if (!eval_files_.empty()) {
       ASSIGN_OR_RETURN(eval_check_,
@@ -213,10 +215,12 @@ Status Master::Impl::StartServing() {
             const Autoscaler* autoscaler;
             const ServerScaler* server_scaler;
             uint64_t deregisters_refused = 0;
+            uint64_t servers_refused = 0;
             {
               absl::MutexLock lock(&mu_);
               text = MetricsText(*control_);
               deregisters_refused = control_->deregisters_refused();
+              servers_refused = control_->servers_refused();
               autoscaler = autoscaler_.get();  // set once, lives as long as the server
               server_scaler = server_scaler_.get();
             }
@@ -229,8 +233,10 @@ Status Master::Impl::StartServing() {
                             "Requests the master refused: for their sender's role (reason "
                             "permission_denied), for carrying no key the job trusts "
                             "(unauthenticated; refused CURVE handshakes included), for a "
-                            "limit (limit: requests in flight, message size), or a server's "
-                            "DEREGISTER naming another slot or no endpoint (deregister).");
+                            "limit (limit: requests in flight, message size), a server's "
+                            "DEREGISTER naming another slot or no endpoint (deregister), or a "
+                            "server registration claiming a slot without its credential or "
+                            "joining without a grant (server_admission).");
             refusals.Sample({{"reason", "permission_denied"}},
                             static_cast<double>(rpc_->refused()));
             refusals.Sample({{"reason", "unauthenticated"}},
@@ -238,6 +244,8 @@ Status Master::Impl::StartServing() {
                                                 factory_.handshakes_refused()));
             refusals.Sample({{"reason", "limit"}}, static_cast<double>(rpc_->limited()));
             refusals.Sample({{"reason", "deregister"}}, static_cast<double>(deregisters_refused));
+            refusals.Sample({{"reason", "server_admission"}},
+                            static_cast<double>(servers_refused));
             http_.WriteMetrics(refusals);
             return text + refusals.text();
           },

@@ -93,6 +93,15 @@ Status Master::Impl::StartServerScaler() {
       job, std::move(scaler), [this] { return ServerView(); },
       [this](uint32_t slot) { return DrainServer(slot); },
       events_.get(), clock_);
+  {
+    // Before its first launch: the master admits its servers' joins.
+    ServerScaler* launches = server_scaler.get();  // lives as long as the master
+    absl::MutexLock lock(&mu_);
+    control_->admission().VerifyLaunchesWith(
+        [launches](uint64_t id, absl::string_view secret) {
+          return launches->VerifyLaunch(id, secret);
+        });
+  }
   server_scaler->Start();
   absl::MutexLock lock(&mu_);
   server_scaler_ = std::move(server_scaler);

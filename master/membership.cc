@@ -49,7 +49,8 @@ Membership::Membership(const JobConfig& job, EventSink* events)
 StatusOr<Membership::Claim> Membership::ClaimSlot(const proto::RegisterServerRequest& request) {
   for (auto& [id, server] : servers_) {
     if (server.endpoint == request.endpoint() && server.pid == request.pid() &&
-        server.state == PeerState::kAlive && server.seen) {
+        server.instance == request.instance() && server.state == PeerState::kAlive &&
+        server.seen) {
       return Claim{.slot = id, .retried = true};
     }
   }
@@ -130,6 +131,7 @@ bool Membership::AdmitServer(uint32_t slot, const proto::RegisterServerRequest& 
   server.endpoint = request.endpoint();
   server.host = request.hostname();
   server.pid = request.pid();
+  server.instance = request.instance();
   server.last_seen = now;
   server.seen = true;
   ++generation_;

@@ -82,6 +82,9 @@ struct ServerEntry {
   bool told_to_exit = false;
   // Heard from by this master (a restored entry is not, until it heartbeats).
   bool seen = false;
+  // What the process drew at its start (RegisterServerRequest.instance):
+  // a retried registration must carry the same.
+  std::string instance;
   // Since when it has failed to acknowledge the fence list (InfiniteFuture
   // while it acknowledges).
   absl::Time fences_failing_since = absl::InfiniteFuture();
@@ -112,7 +115,9 @@ class Membership {
     // started with (docs/design.md 2.20): it holds no partition yet.
     bool joined = false;
   };
-  // Finds the slot a registering server takes: its own (stored_server_id),
+  // Finds the slot a registering server takes: the one a registration of
+  // the same process (endpoint, pid and instance) was answered, its own
+  // (stored_server_id),
   // the next one while the job is placed, a dead one, or once every slot
   // is alive a new one (a join; at most one slot per partition). A rejoining
   // process (request.rejoin: it lost its lease, it is not a new process)

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "cluster/launch_grant.h"
 #include "core/cpu_budget.h"
 #include "core/flags.h"
 #include "core/logging.h"
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.security = *std::move(security);
+  options.grant = eps::LaunchGrant::FromEnvironment();
   if (data_dir.empty()) {
     LOG(WARNING) << "no --data-dir: parameters live in memory only, and a crash loses them";
   }

@@ -103,6 +103,7 @@ Status ParamServer::Impl::Start() {
                : Annotate(reply.status(), absl::StrCat("--data-dir ", options_.storage.data_dir));
   }
   id_ = reply->header().register_server_reply().server_id();
+  credential_ = reply->header().register_server_reply().slot_credential();
   job_ = reply->header().register_server_reply().job();
   dense_versions_ = std::vector<std::atomic<uint64_t>>(static_cast<size_t>(job_.tables_size()));
   RETURN_IF_ERROR(CheckWorkerCredentials(reply->header().register_server_reply()));
@@ -111,7 +112,7 @@ Status ParamServer::Impl::Start() {
   RETURN_IF_ERROR_CTX(storage_->CreateTables(job_), "the master's job");
   // Recorded once the dir is known to be this job's: whatever slot the
   // master gave (a fresh dir may take a dead server's), it is ours now.
-  RETURN_IF_ERROR(storage_->SetServerId(id_));
+  RETURN_IF_ERROR(storage_->SetServerId(id_, credential_));
   {
     absl::MutexLock lock(&mu_);
     tables_ready_ = true;

@@ -79,6 +79,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "cluster/launch_grant.h"
 #include "core/job_config.h"
 #include "core/status.h"
 #include "ps/storage.h"
@@ -124,6 +125,11 @@ struct ParamServerOptions {
   // CURVE and the job's keys, from [security] (LoadSecurity); off when
   // default-made (in-process tests).
   SecurityOptions security;
+  // What admits this server to a running job in a new slot under CURVE
+  // (cluster/launch_grant.h; eps-server reads it from its environment).
+  // Default none: the server may fill the job's first slots, take a dead
+  // server's, or its own back from its --data-dir.
+  LaunchGrant grant;
 
   // The job's [ps], [master] and [worker] settings.
   static ParamServerOptions FromConfig(const JobConfig& config);

@@ -139,6 +139,9 @@ class ParamServer::Impl {
   // answer, so that the RPC server checks them (kFailedPrecondition when
   // the answer has none or a bad one).
   Status CheckWorkerCredentials(const proto::RegisterServerReply& reply);
+  // This server as the sender of its requests: its slot and, under CURVE,
+  // the slot's credential.
+  proto::NodeId Self() const;
   void StartHeartbeats();
   // The master refused a heartbeat (FENCED, `why`): registers again as the
   // same slot. An error when the master gave the slot to another process
@@ -173,6 +176,13 @@ class ParamServer::Impl {
   std::unique_ptr<RpcServer> rpc_;
   std::string endpoint_;
   uint32_t id_ = 0;
+  // Under CURVE, the credential of slot id_ (RegisterServerReply.
+  // slot_credential). id_ and credential_ are set by Start before any
+  // thread that reads them starts, and never change.
+  std::string credential_;
+  // Drawn at construction: what tells this process's retried registration
+  // (RegisterServerRequest.instance).
+  const std::string instance_ = NewSecret();
   proto::JobSpec job_;
   // Set before the port is bound; internally synchronised, but its tables
   // are replaced by a restore: Table* are used only under restore_mu_.

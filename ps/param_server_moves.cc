@@ -365,10 +365,7 @@ Status ParamServer::Impl::HandleFetchPartition(const Message& request, Message* 
 StatusOr<proto::MovePartitionReply> ParamServer::Impl::FetchFromOldOwner(
     const proto::MovePartitionRequest& move, bool tail, absl::Duration* fetching) {
   *fetching = absl::ZeroDuration();
-  proto::NodeId self;
-  self.set_role(proto::ROLE_SERVER);
-  self.set_id(id_);
-  RpcChannel channel(&factory_, self);
+  RpcChannel channel(&factory_, Self());
   CallOptions call;
   call.attempt_timeout = std::max(options_.rpc_timeout, absl::Seconds(30));
   call.max_attempts = 3;

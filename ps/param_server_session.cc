@@ -45,9 +45,22 @@ Status ParamServer::Impl::CheckWorkerCredentials(const proto::RegisterServerRepl
         "the master's registration answer carries no valid key of workers' credentials (",
         credentials.status().message(), "): are the master and this server the same eps build?"));
   }
+  if (!credentials->VerifyServer(reply.server_id(), reply.slot_credential())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the master's registration answer carries no valid credential of ps[",
+                     reply.server_id(), "]: are the master and this server the same eps build?"));
+  }
   gate_.SetReceiptKey(*credentials);
   rpc_->SetWorkerCredentials(*std::move(credentials));
   return absl::OkStatus();
+}
+
+proto::NodeId ParamServer::Impl::Self() const {
+  proto::NodeId self;
+  self.set_role(proto::ROLE_SERVER);
+  self.set_id(id_);
+  self.set_credential(credential_);
+  return self;
 }
 
 Message ParamServer::Impl::RegisterRequest(bool rejoin) const {
@@ -58,25 +71,27 @@ Message ParamServer::Impl::RegisterRequest(bool rejoin) const {
   body->set_hostname(Hostname());
   body->set_pid(static_cast<uint32_t>(getpid()));
   body->set_stored_job(storage_->stored_job());
+  body->set_instance(instance_);
   if (rejoin) {
     // The slot this process holds (a memory-only server has no SERVER file).
     body->set_stored_server_id(id_);
+    body->set_slot_credential(credential_);
     body->set_rejoin(true);
   } else if (const std::optional<uint32_t> stored = storage_->stored_server_id();
              stored.has_value()) {
     body->set_stored_server_id(*stored);
+    body->set_slot_credential(storage_->stored_server_credential());
   }
+  body->set_launch_id(options_.grant.id);
+  body->set_launch_secret(options_.grant.secret);
   AddSharedOptions(options_.shared_options, body->mutable_job_options());
   return request;
 }
 
 void ParamServer::Impl::StartHeartbeats() {
-  proto::NodeId self;
-  self.set_role(proto::ROLE_SERVER);
-  self.set_id(id_);
   // A server never checks its lease (it pushes nothing); the master wait
   // stands in for it.
-  session_->Start(self, options_.heartbeat, options_.master_wait, SessionHooks());
+  session_->Start(Self(), options_.heartbeat, options_.master_wait, SessionHooks());
 }
 
 Status ParamServer::Impl::Rejoin(const Status& why) {
@@ -119,10 +134,7 @@ Status ParamServer::Impl::Rejoin(const Status& why) {
 }
 
 Status ParamServer::Impl::AskToLeave() {
-  proto::NodeId self;
-  self.set_role(proto::ROLE_SERVER);
-  self.set_id(id_);
-  RpcChannel master(&factory_, self);
+  RpcChannel master(&factory_, Self());
   Message request;
   request.header().set_method(proto::DEREGISTER);
   proto::DeregisterRequest* body = request.header().mutable_deregister_request();

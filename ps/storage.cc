@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -659,8 +660,28 @@ std::optional<uint32_t> ServerStorage::stored_server_id() const {
   return id;
 }
 
-Status ServerStorage::SetServerId(uint32_t id) {
+std::string ServerStorage::stored_server_credential() const {
+  if (options_.data_dir.empty()) return "";
+  std::ifstream in(fs::path(options_.data_dir) / "SERVER_CREDENTIAL");
+  std::string line;
+  if (!in || !std::getline(in, line)) return "";
+  const absl::string_view hex = absl::StripAsciiWhitespace(line);
+  if (hex.empty() || hex.size() % 2 != 0 ||
+      !std::all_of(hex.begin(), hex.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
+    return "";
+  }
+  return absl::HexStringToBytes(hex);
+}
+
+Status ServerStorage::SetServerId(uint32_t id, const std::string& credential) {
   if (!options_.data_dir.empty()) {
+    // The credential first: a SERVER file never names a slot whose
+    // credential a crash between the two lost.
+    if (!credential.empty()) {
+      RETURN_IF_ERROR(WriteFileAtomically(
+          (fs::path(options_.data_dir) / "SERVER_CREDENTIAL").string(),
+          absl::StrCat(absl::BytesToHexString(credential), "\n"), 0600));
+    }
     RETURN_IF_ERROR(WriteFileAtomically((fs::path(options_.data_dir) / "SERVER").string(),
                                         absl::StrCat(id, "\n")));
   }

@@ -40,8 +40,10 @@
 // pushed in pass D.
 //
 // The server's identity: SetServerId records the id the master gave this
-// server in DATA_DIR/SERVER, so that a server restarted on its dir asks for
-// the same slot again (stored_server_id).
+// server in DATA_DIR/SERVER, and under CURVE the slot's credential in
+// DATA_DIR/SERVER_CREDENTIAL (mode 0600), so that a server restarted on
+// its dir asks for the same slot again and proves it may
+// (stored_server_id, stored_server_credential).
 //
 // Thread-safety: safe for concurrent use once Open returns, with one
 // exception: Restore replaces every table, so no Table* obtained before it
@@ -324,11 +326,16 @@ class ServerStorage {
   // The server id recorded in DATA_DIR/SERVER; nullopt for a fresh or
   // memory-only store (or an unreadable file, logged as a warning).
   std::optional<uint32_t> stored_server_id() const;
+  // The slot's credential recorded in DATA_DIR/SERVER_CREDENTIAL; empty
+  // when there is none (a fresh dir, security off, an older eps).
+  std::string stored_server_credential() const;
   // Records `id` as this server's id: the checkpoint root under
   // checkpoint_dir names it, and with a data dir it is written to
   // DATA_DIR/SERVER (a temporary file, fsynced, then renamed over it, so the
-  // file is always whole). kUnavailable when the file cannot be written.
-  Status SetServerId(uint32_t id);
+  // file is always whole), with `credential` (when not empty) in
+  // DATA_DIR/SERVER_CREDENTIAL, readable by its user alone. kUnavailable
+  // when a file cannot be written.
+  Status SetServerId(uint32_t id, const std::string& credential = "");
 
   StorageStats stats() const;
   const StorageOptions& options() const { return options_; }

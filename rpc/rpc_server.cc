@@ -380,7 +380,9 @@ Status RpcServer::Authorize(absl::string_view peer, const proto::Envelope& heade
     role = authenticated.value_or(proto::ROLE_UNSPECIFIED);
   }
   if (status.ok() && options_.authorize) status = options_.authorize(header.method(), role);
-  if (status.ok() && curve_ && role == proto::ROLE_WORKER) status = CheckCredential(header);
+  if (status.ok() && curve_ && (role == proto::ROLE_WORKER || role == proto::ROLE_SERVER)) {
+    status = CheckCredential(header);
+  }
   // Not ready to check yet: the worker retries, no refusal.
   if (absl::IsUnavailable(status)) return status;
   // A method this build does not know is no refusal of the peer.
@@ -408,25 +410,29 @@ void RpcServer::SetWorkerCredentials(WorkerCredentials credentials) {
 }
 
 Status RpcServer::CheckCredential(const proto::Envelope& header) {
-  // A worker has no id, and so no credential, before it registers; and the
-  // cluster map is the same for every worker.
-  if (header.method() == proto::REGISTER_WORKER || header.method() == proto::GET_CLUSTER_MAP) {
+  // A member has no id, and so no credential, before it registers; and the
+  // cluster map is the same for every member.
+  if (header.method() == proto::REGISTER_WORKER || header.method() == proto::REGISTER_SERVER ||
+      header.method() == proto::GET_CLUSTER_MAP) {
     return absl::OkStatus();
   }
-  absl::ReaderMutexLock lock(&credentials_mu_);  // every worker request: shared
+  const bool server = header.sender().role() == proto::ROLE_SERVER;
+  absl::ReaderMutexLock lock(&credentials_mu_);  // every member request: shared
   if (!credentials_.has_value()) {
     return ErrorWithReason(absl::StatusCode::kUnavailable,
-                           "cannot check workers' credentials yet (not registered)",
+                           "cannot check members' credentials yet (not registered)",
                            proto::NOT_READY);
   }
-  if (credentials_->Verify(header.sender().id(), header.sender().credential())) {
+  const uint32_t id = header.sender().id();
+  const std::string& credential = header.sender().credential();
+  if (server ? credentials_->VerifyServer(id, credential) : credentials_->Verify(id, credential)) {
     return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(
-      absl::StrCat("the request claims to come from worker ", header.sender().id(),
-                   header.sender().credential().empty() ? " but carries no credential"
-                                                        : " but carries another's credential",
-                   ": a worker acts only as the id the master gave it"));
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the request claims to come from ", server ? "ps[" : "worker ", id, server ? "]" : "",
+      credential.empty() ? " but carries no credential" : " but carries another's credential",
+      server ? ": a server acts only as the slot the master admitted it to"
+             : ": a worker acts only as the id the master gave it"));
 }
 
 Status RpcServer::TakeRateLimited(const std::string& routing_id) {

@@ -12,10 +12,11 @@
 // with the authorizer it was given (RpcServerOptions.authorize; the job's
 // members pass cluster/call_table.h's AuthorizeCall): under CURVE the role
 // of the peer's key, which the envelope must not contradict; without, the
-// role the envelope claims. The transport itself knows no call table. Under CURVE a worker's request (but its registration and reads
-// of the cluster map) must also carry the credential of the worker id it
-// claims (WorkerCredentials); until the server has the credentials' key it
-// answers such requests UNAVAILABLE (NOT_READY). A refusal is a
+// role the envelope claims. The transport itself knows no call table.
+// Under CURVE a worker's or a server's request (but its registration and
+// reads of the cluster map) must also carry the credential of the worker
+// id or server slot it claims (WorkerCredentials); until the server has
+// the credentials' key it answers such requests UNAVAILABLE (NOT_READY). A refusal is a
 // PERMISSION_DENIED (or UNAUTHENTICATED) reply, counted and logged once per
 // peer.
 //
@@ -154,8 +155,8 @@ class RpcServer {
   RpcServer(const RpcServerOptions& options, RpcHandler handler, const TransportOptions& transport);
   // Whether the sender `peer` (the proxy's PeerFrame) may make this call.
   Status Authorize(absl::string_view peer, const proto::Envelope& header);
-  // Under CURVE, whether a worker's request carries the credential of the
-  // id it claims.
+  // Under CURVE, whether a worker's or a server's request carries the
+  // credential of the id or slot it claims.
   Status CheckCredential(const proto::Envelope& header) ABSL_LOCKS_EXCLUDED(credentials_mu_);
   void HandlerLoop(zmq::socket_t socket);
   // Validates, dispatches and replies to one routed request.

@@ -268,15 +268,8 @@ Status WriteJobKeys(const std::string& dir) {
   }
   // The token: 32 random bytes in hex, so that no HTTP library decodes it
   // on the way (Z85 text has '%').
-  std::array<uint8_t, 32> token{};
-  if (sodium_init() < 0) return absl::InternalError("libsodium cannot start");
-  randombytes_buf(token.data(), token.size());
-  RETURN_IF_ERROR(WriteFileAtomically(
-      (fs::path(dir) / kHttpTokenFile).string(),
-      absl::StrCat(absl::BytesToHexString(absl::string_view(
-                       reinterpret_cast<const char*>(token.data()), token.size())),
-                   "\n"),
-      0600));
+  RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / kHttpTokenFile).string(),
+                                      absl::StrCat(NewSecret(), "\n"), 0600));
   // Last, so that a directory with public_keys is complete.
   return WriteFileAtomically(public_keys.string(), listed, 0644);
 }
@@ -327,6 +320,34 @@ bool WorkerCredentials::Verify(uint32_t id, absl::string_view credential) const 
   if (credential.size() != crypto_auth_BYTES) return false;
   const std::string expected = Issue(id);
   return sodium_memcmp(expected.data(), credential.data(), expected.size()) == 0;
+}
+
+std::string WorkerCredentials::ServerCredential(uint32_t slot) const {
+  std::string message = "eps server slot v1";
+  for (int i = 0; i < 4; ++i) message.push_back(static_cast<char>(slot >> (8 * i)));
+  std::string credential(crypto_auth_BYTES, '\0');
+  crypto_auth(reinterpret_cast<unsigned char*>(credential.data()),
+              reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+              reinterpret_cast<const unsigned char*>(key_.data()));
+  return credential;
+}
+
+bool WorkerCredentials::VerifyServer(uint32_t slot, absl::string_view credential) const {
+  if (credential.size() != crypto_auth_BYTES) return false;
+  const std::string expected = ServerCredential(slot);
+  return sodium_memcmp(expected.data(), credential.data(), expected.size()) == 0;
+}
+
+std::string NewSecret() {
+  CHECK_GE(sodium_init(), 0) << "libsodium cannot start";
+  unsigned char bytes[32];
+  randombytes_buf(bytes, sizeof(bytes));
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && sodium_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 std::string WorkerCredentials::Receipt(uint32_t id, const proto::WorkBatch& batch) const {

@@ -78,6 +78,12 @@ StatusOr<SecurityOptions> LoadSecurity(const JobConfig::Security& config, proto:
 // by accident); kUnavailable when a file cannot be written.
 Status WriteJobKeys(const std::string& dir);
 
+// 32 random bytes in hex: a launch's secret, a token.
+std::string NewSecret();
+// Whether two secrets are equal, in time that does not depend on where
+// they differ.
+bool SameSecret(absl::string_view a, absl::string_view b);
+
 // The role a method is served by: the master (methods 1-31) or a parameter
 // server (32-63).
 proto::Role ServingRole(proto::Method method);
@@ -89,6 +95,11 @@ proto::Role ServingRole(proto::Method method);
 // every request (NodeId.credential), and the master and the servers (which
 // get the key when they register) check it. A worker key thereby acts only
 // as the workers it registered; under security.mode = off there are none.
+// A server slot has a credential too (ServerCredential, in another domain):
+// the master gives it to the process it admits to the slot, which sends it
+// with its requests and keeps it in its data dir (docs/security.md, "Who
+// may be a server"). The servers hold the key as well, so an admitted
+// server is trusted as any server; a holder of the server key alone is not.
 class WorkerCredentials {
  public:
   // The credentials of the job whose master holds `security` (its own
@@ -102,6 +113,9 @@ class WorkerCredentials {
   std::string Issue(uint32_t id) const;
   // Whether `credential` is worker `id`'s (in constant time).
   bool Verify(uint32_t id, absl::string_view credential) const;
+  // Server slot `slot`'s credential, and whether `credential` is it.
+  std::string ServerCredential(uint32_t slot) const;
+  bool VerifyServer(uint32_t slot, absl::string_view credential) const;
   // A server's receipt that worker `id`'s push of `batch` was applied
   // (PushReply.receipt): an HMAC of both under the same key, in another
   // domain than credentials, so only the servers and the master can make

@@ -8,40 +8,14 @@
 #include <iostream>
 #include <string>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
-#include "core/file_util.h"
+#include "cluster/launch_grant.h"
 #include "core/flags.h"
 #include "core/logging.h"
 #include "core/signal_watcher.h"
 #include "worker/worker.h"
 
 namespace {
-
-// The autoscaler's launch id of this process (EPS_LAUNCH_ID, set by its
-// launcher); 0 for a worker started by hand or a malformed value.
-uint64_t LaunchId() {
-  const char* value = std::getenv("EPS_LAUNCH_ID");
-  uint64_t id = 0;
-  if (value == nullptr || !absl::SimpleAtoi(value, &id)) return 0;
-  return id;
-}
-
-// The secret its launcher handed this launch: EPS_LAUNCH_SECRET, or the
-// first line of the file EPS_LAUNCH_SECRET_FILE names; empty when neither.
-std::string LaunchSecret() {
-  if (const char* value = std::getenv("EPS_LAUNCH_SECRET"); value != nullptr) return value;
-  const char* path = std::getenv("EPS_LAUNCH_SECRET_FILE");
-  if (path == nullptr) return "";
-  eps::StatusOr<std::string> contents = eps::ReadSmallFile(path, 4096);
-  if (!contents.ok()) {
-    LOG(WARNING) << "EPS_LAUNCH_SECRET_FILE: " << contents.status().message()
-                 << "; the master will refuse this launch id without its secret";
-    return "";
-  }
-  return std::string(absl::StripAsciiWhitespace(
-      absl::string_view(*contents).substr(0, contents->find('\n'))));
-}
 
 // The eps workers on this host, this one included, as its launcher says
 // (EPS_WORKERS_ON_HOST, set by scripts/run_local.sh and the autoscaler's
@@ -87,8 +61,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.security = *std::move(security);
-  options.launch_id = LaunchId();
-  if (options.launch_id != 0) options.launch_secret = LaunchSecret();
+  const eps::LaunchGrant grant = eps::LaunchGrant::FromEnvironment();
+  options.launch_id = grant.id;
+  if (options.launch_id != 0) options.launch_secret = grant.secret;
 
   eps::Worker worker(options);
   signal_watcher.Start([&worker](int signal) {

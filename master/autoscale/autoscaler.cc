@@ -1,11 +1,8 @@
 #include "master/autoscale/autoscaler.h"
 
 #include <signal.h>
-#include <sys/random.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 
 #include <cmath>
 #include <filesystem>
@@ -20,23 +17,11 @@
 #include "absl/strings/strip.h"
 #include "core/logging.h"
 #include "master/autoscale/subprocess.h"
+#include "rpc/security.h"
 #include "httplib.h"
 
 namespace eps {
 namespace {
-
-// 32 random bytes from the kernel, as hex: one launch's secret.
-std::string NewLaunchSecret() {
-  unsigned char bytes[32];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-    else CHECK(errno == EINTR) << "getrandom: " << std::strerror(errno);
-  }
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-}
 
 using nlohmann::json;
 
@@ -208,7 +193,7 @@ void Autoscaler::Reconcile(absl::Time now) {
       absl::MutexLock lock(&mu_);
       if (stopped_) return;
       id = fleet_.NewLaunchId();
-      secret = NewLaunchSecret();
+      secret = NewSecret();
       secrets_[id] = secret;
     }
     StatusOr<std::string> handle = launcher_->Start(id, secret);
@@ -226,10 +211,7 @@ void Autoscaler::Reconcile(absl::Time now) {
 bool Autoscaler::VerifyLaunch(uint64_t launch_id, absl::string_view secret) const {
   absl::MutexLock lock(&mu_);
   auto it = secrets_.find(launch_id);
-  if (it == secrets_.end() || it->second.size() != secret.size()) return false;
-  unsigned char differ = 0;
-  for (size_t i = 0; i < secret.size(); ++i) differ |= it->second[i] ^ secret[i];
-  return differ == 0;
+  return it != secrets_.end() && SameSecret(it->second, secret);
 }
 
 json Autoscaler::StatusJson() const {

@@ -8,6 +8,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "rpc/security.h"
 
 namespace eps {
 namespace {
@@ -141,10 +142,13 @@ bool ServerScaler::LaunchOne(absl::Time now) {
   }
   std::error_code error;
   std::filesystem::create_directories(options_.dir, error);
+  const std::string& secret = secrets_[id] = NewSecret();
+  // The environment of a process is readable by its user alone.
   StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Start(
       {options_.server_binary, "--config", options_.config, "--master", options_.master_endpoint,
        "--data-dir", data_dir},
-      {}, absl::StrCat(data_dir, ".log"));
+      {absl::StrCat("EPS_LAUNCH_ID=", id), absl::StrCat("EPS_LAUNCH_SECRET=", secret)},
+      absl::StrCat(data_dir, ".log"));
   if (!process.ok()) {
     ++failures_;
     last_error_ = absl::StrCat("starting a server: ", process.status().message());
@@ -156,6 +160,12 @@ bool ServerScaler::LaunchOne(absl::Time now) {
             << ") on " << data_dir;
   launches_[id] = Launch{.process = std::move(*process), .started = now, .slot = std::nullopt};
   return true;
+}
+
+bool ServerScaler::VerifyLaunch(uint64_t launch_id, absl::string_view secret) const {
+  absl::MutexLock lock(&mu_);
+  auto it = secrets_.find(launch_id);
+  return it != secrets_.end() && SameSecret(it->second, secret);
 }
 
 void ServerScaler::Step(absl::Time now, bool read) {

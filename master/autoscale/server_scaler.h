@@ -5,7 +5,10 @@
 //   - growing starts eps-server processes on the master's machine
 //     (`eps-server --config DATA_DIR/server.ini --master ENDPOINT
 //     --data-dir DATA_DIR/servers/server-<launch id>`, logging to
-//     DATA_DIR/servers/server-<launch id>.log). A fresh data dir joins the
+//     DATA_DIR/servers/server-<launch id>.log), each with its launch id and
+//     a secret of its own in its environment (EPS_LAUNCH_ID,
+//     EPS_LAUNCH_SECRET): the master admits a join only so
+//     (master/trust/server_admission.h, VerifyLaunch). A fresh data dir joins the
 //     running job in a new slot, or takes a dead one's place, and the master
 //     balances the partitions onto it;
 //   - shrinking drains one server (as POST /servers/N/drain): the newest
@@ -43,6 +46,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "core/clock.h"
 #include "core/job_config.h"
@@ -95,6 +99,10 @@ class ServerScaler {
   // to exit (the master tells them the job is over) and kills the rest.
   void Stop(absl::Duration grace);
 
+  // Whether `secret` is the one launch `launch_id` was started with (in
+  // constant time).
+  bool VerifyLaunch(uint64_t launch_id, absl::string_view secret) const;
+
   // /status "autoscale"."servers".
   nlohmann::json StatusJson() const;
   // eps_autoscale_target_servers, eps_autoscale_launched_servers.
@@ -131,6 +139,9 @@ class ServerScaler {
   std::optional<ServerScalePolicy> policy_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Launch> launches_ ABSL_GUARDED_BY(mu_);
   uint64_t next_launch_id_ ABSL_GUARDED_BY(mu_);
+  // Each launch's secret (EPS_LAUNCH_SECRET), kept after it ends: a
+  // server it started may register again (a rejoin) as long as the job runs.
+  std::map<uint64_t, std::string> secrets_ ABSL_GUARDED_BY(mu_);
   int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;  // failed starts and unasked exits
   int64_t live_ ABSL_GUARDED_BY(mu_) = 0;      // at the last reading
   std::map<std::string, uint64_t> decisions_ ABSL_GUARDED_BY(mu_);  // by action

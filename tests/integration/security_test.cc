@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -313,6 +314,9 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   const std::string config = WriteFaultJobConfig(dir_.path(), "security");
   // About 25 s of training: the attacks land while it trains.
   overrides_.push_back("--worker.max_records_per_s=4000");
+  // Ten evaluation shards, so that some are still free when the rogue
+  // below asks for one (with two, the workers held both at once).
+  overrides_.push_back("--data.shard_records=2000");
   overrides_.push_back("--ps.max_new_rows_per_worker_s=50000");
   LocalJob job(dir_.Join("attacked"), config, overrides_);
   ASSERT_FALSE(job.keys_dir().empty());
@@ -414,6 +418,56 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
     EXPECT_EQ(channel.Call(servers[0], std::move(push), once).status().code(),
               absl::StatusCode::kPermissionDenied);
   }
+  // The server key alone (docs/security.md, "Who may be a server"): as
+  // ps[0] or ps[1] without the slot's credential, no heartbeat, no drain,
+  // no page of a partition.
+  std::unique_ptr<SocketFactory> server_key = FactoryWithJobKeys(job.keys_dir(), proto::ROLE_SERVER);
+  {
+    CallOptions once;
+    once.max_attempts = 1;
+    RpcChannel as_ps0(server_key.get(), Node(proto::ROLE_SERVER, 0));
+    Message beat;
+    beat.header().set_method(proto::HEARTBEAT);
+    beat.header().mutable_heartbeat_request()->set_endpoint(servers[0]);
+    EXPECT_EQ(as_ps0.Call(job.endpoint(), std::move(beat), once).status().code(),
+              absl::StatusCode::kPermissionDenied);
+    Message fetch;
+    fetch.header().set_method(proto::FETCH_PARTITION);
+    fetch.header().mutable_fetch_partition_request()->set_partition(0);
+    fetch.header().mutable_fetch_partition_request()->set_map_version(1);
+    EXPECT_EQ(as_ps0.Call(servers[1], std::move(fetch), once).status().code(),
+              absl::StatusCode::kPermissionDenied);
+    RpcChannel as_ps1(server_key.get(), Node(proto::ROLE_SERVER, 1));
+    Message leave;
+    leave.header().set_method(proto::DEREGISTER);
+    leave.header().mutable_deregister_request()->set_endpoint(servers[1]);
+    leave.header().mutable_deregister_request()->set_server_id(1);
+    EXPECT_EQ(as_ps1.Call(job.endpoint(), std::move(leave), once).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  // A real eps-server with the key alone neither joins the running job in a
+  // new slot nor takes ps[0]'s from a data dir that names it.
+  {
+    std::vector<std::string> argv = {BinaryPath("eps-server"), "--config", config, "--master",
+                                     job.endpoint(), "--security.keys_dir=" + job.keys_dir(),
+                                     "--data-dir", dir_.Join("rogue-join")};
+    argv.insert(argv.end(), overrides_.begin(), overrides_.end());
+    StatusOr<std::unique_ptr<Process>> joiner = Process::Start(argv, dir_.Join("rogue-join.log"));
+    ASSERT_TRUE(joiner.ok()) << joiner.status();
+    EXPECT_NE((*joiner)->Wait(absl::Seconds(30)), 0) << (*joiner)->Log();
+    EXPECT_THAT((*joiner)->Log(), HasSubstr("would join the running job in a new slot"));
+
+    const std::string claim_dir = dir_.Join("rogue-claim");
+    std::filesystem::create_directories(claim_dir);
+    std::filesystem::copy_file(job.server_dir(0) + "/JOB", claim_dir + "/JOB");
+    WriteFile(claim_dir + "/SERVER", "0\n");
+    argv[argv.size() - overrides_.size() - 1] = claim_dir;
+    StatusOr<std::unique_ptr<Process>> claimer = Process::Start(argv, dir_.Join("rogue-claim.log"));
+    ASSERT_TRUE(claimer.ok()) << claimer.status();
+    EXPECT_NE((*claimer)->Wait(absl::Seconds(30)), 0) << (*claimer)->Log();
+    EXPECT_THAT((*claimer)->Log(), HasSubstr("claims ps[0] without its credential"));
+  }
+
   // POST /checkpoint without the token, or from another origin's page.
   httplib::Client http(job.http());
   http.set_connection_timeout(2);
@@ -437,11 +491,14 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   })) << job.Logs();
   httplib::Result metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics);
-  // REGISTER_SERVER twice, and each impersonation of the master's twice.
-  const size_t at_master = 2 + 2 * (impersonations - servers.size());
+  // REGISTER_SERVER twice, each impersonation of the master's twice, and
+  // the server key's heartbeat and drain.
+  const size_t at_master = 2 + 2 * (impersonations - servers.size()) + 2;
   EXPECT_THAT(metrics->body,
               HasSubstr(absl::StrCat("eps_master_requests_refused_total{reason=\"permission_denied\"} ",
                                      at_master, "\n")));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("eps_master_requests_refused_total{reason=\"server_admission\"} 2\n"));
   EXPECT_THAT(metrics->body,
               HasSubstr("eps_http_requests_refused_total{reason=\"unauthorized\"} 1\n"));
   EXPECT_THAT(metrics->body, HasSubstr("eps_server_requests_refused_total{server=\"0\""));
@@ -449,12 +506,15 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
                                  "eps_master_requests_refused_total{reason=\"unauthenticated\"} 0\n")));
   // Each refusal is logged once per peer.
   EXPECT_THAT(job.master().Log(), HasSubstr("refused REGISTER_SERVER from a worker key"));
-  // The worker they claimed to be is still a member.
-  for (const json& member : job.LiveStatus().value_or(json())["workers"]) {
+  // The worker and the servers they claimed to be are still members, where
+  // they were.
+  const json after = job.LiveStatus().value_or(json());
+  for (const json& member : after["workers"]) {
     if (member["id"].get<uint32_t>() == victim) {
       EXPECT_EQ(member["state"], "alive") << member;
     }
   }
+  EXPECT_EQ(ServerEndpoints(after), servers) << after["servers"];
   EXPECT_THAT(job.master().Log(), HasSubstr("refused a connection from 127.0.0.1"));
 
   // Fake work: a worker of the job commits a shard it never trained. It
@@ -509,8 +569,11 @@ TEST_F(SecurityTest, EveryAttackIsRefusedAndTheJobTrainsAsIfNoneHappened) {
   LocalJob quiet(dir_.Join("quiet"), config, overrides_);
   ASSERT_TRUE(quiet.Start(/*servers=*/2, /*workers=*/2).ok()) << quiet.Logs();
   const json unattacked = Finish(quiet);
-  EXPECT_NEAR(attacked["metrics"]["eval_auc"].get<double>(),
-              unattacked["metrics"]["eval_auc"].get<double>(), 0.005);
+  // Two asynchronous runs of the same job differ by up to about 0.005;
+  // a server serving zeros cost 0.04 or more (issue 49).
+  EXPECT_GT(attacked["metrics"]["eval_auc"].get<double>(),
+            unattacked["metrics"]["eval_auc"].get<double>() - 0.01)
+      << "unattacked " << unattacked["metrics"]["eval_auc"];
 }
 
 // A process's resident and peak memory (VmRSS, VmHWM), in bytes.

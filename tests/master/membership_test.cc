@@ -94,6 +94,27 @@ TEST_F(MembershipTest, RetriedRegistrationIsAnsweredTheSame) {
   EXPECT_EQ(members_.cluster_map().version(), 1u);
 }
 
+TEST_F(MembershipTest, ARetryIsKnownByItsInstanceNotByItsEndpointAndPid) {
+  proto::RegisterServerRequest first = ServerRequest(5000, 100);
+  first.set_instance("drawn by ps[0]");
+  ASSERT_EQ(Register(first, t0_), 0u);
+  ASSERT_EQ(Register(ServerRequest(5001, 101), t0_), 1u);
+  ASSERT_TRUE(members_.MaybePlace(/*num_partitions=*/8));
+  StatusOr<Membership::Claim> again = members_.ClaimSlot(first);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->retried);
+  // Another process copying the endpoint and pid /status shows: no retry
+  // of ps[0]'s, but a new slot (which ServerAdmission judges as a join).
+  proto::RegisterServerRequest copy = ServerRequest(5000, 100);
+  copy.set_instance("drawn by another");
+  StatusOr<Membership::Claim> copied = members_.ClaimSlot(copy);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_FALSE(copied->retried);
+  EXPECT_TRUE(copied->joined);
+  EXPECT_EQ(copied->slot, 2u);
+  EXPECT_EQ(members_.servers().at(0).state, PeerState::kAlive);
+}
+
 TEST_F(MembershipTest, StoredIdTakesItsDeadSlotBack) {
   PlaceTwoServers(t0_);
   Heartbeat(0, t0_ + absl::Seconds(1));

@@ -320,6 +320,35 @@ TEST_F(CurveTest, AWorkerActsOnlyAsTheIdItsCredentialProves) {
   EXPECT_EQ(handled_.load(), 2);
 }
 
+// A server's request to another (FETCH_PARTITION) carries its slot's
+// credential: the server key alone acts as no slot, and a worker's
+// credential is no server's.
+TEST_F(CurveTest, AServerActsOnlyAsTheSlotItsCredentialProves) {
+  auto server_key = Factory(keys_.path(), proto::ROLE_SERVER);
+  const WorkerCredentials credentials = Credentials();
+  server_->SetWorkerCredentials(credentials);
+  proto::NodeId one = Node(proto::ROLE_SERVER, 1);
+  RpcChannel bare(server_key.get(), one);
+  const StatusOr<Message> refused =
+      bare.Call(server_->endpoint(), Request(proto::FETCH_PARTITION), Once());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("ps[1] but carries no credential"));
+  for (const std::string& wrong : {credentials.Issue(1), credentials.ServerCredential(2)}) {
+    one.set_credential(wrong);
+    RpcChannel impostor(server_key.get(), one);
+    EXPECT_EQ(impostor.Call(server_->endpoint(), Request(proto::FETCH_PARTITION), Once())
+                  .status()
+                  .code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(handled_.load(), 0);
+  EXPECT_EQ(server_->refused(), 3u);
+  one.set_credential(credentials.ServerCredential(1));
+  RpcChannel proven(server_key.get(), one);
+  EXPECT_TRUE(proven.Call(server_->endpoint(), Request(proto::FETCH_PARTITION), Once()).ok());
+  EXPECT_EQ(handled_.load(), 1);
+}
+
 TEST(Unauthenticated, TheEnvelopesRoleStillDecides) {
   SocketFactory factory;
   std::atomic<int> handled{0};

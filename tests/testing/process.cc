@@ -28,7 +28,8 @@
 namespace eps::testing {
 
 StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
-                                                  const std::string& log_path) {
+                                                  const std::string& log_path,
+                                                  const std::vector<std::string>& env) {
   const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log < 0) {
     return absl::UnavailableError(absl::StrCat("cannot open ", log_path, ": ", strerror(errno)));
@@ -36,6 +37,7 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
+  std::vector<std::string> variables = env;  // putenv keeps the pointers
   const pid_t pid = fork();
   if (pid < 0) {
     ::close(log);
@@ -49,6 +51,7 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (std::string& variable : variables) putenv(variable.data());
     execv(args[0], args.data());
     _exit(127);
   }
@@ -363,7 +366,10 @@ StatusOr<size_t> LocalJob::StartServer(const std::string& data_dir) {
   std::vector<std::string> argv = {BinaryPath("eps-server"), "--master", endpoint_, "--data-dir",
                                    data_dir.empty() ? server_dir(index) : data_dir};
   for (const std::string& arg : CommonArgs()) argv.push_back(arg);
-  ASSIGN_OR_RETURN(auto process, Process::Start(argv, absl::StrCat(dir_, "/server-", index, ".log")));
+  std::vector<std::string> env;
+  if (!keys_dir_.empty()) env.push_back(absl::StrCat("EPS_LAUNCH_SECRET_FILE=", keys_dir_, "/http_token"));
+  ASSIGN_OR_RETURN(auto process,
+                   Process::Start(argv, absl::StrCat(dir_, "/server-", index, ".log"), env));
   servers_.push_back(std::move(process));
   return index;
 }

@@ -31,9 +31,11 @@ namespace eps::testing {
 
 class Process {
  public:
-  // Starts argv (argv[0] a path) with stdout and stderr going to `log_path`.
+  // Starts argv (argv[0] a path) with stdout and stderr going to `log_path`,
+  // in the test's environment with `env` ("NAME=value") added.
   static StatusOr<std::unique_ptr<Process>> Start(const std::vector<std::string>& argv,
-                                                  const std::string& log_path);
+                                                  const std::string& log_path,
+                                                  const std::vector<std::string>& env = {});
   // Kills (SIGKILL) the process if it still runs, and reaps it.
   ~Process();
   Process(const Process&) = delete;
@@ -153,7 +155,10 @@ class LocalJob {
   Status Start(int servers, int workers);
   // Starts a server / worker; returns its index in servers() / workers().
   // A server's --data-dir is DIR/server-<index> unless `data_dir` is given
-  // (a server restarted on an earlier one's dir: server_dir(i)).
+  // (a server restarted on an earlier one's dir: server_dir(i)). With the
+  // job's keys it is started as an operator starts one
+  // (EPS_LAUNCH_SECRET_FILE=KEYS/http_token), so it may join the running
+  // job (master/trust/server_admission.h).
   StatusOr<size_t> StartServer(const std::string& data_dir = "");
   std::string server_dir(size_t index) const;
   StatusOr<size_t> StartWorker();
