@@ -90,6 +90,12 @@ class StandInMaster {
                      RpcServer::Start(factory, options, [m = master.get()](Message& r, Message* a) {
                        return m->Handle(r, a);
                      }));
+    if (!master->credential_key_.empty()) {
+      // As the master: the server's heartbeats carry its slot's credential.
+      ASSIGN_OR_RETURN(WorkerCredentials credentials,
+                       WorkerCredentials::FromKey(master->credential_key_));
+      master->rpc_->SetWorkerCredentials(std::move(credentials));
+    }
     return master;
   }
   const std::string& endpoint() const { return rpc_->endpoint(); }
