@@ -83,6 +83,10 @@ Status ValidateTableSpec(const proto::TableSpec& spec) {
   }
   switch (spec.kind()) {
     case proto::EMBEDDING:
+      if (spec.global_batch() > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": a global batch applies to dense tables only"));
+      }
       break;
     case proto::DENSE: {
       // Chunk keys hold the table id above kDenseChunkBits bits of chunk index.
@@ -106,6 +110,10 @@ Status ValidateTableSpec(const proto::TableSpec& spec) {
       if (spec.ttl_passes() > 0) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, ": expiry (ttl_passes) applies to embedding tables only"));
+      }
+      if (spec.global_batch() > (uint64_t{1} << 30)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": global_batch = ", spec.global_batch(), ": must be in [0, 2^30]"));
       }
       break;
     }

@@ -397,6 +397,8 @@ Status JobConfig::Validate() const {
   RETURN_IF_ERROR(CheckOneOf("optimizer.lr_scaling", optimizer.lr_scaling, {"none", "linear", "sqrt"}));
   RETURN_IF_ERROR(
       CheckRange("optimizer.lr_warmup_batches", optimizer.lr_warmup_batches, 0, 1'000'000));
+  RETURN_IF_ERROR(
+      CheckRange("optimizer.dense_global_batch", optimizer.dense_global_batch, 0, 1 << 30));
 
   RETURN_IF_ERROR(CheckRange("ps.num_servers", ps.num_servers, 1, 1 << 20));
   RETURN_IF_ERROR(CheckRange("ps.partitions", ps.partitions, ps.num_servers, 1 << 20,

@@ -185,6 +185,18 @@ struct JobConfig {
     // over-steps an MLP. beta1 0.5 rather than Adam's 0.9: asynchronous
     // workers add momentum of their own (docs/models.md, "Optimizers").
     std::string mlp = "type=adam,learning_rate=0.001,beta1=0.5";
+    // Records per optimizer step of every dense tensor (the MLPs, the
+    // linear weights of the dense features), in [0, 2^30]: each server
+    // sums the workers' gradients, weighted by their records, and steps
+    // once it holds this many, so that the model does not depend on how
+    // many workers sent them (ps/global_batch.h; docs/accuracy.md). A
+    // gradient computed on an older version than the one being filled is
+    // dropped (its records still train the embeddings). The learning-rate
+    // scaling above does not apply to them. With worker.deterministic
+    // (fresh embedding rows at each step), DLRM's AUC at 1, 2 and 4
+    // workers stays within 0.005. 0: a step per push, asynchronous across
+    // workers. Default 0.
+    int64_t dense_global_batch = 0;
     // Per-table settings over the ones above (over optimizer.mlp's for an
     // MLP layer):
     // "TABLE:key=value[,key=value...][;TABLE:...]", keys as above without

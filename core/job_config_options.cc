@@ -60,6 +60,9 @@ void JobConfig::VisitOptions(OptionVisitor& v) {
           "learning rate against the batch trained: none, linear or sqrt");
   v.Visit("optimizer.lr_warmup_batches", &optimizer.lr_warmup_batches,
           "batches over which the scale follows a batch-size change; 0 at once");
+  v.Visit("optimizer.dense_global_batch", &optimizer.dense_global_batch,
+          "records per optimizer step of the dense tensors, whichever workers sent them; "
+          "0 a step per push");
   v.Visit("optimizer.mlp", &optimizer.mlp,
           "settings over the ones above for the MLP layers, key=value[,key=value...]; "
           "empty: the same");

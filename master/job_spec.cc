@@ -115,6 +115,7 @@ StatusOr<proto::JobSpec> BuildJobSpec(const JobConfig& config) {
       table->set_dim(static_cast<uint32_t>(
           std::min<uint64_t>(param.size, static_cast<uint64_t>(config.ps.dense_chunk_floats))));
       table->set_dense_size(param.size);
+      table->set_global_batch(static_cast<uint64_t>(config.optimizer.dense_global_batch));
       *table->mutable_initializer() =
           MakeInitializer(param.default_initializer, param.default_init_scale);
     }

@@ -106,6 +106,15 @@ Status ParamServer::Impl::Start() {
   credential_ = reply->header().register_server_reply().slot_credential();
   job_ = reply->header().register_server_reply().job();
   dense_versions_ = std::vector<std::atomic<uint64_t>>(static_cast<size_t>(job_.tables_size()));
+  global_batches_.resize(static_cast<size_t>(job_.tables_size()));
+  for (const proto::TableSpec& table : job_.tables()) {
+    if (table.kind() != proto::DENSE || table.global_batch() == 0 ||
+        table.id() >= global_batches_.size()) {
+      continue;
+    }
+    global_batches_[table.id()] = std::make_unique<DenseBatch>(
+        GlobalBatch::Options{.records = table.global_batch(), .dim = table.dim()});
+  }
   RETURN_IF_ERROR(CheckWorkerCredentials(reply->header().register_server_reply()));
   SetLogNode(absl::StrCat("ps[", id_, "]"));
   // The job comes from a peer: a bad one is refused, not a crash.
@@ -362,6 +371,12 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
       checked = absl::OkStatus();
     }
     RETURN_IF_ERROR(checked);
+    if (push.records() == 0 && GlobalBatchOf(*table) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PUSH to table '", table->spec().name(),
+          "' names no records: its steps count them (a global batch of ",
+          table->spec().global_batch(), "); is the worker the same eps build?"));
+    }
     tables.push_back(table);
     keys.push_back(table_keys);
     grads.push_back(table_grads);
@@ -403,25 +418,41 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   uint64_t rows = 0;
   uint64_t created = 0;
   Status pushed;
+  const auto& based_on = request.header().push_request().based_on();
+  const bool measured = based_on.size() == table_ids.size();
+  // 1 + the version table i's gradients were computed on; 0: not known.
+  const auto based_on_of = [&](size_t i) -> uint64_t {
+    return measured ? based_on[static_cast<int>(i)] : 0;
+  };
   for (size_t i = 0; i < tables.size() && pushed.ok(); ++i) {
     uint64_t table_created = 0;
-    pushed = tables[i]->Push(keys[i], grads[i], lr_scale, &table_created,
-                             request.header().push_request().pass());
+    if (DenseBatch* batch = GlobalBatchOf(*tables[i]); batch != nullptr) {
+      pushed = AddToGlobalBatch(*tables[i], *batch, keys[i], grads[i], push.records(),
+                                based_on_of(i));
+    } else {
+      pushed = tables[i]->Push(keys[i], grads[i], lr_scale, &table_created,
+                               request.header().push_request().pass());
+    }
     created += table_created;
     rows += keys[i].size();
   }
   ChargeRows(sender, created);
   RETURN_IF_ERROR(pushed);
-  const auto& based_on = request.header().push_request().based_on();
-  const bool measured = based_on.size() == table_ids.size();
   for (size_t i = 0; i < tables.size(); ++i) {
     if (tables[i]->spec().kind() != proto::DENSE) {
       answer->add_versions(0);
       continue;
     }
-    // Released after the rows: a pull that reads this version sees them.
-    const uint64_t before = DenseVersion(*tables[i]).fetch_add(1, std::memory_order_release);
-    answer->add_versions(before + 1);
+    uint64_t before = 0;
+    if (GlobalBatchOf(*tables[i]) != nullptr) {
+      // Its global steps: this push may have made one, or be in the next.
+      before = DenseVersion(*tables[i]).load(std::memory_order_acquire);
+      answer->add_versions(before);
+    } else {
+      // Released after the rows: a pull that reads this version sees them.
+      before = DenseVersion(*tables[i]).fetch_add(1, std::memory_order_release);
+      answer->add_versions(before + 1);
+    }
     // A version from before a restore of this server may be ahead of it.
     if (!measured || based_on[static_cast<int>(i)] == 0) continue;  // not known
     const uint64_t from = based_on[static_cast<int>(i)] - 1;
@@ -435,6 +466,58 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   rows_pushed_.fetch_add(rows, std::memory_order_relaxed);
   return push.reply_rows() ? ReplyRows(tables, keys, push.dense_bf16(), reply)
                            : absl::OkStatus();
+}
+
+Status ParamServer::Impl::AddToGlobalBatch(Table& table, DenseBatch& batch,
+                                           std::span<const uint64_t> keys,
+                                           std::span<const float> grads, uint32_t records,
+                                           uint64_t based_on) {
+  absl::MutexLock lock(&batch.mu);
+  // Not known (0): taken as computed on the version being filled.
+  const uint64_t from = based_on == 0 ? batch.batch.version() : based_on - 1;
+  ASSIGN_OR_RETURN(GlobalBatch::Outcome outcome,
+                   batch.batch.Add({.keys = keys, .grads = grads, .records = records,
+                                    .based_on = from}));
+  if (outcome == GlobalBatch::Outcome::kDropped) {
+    VLOG(1) << "table '" << table.spec().name() << "': a push of " << records
+            << " records computed on version " << from << " is dropped at version "
+            << batch.batch.version();
+  }
+  if (!batch.batch.ready()) return absl::OkStatus();
+  return ApplyGlobalStep(table, batch);
+}
+
+Status ParamServer::Impl::ApplyGlobalStep(Table& table, DenseBatch& batch) {
+  GlobalBatch::Step step = batch.batch.Take();
+  Table* one[] = {&table};
+  const std::span<const uint64_t> keys[] = {step.keys};
+  NoteMovingKeys(one, keys);
+  // The global batch is the learning rate's reference: no scaling.
+  RETURN_IF_ERROR(table.Push(step.keys, step.grads, /*lr_scale=*/1.0f, /*created=*/nullptr,
+                             /*pass=*/0));
+  // Released after the rows: a pull that reads this version sees them.
+  DenseVersion(table).store(step.version, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+Status ParamServer::Impl::FlushGlobalBatches() {
+  for (size_t id = 0; id < global_batches_.size(); ++id) {
+    DenseBatch* batch = global_batches_[id].get();
+    if (batch == nullptr) continue;
+    absl::MutexLock lock(&batch->mu);
+    if (batch->batch.records_in_hand() == 0) continue;
+    ASSIGN_OR_RETURN(Table * table, FindTable(static_cast<uint32_t>(id)));
+    RETURN_IF_ERROR(ApplyGlobalStep(*table, *batch));
+  }
+  return absl::OkStatus();
+}
+
+void ParamServer::Impl::ResetGlobalBatches() {
+  for (std::unique_ptr<DenseBatch>& batch : global_batches_) {
+    if (batch == nullptr) continue;
+    absl::MutexLock lock(&batch->mu);
+    batch->batch.Reset();
+  }
 }
 
 Status ParamServer::Impl::ReplyRows(std::span<Table* const> tables,

@@ -22,6 +22,7 @@
 #include "core/clock.h"
 #include "core/metrics.h"
 #include "core/status.h"
+#include "ps/global_batch.h"
 #include "ps/param_server.h"
 #include "ps/row_quota.h"
 #include "ps/storage.h"
@@ -130,6 +131,32 @@ class ParamServer::Impl {
     return dense_versions_[table.spec().id()];
   }
 
+  // A dense table's global batch (TableSpec.global_batch; ps/global_batch.h).
+  struct DenseBatch {
+    explicit DenseBatch(const GlobalBatch::Options& options) : batch(options) {}
+    absl::Mutex mu;
+    GlobalBatch batch ABSL_GUARDED_BY(mu);
+  };
+  // `table`'s, or null for a table that steps at every push.
+  DenseBatch* GlobalBatchOf(const Table& table) {
+    return global_batches_.empty() ? nullptr : global_batches_[table.spec().id()].get();
+  }
+  // Adds a push to `table`'s global batch and, once it holds the batch,
+  // applies its step (Table::Push) and raises the table's version to it.
+  Status AddToGlobalBatch(Table& table, DenseBatch& batch, std::span<const uint64_t> keys,
+                          std::span<const float> grads, uint32_t records, uint64_t based_on)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // Applies the part every global batch holds, as one step each: before a
+  // checkpoint (which so holds no sum) and a hand-off (so the partition's
+  // rows leave with every push they took).
+  Status FlushGlobalBatches() ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // Applies `batch`'s step (its mutex held) and publishes its version.
+  Status ApplyGlobalStep(Table& table, DenseBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch.mu)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // Forgets what every global batch holds (a restore: the pushes it summed
+  // are gone with the rest).
+  void ResetGlobalBatches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(restore_mu_);
+
   // Registration with the master: a session, the REGISTER_SERVER request
   // (`rejoin`: this process taking its slot back after its lease ran out),
   // and starting its heartbeats.
@@ -208,6 +235,10 @@ class ParamServer::Impl {
   // job is known, before any table exists. And the staleness pushes had.
   std::vector<std::atomic<uint64_t>> dense_versions_;
   CountHistogram dense_staleness_;
+  // Per table id: the global batch of a dense table that has one, else
+  // null; made with dense_versions_ (empty before). A table's version is
+  // then its global steps. Not kept across restarts, as the versions.
+  std::vector<std::unique_ptr<DenseBatch>> global_batches_;
 
   // Held shared by every PULL, PUSH and CHECKPOINT from validation to
   // reply, exclusively by a RESTORE: tables are swapped only while no

@@ -522,6 +522,9 @@ Status ParamServer::Impl::HandleMovePartition(const Message& request, Message* r
       {
         // Exclusively: no push to p is between its check and its rows now.
         absl::WriterMutexLock restore_lock(&restore_mu_);
+        // Pushes the global batches hold for p's chunks are applied here
+        // (and noted for the tail), not after p left.
+        RETURN_IF_ERROR(FlushGlobalBatches());
         absl::MutexLock moves_lock(&moves_mu_);
         auto it = outgoing_.find(p);
         if (it == outgoing_.end() || it->second.map_version != move.map_version()) {

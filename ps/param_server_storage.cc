@@ -18,6 +18,9 @@ Status ParamServer::Impl::HandleCheckpoint(const Message& request, Message* repl
     return absl::InvalidArgumentError("CHECKPOINT without its body");
   }
   const proto::CheckpointRequest& body = request.header().checkpoint_request();
+  // The workers paused: what the global batches hold is applied, so that
+  // the checkpoint holds every push it acknowledged and no sum.
+  RETURN_IF_ERROR(FlushGlobalBatches());
   ASSIGN_OR_RETURN(CheckpointInfo info,
                    storage_->Checkpoint(body.checkpoint_id(),
                                         std::span<const uint64_t>(body.keep_ids().data(),
@@ -48,6 +51,9 @@ Status ParamServer::Impl::HandleExport(const Message& request, Message* reply) {
   {
     // Not while a restore swaps the tables.
     absl::ReaderMutexLock restore_lock(&restore_mu_);
+    // The model holds every push the job acknowledged: what the global
+    // batches hold goes in as one last step.
+    RETURN_IF_ERROR(FlushGlobalBatches());
     const proto::ExportRequest& body = request.header().export_request();
     // The partitions this server gave away stay in its store, and are
     // not its to export (docs/design.md 2.20).
@@ -128,6 +134,7 @@ Status ParamServer::Impl::HandleRestore(const Message& request, Message* reply) 
     // the store then holds its last flushed state).
     if (!absl::IsNotFound(info.status()) && !absl::IsDataLoss(info.status())) {
       gate_.ForgetPushes();
+      ResetGlobalBatches();
     }
     if (info.ok() && import) {
       const uint32_t partitions = static_cast<uint32_t>(owned.size());

@@ -394,9 +394,14 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
 }
 
 Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
-                      float lr_scale, const Versions* based_on, Versions* versions,
-                      uint32_t pass, const proto::WorkBatch* batch, std::string* receipt,
-                      Rows* after) {
+                      const PushOptions& options) {
+  const float lr_scale = options.lr_scale;
+  const Versions* based_on = options.based_on;
+  Versions* versions = options.versions;
+  const uint32_t pass = options.pass;
+  const proto::WorkBatch* batch = options.batch;
+  std::string* receipt = options.receipt;
+  Rows* after = options.after;
   const ScopedLatency timer(push_latency_);
   if (versions != nullptr) versions->assign(tables.size(), {});
   if (receipt != nullptr) receipt->clear();
@@ -416,6 +421,7 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
     body->set_client_seq(++push_seq_);
     if (lr_scale != 1.0f) body->set_lr_scale(lr_scale);
     body->set_pass(pass);
+    if (options.records != 0) body->set_records(options.records);
     if (after != nullptr) body->set_reply_rows(true);
     if (dense_bf16_) body->set_dense_bf16(true);
     // The batch (for its receipt) in one request per round, until a reply

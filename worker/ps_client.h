@@ -90,31 +90,44 @@ class PsClient {
     Versions versions;
   };
 
-  // Pushes grads[i] (keys x dim floats) for tables[i].keys; the servers
-  // apply them at `lr_scale` times the learning rate. `based_on` (when
-  // given) tells each server the versions the gradients were computed
-  // from (a Pull's; a table with no entries: not known), so it measures
-  // their staleness; `versions` (when
-  // given) gets each server's versions once the push is applied (the
-  // highest when it took a table in several messages). `pass` is 1 + the
-  // training pass (epoch) the gradients come from, 0 when not known
-  // (PushRequest.pass). `batch` names the training records the gradients
-  // come from, for a receipt: under CURVE the server answers with one and
-  // `receipt` gets it (cleared first; empty when none came). Both or
-  // neither: without `receipt` no batch is sent. One request of the push
-  // carries the batch (the first of a routing round, until a reply brought
-  // the receipt): every server makes the same receipt, so one HMAC per push
-  // is enough.
-  // `after` (when given) gets the pushed rows as the push left them, with
-  // each server's version of what it sent (the lowest over its messages),
-  // as Pull would give them right after the push, without a pull; left
-  // empty when a reply did not carry them (the push still succeeds).
+  // How a push goes (LevelDB's WriteOptions); every field may stay unset.
+  struct PushOptions {
+    // The servers apply the gradients at this times the learning rate.
+    float lr_scale = 1.0f;
+    // Each server's versions the gradients were computed from (a Pull's;
+    // a table with no entries: not known), so that it measures their
+    // staleness and a global batch weighs them (ps/global_batch.h).
+    const Versions* based_on = nullptr;
+    // Gets each server's versions once the push is applied (the highest
+    // when it took a table in several messages).
+    Versions* versions = nullptr;
+    // 1 + the training pass (epoch) the gradients come from; 0: not known
+    // (PushRequest.pass).
+    uint32_t pass = 0;
+    // The records of the batch whose mean loss the gradients are, in every
+    // request (PushRequest.records): a table with a global batch needs them.
+    uint32_t records = 0;
+    // The training records the gradients come from, for a receipt: under
+    // CURVE the server answers with one and `receipt` gets it (cleared
+    // first; empty when none came). Both or neither: without `receipt` no
+    // batch is sent. One request of the push carries the batch (the first
+    // of a routing round, until a reply brought the receipt): every server
+    // makes the same receipt, so one HMAC per push is enough.
+    const proto::WorkBatch* batch = nullptr;
+    std::string* receipt = nullptr;
+    // Gets the pushed rows as the push left them, with each server's
+    // version of what it sent (the lowest over its messages), as Pull would
+    // give them right after the push, without a pull; left empty when a
+    // reply did not carry them (the push still succeeds).
+    Rows* after = nullptr;
+  };
+  // Pushes grads[i] (keys x dim floats) for tables[i].keys.
   // REQUIRES: grads[i].size() == tables[i].keys.size() * dim.
   Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads,
-              float lr_scale = 1.0f, const Versions* based_on = nullptr,
-              Versions* versions = nullptr, uint32_t pass = 0,
-              const proto::WorkBatch* batch = nullptr, std::string* receipt = nullptr,
-              Rows* after = nullptr);
+              const PushOptions& options);
+  Status Push(std::span<const Keys> tables, std::span<const std::span<const float>> grads) {
+    return Push(tables, grads, PushOptions());
+  }
 
   const proto::TableSpec& table(uint32_t id) const { return job_.tables(static_cast<int>(id)); }
 

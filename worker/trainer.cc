@@ -304,9 +304,15 @@ Status Worker::Impl::Step(Session& session, const PreparedBatch& prepared,
       std::string receipt;
       PsClient::Rows rows;
       RETURN_IF_ERROR(Annotate(
-          lane.ps->Push(keys, values, lr_scale, copy ? &copy->versions : nullptr, applied, pass,
-                        last ? &work : nullptr, last ? &receipt : nullptr,
-                        read_back && next != nullptr ? &rows : nullptr),
+          lane.ps->Push(keys, values,
+                        {.lr_scale = lr_scale,
+                         .based_on = copy ? &copy->versions : nullptr,
+                         .versions = applied,
+                         .pass = pass,
+                         .records = work.records(),
+                         .batch = last ? &work : nullptr,
+                         .receipt = last ? &receipt : nullptr,
+                         .after = read_back && next != nullptr ? &rows : nullptr}),
           "push"));
       if (read_back && next != nullptr && !rows.values.empty()) {
         TakeRows(Pulled::kAtStep, &rows.values, &next->values);

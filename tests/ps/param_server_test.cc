@@ -154,6 +154,49 @@ TEST_F(ParamServerTest, DenseVersionsCountPushesAndPushesReportTheirStaleness) {
   EXPECT_EQ(staleness->counts[3], 1u);  // (2, 4]
 }
 
+// TableSpec.global_batch: a dense table steps once per batch of records,
+// with their mean gradient, whichever pushes brought them; its version
+// counts those steps.
+TEST_F(ParamServerTest, AGlobalBatchStepsOncePerBatchOfRecords) {
+  proto::JobSpec job = MakeJob();
+  job.mutable_tables(kDense)->set_global_batch(300);
+  master_->set_job(job);
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> chunks = DenseKeysHere();
+  ASSERT_FALSE(chunks.empty());
+  auto push = [&](const std::vector<float>& grads, uint32_t records) -> StatusOr<Message> {
+    Message request = PushRequest({kDense}, {chunks}, {grads}, NextSeq());
+    if (records > 0) request.header().mutable_push_request()->set_records(records);
+    return Call(std::move(request));
+  };
+  auto rows = [&]() -> std::vector<float> {
+    StatusOr<Message> reply = Call(PullRequest({kDense}, {chunks}));
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    if (!reply.ok()) return {};
+    std::span<const float> values = reply->Array<float>(0).value();
+    return {values.begin(), values.end()};
+  };
+  const std::vector<float> first = Grads(chunks.size());
+  std::vector<float> second = first;
+  for (float& g : second) g *= -2.0f;
+  // A third of the batch: nothing applied yet.
+  StatusOr<Message> one = push(first, 100);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_THAT(one->header().push_reply().versions(), ::testing::ElementsAre(0));
+  EXPECT_EQ(rows(), std::vector<float>(chunks.size() * kDim, 0.0f));
+  // A push without its records is refused whole.
+  const StatusOr<Message> bare = push(first, 0);
+  EXPECT_EQ(bare.status().code(), absl::StatusCode::kInvalidArgument) << bare.status();
+  // The rest: one step with the records' mean, (100 g - 400 g) / 300 = -g.
+  StatusOr<Message> two = push(second, 200);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_THAT(two->header().push_reply().versions(), ::testing::ElementsAre(1));
+  std::vector<float> expected(first.size());
+  for (size_t i = 0; i < first.size(); ++i) expected[i] = Sgd(0.0f, -first[i]);
+  EXPECT_THAT(rows(), ::testing::Pointwise(::testing::FloatEq(), expected));
+}
+
 // PushRequest.reply_rows: the reply carries the pushed rows as the push
 // left them (what a pull right after it reads), and so does a repeat's.
 TEST_F(ParamServerTest, APushAnswersWithTheRowsItLeftWhenAsked) {

@@ -76,6 +76,8 @@ inline std::vector<BoundaryCase> JobConfigBoundaries() {
        1 << 20},
       {"worker.batch_size", [](JobConfig& c) -> int64_t& { return c.worker.batch_size.value; },
        1, 1 << 20},
+      {"optimizer.dense_global_batch",
+       [](JobConfig& c) -> int64_t& { return c.optimizer.dense_global_batch; }, 0, 1 << 30},
       {"optimizer.lr_warmup_batches",
        [](JobConfig& c) -> int64_t& { return c.optimizer.lr_warmup_batches; }, 0, 1'000'000},
       {"worker.prefetch_batches",

@@ -185,8 +185,8 @@ TEST_F(PsClientTest, SilentServerGoneFromTheMapIsLeftForItsNewOwner) {
   proto::WorkBatch batch;
   batch.set_records(7);
   std::string receipt;
-  const Status status = client->Push(tables, grads, /*lr_scale=*/1.0f, /*based_on=*/nullptr,
-                                     /*versions=*/nullptr, /*pass=*/1, &batch, &receipt);
+  const Status status =
+      client->Push(tables, grads, {.pass = 1, .batch = &batch, .receipt = &receipt});
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_FALSE(receipt.empty());
   EXPECT_EQ(refreshes_, 1);

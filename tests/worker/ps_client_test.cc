@@ -132,7 +132,7 @@ TEST_F(PsClientTest, APushReadsItsRowsBack) {
   const std::vector<std::span<const float>> grads = {wide_grads, deep_grads};
   PsClient::Versions applied;
   PsClient::Rows after;
-  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, &applied, 0, nullptr, nullptr, &after)
+  ASSERT_TRUE(client->Push(tables, grads, {.versions = &applied, .after = &after})
                   .ok());
   ASSERT_EQ(after.values.size(), 2u);
   ExpectRows(kWide, wide, after.values[0]);
@@ -170,7 +170,7 @@ TEST_F(PsClientTest, APushWhoseRowsDoNotComeBackStillSucceeds) {
   const std::vector<PsClient::Keys> tables = {{kWide, wide}};
   const std::vector<std::span<const float>> grads = {wide_grads};
   PsClient::Rows after;
-  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, nullptr, nullptr, &after)
+  ASSERT_TRUE(client->Push(tables, grads, {.after = &after})
                   .ok());
   EXPECT_TRUE(after.values.empty());
   EXPECT_TRUE(after.versions.empty());
@@ -251,7 +251,7 @@ TEST_F(PsClientTest, PushAfterWrongOwnerAppliesEveryKeyOnceAndReadsEveryRowBack)
   // Its rows read back too: those of the refused requests come with the
   // re-sent ones.
   PsClient::Rows after;
-  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, nullptr, nullptr, &after)
+  ASSERT_TRUE(client->Push(tables, grads, {.after = &after})
                   .ok());
   EXPECT_EQ(refreshes_, 1);
   EXPECT_GT(servers_[2]->refusals(), 1);
@@ -290,7 +290,7 @@ TEST_F(PsClientTest, OneRequestOfAPushCarriesItsBatchForTheReceipt) {
   batch.set_records(400);
   std::unique_ptr<PsClient> client = MakeClient();
   std::string receipt;
-  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, &batch, &receipt).ok());
+  ASSERT_TRUE(client->Push(tables, grads, {.batch = &batch, .receipt = &receipt}).ok());
   int batches = 0;
   for (const auto& server : servers_) {
     EXPECT_FALSE(server->pushed().empty()) << "every server took keys";
@@ -303,13 +303,13 @@ TEST_F(PsClientTest, OneRequestOfAPushCarriesItsBatchForTheReceipt) {
 
   // A receipt string the caller left filled is not taken for this push's.
   receipt = "a stale receipt";
-  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, &batch, &receipt).ok());
+  ASSERT_TRUE(client->Push(tables, grads, {.batch = &batch, .receipt = &receipt}).ok());
   batches = 0;
   for (const auto& server : servers_) batches += server->batches();
   EXPECT_EQ(batches, 2);
   EXPECT_THAT(receipt, ::testing::StartsWith("receipt of ps "));
   // Without a receipt to take, no batch is sent (no server makes one).
-  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, &batch, nullptr).ok());
+  ASSERT_TRUE(client->Push(tables, grads, {.batch = &batch}).ok());
   batches = 0;
   for (const auto& server : servers_) batches += server->batches();
   EXPECT_EQ(batches, 2);
@@ -327,7 +327,7 @@ TEST_F(PsClientTest, ARefusedCarrierPassesTheBatchOnToTheNextRound) {
   batch.set_shard_id(3);
   std::unique_ptr<PsClient> client = MakeClient();
   std::string receipt;
-  ASSERT_TRUE(client->Push(tables, grads, 1.0f, nullptr, nullptr, 0, &batch, &receipt).ok());
+  ASSERT_TRUE(client->Push(tables, grads, {.batch = &batch, .receipt = &receipt}).ok());
   EXPECT_EQ(servers_[0]->refusals(), 1);
   EXPECT_EQ(servers_[0]->batches(), 0) << "refused: applied nothing";
   EXPECT_FALSE(receipt.empty());
