@@ -128,6 +128,9 @@ class WorkerCredentials {
 
  private:
   explicit WorkerCredentials(std::string key) : key_(std::move(key)) {}
+  // HMAC-SHA512-256 of `message` under key_: credentials, slot credentials
+  // and receipts, each in a domain of its own.
+  std::string Tag(absl::string_view message) const;
   std::string key_;
 };
 
