@@ -219,6 +219,7 @@ bool MemberSession::Heartbeat() {
   request.header().set_method(proto::HEARTBEAT);
   hooks_.fill_heartbeat(request.header().mutable_heartbeat_request());
   request.header().mutable_heartbeat_request()->set_seq(++heartbeat_seq_);
+  request.header().set_cluster_map_version(followed_map_version_);
   CallOptions call;
   call.attempt_timeout = std::max(heartbeat_, absl::Seconds(1));
   call.max_attempts = 1;

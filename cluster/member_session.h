@@ -114,6 +114,9 @@ class MemberSession {
     // followed last): fetch and install it. OK marks it followed; an error
     // is logged and the hook is called again on the next reply still
     // announcing a version not followed. Not called for a shutdown reply.
+    // Every heartbeat says the version followed last (the envelope's
+    // cluster_map_version; 0 before any): the master lets a retired server
+    // go once no worker routes by a map older than its retirement.
     // Optional: without it versions are ignored.
     std::function<Status(uint64_t version)> follow_map;
     // The master ended the session: kFinished (status OK), kFenced (the

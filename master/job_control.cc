@@ -250,7 +250,7 @@ Status JobControl::RegisterWorker(const proto::RegisterWorkerRequest& request, a
 }
 
 Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
-                             absl::Time now, proto::HeartbeatReply* reply) {
+                             uint64_t map_version, absl::Time now, proto::HeartbeatReply* reply) {
   if (over()) {
     // Whoever asks hears that the job ended, alive or not: a peer whose
     // lease ran out meanwhile (a master slow to answer) must still learn
@@ -266,6 +266,7 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
     RETURN_IF_ERROR(membership_.WorkerHeartbeat(sender, recovery_.why(), std::move(stats),
                                                 request.paused_for_checkpoint(), round, now,
                                                 request.seq()));
+    membership_.NoteWorkerMap(sender.id(), map_version);
     if (round.has_value()) reply->set_pause_for_checkpoint(*round);
     if (std::optional<uint64_t> split = progress_.SplitRequestedOf(sender.id()); split) {
       reply->set_split_shard(*split);
@@ -273,7 +274,13 @@ Status JobControl::Heartbeat(const proto::NodeId& sender, const proto::Heartbeat
   } else if (const std::string* left = membership_.LeftServer(sender.id());
              sender.role() == proto::ROLE_SERVER && left != nullptr &&
              (request.endpoint().empty() || request.endpoint() == *left)) {
-    // Drained, and its slot retired (RetireServer): it exits.
+    // Drained, and its slot retired (RetireServer): it exits once no worker
+    // can still send to it. Until then it answers them WRONG_OWNER, and
+    // hears of no map (the newer ones do not name it).
+    if (!membership_.RetiredServerMayGo(sender.id(), now)) {
+      reply->set_state(proto::JOB_RUNNING);
+      return absl::OkStatus();
+    }
     reply->set_shutdown(true);
   } else if (sender.role() == proto::ROLE_SERVER) {
     bool first_contact = false;
@@ -579,7 +586,7 @@ void JobControl::ExpireLeases(absl::Time now) {
   }
   for (uint32_t server : expired.servers) {
     // A drained server holds nothing a recovery would need.
-    if (RetireIfDrained(server)) continue;
+    if (RetireIfDrained(server, now)) continue;
     StartRecovery(server, absl::StrCat("ps[", server, "] stopped heartbeating"), now);
   }
 }
@@ -656,7 +663,7 @@ std::vector<std::string> JobControl::Waits(absl::Time now) const {
 
 void JobControl::Tick(absl::Time now) {
   ExpireLeases(now);
-  for (uint32_t slot : std::set<uint32_t>(drained_)) RetireIfDrained(slot);
+  for (uint32_t slot : std::set<uint32_t>(drained_)) RetireIfDrained(slot, now);
   EnforceBounds(now);
   SampleProgress(now);
   // A master restarted while the export was due finds the last pass done

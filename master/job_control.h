@@ -105,8 +105,10 @@ class JobControl {
   // master.max_workers or the registration rate (Membership::TakeRegistration).
   Status RegisterWorker(const proto::RegisterWorkerRequest& request, absl::Time now,
                         proto::RegisterWorkerReply* reply);
+  // `map_version`: the cluster map the sender says it routes by (the
+  // envelope's; a worker's lets a retired server go, RetiredServerMayGo).
   Status Heartbeat(const proto::NodeId& sender, const proto::HeartbeatRequest& request,
-                   absl::Time now, proto::HeartbeatReply* reply);
+                   uint64_t map_version, absl::Time now, proto::HeartbeatReply* reply);
   Status GetClusterMap(const proto::NodeId& sender, proto::GetClusterMapReply* reply) const;
   Status GetShard(const proto::NodeId& sender, absl::Time now, proto::GetShardReply* reply);
   // `labels` and `predictions`: an eval commit's frames.
@@ -350,7 +352,7 @@ class JobControl {
   // it: it owns no partition, no move, checkpoint round or export is in progress,
   // and no recovery could restore a partition from its part of the newest
   // checkpoint (until then it asks for a checkpoint). True when it did.
-  bool RetireIfDrained(uint32_t slot);
+  bool RetireIfDrained(uint32_t slot, absl::Time now);
   // Queues moves from the live servers holding most partitions to those
   // holding fewest until they differ by at most one; how many (0: even).
   uint32_t PlanBalance();

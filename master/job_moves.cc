@@ -93,7 +93,7 @@ uint32_t JobControl::PlanDrain(uint32_t slot) {
   return queued;
 }
 
-bool JobControl::RetireIfDrained(uint32_t slot) {
+bool JobControl::RetireIfDrained(uint32_t slot, absl::Time now) {
   // Not under an export either: it took its servers and map when it began.
   if (!drained_.contains(slot) || over() || recovery_.active() || export_due_) return false;
   if (membership_.PartitionCounts()[slot] != 0) {
@@ -111,7 +111,7 @@ bool JobControl::RetireIfDrained(uint32_t slot) {
       return false;
     }
   }
-  membership_.RetireServer(slot);
+  membership_.RetireServer(slot, now);
   draining_.erase(slot);
   drained_.erase(slot);
   return true;

@@ -633,7 +633,8 @@ Status Master::Impl::Handle(Message& request, Message* reply) {
       }
       case proto::HEARTBEAT: {
         proto::HeartbeatReply body;
-        status = control.Heartbeat(sender, request.header().heartbeat_request(), now, &body);
+        status = control.Heartbeat(sender, request.header().heartbeat_request(),
+                                   request.header().cluster_map_version(), now, &body);
         if (status.ok()) *out.mutable_heartbeat_reply() = std::move(body);
         break;
       }

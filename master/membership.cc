@@ -286,6 +286,12 @@ Status Membership::WorkerHeartbeat(const proto::NodeId& sender, const std::strin
   return absl::OkStatus();
 }
 
+void Membership::NoteWorkerMap(uint32_t id, uint64_t version) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  it->second.map_version = std::max(it->second.map_version, version);
+}
+
 void Membership::NoteProgress(uint32_t id, absl::Time now, uint64_t records) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return;
@@ -537,11 +543,13 @@ std::map<uint32_t, uint32_t> Membership::PartitionCounts() const {
   return counts;
 }
 
-void Membership::RetireServer(uint32_t slot) {
+void Membership::RetireServer(uint32_t slot, absl::Time now) {
   auto it = servers_.find(slot);
   CHECK(it != servers_.end()) << "ps[" << slot << "] is no slot";
   CHECK_EQ(PartitionCounts()[slot], 0u) << "ps[" << slot << "] still owns partitions";
-  left_[slot] = it->second.endpoint;
+  left_[slot] = {.endpoint = it->second.endpoint,
+                 .map_version = cluster_map_.version() + 1,
+                 .at = now};
   LOG(INFO) << "ps[" << slot << "] at " << it->second.endpoint
             << " is drained and leaves the job (cluster map v" << cluster_map_.version() + 1
             << ")";
@@ -556,7 +564,19 @@ void Membership::RetireServer(uint32_t slot) {
 
 const std::string* Membership::LeftServer(uint32_t slot) const {
   auto it = left_.find(slot);
-  return it == left_.end() ? nullptr : &it->second;
+  return it == left_.end() ? nullptr : &it->second.endpoint;
+}
+
+bool Membership::RetiredServerMayGo(uint32_t slot, absl::Time now) const {
+  auto it = left_.find(slot);
+  CHECK(it != left_.end()) << "ps[" << slot << "] has not left";
+  if (now - it->second.at >= absl::Milliseconds(job_.master.lease_ms)) return true;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.state == PeerState::kAlive && worker.map_version < it->second.map_version) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool Membership::all_servers_alive() const {
@@ -622,10 +642,10 @@ void Membership::SaveTo(proto::MasterRecord* record) const {
     info->set_endpoint(server.endpoint);
   }
   for (uint32_t id : fenced_) record->add_fenced_workers(id);
-  for (const auto& [id, endpoint] : left_) {
+  for (const auto& [id, retired] : left_) {
     proto::ServerInfo* info = record->add_left_servers();
     info->set_id(id);
-    info->set_endpoint(endpoint);
+    info->set_endpoint(retired.endpoint);
   }
 }
 
@@ -648,7 +668,10 @@ void Membership::RestoreFrom(const proto::MasterRecord& record, absl::Time now) 
     server.last_seen = now;
   }
   fenced_.assign(record.fenced_workers().begin(), record.fenced_workers().end());
-  for (const proto::ServerInfo& info : record.left_servers()) left_[info.id()] = info.endpoint();
+  // Workers that register with this master get its map: no older one.
+  for (const proto::ServerInfo& info : record.left_servers()) {
+    left_[info.id()] = {.endpoint = info.endpoint(), .map_version = cluster_map_.version(), .at = now};
+  }
 }
 
 }  // namespace eps

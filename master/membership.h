@@ -8,7 +8,13 @@
 //              |  \--DEREGISTER-----> kLeft
 //              \----recovery--------> kFenced   (it registers again)
 //   server:  kAlive --lease expired or restarted--> kDead --slot filled--> kAlive
-//              \--drained, RetireServer--> (the slot is gone; LeftServer)
+//              \--drained, RetireServer--> retired (the slot is gone; LeftServer)
+//                                           \--RetiredServerMayGo--> told to exit
+//
+// A retired server's process keeps answering WRONG_OWNER until no live
+// worker's heartbeat says a cluster map older than the one that retired it
+// (NoteWorkerMap), or for one worker lease at most: a worker in a long
+// step then follows the map, never a server that has gone.
 //
 // A fenced worker id is never accepted again (ids are never reused); its
 // shards may move only once every live server refuses its pushes too, so
@@ -54,6 +60,9 @@ struct WorkerEntry {
   double records_per_s = 0;
   bool told_to_exit = false;
   uint64_t paused_for = 0;  // the checkpoint it reports having paused for
+  // The cluster map version every call it starts goes by, as its last
+  // heartbeat said (0: not said yet).
+  uint64_t map_version = 0;
   // Its last heartbeat paused for the checkpoint round in progress: the
   // round held it back until then, which is no lack of progress of its own.
   absl::Time held_until = absl::InfinitePast();
@@ -160,6 +169,9 @@ class Membership {
   Status WorkerHeartbeat(const proto::NodeId& sender, const std::string& fenced_why,
                          proto::WorkerStats stats, uint64_t paused_for,
                          std::optional<uint64_t> round, absl::Time now, uint64_t seq = 0);
+  // Worker `id` says it routes by cluster map `version` or newer from now
+  // on (a heartbeat's envelope). Never lowers it; no-op for an unknown id.
+  void NoteWorkerMap(uint32_t id, uint64_t version);
   // Worker `id` made progress at `now`: it took a shard, or had a commit
   // of `records` records applied. No-op for an unknown id.
   void NoteProgress(uint32_t id, absl::Time now, uint64_t records = 0);
@@ -283,11 +295,17 @@ class Membership {
   // A drained server leaves the job (docs/design.md 2.20): its slot goes
   // from the map (a new version), from checkpoints, recoveries and the
   // slots a fresh server may take, and its process is told to exit when it
-  // heartbeats (LeftServer). Event server_left. REQUIRES: the slot exists
-  // and owns no partition.
-  void RetireServer(uint32_t slot);
+  // heartbeats (LeftServer) and RetiredServerMayGo. Event server_left.
+  // REQUIRES: the slot exists and owns no partition.
+  void RetireServer(uint32_t slot, absl::Time now);
   // The endpoint the server that left `slot` served at, or null.
   const std::string* LeftServer(uint32_t slot) const;
+  // Whether the process of retired `slot` may exit at `now`: no live
+  // worker says a map older than the one that retired it, or one worker
+  // lease (master.lease_ms) has passed since (a live worker heartbeats in
+  // that time). Until then it redirects those workers' calls.
+  // REQUIRES: LeftServer(slot).
+  bool RetiredServerMayGo(uint32_t slot, absl::Time now) const;
 
   // --- Lifecycle ----------------------------------------------------------
 
@@ -324,8 +342,14 @@ class Membership {
   uint32_t next_server_id_ = 0;
   proto::ClusterMap cluster_map_;
   std::optional<uint32_t> moving_;
-  // Retired slots, with their last endpoint (RetireServer).
-  std::map<uint32_t, std::string> left_;
+  // Retired slots (RetireServer): the last endpoint, the map version that
+  // retired it, and when.
+  struct Retired {
+    std::string endpoint;
+    uint64_t map_version = 0;
+    absl::Time at;
+  };
+  std::map<uint32_t, Retired> left_;
   uint64_t generation_ = 0;
   std::vector<uint32_t> fenced_;
   // Fenced workers whose shards wait until every server refuses them, with

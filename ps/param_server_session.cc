@@ -372,9 +372,10 @@ void ParamServer::Impl::OnHeartbeatReply(const proto::HeartbeatReply& body) {
   }
   if (body.shutdown()) {
     if (body.state() == proto::JOB_RUNNING) {
-      // Workers whose map is older still send here for a moment: they are
-      // answered WRONG_OWNER (every partition was handed off) and follow
-      // the new map, instead of waiting on a server that is gone.
+      // Told only once every live worker follows a map without this
+      // server (Membership::RetiredServerMayGo); a call one started before
+      // may still come, and is answered WRONG_OWNER (every partition was
+      // handed off) instead of waiting on a server that is gone.
       const absl::Duration linger = std::max(absl::Seconds(3), 4 * options_.heartbeat);
       LOG(INFO) << "the master has drained ps[" << id_ << "]: it leaves the job; exiting in "
                 << absl::FormatDuration(linger);

@@ -204,7 +204,15 @@ std::vector<PsClient::Request> PsClient::Plan(
 Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method,
                           const std::function<Message(const Request&, bool first)>& build,
                           const std::function<Status(const Request&, Message&)>& on_reply) {
-  if (placement_ == nullptr) RETURN_IF_ERROR(Refresh());
+  if (placement_ == nullptr) {
+    RETURN_IF_ERROR(Refresh());
+  } else if (newest_map_ != nullptr && newest_map_() > map_version()) {
+    // Not fatal: the calls go by the map in hand, and a server that left
+    // answers WRONG_OWNER or nothing (RerouteSilent).
+    if (const Status refreshed = Refresh(); !refreshed.ok()) {
+      VLOG(1) << "cannot fetch cluster map v" << newest_map_() << ": " << refreshed;
+    }
+  }
   std::vector<std::vector<uint32_t>> remaining(tables.size());
   for (size_t t = 0; t < tables.size(); ++t) {
     remaining[t].resize(tables[t].keys.size());

@@ -137,6 +137,13 @@ class PsClient {
   // for a server that will not answer.
   void set_abandon(std::function<bool()> abandon) { abandon_ = std::move(abandon); }
 
+  // The newest cluster map version the master announced (0: none). A call
+  // made while it is above map_version() fetches the map first, so a worker
+  // routes by a map within a heartbeat of the master's, not only once a
+  // server says WRONG_OWNER: its heartbeat may then tell the master so, and
+  // a retired server exits once no worker can still send to it (issue 49).
+  void set_newest_map(std::function<uint64_t()> newest) { newest_map_ = std::move(newest); }
+
   // With `bf16`, the rows and gradients of DENSE tables travel as
   // bfloat16 from now on (PullRequest.dense_bf16, PushRequest.dense_bf16;
   // worker.dense_wire): half the bytes, each value within 2^-8 of its
@@ -234,6 +241,7 @@ class PsClient {
   const CallOptions options_;
   const MapSource refresh_map_;
   std::function<bool()> abandon_;
+  std::function<uint64_t()> newest_map_;
   const size_t max_request_bytes_;
   // Whether a push whose rows did not come back was warned of.
   bool read_back_warned_ = false;

@@ -122,6 +122,7 @@ std::unique_ptr<PsClient> Worker::Impl::MakePsClient(Session& session, RpcChanne
   // x 5 routing rounds: 20 s with 2 s calls) before the worker can exit.
   client->set_abandon([this, &session] { return Fenced(session) || JobFinished(); });
   client->set_latency_histograms(&session.pull_latency, &session.push_latency);
+  client->set_newest_map([&session] { return session.newest_map.load(); });
   return client;
 }
 
@@ -171,10 +172,12 @@ MemberSession::Hooks Worker::Impl::MemberHooks(Session& session) {
     OnHeartbeatReply(session, body);
   };
   // The map is only noted: the parameter clients belong to the loader and
-  // the trainer, and each fetches the map itself on WRONG_OWNER (see
-  // worker.h).
-  hooks.follow_map = [](uint64_t version) {
+  // the trainer, and each fetches it itself before its next call (or on
+  // WRONG_OWNER; see worker.h). Followed so, the next heartbeat says it:
+  // no call this worker starts from then on goes by an older map.
+  hooks.follow_map = [&session](uint64_t version) {
     VLOG(1) << "cluster map v" << version;
+    session.newest_map.store(version);
     return absl::OkStatus();
   };
   hooks.on_end = [this, &session](MemberSession::State state, const Status& status) {

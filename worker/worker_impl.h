@@ -77,6 +77,10 @@ class Worker::Impl {
     // Pushes, commits and the dense tensors' copy (made with the loader).
     std::unique_ptr<StepPipeline> pipeline;
     std::atomic<bool> over{false};  // fenced, failed or finished: wind down
+    // The newest cluster map version the master announced: each parameter
+    // client fetches the map before its next call once it routes by an
+    // older one (PsClient::set_newest_map).
+    std::atomic<uint64_t> newest_map{0};
     absl::Mutex mu;
     // The coordinated checkpoint the master asks to pause for (0: none),
     // from heartbeat and commit replies.

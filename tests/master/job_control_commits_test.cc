@@ -186,7 +186,7 @@ TEST_F(JobControlTest, EachBatchSizeChangeIsOneEvent) {
       change->set_reason(absl::StrCat(from, " to ", to));
     }
     proto::HeartbeatReply reply;
-    ASSERT_TRUE(control_->Heartbeat(WorkerNode(0), request, At(ms), &reply).ok());
+    ASSERT_TRUE(control_->Heartbeat(WorkerNode(0), request, /*map_version=*/0, At(ms), &reply).ok());
   };
   beat(100, 256, {});
   beat(200, 256, {{256, 512}, {512, 256}});

@@ -157,16 +157,18 @@ class JobControlTest : public ::testing::Test {
     proto::HeartbeatRequest request;
     request.set_endpoint(control_->membership().servers().at(slot).endpoint);
     proto::HeartbeatReply ignored;
-    return control_->Heartbeat(ServerNode(slot), request, now,
+    return control_->Heartbeat(ServerNode(slot), request, /*map_version=*/0, now,
                                reply != nullptr ? reply : &ignored);
   }
 
+  // `map_version`: the cluster map the worker says it routes by.
   Status WorkerBeat(uint32_t id, absl::Time now, uint64_t paused_for = 0,
-                    proto::HeartbeatReply* reply = nullptr) {
+                    proto::HeartbeatReply* reply = nullptr, uint64_t map_version = 0) {
     proto::HeartbeatRequest request;
     request.set_paused_for_checkpoint(paused_for);
     proto::HeartbeatReply ignored;
-    return control_->Heartbeat(WorkerNode(id), request, now, reply != nullptr ? reply : &ignored);
+    return control_->Heartbeat(WorkerNode(id), request, map_version, now,
+                               reply != nullptr ? reply : &ignored);
   }
 
   // Heartbeats from `servers` and `workers` (not paused).

@@ -227,7 +227,7 @@ TEST_F(JobControlTest, HeartbeatStatsOutOfBoundsAreRefusedAndNotKept) {
   proto::HeartbeatRequest request;
   HistogramToProto(LatencyHistogram().Snapshot(), request.mutable_worker()->mutable_pull_latency());
   request.mutable_worker()->set_records_per_s(5);
-  ASSERT_TRUE(control_->Heartbeat(WorkerNode(0), request, At(10), &reply).ok());
+  ASSERT_TRUE(control_->Heartbeat(WorkerNode(0), request, /*map_version=*/0, At(10), &reply).ok());
   EXPECT_EQ(control_->membership().workers().at(0).stats.records_per_s(), 5);
 
   proto::HeartbeatRequest bloated = request;
@@ -235,14 +235,14 @@ TEST_F(JobControlTest, HeartbeatStatsOutOfBoundsAreRefusedAndNotKept) {
   proto::Histogram* histogram = bloated.mutable_worker()->mutable_push_latency();
   for (int i = 0; i < 1000; ++i) histogram->add_bounds(i);
   for (int i = 0; i < 1001; ++i) histogram->add_counts(1);
-  Status refused = control_->Heartbeat(WorkerNode(0), bloated, At(20), &reply);
+  Status refused = control_->Heartbeat(WorkerNode(0), bloated, /*map_version=*/0, At(20), &reply);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("push_latency"));
 
   bloated = request;
   bloated.mutable_worker()->set_records_per_s(7);
   for (int i = 0; i < 17; ++i) bloated.mutable_worker()->add_batch_size_changes()->set_seq(i + 1);
-  refused = control_->Heartbeat(WorkerNode(0), bloated, At(30), &reply);
+  refused = control_->Heartbeat(WorkerNode(0), bloated, /*map_version=*/0, At(30), &reply);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("batch-size changes"));
   EXPECT_EQ(control_->membership().workers().at(0).stats.records_per_s(), 5) << "nothing kept";
@@ -250,7 +250,7 @@ TEST_F(JobControlTest, HeartbeatStatsOutOfBoundsAreRefusedAndNotKept) {
   proto::HeartbeatRequest server;
   server.set_endpoint(control_->membership().servers().at(0).endpoint);
   server.set_storage_error(std::string(5000, 'x'));
-  refused = control_->Heartbeat(ServerNode(0), server, At(40), &reply);
+  refused = control_->Heartbeat(ServerNode(0), server, /*map_version=*/0, At(40), &reply);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(control_->over()) << "a storage error out of bounds stops nothing";
 }

@@ -384,7 +384,7 @@ TEST_F(JobControlLivenessTest, AServerThatCannotWriteStopsTheJobNamingIt) {
   request.set_storage_error(
       "IO error: No space left on device: While appending to file: /data/ps-1/db/000012.log");
   proto::HeartbeatReply reply;
-  ASSERT_TRUE(control_->Heartbeat(ServerNode(1), request, At(500), &reply).ok());
+  ASSERT_TRUE(control_->Heartbeat(ServerNode(1), request, /*map_version=*/0, At(500), &reply).ok());
   EXPECT_TRUE(reply.shutdown()) << "the server hears it at once";
   ExpectStoppedWith(
       "ps[1] (ps-host pid 101) cannot write its store: IO error: No space left on "

@@ -119,11 +119,15 @@ TEST_F(JobControlMovesTest, ADrainedServerLeavesTheJobAndIsToldToExit) {
   EXPECT_EQ(record.draining_servers_size(), 0);
   ASSERT_EQ(record.left_servers_size(), 1);
   EXPECT_EQ(record.left_servers(0).id(), 0u);
-  // Its process hears it may go; the job goes on.
+  // Its process hears it may go once the workers follow the map; the job
+  // goes on.
+  for (uint32_t worker : {0u, 1u}) {
+    ASSERT_TRUE(WorkerBeat(worker, At(25), 0, nullptr, /*map_version=*/version + 1).ok());
+  }
   proto::HeartbeatRequest beat;
   beat.set_endpoint("tcp://127.0.0.1:5000");
   proto::HeartbeatReply reply;
-  ASSERT_TRUE(control_->Heartbeat(ServerNode(0), beat, At(30), &reply).ok());
+  ASSERT_TRUE(control_->Heartbeat(ServerNode(0), beat, /*map_version=*/0, At(30), &reply).ok());
   EXPECT_TRUE(reply.shutdown());
   EXPECT_EQ(reply.state(), proto::JOB_RUNNING);
   EXPECT_FALSE(control_->over());
@@ -187,6 +191,58 @@ TEST_F(JobControlMovesTest, ADrainedServerStaysUntilACheckpointNoLongerNeedsItsP
   control_->Tick(At(500));
   EXPECT_EQ(control_->membership().server(0), nullptr);
   EXPECT_NE(control_->membership().LeftServer(0), nullptr);
+}
+
+// A retired server is told to exit only once every live worker says it
+// routes by a map without it (a worker in a long step would otherwise meet a
+// server that has gone), or one worker lease after its retirement.
+TEST_F(JobControlMovesTest, ARetiredServerExitsOnceNoLiveWorkerRoutesToIt) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0).ok());
+  while (RunStep(At(10)).has_value()) {
+  }
+  const std::string endpoint = control_->membership().server(0)->endpoint;
+  control_->Tick(At(20));
+  ASSERT_NE(control_->membership().LeftServer(0), nullptr);
+  const uint64_t without = control_->membership().cluster_map().version();
+  const auto retired_beat = [&](absl::Time now) {
+    proto::HeartbeatRequest request;
+    request.set_endpoint(endpoint);
+    proto::HeartbeatReply reply;
+    EXPECT_TRUE(control_->Heartbeat(ServerNode(0), request, 0, now, &reply).ok());
+    EXPECT_EQ(reply.state(), proto::JOB_RUNNING);
+    if (!reply.shutdown()) EXPECT_EQ(reply.cluster_map_version(), 0u) << "no map names it";
+    return reply.shutdown();
+  };
+  // Worker 0 follows the map that retired ps[0]; worker 1 is in a long step.
+  ASSERT_TRUE(WorkerBeat(0, At(30), 0, nullptr, without).ok());
+  ASSERT_TRUE(WorkerBeat(1, At(30), 0, nullptr, without - 1).ok());
+  EXPECT_FALSE(retired_beat(At(40))) << "worker 1 may still send to it";
+  ASSERT_TRUE(WorkerBeat(1, At(50), 0, nullptr, without).ok());
+  EXPECT_TRUE(retired_beat(At(60)));
+}
+
+TEST_F(JobControlMovesTest, ARetiredServerWaitsForAWorkerBehindAtMostALease) {
+  ASSERT_NO_FATAL_FAILURE(StartTraining());
+  ASSERT_TRUE(control_->Drain(0).ok());
+  while (RunStep(At(10)).has_value()) {
+  }
+  const std::string endpoint = control_->membership().server(0)->endpoint;
+  control_->Tick(At(20));
+  ASSERT_NE(control_->membership().LeftServer(0), nullptr);
+  const auto retired_beat = [&](absl::Time now) {
+    proto::HeartbeatRequest request;
+    request.set_endpoint(endpoint);
+    proto::HeartbeatReply reply;
+    EXPECT_TRUE(control_->Heartbeat(ServerNode(0), request, 0, now, &reply).ok());
+    return reply.shutdown();
+  };
+  const absl::Time lease_later = At(20) + absl::Milliseconds(kLeaseMs);
+  for (absl::Time now : {At(30), lease_later - absl::Milliseconds(1)}) {
+    for (uint32_t worker : {0u, 1u}) ASSERT_TRUE(WorkerBeat(worker, now).ok());
+    EXPECT_FALSE(retired_beat(now));
+  }
+  EXPECT_TRUE(retired_beat(lease_later));
 }
 
 TEST_F(JobControlMovesTest, ADrainedServerThatDiesIsRetiredNotRecovered) {
@@ -352,7 +408,7 @@ TEST_F(JobControlMovesTest, TheOldOwnerHearsWhichServerTakesThePartition) {
     proto::HeartbeatRequest request;
     request.set_endpoint(control_->membership().server(slot)->endpoint);
     proto::HeartbeatReply reply;
-    const Status status = control_->Heartbeat(ServerNode(slot), request, At(1), &reply);
+    const Status status = control_->Heartbeat(ServerNode(slot), request, /*map_version=*/0, At(1), &reply);
     EXPECT_TRUE(status.ok()) << status;
     return reply;
   };

@@ -283,7 +283,7 @@ TEST_F(RecoveryTest, FailsForACheckpointHoldingPartitionsInThePartOfASlotThatLef
   StatusOr<Membership::Claim> claim = members_.ClaimSlot(request);
   ASSERT_TRUE(claim.ok() && claim->joined) << claim.status();
   members_.AdmitServer(claim->slot, request, t0_);
-  members_.RetireServer(claim->slot);
+  members_.RetireServer(claim->slot, absl::Now());
   const absl::Time lost = ReadyToRestore(/*rollback=*/true);
   // An older checkpoint, from when ps[2] held partition 0.
   proto::CheckpointRecord checkpoint = Checkpoint(3, {0, 1, 2});

@@ -224,6 +224,31 @@ TEST_F(PsClientTest, SilentServerGoneFromTheMapIsLeftByPulls) {
   EXPECT_EQ(client->map_version(), retired.version());
 }
 
+// A client told of a newer map (a worker's heartbeat reply announced it)
+// fetches it before its next call: nothing goes to a server the new map
+// retired, even one still up that would take the keys by the old map.
+TEST_F(PsClientTest, AnAnnouncedMapIsFetchedBeforeTheNextCall) {
+  std::unique_ptr<PsClient> client = ClientGivingUpAfter(absl::Milliseconds(500), 2);
+  const proto::ClusterMap retired = RetireServerOne(map_);
+  servers_[0]->SetMap(retired);
+  servers_[2]->SetMap(retired);
+  refreshed_map_ = retired;
+  uint64_t announced = map_.version();
+  client->set_newest_map([&announced] { return announced; });
+  const std::vector<uint64_t> wide = MakeKeys(100);
+  const std::vector<uint64_t> deep = MakeKeys(60, /*salt=*/500);
+  ASSERT_NO_FATAL_FAILURE(ExpectPulls(*client, wide, deep));
+  EXPECT_EQ(refreshes_, 0) << "no newer map announced";
+  const int before = servers_[1]->requests();
+  ASSERT_GT(before, 0) << "server 1 owns some of the keys by the old map";
+
+  announced = retired.version();
+  ASSERT_NO_FATAL_FAILURE(ExpectPulls(*client, wide, deep));
+  EXPECT_EQ(refreshes_, 1);
+  EXPECT_EQ(client->map_version(), retired.version());
+  EXPECT_EQ(servers_[1]->requests(), before) << "the retired server heard nothing more";
+}
+
 // Only a map that leaves the keys elsewhere is followed: a newer map that
 // still places them on the silent server leaves the silence standing (the
 // worker's AwaitVerdict decides), and the client's map as it was.
