@@ -66,6 +66,7 @@ GlobalBatch::Step GlobalBatch::Take() {
   step.records = records_;
   step.version = ++version_;
   ++stats_.steps;
+  stats_.step_records += step.records;
   Reset();
   return step;
 }

@@ -84,6 +84,7 @@ class GlobalBatch {
   };
   struct Stats {
     uint64_t steps = 0;            // global steps taken
+    uint64_t step_records = 0;     // averaged by them
     uint64_t pushes = 0;           // added
     uint64_t pushes_decayed = 0;   // added with a decayed gradient
     uint64_t pushes_dropped = 0;   // too stale

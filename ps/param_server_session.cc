@@ -348,6 +348,16 @@ proto::ServerStats ParamServer::Impl::Stats() const {
   stats.set_updates_rejected(storage.updates_rejected);
   stats.set_admission_candidates(storage.admission_candidates);
   stats.set_rows_expired(storage.rows_expired);
+  for (const std::unique_ptr<DenseBatch>& batch : global_batches_) {
+    if (batch == nullptr) continue;
+    absl::MutexLock lock(&batch->mu);
+    const GlobalBatch::Stats& global = batch->batch.stats();
+    stats.set_global_steps(stats.global_steps() + global.steps);
+    stats.set_global_step_records(stats.global_step_records() + global.step_records);
+    stats.set_global_pushes_decayed(stats.global_pushes_decayed() + global.pushes_decayed);
+    stats.set_global_pushes_dropped(stats.global_pushes_dropped() + global.pushes_dropped);
+    stats.set_global_records_dropped(stats.global_records_dropped() + global.records_dropped);
+  }
   if (rpc_ != nullptr) {
     stats.set_requests_refused(rpc_->refused() + fetches_refused_.load());
     stats.set_requests_unauthenticated(rpc_->unauthenticated() + factory_.handshakes_refused());

@@ -60,6 +60,23 @@ json StepTimes(const proto::WorkerStats& stats) {
 
 }  // namespace
 
+// A server's global batches (ServerStats.global_*), or the sum of several.
+json GlobalBatchSummary(const proto::ServerStats& stats) {
+  const uint64_t taken = stats.global_step_records();
+  const uint64_t dropped = stats.global_records_dropped();
+  return {{"steps", stats.global_steps()},
+          {"records_per_step", stats.global_steps() > 0
+                                   ? static_cast<double>(taken) /
+                                         static_cast<double>(stats.global_steps())
+                                   : 0.0},
+          {"pushes_decayed", stats.global_pushes_decayed()},
+          {"pushes_dropped", stats.global_pushes_dropped()},
+          {"records_dropped", dropped},
+          {"dropped_share", taken + dropped > 0 ? static_cast<double>(dropped) /
+                                                      static_cast<double>(taken + dropped)
+                                                : 0.0}};
+}
+
 json StatusDocument(const JobControl& control, absl::Time now) {
   const JobConfig& job = control.job();
   const TrainingProgress& progress = control.progress();
@@ -204,9 +221,28 @@ json StatusDocument(const JobControl& control, absl::Time now) {
          {"requests_refused", server.stats.requests_refused()},
          {"requests_unauthenticated", server.stats.requests_unauthenticated()},
          {"requests_limited", server.stats.requests_limited()},
-         {"dense_staleness", StalenessSummary(server.stats.dense_staleness(), "pushes")}});
+         {"dense_staleness", StalenessSummary(server.stats.dense_staleness(), "pushes")},
+         {"global_batch", GlobalBatchSummary(server.stats)}});
   }
   doc["servers"] = servers;
+  if (job.optimizer.dense_global_batch > 0) {
+    // Over every slot's chunks of the dense tensors, as each process last
+    // reported (counted since it started).
+    proto::ServerStats sum;
+    for (const auto& [id, server] : membership.servers()) {
+      sum.set_global_steps(sum.global_steps() + server.stats.global_steps());
+      sum.set_global_step_records(sum.global_step_records() + server.stats.global_step_records());
+      sum.set_global_pushes_decayed(sum.global_pushes_decayed() +
+                                    server.stats.global_pushes_decayed());
+      sum.set_global_pushes_dropped(sum.global_pushes_dropped() +
+                                    server.stats.global_pushes_dropped());
+      sum.set_global_records_dropped(sum.global_records_dropped() +
+                                     server.stats.global_records_dropped());
+    }
+    json global = GlobalBatchSummary(sum);
+    global["records"] = job.optimizer.dense_global_batch;
+    doc["global_batch"] = std::move(global);
+  }
 
   // train_loss is the last complete epoch's mean loss.
   std::optional<double> train_loss;
@@ -471,6 +507,30 @@ std::string MetricsText(const JobControl& control) {
       "eps_server_pushes_deduplicated_total", MetricType::kCounter,
       "Retried pushes a server acknowledged without applying them again.",
       [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes_deduplicated()); });
+  per_server("eps_server_global_steps_total", MetricType::kCounter,
+             "Optimizer steps a server took on its chunks of dense tensors, one per global batch "
+             "(optimizer.dense_global_batch), summed over the chunks.",
+             [](const ServerEntry& s) { return static_cast<double>(s.stats.global_steps()); });
+  per_server("eps_server_global_step_records_total", MetricType::kCounter,
+             "Records the global steps of a server averaged, summed over its dense chunks.",
+             [](const ServerEntry& s) {
+               return static_cast<double>(s.stats.global_step_records());
+             });
+  per_server("eps_server_global_pushes_decayed_total", MetricType::kCounter,
+             "Pushes a server added to a global batch with a gradient decayed for staleness.",
+             [](const ServerEntry& s) {
+               return static_cast<double>(s.stats.global_pushes_decayed());
+             });
+  per_server("eps_server_global_pushes_dropped_total", MetricType::kCounter,
+             "Pushes a server dropped from a global batch as computed on too old a version.",
+             [](const ServerEntry& s) {
+               return static_cast<double>(s.stats.global_pushes_dropped());
+             });
+  per_server("eps_server_global_records_dropped_total", MetricType::kCounter,
+             "Records of the pushes a server dropped from a global batch as too stale.",
+             [](const ServerEntry& s) {
+               return static_cast<double>(s.stats.global_records_dropped());
+             });
   per_server("eps_server_updates_refused_total", MetricType::kCounter,
              "Row updates a server refused because they would have made a weight or an optimizer "
              "state non-finite (the row kept its values).",

@@ -146,6 +146,7 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
   const std::string train = Write("train.tsv", CriteoText(10, /*seed=*/1));
   MasterOptions options = Options();
   options.job.data.train = train;
+  options.job.optimizer.dense_global_batch = 4096;
   ASSERT_NO_FATAL_FAILURE(StartMaster(options));
   ASSERT_NO_FATAL_FAILURE(RegisterServers());
   ASSERT_TRUE(WaitForPhase("training"));
@@ -175,6 +176,12 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
     stats->set_pushes_fenced(2);
     stats->set_pushes_deduplicated(1);
     stats->set_updates_refused(5);
+    // Global batches: 4 steps of 4,096 records; 3 pushes of 256 dropped.
+    stats->set_global_steps(4);
+    stats->set_global_step_records(16384);
+    stats->set_global_pushes_decayed(1);
+    stats->set_global_pushes_dropped(3);
+    stats->set_global_records_dropped(768);
     HistogramToProto(pulls.Snapshot(), stats->mutable_pull_latency());
     HistogramToProto(pushes.Snapshot(), stats->mutable_push_latency());
     HistogramToProto(staleness.Snapshot(), stats->mutable_dense_staleness());
@@ -238,6 +245,11 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            {"eps_server_pushes_fenced_total", "counter"},
            {"eps_server_pushes_deduplicated_total", "counter"},
            {"eps_server_updates_refused_total", "counter"},
+           {"eps_server_global_steps_total", "counter"},
+           {"eps_server_global_step_records_total", "counter"},
+           {"eps_server_global_pushes_decayed_total", "counter"},
+           {"eps_server_global_pushes_dropped_total", "counter"},
+           {"eps_server_global_records_dropped_total", "counter"},
            {"eps_server_pull_seconds", "histogram"},
            {"eps_server_push_seconds", "histogram"},
            {"eps_server_dense_staleness", "histogram"},
@@ -299,6 +311,11 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            std::string("\neps_server_pushes_deduplicated_total{server=\"0\"} 1\n"),
            std::string("\neps_server_updates_refused_total{server=\"0\"} 5\n"),
            std::string("\neps_server_updates_refused_total{server=\"1\"} 0\n"),
+           std::string("\neps_server_global_steps_total{server=\"0\"} 4\n"),
+           std::string("\neps_server_global_step_records_total{server=\"0\"} 16384\n"),
+           std::string("\neps_server_global_pushes_decayed_total{server=\"0\"} 1\n"),
+           std::string("\neps_server_global_pushes_dropped_total{server=\"0\"} 3\n"),
+           std::string("\neps_server_global_records_dropped_total{server=\"0\"} 768\n"),
            std::string("\neps_server_pull_seconds_bucket{server=\"0\",le=\"0.0032\"} 2\n"),
            std::string("\neps_server_pull_seconds_count{server=\"0\"} 3\n"),
            std::string("\neps_server_push_seconds_bucket{server=\"0\",le=\"0.0001\"} 1\n"),
@@ -320,6 +337,15 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
   EXPECT_EQ(doc["servers"][0]["updates_refused"], 5);
   EXPECT_EQ(doc["servers"][0]["pushes_fenced"], 2);
   EXPECT_EQ(doc["servers"][1]["updates_refused"], 0);
+  const json& global = doc["servers"][0]["global_batch"];
+  EXPECT_EQ(global["steps"], 4);
+  EXPECT_DOUBLE_EQ(global["records_per_step"].get<double>(), 4096);
+  EXPECT_EQ(global["pushes_dropped"], 3);
+  EXPECT_DOUBLE_EQ(global["dropped_share"].get<double>(), 768.0 / (16384 + 768));
+  // The job's: every server's, summed, with the setting.
+  EXPECT_EQ(doc["global_batch"]["records"], 4096);
+  EXPECT_EQ(doc["global_batch"]["records_dropped"], 768);
+  EXPECT_EQ(doc["global_batch"]["pushes_decayed"], 1);
   const json& missed = doc["servers"][0]["dense_staleness"];
   EXPECT_EQ(missed["pushes"], 4);
   EXPECT_DOUBLE_EQ(missed["mean"].get<double>(), 1.25);

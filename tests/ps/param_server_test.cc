@@ -195,6 +195,21 @@ TEST_F(ParamServerTest, AGlobalBatchStepsOncePerBatchOfRecords) {
   std::vector<float> expected(first.size());
   for (size_t i = 0; i < first.size(); ++i) expected[i] = Sgd(0.0f, -first[i]);
   EXPECT_THAT(rows(), ::testing::Pointwise(::testing::FloatEq(), expected));
+  // A push computed on version 0 now is too stale: dropped, and counted.
+  Message stale = PushRequest({kDense}, {chunks}, {first}, NextSeq());
+  stale.header().mutable_push_request()->set_records(50);
+  stale.header().mutable_push_request()->add_based_on(1);  // 1 + version 0
+  ASSERT_TRUE(Call(std::move(stale)).ok());
+  EXPECT_THAT(rows(), ::testing::Pointwise(::testing::FloatEq(), expected));
+  // The heartbeats say so (ServerStats.global_*, /status, /metrics).
+  const proto::ServerStats stats = master_->AwaitStats(
+      [](const proto::ServerStats& s) { return s.global_pushes_dropped() >= 1; },
+      absl::Seconds(10));
+  EXPECT_EQ(stats.global_steps(), 1u);
+  EXPECT_EQ(stats.global_step_records(), 300u);
+  EXPECT_EQ(stats.global_pushes_dropped(), 1u);
+  EXPECT_EQ(stats.global_records_dropped(), 50u);
+  EXPECT_EQ(stats.global_pushes_decayed(), 0u);
 }
 
 // PushRequest.reply_rows: the reply carries the pushed rows as the push
