@@ -90,11 +90,12 @@ StatusOr<std::shared_ptr<const StepPipeline::DenseCopy>> StepPipeline::AwaitDens
   {
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return copy_ != nullptr && Lag(*copy_) <= max_staleness_;
+      return copy_ != nullptr && !renew_ && Lag(*copy_) <= max_staleness_;
     };
     if (!failure_.ok()) return failure_;
     if (!ready()) {
       why = copy_ == nullptr ? std::string("no copy pulled yet")
+            : renew_         ? std::string("the servers applied their global batches")
                              : absl::StrCat("the copy missed ", Lag(*copy_), " updates");
       // A long wait says so while it lasts, not only once it is over.
       absl::Time say_at = started + kWaitWarning;
@@ -174,6 +175,13 @@ Status StepPipeline::Refresh(Lane& lane) {
   return absl::OkStatus();
 }
 
+void StepPipeline::RenewDense() {
+  if (!hooks_.pull_dense) return;
+  absl::MutexLock lock(&mu_);
+  renew_ = true;
+  changed_.SignalAll();
+}
+
 void StepPipeline::Install(std::shared_ptr<const DenseCopy> copy) {
   absl::MutexLock lock(&mu_);
   Know(copy->versions, copy->map_version);
@@ -239,14 +247,28 @@ void StepPipeline::Run() {
   Status status = hooks_.pull_dense ? Refresh(lane) : absl::OkStatus();
   while (status.ok()) {
     Step step;
+    bool renew = false;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || renew_ || !queue_.empty();
+      };
       while (!ready()) changed_.WaitWithTimeout(&mu_, kPollInterval);
       if (stop_) break;
-      step = std::move(queue_.front());
-      queue_.pop_front();
-      running_step_ = true;
+      renew = renew_;
+      if (!renew) {
+        step = std::move(queue_.front());
+        queue_.pop_front();
+        running_step_ = true;
+      }
+    }
+    if (renew) {
+      status = Refresh(lane);
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && failure_.ok()) failure_ = status;  // before AwaitDense sees !renew_
+      renew_ = false;
+      changed_.SignalAll();
+      continue;
     }
     status = RunStep(lane, step);
     if (step.on_end) step.on_end();

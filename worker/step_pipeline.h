@@ -141,6 +141,13 @@ class StepPipeline {
   // has run), kCancelled when abandoned.
   Status Enqueue(Step step);
 
+  // The servers changed the dense tensors without a push of this worker or
+  // a reply telling of it (a checkpoint applied their global batches'
+  // partial sums, ps/global_batch.h): the pipeline pulls the copy again,
+  // and AwaitDense returns none pulled before (steps queued meanwhile run
+  // after that pull). No-op without dense tensors.
+  void RenewDense();
+
   // Waits until every queued step is committed. The pipeline's failure,
   // kCancelled when abandoned first.
   Status Drain();
@@ -187,6 +194,8 @@ class StepPipeline {
   std::deque<Step> queue_ ABSL_GUARDED_BY(mu_);
   bool running_step_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // RenewDense asked for a pull the thread has not finished yet.
+  bool renew_ ABSL_GUARDED_BY(mu_) = false;
   Status failure_ ABSL_GUARDED_BY(mu_);
   // Pushes queued or in flight, not acknowledged yet.
   uint64_t pushes_pending_ ABSL_GUARDED_BY(mu_) = 0;

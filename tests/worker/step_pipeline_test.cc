@@ -134,6 +134,12 @@ class Script {
     absl::MutexLock lock(&mu_);
     released_ += pushes;
   }
+  // The servers' version rises with no push and no reply telling of it
+  // (a checkpoint applying their global batches).
+  void Flush() {
+    absl::MutexLock lock(&mu_);
+    ++version_;
+  }
   void ReleasePull() {
     absl::MutexLock lock(&mu_);
     ++pulls_released_;
@@ -240,6 +246,24 @@ TEST(StepPipeline, AtStalenessZeroEveryStepWaitsForThePreviousPushAndAFreshCopy)
     EXPECT_EQ(VersionOf(next.result()), 1u);
   }
   EXPECT_THAT(script.AwaitLog(4), ElementsAre("pull v0", "push a", "pull v1", "commit a"));
+}
+
+// A checkpoint applied the servers' global batches: nothing this worker
+// pushed or heard tells of the new version, so the copy it holds looks
+// fresh; RenewDense makes the next step wait for a copy pulled after it.
+TEST(StepPipeline, ARenewedCopyIsPulledAgainBeforeTheNextStep) {
+  Script script(/*free_pushes=*/true);
+  StepPipeline pipeline(/*max_staleness=*/0, script.Hooks());
+  EXPECT_EQ(VersionOf(pipeline.AwaitDense()), 0u);
+  ASSERT_TRUE(pipeline.Enqueue(script.Step("a")).ok());
+  ASSERT_TRUE(pipeline.Drain().ok());
+  EXPECT_EQ(VersionOf(pipeline.AwaitDense()), 1u);
+  script.Flush();
+  EXPECT_EQ(VersionOf(pipeline.AwaitDense()), 1u) << "nothing told of version 2";
+  pipeline.RenewDense();
+  EXPECT_EQ(VersionOf(pipeline.AwaitDense()), 2u);
+  EXPECT_THAT(script.AwaitLog(5),
+              ElementsAre("pull v0", "push a", "pull v1", "commit a", "pull v2"));
 }
 
 // max_staleness 1: the next step starts while the last push is in flight
