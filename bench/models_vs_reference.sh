@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Accuracy of each model trained through eps (2 servers, 2 workers,
-# examples/<model>.ini) against the same model trained by a single-process
+# Accuracy of each model trained through eps (2 servers, each of a list of
+# worker counts, examples/<model>.ini) against the same model trained by a single-process
 # PyTorch script (bench/reference_models.py train) on the same eps-datagen
 # data with the same schedule: one epoch in batches of 1024, Adagrad at the
 # example config's optimizer.learning_rate on the tables and the linear
@@ -10,12 +10,18 @@
 # workers, which the single process has not).
 #
 #   bench/models_vs_reference.sh [--rows N] [--seed S] [--models "lr wdl deepfm dlrm"]
-#                                [--runs R] [--workers W] [--section.key=value ...]
+#                                [--runs R] [--workers "1 2 4 8"] [--section.key=value ...]
 #
-# Prints a Markdown table: eps eval AUC (the mean of R runs, run r with
-# job.seed r, and their range: initialization and asynchronous training
-# vary from run to run), PyTorch eval AUC,
-# the difference. Needs /usr/bin/python3 with torch.
+# Prints a Markdown table, a row per model: PyTorch eval AUC, then per
+# worker count (--workers, a list; default 2) eps eval AUC (the mean of R
+# runs, run r with job.seed r, and their range: initialization and
+# asynchronous training vary from run to run) and its difference from
+# PyTorch, and the spread of those means across the worker counts (the
+# figure issue 51 asks to be flat). E.g. sync against async:
+#   bench/models_vs_reference.sh --workers "1 2 4" --models dlrm
+#   bench/models_vs_reference.sh --workers "1 2 4" --models dlrm \
+#     --optimizer.dense_global_batch=4096 --worker.deterministic=true
+# Needs /usr/bin/python3 with torch.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="${EPS_BENCH_DIR:-$(mktemp -d /tmp/eps-models-bench.XXXXXX)}"
@@ -30,10 +36,10 @@ while [ "$#" -gt 0 ]; do
     --rows) rows="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
-    --workers) workers="$2"; shift 2 ;;
+    --workers) workers="${2//,/ }"; shift 2 ;;
     --models) models="$2"; shift 2 ;;
     --*.*=*) overrides+=("$1"); shift ;;
-    *) echo "usage: bench/models_vs_reference.sh [--rows N] [--seed S] [--runs R] [--models LIST]" >&2; exit 2 ;;
+    *) echo "usage: bench/models_vs_reference.sh [--rows N] [--seed S] [--runs R] [--workers LIST] [--models LIST]" >&2; exit 2 ;;
   esac
 done
 
@@ -52,8 +58,14 @@ config_value() {
     in_section && $0 ~ "^[[:space:]]*" k "[[:space:]]*=" { sub(/^[^=]*=[[:space:]]*/, ""); print; exit }' "$file"
 }
 
-echo "| model | eps eval AUC (2 servers, $workers workers) | PyTorch eval AUC (1 process) | eps - PyTorch |"
-echo "| --- | --- | --- | --- |"
+header="| model | PyTorch eval AUC (1 process) |"
+rule="| --- | ---: |"
+for w in $workers; do
+  header+=" eps, $w worker(s) (2 servers) |"
+  rule+=" ---: |"
+done
+echo "$header spread across worker counts |"
+echo "$rule ---: |"
 for model in $models; do
   config="$root/examples/$model.ini"
   [ "$model" = lr ] && config="$root/examples/local.ini"
@@ -77,16 +89,24 @@ for model in $models; do
   mlp_type="$(sed -n 's/.*type *= *\([a-z]*\).*/\1/p' <<<"$mlp")"
   mlp_lr="$(sed -n 's/.*learning_rate *= *\([0-9.eE+-]*\).*/\1/p' <<<"$mlp")"
   [ -z "$mlp" ] && { mlp_type=adagrad; mlp_lr="$lr"; }
-  aucs=()
-  for run in $(seq 1 "$runs"); do
-    # Run r initializes with job.seed r (unless --job.seed=... is given).
-    seed_flag=(--job.seed="$run")
-    [[ " ${overrides[*]-} " == *" --job.seed="* ]] && seed_flag=()
-    EPS_RUN_DIR="$work/$model-$run" "$root/scripts/run_local.sh" "$config" --workers "$workers" \
-      --data.train="$data/train" --data.eval="$data/eval" ${seed_flag[@]+"${seed_flag[@]}"} \
-      ${overrides[@]+"${overrides[@]}"} \
-      >"$work/$model-$run.eps.txt" 2>"$work/$model-$run.eps.log"
-    aucs+=("$(sed -n 's/^eval_auc *//p' "$work/$model-$run.eps.txt")")
+  # Per worker count, its runs' AUCs joined by commas; the counts by spaces.
+  by_workers=()
+  for w in $workers; do
+    aucs=""
+    for run in $(seq 1 "$runs"); do
+      # Run r initializes with job.seed r (unless --job.seed=... is given).
+      seed_flag=(--job.seed="$run")
+      [[ " ${overrides[*]-} " == *" --job.seed="* ]] && seed_flag=()
+      name="$model-w$w-$run"
+      EPS_RUN_DIR="$work/$name" "$root/scripts/run_local.sh" "$config" --workers "$w" \
+        --data.train="$data/train" --data.eval="$data/eval" ${seed_flag[@]+"${seed_flag[@]}"} \
+        ${overrides[@]+"${overrides[@]}"} \
+        >"$work/$name.eps.txt" 2>"$work/$name.eps.log"
+      auc="$(sed -n 's/^eval_auc *//p' "$work/$name.eps.txt")"
+      [ -n "$auc" ] || { echo "$name: no eval AUC; see $work/$name.eps.log" >&2; exit 1; }
+      aucs+="${aucs:+,}$auc"
+    done
+    by_workers+=("$aucs")
   done
   torch_args=(--model "$model" --train "$data/train" --eval "$data/eval" --lr "$lr" --batch 1024
               --mlp-optimizer "${mlp_type:-adam}" --mlp-lr "${mlp_lr:-0.001}"
@@ -96,12 +116,17 @@ for model in $models; do
     [ -n "$value" ] && torch_args+=("--${key//_/-}" "$value")
   done
   reference="$(/usr/bin/python3 "$root/bench/reference_models.py" train "${torch_args[@]}" 2>"$work/$model.torch.log" | tail -n 1)"
-  /usr/bin/python3 - "$model" "$reference" "${aucs[@]}" <<'PY'
+  /usr/bin/python3 - "$model" "$reference" "${by_workers[@]}" <<'PY'
 import json, sys
-model, reference, aucs = sys.argv[1], json.loads(sys.argv[2]), [float(a) for a in sys.argv[3:]]
-mean = sum(aucs) / len(aucs)
-spread = f" ({min(aucs):.4f}–{max(aucs):.4f}, {len(aucs)} runs)" if len(aucs) > 1 else ""
-print(f"| {model} | {mean:.4f}{spread} | {reference['auc']:.4f} | {mean - reference['auc']:+.4f} |")
+model, reference = sys.argv[1], json.loads(sys.argv[2])["auc"]
+cells, means = [], []
+for joined in sys.argv[3:]:
+    aucs = [float(a) for a in joined.split(",")]
+    mean = sum(aucs) / len(aucs)
+    means.append(mean)
+    runs = f", {min(aucs):.4f}–{max(aucs):.4f} in {len(aucs)} runs" if len(aucs) > 1 else ""
+    cells.append(f"{mean:.4f} ({mean - reference:+.4f}{runs})")
+print(f"| {model} | {reference:.4f} | " + " | ".join(cells) + f" | {max(means) - min(means):.4f} |")
 PY
 done
 echo "(data, logs and results in $work)" >&2
