@@ -196,53 +196,52 @@ TEST_F(JobControlMovesTest, ADrainedServerStaysUntilACheckpointNoLongerNeedsItsP
 // A retired server is told to exit only once every live worker says it
 // routes by a map without it (a worker in a long step would otherwise meet a
 // server that has gone), or one worker lease after its retirement.
-TEST_F(JobControlMovesTest, ARetiredServerExitsOnceNoLiveWorkerRoutesToIt) {
-  ASSERT_NO_FATAL_FAILURE(StartTraining());
-  ASSERT_TRUE(control_->Drain(0).ok());
-  while (RunStep(At(10)).has_value()) {
+class RetiredServerTest : public JobControlMovesTest {
+ protected:
+  // Drains ps[0] and retires it at At(20) (checkpoint 0 holds none of its
+  // partitions).
+  void SetUp() override {
+    JobControlMovesTest::SetUp();
+    ASSERT_NO_FATAL_FAILURE(StartTraining());
+    ASSERT_TRUE(control_->Drain(0).ok());
+    while (RunStep(At(10)).has_value()) {
+    }
+    endpoint_ = control_->membership().server(0)->endpoint;
+    control_->Tick(At(20));
+    ASSERT_NE(control_->membership().LeftServer(0), nullptr);
   }
-  const std::string endpoint = control_->membership().server(0)->endpoint;
-  control_->Tick(At(20));
-  ASSERT_NE(control_->membership().LeftServer(0), nullptr);
-  const uint64_t without = control_->membership().cluster_map().version();
-  const auto retired_beat = [&](absl::Time now) {
+
+  // The retired process's heartbeat at `now`: whether it is told to exit.
+  bool ToldToExit(absl::Time now) {
     proto::HeartbeatRequest request;
-    request.set_endpoint(endpoint);
+    request.set_endpoint(endpoint_);
     proto::HeartbeatReply reply;
     EXPECT_TRUE(control_->Heartbeat(ServerNode(0), request, 0, now, &reply).ok());
     EXPECT_EQ(reply.state(), proto::JOB_RUNNING);
     if (!reply.shutdown()) EXPECT_EQ(reply.cluster_map_version(), 0u) << "no map names it";
     return reply.shutdown();
-  };
+  }
+
+  std::string endpoint_;
+};
+
+TEST_F(RetiredServerTest, ItExitsOnceNoLiveWorkerRoutesToIt) {
+  const uint64_t without = control_->membership().cluster_map().version();
   // Worker 0 follows the map that retired ps[0]; worker 1 is in a long step.
   ASSERT_TRUE(WorkerBeat(0, At(30), 0, nullptr, without).ok());
   ASSERT_TRUE(WorkerBeat(1, At(30), 0, nullptr, without - 1).ok());
-  EXPECT_FALSE(retired_beat(At(40))) << "worker 1 may still send to it";
+  EXPECT_FALSE(ToldToExit(At(40))) << "worker 1 may still send to it";
   ASSERT_TRUE(WorkerBeat(1, At(50), 0, nullptr, without).ok());
-  EXPECT_TRUE(retired_beat(At(60)));
+  EXPECT_TRUE(ToldToExit(At(60)));
 }
 
-TEST_F(JobControlMovesTest, ARetiredServerWaitsForAWorkerBehindAtMostALease) {
-  ASSERT_NO_FATAL_FAILURE(StartTraining());
-  ASSERT_TRUE(control_->Drain(0).ok());
-  while (RunStep(At(10)).has_value()) {
-  }
-  const std::string endpoint = control_->membership().server(0)->endpoint;
-  control_->Tick(At(20));
-  ASSERT_NE(control_->membership().LeftServer(0), nullptr);
-  const auto retired_beat = [&](absl::Time now) {
-    proto::HeartbeatRequest request;
-    request.set_endpoint(endpoint);
-    proto::HeartbeatReply reply;
-    EXPECT_TRUE(control_->Heartbeat(ServerNode(0), request, 0, now, &reply).ok());
-    return reply.shutdown();
-  };
+TEST_F(RetiredServerTest, ItWaitsForAWorkerBehindAtMostALease) {
   const absl::Time lease_later = At(20) + absl::Milliseconds(kLeaseMs);
   for (absl::Time now : {At(30), lease_later - absl::Milliseconds(1)}) {
     for (uint32_t worker : {0u, 1u}) ASSERT_TRUE(WorkerBeat(worker, now).ok());
-    EXPECT_FALSE(retired_beat(now));
+    EXPECT_FALSE(ToldToExit(now));
   }
-  EXPECT_TRUE(retired_beat(lease_later));
+  EXPECT_TRUE(ToldToExit(lease_later));
 }
 
 TEST_F(JobControlMovesTest, ADrainedServerThatDiesIsRetiredNotRecovered) {
