@@ -58,7 +58,7 @@ Status JobControl::Restore(const MasterSnapshot& snapshot, bool resume, absl::Ti
   resumed_ = true;
   job_spec_.set_job_id(record.job_id());
   membership_.RestoreFrom(record, now);
-  draining_.insert(record.draining_servers().begin(), record.draining_servers().end());
+  drains_.RestoreFrom(record);
   balancing_ = record.balancing_servers();
   if (resume) return ResumeFromCheckpoint(snapshot, now);
   RETURN_IF_ERROR(progress_.RestoreFrom(snapshot));
@@ -663,7 +663,7 @@ std::vector<std::string> JobControl::Waits(absl::Time now) const {
 
 void JobControl::Tick(absl::Time now) {
   ExpireLeases(now);
-  for (uint32_t slot : std::set<uint32_t>(drained_)) RetireIfDrained(slot, now);
+  for (uint32_t slot : drains_.drained()) RetireIfDrained(slot, now);
   EnforceBounds(now);
   SampleProgress(now);
   // A master restarted while the export was due finds the last pass done
@@ -741,7 +741,7 @@ proto::MasterRecord JobControl::SaveRecord() const {
   record.set_config_fingerprint(fingerprint_);
   record.set_job_id(job_spec_.job_id());
   membership_.SaveTo(&record);
-  for (uint32_t slot : draining_) record.add_draining_servers(slot);
+  drains_.SaveTo(&record);
   record.set_balancing_servers(balancing_);
   progress_.SaveTo(&record);
   checkpoints_.SaveTo(&record);

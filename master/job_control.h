@@ -1,6 +1,6 @@
 // JobControl: the master's state machine. It composes the units
 // (Membership, TrainingProgress, CheckpointCoordinator, Recovery,
-// ProgressMeter) and holds the rules between them in one place:
+// PartitionMoves, Drains, ProgressMeter) and holds the rules between them in one place:
 //   - while a recovery is in progress: workers get NOT_READY for the
 //     cluster map and WAIT for shards; no checkpoint starts; a round still
 //     pausing is abandoned;
@@ -43,6 +43,7 @@
 #include "core/job_config.h"
 #include "core/status.h"
 #include "master/checkpoint_coordinator.h"
+#include "master/drains.h"
 #include "master/event_log.h"
 #include "master/membership.h"
 #include "master/partition_moves.h"
@@ -297,7 +298,7 @@ class JobControl {
   const PartitionMoves& moves() const { return moves_; }
   // Slots being drained (drained ones stay: no balance gives them
   // partitions again).
-  const std::set<uint32_t>& draining() const { return draining_; }
+  const Drains& drains() const { return drains_; }
   // Why the job's servers are changing now (a recovery, moves, a drain, a
   // join waiting for its partitions, or the job not training), for the
   // server autoscaler; empty when they are not.
@@ -386,12 +387,8 @@ class JobControl {
   CheckpointCoordinator checkpoints_;
   Recovery recovery_;
   PartitionMoves moves_;
-  // Slots being drained (POST /servers/N/drain, or a server's DEREGISTER)
-  // until they hold nothing (MasterRecord.draining_servers), and after,
-  // until they leave the job (RetireIfDrained): a drained slot takes no
-  // partition again. Those whose server_drained was recorded.
-  std::set<uint32_t> draining_;
-  std::set<uint32_t> drained_;
+  // Slots leaving the job (master/drains.h).
+  Drains drains_;
   // A server joined: moves even out the partitions of the live servers
   // (MasterRecord.balancing_servers).
   bool balancing_ = false;

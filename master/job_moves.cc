@@ -24,15 +24,17 @@ StatusOr<json> JobControl::Drain(uint32_t slot) {
   if (membership_.server(slot) == nullptr) {
     return absl::NotFoundError(absl::StrCat("the job has no server ", slot));
   }
-  if (draining_.contains(slot)) {
-    return json{{"server", slot}, {"moves_queued", 0},
-                {drained_.contains(slot) ? "drained" : "already_draining", true}};
+  if (drains_.Leaving(slot)) {
+    return json{{"server", slot},
+                {"moves_queued", 0},
+                {drains_.state(slot) == Drains::State::kDrained ? "drained" : "already_draining",
+                 true}};
   }
   if (DrainTargets(slot).empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ps[", slot, "] is the only server left to hold the partitions: add one first"));
   }
-  draining_.insert(slot);
+  drains_.Start(slot);
   const uint32_t queued = PlanDrain(slot);
   return json{{"server", slot}, {"moves_queued", queued}};
 }
@@ -43,8 +45,8 @@ std::string JobControl::ServersChanging() const {
   }
   if (recovery_.active()) return absl::StrCat("a recovery is in progress (", recovery_.why(), ")");
   if (!moves_.idle()) return "partitions are moving";
-  for (uint32_t slot : draining_) {
-    if (!drained_.contains(slot)) return absl::StrCat("ps[", slot, "] is being drained");
+  if (std::optional<uint32_t> slot = drains_.FirstDraining()) {
+    return absl::StrCat("ps[", *slot, "] is being drained");
   }
   if (balancing_) return "a server that joined waits for its partitions";
   return "";
@@ -53,7 +55,7 @@ std::string JobControl::ServersChanging() const {
 std::map<uint32_t, uint32_t> JobControl::DrainTargets(uint32_t slot) const {
   std::map<uint32_t, uint32_t> counts;
   for (const auto& [id, partitions] : membership_.PartitionCounts()) {
-    if (id != slot && !draining_.contains(id) && !excluded_new_owners_.contains(id) &&
+    if (id != slot && !drains_.Leaving(id) && !excluded_new_owners_.contains(id) &&
         membership_.ServerAlive(id)) {
       counts[id] = partitions;
     }
@@ -83,9 +85,8 @@ uint32_t JobControl::PlanDrain(uint32_t slot) {
   } else if (counts.empty()) {
     LOG(WARNING) << "the drain of ps[" << slot << "] stops: no other live server can take its "
                  << "partitions; ask again (POST /servers/" << slot << "/drain) once one can";
-    draining_.erase(slot);
-  } else if (membership_.PartitionCounts()[slot] == 0 && drained_.insert(slot).second) {
-    // It stays in draining_: no balance gives it partitions again.
+    drains_.Stop(slot);
+  } else if (membership_.PartitionCounts()[slot] == 0 && drains_.Emptied(slot)) {
     LOG(INFO) << "ps[" << slot << "] is drained: it holds no partition, and leaves the job once "
               << "no recovery can need its part of a checkpoint";
     events_->Record("server_drained", {{"server", slot}});
@@ -95,9 +96,12 @@ uint32_t JobControl::PlanDrain(uint32_t slot) {
 
 bool JobControl::RetireIfDrained(uint32_t slot, absl::Time now) {
   // Not under an export either: it took its servers and map when it began.
-  if (!drained_.contains(slot) || over() || recovery_.active() || export_due_) return false;
+  if (drains_.state(slot) != Drains::State::kDrained || over() || recovery_.active() ||
+      export_due_) {
+    return false;
+  }
   if (membership_.PartitionCounts()[slot] != 0) {
-    drained_.erase(slot);  // a recovery gave it partitions back: drained again
+    drains_.Refilled(slot);  // a recovery gave it partitions back: drained again
     return false;
   }
   if (moves_.active().has_value() || checkpoints_.round_id().has_value()) return false;
@@ -112,8 +116,7 @@ bool JobControl::RetireIfDrained(uint32_t slot, absl::Time now) {
     }
   }
   membership_.RetireServer(slot, now);
-  draining_.erase(slot);
-  drained_.erase(slot);
+  drains_.Retired(slot);
   return true;
 }
 
@@ -159,7 +162,7 @@ std::optional<JobControl::MoveStep> JobControl::NextMoveStep(absl::Time now) {
   if (moves_.idle() && progress_.phase() == JobPhase::kTraining) {
     // What a drain has left (the master restarted, a move given up, a
     // recovery took partitions back): planned again; then a join's share.
-    for (uint32_t slot : std::set<uint32_t>(draining_)) PlanDrain(slot);
+    for (uint32_t slot : drains_.leaving()) PlanDrain(slot);
     if (moves_.idle() && balancing_ && PlanBalance() == 0) balancing_ = false;
   }
   if (!moves_.active().has_value()) {
@@ -247,7 +250,7 @@ void JobControl::MoveStepDone(const MoveStep& step,
             << static_cast<int64_t>(record["unavailable_ms"].get<double>()) << " ms (cluster map v"
             << membership_.cluster_map().version() << ")";
   events_->Record("partition_moved", record);
-  if (draining_.contains(move.from) && !moves_.MovingFrom(move.from)) PlanDrain(move.from);
+  if (drains_.Leaving(move.from) && !moves_.MovingFrom(move.from)) PlanDrain(move.from);
 }
 
 void JobControl::FillMovesOut(uint32_t slot, proto::HeartbeatReply* reply) const {
@@ -273,7 +276,7 @@ void JobControl::AbandonMoves(const std::string& reason, bool retry) {
                                             {"to", move.to},
                                             {"error", why},
                                             {"retry", again}});
-  if (!again && retry && draining_.erase(move.from) > 0) {
+  if (!again && retry && drains_.Stop(move.from)) {
     moves_.DropFrom(move.from);
     LOG(WARNING) << "the drain of ps[" << move.from << "] stops: " << why
                  << "; ask again (POST /servers/" << move.from << "/drain)";

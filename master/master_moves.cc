@@ -113,12 +113,12 @@ ServerScaler::View Master::Impl::ServerView() const {
   ServerScaler::View view;
   view.running = !control_->over();
   view.changing = control_->ServersChanging();
-  view.draining = control_->draining();
+  view.draining = control_->drains().leaving();
   const std::string host = Hostname();
   for (const auto& [slot, server] : control_->membership().servers()) {
     if (server.state != PeerState::kAlive) continue;
     if (server.host == host) view.pids[slot] = server.pid;
-    if (control_->draining().contains(slot)) continue;
+    if (control_->drains().Leaving(slot)) continue;
     ServerReading reading{.slot = slot,
                           .memory_bytes = static_cast<int64_t>(server.stats.bytes()),
                           .budget_bytes = server.stats.memory_budget_bytes(),

@@ -389,7 +389,7 @@ TEST_F(JobControlMovesTest, ADeregisterNamesItsOwnSlotAndEndpoint) {
   EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReasonOf(other), proto::FENCED);
   EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 0);
-  EXPECT_TRUE(control_->draining().empty());
+  EXPECT_TRUE(control_->drains().leaving().empty());
   EXPECT_EQ(control_->deregisters_refused(), 4u);
   ASSERT_TRUE(control_->Deregister(ServerNode(1), request(endpoint, 1)).ok());
   EXPECT_EQ(control_->moves().ToJson(t0_)["queued"], 4);
