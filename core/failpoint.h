@@ -11,32 +11,9 @@
 // reads the environment, and only for tests: nothing in production sets
 // EPS_FAILPOINTS, and an unset or empty variable arms nothing.
 //
-// Failpoints in the code:
-//   ps.crash_in_checkpoint=N  a parameter server kills itself (SIGKILL) once
-//                             checkpoint N is written, before it replies
-//                             (ps/storage.cc).
-//   ps.kill_in_store_write=N  a parameter server kills itself (SIGKILL) as
-//                             its N-th write to its store (a flush's or an
-//                             every_push push's) starts, saying on stderr
-//                             whether the write had returned by then
-//                             (ps/write_queue.cc).
-//   ps.crash_in_move=STEP     a parameter server doing step STEP (1 COPY,
-//                             2 HANDOFF, 3 TAIL) of a partition move kills
-//                             itself (SIGKILL): the new owner once it wrote
-//                             a page, the old one once it handed off
-//                             (ps/param_server_moves.cc).
-//   master.crash_in_move=STEP the master kills itself (SIGKILL) once step
-//                             STEP of a partition move answered, before it
-//                             reads the answer (master/master_moves.cc).
-//   ps.fail_expiry=N          a parameter server's sweep of expired rows
-//                             after N passes fails (ps/storage.cc).
-//   worker.hang_trainer=ID    worker ID's trainer hangs after its first
-//                             committed batch, in its step and holding its
-//                             shard, while its heartbeats go on, until the
-//                             process is asked to stop (worker/trainer.cc).
-//   worker.oom_above=N        a worker's step over N records fails as out of
-//                             memory (std::bad_alloc), as a device's would
-//                             (worker/trainer.cc).
+// Every failpoint in the code, with what its value means, is listed in
+// docs/development.md ("Failpoints"); the test docs.failpoints keeps that
+// list and the code in step.
 //
 // Thread-safety: safe for concurrent use.
 
