@@ -41,6 +41,7 @@ Status MemberSessionOptions::Validate() const {
   if (register_attempt_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the registration attempt timeout must be > 0");
   }
+  if (clock == nullptr) return absl::InvalidArgumentError("a member session needs a clock");
   return absl::OkStatus();
 }
 
@@ -63,7 +64,7 @@ StatusOr<Message> MemberSession::Register(Message request) {
     CHECK(state_ == State::kNew) << "Register twice";
     // The master may answer any attempt: its lease runs from no earlier
     // than the first.
-    lease_start_ = absl::Now();
+    lease_start_ = options_.clock->Now();
   }
   CallOptions call;
   call.attempt_timeout = options_.register_attempt_timeout;
@@ -112,7 +113,7 @@ void MemberSession::HeartbeatNow() {
 
 Status MemberSession::CheckLease() const {
   absl::MutexLock lock(&mu_);
-  const absl::Duration silent = absl::Now() - lease_start_;
+  const absl::Duration silent = options_.clock->Now() - lease_start_;
   if (silent < lease_) return absl::OkStatus();
   return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
                          absl::StrCat("no heartbeat answered for ", absl::FormatDuration(silent),
@@ -223,7 +224,7 @@ bool MemberSession::Heartbeat() {
   CallOptions call;
   call.attempt_timeout = std::max(heartbeat_, absl::Seconds(1));
   call.max_attempts = 1;
-  const absl::Time sent = absl::Now();
+  const absl::Time sent = options_.clock->Now();
   StatusOr<Message> reply = Call(std::move(request), call);
   if (absl::IsCancelled(reply.status())) return false;  // stopped
   if (!reply.ok()) {
@@ -236,7 +237,7 @@ bool MemberSession::Heartbeat() {
       absl::MutexLock lock(&mu_);
       lease_start = lease_start_;
     }
-    if (absl::Now() - lease_start > options_.master_wait) {
+    if (options_.clock->Now() - lease_start > options_.master_wait) {
       End(State::kLostMaster,
           absl::UnavailableError(absl::StrCat("lost the master at ", options_.master, " for ",
                                               absl::FormatDuration(options_.master_wait), ": ",

@@ -59,6 +59,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 #include "core/status.h"
 #include "proto/eps.pb.h"
 #include "rpc/message.h"
@@ -79,10 +80,14 @@ struct MemberSessionOptions {
   absl::Duration master_wait = absl::Seconds(30);
   // Time per registration attempt. Default 1 s.
   absl::Duration register_attempt_timeout = absl::Seconds(1);
+  // Where the lease's time comes from: when a registration or heartbeat
+  // was sent, CheckLease and the master wait read it (tests script it).
+  // Calls and the heartbeat interval run on real time. Never null.
+  Clock* clock = Clock::Real();
 
   // kInvalidArgument for a malformed master endpoint, a role that is not a
   // member's, a negative master wait or an attempt timeout that is not
-  // positive.
+  // positive, or no clock.
   Status Validate() const;
 };
 

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 #include "core/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -338,6 +339,9 @@ TEST(MemberSessionOptions, RejectsNonsense) {
   options.register_attempt_timeout = absl::ZeroDuration();
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
   options.register_attempt_timeout = absl::Seconds(1);
+  options.clock = nullptr;
+  EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
+  options.clock = Clock::Real();
   options.master = "localhost";
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -418,22 +422,29 @@ TEST_F(MemberSessionTest, SilencePastTheMasterWaitLosesTheMaster) {
   EXPECT_THAT(seen().ends, ElementsAre(MemberSession::State::kLostMaster));
 }
 
+// The lease on scripted time (MemberSessionOptions.clock): it runs out
+// exactly a lease after the last answered heartbeat was sent, and an
+// answered heartbeat renews it from its own sending.
 TEST_F(MemberSessionTest, LeaseExpiresALeaseAfterTheLastAnsweredHeartbeatWasSent) {
-  StartSession(Options(), absl::Milliseconds(20), absl::Milliseconds(300), RecordingHooks());
+  ScriptedClock clock;
+  MemberSessionOptions options = Options();
+  options.clock = &clock;
+  // The first heartbeat goes at once; the next would come a minute later.
+  StartSession(options, absl::Seconds(60), absl::Milliseconds(300), RecordingHooks());
   ASSERT_TRUE(AwaitReplies(1));
-  AnswerHeartbeats(FakeMaster::Heartbeats::kSilent);
-  const absl::Time deadline = absl::Now() + kPatience;
-  Status lease = session_->CheckLease();
-  while (lease.ok() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));  // polling a clock-driven state, bounded
-    lease = session_->CheckLease();
-  }
+  clock.Advance(absl::Milliseconds(299));
+  EXPECT_TRUE(session_->CheckLease().ok());
+  clock.Advance(absl::Milliseconds(1));
+  const Status lease = session_->CheckLease();
   EXPECT_EQ(lease.code(), absl::StatusCode::kFailedPrecondition) << lease;
   EXPECT_EQ(ReasonOf(lease), proto::FENCED);
-  EXPECT_THAT(lease.message(), HasSubstr("longer than the lease"));
+  EXPECT_THAT(lease.message(), HasSubstr("no heartbeat answered for 300ms"));
   EXPECT_THAT(lease.message(), HasSubstr("this worker may be fenced"));
   // Fencing is the master's word: the session itself goes on.
   EXPECT_EQ(session_->state(), MemberSession::State::kRunning);
+  session_->HeartbeatNow();
+  ASSERT_TRUE(AwaitReplies(2));
+  EXPECT_TRUE(session_->CheckLease().ok());
 }
 
 TEST_F(MemberSessionTest, AHeartbeatAnsweredAfterALeaseDoesNotRenewIt) {
