@@ -189,6 +189,27 @@ TEST(Job, DlrmAndDeepFmTrainDistributedAsInOneProcess) {
   }
 }
 
+// With its embedding rows pulled fresh at each step (worker.deterministic)
+// one worker trains DLRM with Adam on its MLPs (optimizer.mlp's default)
+// close to eps-train-local in one process, with no Adagrad pinned to match:
+// measured 0.0018 apart (prefetched rows: 0.0041). Issue 51 asks 0.001: not
+// reached (docs/accuracy.md).
+TEST(Job, OneWorkerWithFreshRowsTrainsDlrmWithAdamAsInOneProcess) {
+  TempDir dir;
+  const std::string config = WriteJobConfig(dir);
+  ASSERT_NO_FATAL_FAILURE(Generate(dir, 100000));
+  std::vector<std::string> overrides = DataFlags(dir);
+  overrides.insert(overrides.end(),
+                   {"--model.type=dlrm", "--model.bottom_mlp=64,16", "--model.top_mlp=64,1",
+                    "--optimizer.learning_rate=0.01", "--worker.deterministic=true",
+                    "--worker.compute_threads=1"});
+  const auto [distributed, single] = TrainBothWays(dir.Join("run"), config, overrides, 1);
+  std::cout << "dlrm with Adam, fresh rows: eval AUC distributed " << distributed
+            << ", single process " << single << "\n";
+  EXPECT_GT(single, 0.7);
+  EXPECT_NEAR(distributed, single, 0.003);
+}
+
 // optimizer.dense_global_batch end to end: the dense tensors step once per
 // 1,024 records whichever workers sent them (stale pushes dropped), with
 // worker.deterministic pulling each step's embedding rows fresh, and
