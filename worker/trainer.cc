@@ -457,15 +457,6 @@ StepPipeline::Hooks Worker::Impl::PipelineHooks(Session& session) {
 bool Worker::Impl::BeginStep(Session& session) {
   absl::Time paused;
   uint64_t checkpoint = 0;  // the pause in progress, once seen
-  // The checkpoint applied the servers' global batches (ps/global_batch.h)
-  // under the worker's copy of the dense tensors, which no reply tells of:
-  // a step from that copy would be dropped as stale.
-  const auto resume = [&] {
-    if (checkpoint != 0 && options_.job.optimizer.dense_global_batch > 0) {
-      session.pipeline->RenewDense();
-    }
-    return true;
-  };
   while (true) {
     bool newly_paused = false;
     {
@@ -497,7 +488,13 @@ bool Worker::Impl::BeginStep(Session& session) {
       session.pause_changed.WaitWithTimeout(&session.mu, absl::Milliseconds(50));
     }
   }
-  return resume();
+  // The checkpoint applied the servers' global batches (ps/global_batch.h)
+  // under the worker's copy of the dense tensors, which no reply tells of:
+  // a step from that copy would be dropped as stale.
+  if (checkpoint != 0 && options_.job.optimizer.dense_global_batch > 0) {
+    session.pipeline->RenewDense();
+  }
+  return true;
 }
 
 }  // namespace eps

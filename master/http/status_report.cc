@@ -507,30 +507,35 @@ std::string MetricsText(const JobControl& control) {
       "eps_server_pushes_deduplicated_total", MetricType::kCounter,
       "Retried pushes a server acknowledged without applying them again.",
       [](const ServerEntry& s) { return static_cast<double>(s.stats.pushes_deduplicated()); });
-  per_server("eps_server_global_steps_total", MetricType::kCounter,
-             "Optimizer steps a server took on its chunks of dense tensors, one per global batch "
-             "(optimizer.dense_global_batch), summed over the chunks.",
-             [](const ServerEntry& s) { return static_cast<double>(s.stats.global_steps()); });
-  per_server("eps_server_global_step_records_total", MetricType::kCounter,
-             "Records the global steps of a server averaged, summed over its dense chunks.",
-             [](const ServerEntry& s) {
-               return static_cast<double>(s.stats.global_step_records());
-             });
-  per_server("eps_server_global_pushes_decayed_total", MetricType::kCounter,
-             "Pushes a server added to a global batch with a gradient decayed for staleness.",
-             [](const ServerEntry& s) {
-               return static_cast<double>(s.stats.global_pushes_decayed());
-             });
-  per_server("eps_server_global_pushes_dropped_total", MetricType::kCounter,
-             "Pushes a server dropped from a global batch as computed on too old a version.",
-             [](const ServerEntry& s) {
-               return static_cast<double>(s.stats.global_pushes_dropped());
-             });
-  per_server("eps_server_global_records_dropped_total", MetricType::kCounter,
-             "Records of the pushes a server dropped from a global batch as too stale.",
-             [](const ServerEntry& s) {
-               return static_cast<double>(s.stats.global_records_dropped());
-             });
+  // Global batches (optimizer.dense_global_batch), each summed over a
+  // server's chunks of dense tensors.
+  const struct {
+    const char* name;
+    const char* help;
+    uint64_t (proto::ServerStats::*field)() const;
+  } global_batch_counters[] = {
+      {"eps_server_global_steps_total",
+       "Optimizer steps a server took on its chunks of dense tensors, one per global batch "
+       "(optimizer.dense_global_batch), summed over the chunks.",
+       &proto::ServerStats::global_steps},
+      {"eps_server_global_step_records_total",
+       "Records the global steps of a server averaged, summed over its dense chunks.",
+       &proto::ServerStats::global_step_records},
+      {"eps_server_global_pushes_decayed_total",
+       "Pushes a server added to a global batch with a gradient decayed for staleness.",
+       &proto::ServerStats::global_pushes_decayed},
+      {"eps_server_global_pushes_dropped_total",
+       "Pushes a server dropped from a global batch as computed on too old a version.",
+       &proto::ServerStats::global_pushes_dropped},
+      {"eps_server_global_records_dropped_total",
+       "Records of the pushes a server dropped from a global batch as too stale.",
+       &proto::ServerStats::global_records_dropped},
+  };
+  for (const auto& counter : global_batch_counters) {
+    per_server(counter.name, MetricType::kCounter, counter.help, [&counter](const ServerEntry& s) {
+      return static_cast<double>((s.stats.*counter.field)());
+    });
+  }
   per_server("eps_server_updates_refused_total", MetricType::kCounter,
              "Row updates a server refused because they would have made a weight or an optimizer "
              "state non-finite (the row kept its values).",
