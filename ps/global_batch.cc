@@ -1,5 +1,8 @@
 #include "ps/global_batch.h"
 
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 
@@ -19,6 +22,14 @@ StatusOr<GlobalBatch::Outcome> GlobalBatch::Add(const Push& push) {
                                                    " gradients"));
   }
   if (push.records == 0) return absl::InvalidArgumentError("a push of no record");
+  if (push.worker.has_value()) {
+    last_records_[*push.worker] = push.records;
+    if (auto held = holders_.find(*push.worker); held != holders_.end()) {
+      const double took = static_cast<double>(std::max<int64_t>(0, push.at_ms - held->second));
+      hold_mean_ms_ = hold_mean_ms_ == 0 ? std::max(took, 1.0) : 0.8 * hold_mean_ms_ + 0.2 * took;
+      holders_.erase(held);
+    }
+  }
   const uint64_t behind = push.based_on < version_ ? version_ - push.based_on : 0;
   if (behind > options_.max_staleness) {
     ++stats_.pushes_dropped;
@@ -41,12 +52,58 @@ StatusOr<GlobalBatch::Outcome> GlobalBatch::Add(const Push& push) {
     records_by_slot_[it->second] += push.records;
   }
   records_ += push.records;
+  records_pushed_ += push.records;
   ++stats_.pushes;
   if (behind > 0) ++stats_.pushes_decayed;
   return Outcome::kAdded;
 }
 
+int64_t GlobalBatch::hold_bound_ms() const {
+  if (hold_mean_ms_ == 0) return options_.max_hold_ms;
+  const auto scaled = static_cast<int64_t>(static_cast<double>(options_.hold_factor) * hold_mean_ms_);
+  return std::clamp(scaled, options_.min_hold_ms, options_.max_hold_ms);
+}
+
+void GlobalBatch::Expire(int64_t now_ms) {
+  const int64_t bound = hold_bound_ms();
+  stats_.reservations_expired +=
+      absl::erase_if(holders_, [&](const auto& held) { return now_ms - held.second > bound; });
+  absl::erase_if(waiters_,
+                 [&](const auto& waiter) { return now_ms - waiter.second > options_.waiter_ms; });
+}
+
+uint64_t GlobalBatch::Expected(uint64_t worker) const {
+  if (auto last = last_records_.find(worker); last != last_records_.end()) return last->second;
+  return stats_.pushes == 0 ? 1 : std::max<uint64_t>(1, records_pushed_ / stats_.pushes);
+}
+
+bool GlobalBatch::MayRead(uint64_t worker, int64_t now_ms) {
+  Expire(now_ms);
+  if (holders_.contains(worker)) return true;
+  uint64_t reserved = 0;
+  for (const auto& [holder, since] : holders_) reserved += Expected(holder);
+  const bool room = records_ + reserved < options_.records;
+  const bool turn = waiters_.empty() || waiters_.contains(worker);
+  if (room && turn) return true;
+  waiters_[worker] = now_ms;
+  ++stats_.reads_refused;
+  return false;
+}
+
+void GlobalBatch::Hold(uint64_t worker, int64_t now_ms) {
+  holders_.try_emplace(worker, now_ms);
+  waiters_.erase(worker);
+}
+
+bool GlobalBatch::ready(int64_t now_ms) {
+  if (records_ < options_.records) return false;
+  Expire(now_ms);
+  return holders_.empty();
+}
+
 void GlobalBatch::Reset() {
+  holders_.clear();
+  waiters_.clear();
   keys_.clear();
   sums_.clear();
   records_by_slot_.clear();
@@ -67,7 +124,11 @@ GlobalBatch::Step GlobalBatch::Take() {
   step.version = ++version_;
   ++stats_.steps;
   stats_.step_records += step.records;
+  // Reservations were of the version just applied: their pushes are now
+  // stale. Waiters keep their turn.
+  auto waiters = std::move(waiters_);
   Reset();
+  waiters_ = std::move(waiters);
   return step;
 }
 

@@ -9,13 +9,28 @@
 // worker makes a global step faster, not different (the GBA rule: Alibaba,
 // NeurIPS 2022).
 //
-//   filling(v, r)  --Add, based on v-s with s <= max_staleness--> filling(v, r + n)
+// Reservations make it synchronous without a barrier: a worker that reads
+// the version being filled (a pull, or a push's rows) holds a reservation
+// of its batch's records until its push on that version arrives. A read is
+// refused (the worker asks again shortly) while the records in plus those
+// reserved fill the batch, and the step waits until no reservation is
+// outstanding; so every gradient the batch was counting on arrives before
+// it steps, and none is dropped as stale. A reservation older than its
+// bound (hold_factor times the mean read-to-push time, clamped) is given up:
+// a dead, fenced or frozen worker delays one step by at most the bound, and
+// the others fill its share. Refused readers queue: while any waits, a
+// newcomer is refused too, so a fast worker cannot starve a slow one.
+//
+//   filling(v, r, H)  --MayRead(w) && Hold(w): r + reserved(H) < records
+//     |                 (or w in H)--> filling(v, r, H + w)
+//     |--Add(w), based on v-s with s <= max_staleness--> filling(v, r + n, H - w)
 //     |                               (its gradient times 1 / (1 + s))
-//     |--Add, s > max_staleness--> filling(v, r)       (dropped, counted)
-//     |--r >= records: ready()--Take()--> filling(v + 1, 0)
-//     |--Take() before ready() (a checkpoint pause, a hand-off)--> filling(v + 1, 0)
+//     |--Add(w), s > max_staleness--> filling(v, r, H - w)   (dropped, counted)
+//     |--a reservation older than its bound--> filling(v, r, H - w)  (expired)
+//     |--r >= records, H empty: ready()--Take()--> filling(v + 1, 0, {})
+//     |--Take() before ready() (a checkpoint pause, a hand-off)--> filling(v + 1, 0, {})
 //     |                               (the part in hand, applied whole)
-//     \--Reset() (a restore)--> filling(v, 0)
+//     \--Reset() (a restore)--> filling(v, 0, {})
 //
 // Staleness: a push computed on version v - s, s global steps old, is
 // dropped, its records uncounted, once s > max_staleness (by default once
@@ -32,7 +47,7 @@
 // (a partition moving away); each key's mean divides its sum by the records
 // of the pushes that carried it.
 //
-// No clock, no I/O, no lock.
+// No clock (the caller passes the time in ms), no I/O, no lock.
 //
 // Thread-safety: not thread-safe; the server guards each table's unit with
 // a mutex of its own.
@@ -42,6 +57,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -65,6 +81,15 @@ class GlobalBatch {
     // Whether a push s steps behind (s <= max_staleness) has its gradient
     // scaled by 1 / (1 + s).
     bool decay = true;
+    // The bound on a reservation: hold_factor times the mean time from a
+    // read to its push (an exponential average), within [min_hold_ms,
+    // max_hold_ms]; max_hold_ms until a push has measured it.
+    int64_t hold_factor = 4;
+    int64_t min_hold_ms = 50;
+    int64_t max_hold_ms = 2000;
+    // A refused reader that has not asked again for this long no longer
+    // queues (it died, or took another way).
+    int64_t waiter_ms = 1000;
   };
   // A push to the table, as the server decoded it.
   struct Push {
@@ -72,6 +97,8 @@ class GlobalBatch {
     std::span<const float> grads;  // keys.size() * dim
     uint32_t records = 0;          // of the batch whose mean loss it is
     uint64_t based_on = 0;         // the version it was computed on
+    std::optional<uint64_t> worker;  // the pusher, whose reservation ends (none: no reservation)
+    int64_t at_ms = 0;             // when it arrived
   };
   enum class Outcome { kAdded, kDropped };
   // One optimizer step: the keys and their mean gradients, in the order
@@ -89,6 +116,8 @@ class GlobalBatch {
     uint64_t pushes_decayed = 0;   // added with a decayed gradient
     uint64_t pushes_dropped = 0;   // too stale
     uint64_t records_dropped = 0;  // in the dropped ones
+    uint64_t reads_refused = 0;          // MayRead said no (full)
+    uint64_t reservations_expired = 0;   // given up after their bound
   };
 
   // `version` is the table's version to start from (0 for a new table).
@@ -97,8 +126,21 @@ class GlobalBatch {
   // kInvalidArgument for grads that are not keys.size() * dim floats or a
   // push of no record (nothing is added).
   StatusOr<Outcome> Add(const Push& push);
-  // The records added reach the global batch: Take() the step.
-  bool ready() const { return records_ >= options_.records; }
+  // Whether `worker` may compute on the version being filled: it holds a
+  // reservation, or the records in plus those reserved leave room and no
+  // other worker queues before it. A refusal queues it. Expired
+  // reservations are given up first.
+  bool MayRead(uint64_t worker, int64_t now_ms);
+  // Gives `worker` a reservation of its batch (its last push's records, or
+  // the mean push's until it pushed) on the version being filled, from
+  // now_ms unless it holds one already. Call after MayRead said yes.
+  void Hold(uint64_t worker, int64_t now_ms);
+  // The records added reach the global batch and no reservation is
+  // outstanding (expired ones given up): Take() the step.
+  bool ready(int64_t now_ms);
+  // Reservations outstanding, and the bound on one now.
+  size_t holders() const { return holders_.size(); }
+  int64_t hold_bound_ms() const;
   // The step of the records added, which the caller applies with the
   // table's optimizer; the version rises by one and the sum is empty.
   // Call only when ready(), or to flush with records_in_hand() > 0.
@@ -112,8 +154,21 @@ class GlobalBatch {
   const Stats& stats() const { return stats_; }
 
  private:
+  // Gives up reservations older than the bound, and forgets waiters.
+  void Expire(int64_t now_ms);
+  // The records `worker`'s reservation stands for.
+  uint64_t Expected(uint64_t worker) const;
+
   const Options options_;
   uint64_t version_;
+  // Reservations: worker -> when it read the version being filled.
+  absl::flat_hash_map<uint64_t, int64_t> holders_;
+  // Refused readers: worker -> when it last asked.
+  absl::flat_hash_map<uint64_t, int64_t> waiters_;
+  // Per worker, the records of its last push.
+  absl::flat_hash_map<uint64_t, uint32_t> last_records_;
+  uint64_t records_pushed_ = 0;  // over every push added
+  double hold_mean_ms_ = 0;      // 0: not measured yet
   uint64_t records_ = 0;
   // Per key: its slot in sums_ and records_by_slot_.
   absl::flat_hash_map<uint64_t, size_t> slots_;

@@ -1,9 +1,11 @@
 #include "ps/param_server.h"
 #include "ps/param_server_impl.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -285,6 +287,8 @@ Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
   }
   const proto::NodeId& sender = request.header().sender();
   RETURN_IF_ERROR(AdmitRows(sender));
+  RETURN_IF_ERROR(
+      ReserveGlobalBatches(sender, tables, request.header().pull_request().holds_reservations()));
   uint64_t rows = 0;
   uint64_t created = 0;
   Status pulled;
@@ -428,7 +432,10 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
     uint64_t table_created = 0;
     if (DenseBatch* batch = GlobalBatchOf(*tables[i]); batch != nullptr) {
       pushed = AddToGlobalBatch(*tables[i], *batch, keys[i], grads[i], push.records(),
-                                based_on_of(i));
+                                based_on_of(i),
+                                sender.role() == proto::ROLE_WORKER
+                                    ? std::optional<uint64_t>(sender.id())
+                                    : std::nullopt);
     } else {
       pushed = tables[i]->Push(keys[i], grads[i], lr_scale, &table_created,
                                request.header().push_request().pass());
@@ -464,27 +471,80 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   answer->set_applied(true);
   pushes_.fetch_add(1, std::memory_order_relaxed);
   rows_pushed_.fetch_add(rows, std::memory_order_relaxed);
-  return push.reply_rows() ? ReplyRows(tables, keys, push.dense_bf16(), reply)
-                           : absl::OkStatus();
+  if (!push.reply_rows()) return absl::OkStatus();
+  // The rows read back are a read of the version being filled: a full
+  // global batch holds them back, and the worker's pull waits for the next.
+  if (Status reserved = ReserveGlobalBatches(sender, tables, /*holds_elsewhere=*/false);
+      !reserved.ok()) {
+    if (ReasonOf(reserved) != proto::BATCH_FULL) return reserved;
+    answer->set_rows_withheld(true);
+    return absl::OkStatus();
+  }
+  return ReplyRows(tables, keys, push.dense_bf16(), reply);
 }
 
 Status ParamServer::Impl::AddToGlobalBatch(Table& table, DenseBatch& batch,
                                            std::span<const uint64_t> keys,
                                            std::span<const float> grads, uint32_t records,
-                                           uint64_t based_on) {
+                                           uint64_t based_on,
+                                           std::optional<uint64_t> worker) {
   absl::MutexLock lock(&batch.mu);
   // Not known (0): taken as computed on the version being filled.
   const uint64_t from = based_on == 0 ? batch.batch.version() : based_on - 1;
+  const int64_t now_ms = absl::ToUnixMillis(Clock::Real()->Now());
   ASSIGN_OR_RETURN(GlobalBatch::Outcome outcome,
-                   batch.batch.Add({.keys = keys, .grads = grads, .records = records,
-                                    .based_on = from}));
+                   batch.batch.Add({.keys = keys,
+                                    .grads = grads,
+                                    .records = records,
+                                    .based_on = from,
+                                    .worker = worker,
+                                    .at_ms = now_ms}));
   if (outcome == GlobalBatch::Outcome::kDropped) {
     VLOG(1) << "table '" << table.spec().name() << "': a push of " << records
             << " records computed on version " << from << " is dropped at version "
             << batch.batch.version();
   }
-  if (!batch.batch.ready()) return absl::OkStatus();
+  if (!batch.batch.ready(now_ms)) return absl::OkStatus();
   return ApplyGlobalStep(table, batch);
+}
+
+Status ParamServer::Impl::ReserveGlobalBatches(const proto::NodeId& sender,
+                                               std::span<Table* const> tables,
+                                               bool holds_elsewhere) {
+  if (sender.role() != proto::ROLE_WORKER || global_batches_.empty()) return absl::OkStatus();
+  // Locked in table order (the only place holding two), so that a read is
+  // granted by all of this request's batches or none.
+  std::vector<std::pair<uint32_t, Table*>> batched;
+  for (Table* table : tables) {
+    if (GlobalBatchOf(*table) != nullptr) batched.emplace_back(table->spec().id(), table);
+  }
+  if (batched.empty()) return absl::OkStatus();
+  std::sort(batched.begin(), batched.end());
+  batched.erase(std::unique(batched.begin(), batched.end()), batched.end());
+  std::vector<std::unique_ptr<absl::MutexLock>> locks;
+  for (const auto& [id, table] : batched) {
+    locks.push_back(std::make_unique<absl::MutexLock>(&GlobalBatchOf(*table)->mu));
+  }
+  const int64_t now_ms = absl::ToUnixMillis(Clock::Real()->Now());
+  const Table* full = nullptr;
+  for (const auto& [id, table] : batched) {
+    DenseBatch& batch = *GlobalBatchOf(*table);
+    // A reservation that expired may have let the step go.
+    if (batch.batch.ready(now_ms)) RETURN_IF_ERROR(ApplyGlobalStep(*table, batch));
+    if (!batch.batch.MayRead(sender.id(), now_ms) && full == nullptr) full = table;
+  }
+  if (full != nullptr && !holds_elsewhere) {
+    const GlobalBatch& batch = GlobalBatchOf(*full)->batch;
+    return ErrorWithReason(
+        absl::StatusCode::kUnavailable,
+        absl::StrCat("dense tensor '", full->spec().name(), "': its global batch at version ",
+                     batch.version(), " is full (", batch.records_in_hand(), " of ",
+                     full->spec().global_batch(), " records in, ", batch.holders(),
+                     " workers computing on it); pull again once it steps"),
+        proto::BATCH_FULL);
+  }
+  for (const auto& [id, table] : batched) GlobalBatchOf(*table)->batch.Hold(sender.id(), now_ms);
+  return absl::OkStatus();
 }
 
 Status ParamServer::Impl::ApplyGlobalStep(Table& table, DenseBatch& batch) {

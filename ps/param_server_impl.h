@@ -10,6 +10,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -143,9 +144,19 @@ class ParamServer::Impl {
   }
   // Adds a push to `table`'s global batch and, once it holds the batch,
   // applies its step (Table::Push) and raises the table's version to it.
+  // `worker`'s reservation on it ends (none: not a worker's push).
   Status AddToGlobalBatch(Table& table, DenseBatch& batch, std::span<const uint64_t> keys,
-                          std::span<const float> grads, uint32_t records, uint64_t based_on)
-      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+                          std::span<const float> grads, uint32_t records, uint64_t based_on,
+                          std::optional<uint64_t> worker) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_);
+  // A worker reads the versions being filled of `tables`' global batches
+  // (those without one are skipped): each gives it a reservation, all or
+  // none (GlobalBatch::MayRead, Hold), after applying a step a reservation
+  // that expired let through. kUnavailable with reason BATCH_FULL when one
+  // is full, unless `holds_elsewhere` (PullRequest.holds_reservations: then
+  // it is let in one batch over). OK for a sender that is not a worker.
+  // (Locks a varying set of mutexes: not for the static analysis.)
+  Status ReserveGlobalBatches(const proto::NodeId& sender, std::span<Table* const> tables,
+                              bool holds_elsewhere) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Applies the part every global batch holds, as one step each: before a
   // checkpoint (which so holds no sum) and a hand-off (so the partition's
   // rows leave with every push they took).

@@ -357,6 +357,9 @@ proto::ServerStats ParamServer::Impl::Stats() const {
     stats.set_global_pushes_decayed(stats.global_pushes_decayed() + global.pushes_decayed);
     stats.set_global_pushes_dropped(stats.global_pushes_dropped() + global.pushes_dropped);
     stats.set_global_records_dropped(stats.global_records_dropped() + global.records_dropped);
+    stats.set_global_reads_refused(stats.global_reads_refused() + global.reads_refused);
+    stats.set_global_reservations_expired(stats.global_reservations_expired() +
+                                          global.reservations_expired);
   }
   if (rpc_ != nullptr) {
     stats.set_requests_refused(rpc_->refused() + fetches_refused_.load());

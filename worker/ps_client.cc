@@ -80,12 +80,14 @@ Status PsClient::AfterRound(const RoundOutcome& outcome, absl::string_view metho
     // No newer map: the new owner has not learned of its partitions yet
     // (servers see a new map a heartbeat after the master). Wait for it
     // like NOT_READY rather than burn the routing rounds at once.
-  } else if (!outcome.not_ready && !outcome.slow_down) {
+  } else if (!outcome.not_ready && !outcome.slow_down && !outcome.batch_full) {
     return absl::OkStatus();
   }
   // A server that has not heard of the cluster map yet learns it within a
-  // heartbeat, and a row quota refills within a second; wait for them
-  // without counting a routing round.
+  // heartbeat, a row quota refills within a second, and a full global
+  // batch steps once the pushes it waits for arrive (or their reservations
+  // expire, ps/global_batch.h); wait for them without counting a routing
+  // round.
   if (absl::Now() >= deadline) {
     return absl::UnavailableError(absl::StrCat(
         method, ": parameter servers still ",
@@ -94,8 +96,16 @@ Status PsClient::AfterRound(const RoundOutcome& outcome, absl::string_view metho
         : outcome.slow_down
             ? std::string("tell this worker to slow down (it creates more rows per second "
                           "than ps.max_new_rows_per_worker_s)")
+        : outcome.batch_full
+            ? std::string("say a dense tensor's global batch is full (its step waits for "
+                          "pushes that do not come)")
             : std::string("have no cluster map"),
         " after ", absl::FormatDuration(options_.attempt_timeout * options_.max_attempts)));
+  }
+  if (outcome.batch_full && !outcome.wrong_owner && !outcome.not_ready && !outcome.slow_down) {
+    absl::SleepFor(absl::Milliseconds(2));
+    --*round;
+    return absl::OkStatus();
   }
   absl::SleepFor(absl::Milliseconds(20));
   --*round;
@@ -256,11 +266,12 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
       if (status.ok()) continue;
       const proto::ErrorReason reason = ReasonOf(status);
       if (reason == proto::WRONG_OWNER || reason == proto::NOT_READY ||
-          reason == proto::SLOW_DOWN) {
+          reason == proto::SLOW_DOWN || reason == proto::BATCH_FULL) {
         // The server applied nothing of this request: re-send just it.
-        (reason == proto::WRONG_OWNER ? outcome.wrong_owner
-         : reason == proto::NOT_READY ? outcome.not_ready
-                                      : outcome.slow_down) = true;
+        (reason == proto::WRONG_OWNER  ? outcome.wrong_owner
+         : reason == proto::NOT_READY  ? outcome.not_ready
+         : reason == proto::BATCH_FULL ? outcome.batch_full
+                                       : outcome.slow_down) = true;
         for (const Piece& piece : requests[r].pieces) {
           remaining[piece.table].insert(remaining[piece.table].end(), piece.positions.begin(),
                                         piece.positions.end());
@@ -277,9 +288,11 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
       // round spent it on the silence), still within the routing rounds.
       outcome.wrong_owner = false;
       deadline = std::max(deadline, absl::Now() + budget);
-      if (!outcome.not_ready && !outcome.slow_down) continue;
+      if (!outcome.not_ready && !outcome.slow_down && !outcome.batch_full) continue;
     }
-    if (!outcome.wrong_owner && !outcome.not_ready && !outcome.slow_down) return absl::OkStatus();
+    if (!outcome.wrong_owner && !outcome.not_ready && !outcome.slow_down && !outcome.batch_full) {
+      return absl::OkStatus();
+    }
     RETURN_IF_ERROR(AfterRound(outcome, method, &round, deadline));
   }
   return absl::UnavailableError(absl::StrCat(method, " still routed to the wrong servers after ",
@@ -377,6 +390,9 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
                       Versions* versions) {
   const ScopedLatency timer(pull_latency_);
   SizeRows(tables, out, versions);
+  // Some server answered already: a global batch it reserved holds this
+  // worker's read (PullRequest.holds_reservations).
+  bool answered = false;
   auto build = [&](const Request& request, bool /*first*/) {
     Message message;
     message.header().set_method(proto::PULL);
@@ -384,6 +400,7 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
     message.header().set_cluster_map_version(map_version());
     proto::PullRequest* body = message.header().mutable_pull_request();
     if (dense_bf16_) body->set_dense_bf16(true);
+    if (answered) body->set_holds_reservations(true);
     for (const Piece& piece : request.pieces) {
       body->add_table_ids(tables[piece.table].table_id);
       std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
@@ -394,8 +411,10 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
     return message;
   };
   RETURN_IF_ERROR(Exchange(tables, "PULL", build, [&](const Request& request, Message& reply) {
-    return ScatterRows(tables, request, reply, "PULL", reply.header().pull_reply().versions(),
-                       out, versions);
+    RETURN_IF_ERROR(ScatterRows(tables, request, reply, "PULL",
+                                reply.header().pull_reply().versions(), out, versions));
+    answered = true;
+    return absl::OkStatus();
   }));
   ForgetUnknownVersions(versions);
   return absl::OkStatus();
@@ -477,6 +496,11 @@ Status PsClient::Push(std::span<const Keys> tables, std::span<const std::span<co
       receipt_wanted = false;
     }
     if (after == nullptr || !read_back_ok) return absl::OkStatus();
+    if (answer.rows_withheld()) {
+      // A full global batch: the pull that follows waits for its step.
+      read_back_ok = false;
+      return absl::OkStatus();
+    }
     // The push is applied whatever its rows look like: a reply without
     // them (a server that does not read them back) only costs a pull.
     if (Status rows = ScatterRows(tables, request, reply, "PUSH", answer.versions(),

@@ -213,10 +213,12 @@ class PsClient {
     bool wrong_owner = false;  // WRONG_OWNER: refresh the map
     bool not_ready = false;    // NOT_READY: no cluster map yet
     bool slow_down = false;    // SLOW_DOWN: over the worker's row quota
+    bool batch_full = false;   // BATCH_FULL: a dense global batch is full
   };
   // Between routing rounds: refreshes the map after WRONG_OWNER; waits a
   // little after NOT_READY or SLOW_DOWN, or when the refreshed map is no
-  // newer (until `deadline`, not counting the round).
+  // newer, and 2 ms after BATCH_FULL (the step is one push away)
+  // (until `deadline`, not counting the round).
   Status AfterRound(const RoundOutcome& outcome, absl::string_view method, int* round,
                     absl::Time deadline);
   // After a round in which the `silent` requests got no reply at all:

@@ -72,6 +72,8 @@ json GlobalBatchSummary(const proto::ServerStats& stats) {
           {"pushes_decayed", stats.global_pushes_decayed()},
           {"pushes_dropped", stats.global_pushes_dropped()},
           {"records_dropped", dropped},
+          {"reads_refused", stats.global_reads_refused()},
+          {"reservations_expired", stats.global_reservations_expired()},
           {"dropped_share", taken + dropped > 0 ? static_cast<double>(dropped) /
                                                       static_cast<double>(taken + dropped)
                                                 : 0.0}};
@@ -238,6 +240,10 @@ json StatusDocument(const JobControl& control, absl::Time now) {
                                     server.stats.global_pushes_dropped());
       sum.set_global_records_dropped(sum.global_records_dropped() +
                                      server.stats.global_records_dropped());
+      sum.set_global_reads_refused(sum.global_reads_refused() +
+                                   server.stats.global_reads_refused());
+      sum.set_global_reservations_expired(sum.global_reservations_expired() +
+                                          server.stats.global_reservations_expired());
     }
     json global = GlobalBatchSummary(sum);
     global["records"] = job.optimizer.dense_global_batch;
@@ -530,6 +536,14 @@ std::string MetricsText(const JobControl& control) {
       {"eps_server_global_records_dropped_total",
        "Records of the pushes a server dropped from a global batch as too stale.",
        &proto::ServerStats::global_records_dropped},
+      {"eps_server_global_reads_refused_total",
+       "Reads of a full global batch a server told to wait for its next version (BATCH_FULL), "
+       "summed over its dense chunks.",
+       &proto::ServerStats::global_reads_refused},
+      {"eps_server_global_reservations_expired_total",
+       "Reservations on a global batch a server gave up after their bound (a dead, frozen or "
+       "slow worker), summed over its dense chunks.",
+       &proto::ServerStats::global_reservations_expired},
   };
   for (const auto& counter : global_batch_counters) {
     per_server(counter.name, MetricType::kCounter, counter.help, [&counter](const ServerEntry& s) {

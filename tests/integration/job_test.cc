@@ -218,18 +218,16 @@ TEST(Job, OneWorkerWithFreshRowsTrainsDlrmWithAdamAsInOneProcess) {
 }
 
 // optimizer.dense_global_batch end to end: the dense tensors step once per
-// 1,024 records whichever workers sent them (stale pushes dropped), with
+// 1,024 records whichever workers sent them (reservations: none computes
+// on a version that steps under it; stale pushes dropped), with
 // worker.deterministic pulling each step's embedding rows fresh, and
 // checkpoints every second applying the servers' partial sums: each record
 // is trained exactly once, with one worker, with three, and with three
 // through each fault mid-job: a worker killed (kill -9: its share is filled
-// by the others, nobody waits for it), a worker frozen 5 s (SIGSTOP), a
-// fourth worker added, a server killed and restarted on its data dir (the
-// servers restore the last checkpoint and drop their partial sums), the
-// master killed and restarted. On this small data three workers end 0.0065 to
-// 0.0112 below one (measured 4 times; they drop about a third of their
-// pushes as stale, which leaves them fewer dense steps); at 400,000 rows and
-// a batch of 4,096, 4 workers end 0.0029 below one (docs/accuracy.md).
+// by the others, nobody waits for it past its reservation's bound), a worker
+// frozen 10 s (SIGSTOP), a fourth worker added, a server killed and
+// restarted on its data dir (the servers restore the last checkpoint and
+// drop their partial sums), the master killed and restarted.
 TEST(Job, AGlobalBatchTrainsOneModelThroughEveryFault) {
   TempDir dir;
   const std::string config = WriteJobConfig(dir);
@@ -248,7 +246,7 @@ TEST(Job, AGlobalBatchTrainsOneModelThroughEveryFault) {
   Run runs[] = {{"1 worker", 1, Fault::kNone},
                 {"3 workers", 3, Fault::kNone},
                 {"3 workers, one killed", 3, Fault::kKillWorker},
-                {"3 workers, one frozen 5 s", 3, Fault::kFreezeWorker},
+                {"3 workers, one frozen 10 s", 3, Fault::kFreezeWorker},
                 {"3 workers, a fourth added", 3, Fault::kAddWorker},
                 {"3 workers, ps[1] killed and restarted", 3, Fault::kKillServer},
                 {"3 workers, the master killed and restarted", 3, Fault::kKillMaster}};
@@ -275,7 +273,7 @@ TEST(Job, AGlobalBatchTrainsOneModelThroughEveryFault) {
         break;
       case Fault::kFreezeWorker:
         job.workers()[1]->Signal(SIGSTOP);
-        absl::SleepFor(absl::Seconds(5));
+        absl::SleepFor(absl::Seconds(10));
         job.workers()[1]->Signal(SIGCONT);
         break;
       case Fault::kAddWorker:
@@ -309,14 +307,21 @@ TEST(Job, AGlobalBatchTrainsOneModelThroughEveryFault) {
       // checkpoint applied the servers' partial sums (RenewDense).
       EXPECT_EQ(global["pushes_dropped"], 0) << global.dump();
     }
+    // Reservations: no worker computes on a version that steps under it;
+    // only a frozen worker's push, a restore's or a restart's is dropped
+    // (without them three workers dropped 32-33%).
+    EXPECT_LT(global["dropped_share"].get<double>(), 0.01) << run.name << ": " << global.dump();
     std::cout << run.name << ": eval AUC " << run.auc << ", global steps " << global["steps"]
               << ", " << global["records_per_step"] << " records per step, dropped share "
               << global["dropped_share"] << "\n";
   }
+  // One model whatever the workers and the faults (measured: three
+  // workers 0.0010 below one, each fault within 0.0038 of the clean run;
+  // before reservations three workers were 0.0065 to 0.0112 below one).
   EXPECT_GT(runs[0].auc, 0.7);
-  EXPECT_NEAR(runs[1].auc, runs[0].auc, 0.02);
+  EXPECT_NEAR(runs[1].auc, runs[0].auc, 0.006);
   for (size_t r = 2; r < std::size(runs); ++r) {
-    EXPECT_NEAR(runs[r].auc, runs[1].auc, 0.02) << runs[r].name;
+    EXPECT_NEAR(runs[r].auc, runs[1].auc, 0.008) << runs[r].name;
   }
 }
 

@@ -182,6 +182,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
     stats->set_global_pushes_decayed(1);
     stats->set_global_pushes_dropped(3);
     stats->set_global_records_dropped(768);
+    stats->set_global_reads_refused(9);
+    stats->set_global_reservations_expired(2);
     HistogramToProto(pulls.Snapshot(), stats->mutable_pull_latency());
     HistogramToProto(pushes.Snapshot(), stats->mutable_push_latency());
     HistogramToProto(staleness.Snapshot(), stats->mutable_dense_staleness());
@@ -250,6 +252,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            {"eps_server_global_pushes_decayed_total", "counter"},
            {"eps_server_global_pushes_dropped_total", "counter"},
            {"eps_server_global_records_dropped_total", "counter"},
+           {"eps_server_global_reads_refused_total", "counter"},
+           {"eps_server_global_reservations_expired_total", "counter"},
            {"eps_server_pull_seconds", "histogram"},
            {"eps_server_push_seconds", "histogram"},
            {"eps_server_dense_staleness", "histogram"},
@@ -316,6 +320,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
            std::string("\neps_server_global_pushes_decayed_total{server=\"0\"} 1\n"),
            std::string("\neps_server_global_pushes_dropped_total{server=\"0\"} 3\n"),
            std::string("\neps_server_global_records_dropped_total{server=\"0\"} 768\n"),
+           std::string("\neps_server_global_reads_refused_total{server=\"0\"} 9\n"),
+           std::string("\neps_server_global_reservations_expired_total{server=\"0\"} 2\n"),
            std::string("\neps_server_pull_seconds_bucket{server=\"0\",le=\"0.0032\"} 2\n"),
            std::string("\neps_server_pull_seconds_count{server=\"0\"} 3\n"),
            std::string("\neps_server_push_seconds_bucket{server=\"0\",le=\"0.0001\"} 1\n"),
@@ -345,6 +351,8 @@ TEST_F(MasterTest, MetricsExposeProgressAndWhatPeersReport) {
   // The job's: every server's, summed, with the setting.
   EXPECT_EQ(doc["global_batch"]["records"], 4096);
   EXPECT_EQ(doc["global_batch"]["records_dropped"], 768);
+  EXPECT_EQ(doc["global_batch"]["reads_refused"], 9);
+  EXPECT_EQ(doc["global_batch"]["reservations_expired"], 2);
   EXPECT_EQ(doc["global_batch"]["pushes_decayed"], 1);
   const json& missed = doc["servers"][0]["dense_staleness"];
   EXPECT_EQ(missed["pushes"], 4);

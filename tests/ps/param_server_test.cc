@@ -212,6 +212,68 @@ TEST_F(ParamServerTest, AGlobalBatchStepsOncePerBatchOfRecords) {
   EXPECT_EQ(stats.global_pushes_decayed(), 0u);
 }
 
+// Reservations (ps/global_batch.h): a worker that read the version being
+// filled holds its share of the batch; a read that would overfill it is
+// refused with BATCH_FULL (rows held back from a push's reply), and the step
+// waits for the holder's push. Nothing is computed on a version that steps
+// under it.
+TEST_F(ParamServerTest, AFullGlobalBatchRefusesReadsUntilItSteps) {
+  proto::JobSpec job = MakeJob();
+  job.mutable_tables(kDense)->set_global_batch(200);
+  master_->set_job(job);
+  StartServer();
+  AwaitMap();
+  const std::vector<uint64_t> chunks = DenseKeysHere();
+  ASSERT_FALSE(chunks.empty());
+  auto pull = [&](RpcChannel& worker, bool holds = false) {
+    Message request = PullRequest({kDense}, {chunks});
+    if (holds) request.header().mutable_pull_request()->set_holds_reservations(true);
+    return CallOn(worker, std::move(request));
+  };
+  auto push = [&](RpcChannel& worker, uint64_t based_on, bool reply_rows) {
+    Message request = PushRequest({kDense}, {chunks}, {Grads(chunks.size())}, NextSeq());
+    request.header().mutable_push_request()->set_records(100);
+    request.header().mutable_push_request()->add_based_on(1 + based_on);
+    request.header().mutable_push_request()->set_reply_rows(reply_rows);
+    return CallOn(worker, std::move(request));
+  };
+  // Both workers read version 0 (room for both: 0 in, one reserved).
+  ASSERT_TRUE(pull(channel_).ok());
+  ASSERT_TRUE(pull(other_worker_).ok());
+  // Worker 1 pushes 100 and asks for the rows: 100 in + worker 2's 100
+  // fill the batch, so they are held back.
+  StatusOr<Message> pushed = push(channel_, 0, /*reply_rows=*/true);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_TRUE(pushed->header().push_reply().applied());
+  EXPECT_TRUE(pushed->header().push_reply().rows_withheld());
+  EXPECT_EQ(pushed->num_frames(), 0u);
+  EXPECT_THAT(pushed->header().push_reply().versions(), ::testing::ElementsAre(0));
+  // Its pull waits (the PsClient asks again shortly).
+  StatusOr<Message> refused = pull(channel_);
+  EXPECT_EQ(ReasonOf(refused.status()), proto::BATCH_FULL) << refused.status();
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("100 of 200 records in"));
+  // Worker 2's push completes the batch: one step, and worker 1 reads it.
+  pushed = push(other_worker_, 0, /*reply_rows=*/false);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_THAT(pushed->header().push_reply().versions(), ::testing::ElementsAre(1));
+  StatusOr<Message> granted = pull(channel_);
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_THAT(granted->header().pull_reply().versions(), ::testing::ElementsAre(1));
+  // Worker 1 pushes on version 1 and reads again (room: 100 in, none held);
+  // worker 2, refused, queues; a worker another server let in gets in.
+  ASSERT_TRUE(push(channel_, 1, false).ok());
+  ASSERT_TRUE(pull(channel_).ok());
+  EXPECT_EQ(ReasonOf(pull(other_worker_).status()), proto::BATCH_FULL);
+  EXPECT_TRUE(pull(other_worker_, /*holds=*/true).ok());
+  // Nothing was dropped; the refusals are counted.
+  const proto::ServerStats stats = master_->AwaitStats(
+      [](const proto::ServerStats& s) { return s.global_reads_refused() >= 4; },
+      absl::Seconds(10));
+  EXPECT_EQ(stats.global_steps(), 1u);
+  EXPECT_EQ(stats.global_pushes_dropped(), 0u);
+  EXPECT_EQ(stats.global_reads_refused(), 4u);  // the last let in one over
+}
+
 // PushRequest.reply_rows: the reply carries the pushed rows as the push
 // left them (what a pull right after it reads), and so does a repeat's.
 TEST_F(ParamServerTest, APushAnswersWithTheRowsItLeftWhenAsked) {
