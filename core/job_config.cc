@@ -439,6 +439,15 @@ Status JobConfig::Validate() const {
   }
   RETURN_IF_ERROR(CheckRange("worker.prefetch_batches", worker.prefetch_batches, 1, 1024));
   RETURN_IF_ERROR(CheckRange("worker.max_staleness", worker.max_staleness, 0, 1024));
+  if (optimizer.dense_global_batch > 0 && worker.max_staleness > 0) {
+    // A step started from a copy already pushed on has no reservation of
+    // its own in the global batch (ps/global_batch.h): its push would be
+    // dropped whenever the batch stepped in between.
+    return OptionError("worker.max_staleness",
+                       absl::StrCat("must be 0 with optimizer.dense_global_batch (got ",
+                                    worker.max_staleness,
+                                    "): each step reads its own version of the dense tensors"));
+  }
   RETURN_IF_ERROR(CheckRange("worker.rpc_timeout_ms", worker.rpc_timeout_ms, 1, kDayMs, "a day"));
   RETURN_IF_ERROR(CheckRange("worker.rpc_attempts", worker.rpc_attempts, 1, 1000));
   // A worker's whole call gives up within a day too.

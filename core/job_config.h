@@ -190,8 +190,12 @@ struct JobConfig {
     // sums the workers' gradients, weighted by their records, and steps
     // once it holds this many, so that the model does not depend on how
     // many workers sent them (ps/global_batch.h; docs/accuracy.md). A
-    // gradient computed on an older version than the one being filled is
-    // dropped (its records still train the embeddings). The learning-rate
+    // worker reading the version being filled reserves its share, and one
+    // that would overfill it waits for the step, so none computes on a
+    // version that steps under it; a reservation not pushed within 4x the
+    // mean step (a dead or frozen worker) is given up, and a gradient
+    // computed on an older version is then dropped (its records still
+    // train the embeddings). Requires worker.max_staleness = 0. The learning-rate
     // scaling above does not apply to them. With worker.deterministic
     // (fresh embedding rows at each step), DLRM's AUC at 1, 2 and 4
     // workers stays within 0.005. 0: a step per push, asynchronous across

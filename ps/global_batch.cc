@@ -59,7 +59,7 @@ StatusOr<GlobalBatch::Outcome> GlobalBatch::Add(const Push& push) {
 }
 
 int64_t GlobalBatch::hold_bound_ms() const {
-  if (hold_mean_ms_ == 0) return options_.max_hold_ms;
+  if (hold_mean_ms_ == 0) return std::min(options_.first_hold_ms, options_.max_hold_ms);
   const auto scaled = static_cast<int64_t>(static_cast<double>(options_.hold_factor) * hold_mean_ms_);
   return std::clamp(scaled, options_.min_hold_ms, options_.max_hold_ms);
 }
@@ -68,8 +68,9 @@ void GlobalBatch::Expire(int64_t now_ms) {
   const int64_t bound = hold_bound_ms();
   stats_.reservations_expired +=
       absl::erase_if(holders_, [&](const auto& held) { return now_ms - held.second > bound; });
-  absl::erase_if(waiters_,
-                 [&](const auto& waiter) { return now_ms - waiter.second > options_.waiter_ms; });
+  absl::erase_if(waiters_, [&](const auto& waiter) {
+    return now_ms - waiter.second.last_ms > options_.waiter_ms;
+  });
 }
 
 uint64_t GlobalBatch::Expected(uint64_t worker) const {
@@ -77,15 +78,24 @@ uint64_t GlobalBatch::Expected(uint64_t worker) const {
   return stats_.pushes == 0 ? 1 : std::max<uint64_t>(1, records_pushed_ / stats_.pushes);
 }
 
-bool GlobalBatch::MayRead(uint64_t worker, int64_t now_ms) {
+bool GlobalBatch::MayRead(uint64_t worker, int64_t now_ms, bool held_elsewhere) {
   Expire(now_ms);
   if (holders_.contains(worker)) return true;
   uint64_t reserved = 0;
   for (const auto& [holder, since] : holders_) reserved += Expected(holder);
-  const bool room = records_ + reserved < options_.records;
-  const bool turn = waiters_.empty() || waiters_.contains(worker);
-  if (room && turn) return true;
-  waiters_[worker] = now_ms;
+  if (held_elsewhere && records_ + reserved < 2 * options_.records) return true;
+  // The waiters queued before this worker (all of them for a newcomer).
+  const auto mine = waiters_.find(worker);
+  uint64_t ahead = 0;
+  for (const auto& [waiter, times] : waiters_) {
+    if (mine == waiters_.end() ||
+        std::pair(times.first_ms, waiter) < std::pair(mine->second.first_ms, worker)) {
+      ahead += Expected(waiter);
+    }
+  }
+  if (!held_elsewhere && records_ + reserved + ahead < options_.records) return true;
+  Waiter& waiter = waiters_.try_emplace(worker, Waiter{now_ms, now_ms}).first->second;
+  waiter.last_ms = now_ms;
   ++stats_.reads_refused;
   return false;
 }

@@ -18,8 +18,13 @@
 // it steps, and none is dropped as stale. A reservation older than its
 // bound (hold_factor times the mean read-to-push time, clamped) is given up:
 // a dead, fenced or frozen worker delays one step by at most the bound, and
-// the others fill its share. Refused readers queue: while any waits, a
-// newcomer is refused too, so a fast worker cannot starve a slow one.
+// the others fill its share. Refused readers queue in the order of their
+// first refusal: a reader is let in only if the room left also covers
+// those before it, so a fast worker cannot starve a slow one. A reader
+// another server already let in (so that two servers that each admitted a
+// different worker do not keep both waiting) is let in over the batch, up
+// to twice its records. A checkpoint's or hand-off's flush drops every
+// reservation: the workers, paused, read again.
 //
 //   filling(v, r, H)  --MayRead(w) && Hold(w): r + reserved(H) < records
 //     |                 (or w in H)--> filling(v, r, H + w)
@@ -27,6 +32,7 @@
 //     |                               (its gradient times 1 / (1 + s))
 //     |--Add(w), s > max_staleness--> filling(v, r, H - w)   (dropped, counted)
 //     |--a reservation older than its bound--> filling(v, r, H - w)  (expired)
+//     |--DropReservations() (a flush)--> filling(v, r, {})
 //     |--r >= records, H empty: ready()--Take()--> filling(v + 1, 0, {})
 //     |--Take() before ready() (a checkpoint pause, a hand-off)--> filling(v + 1, 0, {})
 //     |                               (the part in hand, applied whole)
@@ -86,7 +92,9 @@ class GlobalBatch {
     // max_hold_ms]; max_hold_ms until a push has measured it.
     int64_t hold_factor = 4;
     int64_t min_hold_ms = 50;
-    int64_t max_hold_ms = 2000;
+    int64_t max_hold_ms = 10000;
+    // The bound until a push has measured the mean.
+    int64_t first_hold_ms = 2000;
     // A refused reader that has not asked again for this long no longer
     // queues (it died, or took another way).
     int64_t waiter_ms = 1000;
@@ -127,10 +135,11 @@ class GlobalBatch {
   // push of no record (nothing is added).
   StatusOr<Outcome> Add(const Push& push);
   // Whether `worker` may compute on the version being filled: it holds a
-  // reservation, or the records in plus those reserved leave room and no
-  // other worker queues before it. A refusal queues it. Expired
-  // reservations are given up first.
-  bool MayRead(uint64_t worker, int64_t now_ms);
+  // reservation, or the records in plus those reserved plus those of the
+  // waiters queued before it leave room (with `held_elsewhere`: the
+  // records in plus reserved are below twice the batch). A refusal queues
+  // it. Expired reservations are given up first.
+  bool MayRead(uint64_t worker, int64_t now_ms, bool held_elsewhere = false);
   // Gives `worker` a reservation of its batch (its last push's records, or
   // the mean push's until it pushed) on the version being filled, from
   // now_ms unless it holds one already. Call after MayRead said yes.
@@ -138,6 +147,9 @@ class GlobalBatch {
   // The records added reach the global batch and no reservation is
   // outstanding (expired ones given up): Take() the step.
   bool ready(int64_t now_ms);
+  // Gives up every reservation, uncounted (a flush: the workers are
+  // paused and read again); the waiters keep their turn.
+  void DropReservations() { holders_.clear(); }
   // Reservations outstanding, and the bound on one now.
   size_t holders() const { return holders_.size(); }
   int64_t hold_bound_ms() const;
@@ -163,8 +175,12 @@ class GlobalBatch {
   uint64_t version_;
   // Reservations: worker -> when it read the version being filled.
   absl::flat_hash_map<uint64_t, int64_t> holders_;
-  // Refused readers: worker -> when it last asked.
-  absl::flat_hash_map<uint64_t, int64_t> waiters_;
+  // Refused readers: worker -> when it was first refused, and last asked.
+  struct Waiter {
+    int64_t first_ms = 0;
+    int64_t last_ms = 0;
+  };
+  absl::flat_hash_map<uint64_t, Waiter> waiters_;
   // Per worker, the records of its last push.
   absl::flat_hash_map<uint64_t, uint32_t> last_records_;
   uint64_t records_pushed_ = 0;  // over every push added

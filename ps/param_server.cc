@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -287,12 +288,16 @@ Status ParamServer::Impl::HandlePull(const Message& request, Message* reply) {
   }
   const proto::NodeId& sender = request.header().sender();
   RETURN_IF_ERROR(AdmitRows(sender));
-  RETURN_IF_ERROR(
-      ReserveGlobalBatches(sender, tables, request.header().pull_request().holds_reservations()));
+  const proto::PullRequest& pull = request.header().pull_request();
+  bool reserved = false;
+  if (pull.reserve()) {
+    ASSIGN_OR_RETURN(reserved, ReserveGlobalBatches(sender, tables, pull.holds_reservations()));
+  }
   uint64_t rows = 0;
   uint64_t created = 0;
   Status pulled;
   proto::PullReply* answer = reply->header().mutable_pull_reply();
+  if (reserved) answer->set_reserved(true);
   const bool dense_bf16 = request.header().pull_request().dense_bf16();
   for (size_t i = 0; i < tables.size() && pulled.ok(); ++i) {
     // Read before the rows: they hold at least this many pushes.
@@ -474,14 +479,36 @@ Status ParamServer::Impl::HandlePush(const Message& request, Message* reply) {
   if (!push.reply_rows()) return absl::OkStatus();
   // The rows read back are a read of the version being filled: a full
   // global batch holds them back, and the worker's pull waits for the next.
-  if (Status reserved = ReserveGlobalBatches(sender, tables, /*holds_elsewhere=*/false);
-      !reserved.ok()) {
-    if (ReasonOf(reserved) != proto::BATCH_FULL) return reserved;
+  StatusOr<bool> reserved = ReserveGlobalBatches(sender, tables, /*holds_elsewhere=*/false);
+  if (!reserved.ok()) {
+    if (ReasonOf(reserved.status()) != proto::BATCH_FULL) return reserved.status();
     answer->set_rows_withheld(true);
     return absl::OkStatus();
   }
+  if (*reserved) {
+    // A step may have gone since the versions above were read (another
+    // push, or a reservation that expired): the rows are of the version
+    // reserved, which no step passes while this worker holds it.
+    for (size_t i = 0; i < tables.size(); ++i) {
+      if (GlobalBatchOf(*tables[i]) != nullptr) {
+        answer->set_versions(static_cast<int>(i),
+                             DenseVersion(*tables[i]).load(std::memory_order_acquire));
+      }
+    }
+  }
   return ReplyRows(tables, keys, push.dense_bf16(), reply);
 }
+
+namespace {
+
+// Reservations' time: steady, in ms.
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 Status ParamServer::Impl::AddToGlobalBatch(Table& table, DenseBatch& batch,
                                            std::span<const uint64_t> keys,
@@ -491,7 +518,7 @@ Status ParamServer::Impl::AddToGlobalBatch(Table& table, DenseBatch& batch,
   absl::MutexLock lock(&batch.mu);
   // Not known (0): taken as computed on the version being filled.
   const uint64_t from = based_on == 0 ? batch.batch.version() : based_on - 1;
-  const int64_t now_ms = absl::ToUnixMillis(Clock::Real()->Now());
+  const int64_t now_ms = SteadyMs();
   ASSIGN_OR_RETURN(GlobalBatch::Outcome outcome,
                    batch.batch.Add({.keys = keys,
                                     .grads = grads,
@@ -508,32 +535,34 @@ Status ParamServer::Impl::AddToGlobalBatch(Table& table, DenseBatch& batch,
   return ApplyGlobalStep(table, batch);
 }
 
-Status ParamServer::Impl::ReserveGlobalBatches(const proto::NodeId& sender,
-                                               std::span<Table* const> tables,
-                                               bool holds_elsewhere) {
-  if (sender.role() != proto::ROLE_WORKER || global_batches_.empty()) return absl::OkStatus();
+StatusOr<bool> ParamServer::Impl::ReserveGlobalBatches(const proto::NodeId& sender,
+                                                       std::span<Table* const> tables,
+                                                       bool holds_elsewhere) {
+  if (sender.role() != proto::ROLE_WORKER || global_batches_.empty()) return false;
   // Locked in table order (the only place holding two), so that a read is
   // granted by all of this request's batches or none.
   std::vector<std::pair<uint32_t, Table*>> batched;
   for (Table* table : tables) {
     if (GlobalBatchOf(*table) != nullptr) batched.emplace_back(table->spec().id(), table);
   }
-  if (batched.empty()) return absl::OkStatus();
+  if (batched.empty()) return false;
   std::sort(batched.begin(), batched.end());
   batched.erase(std::unique(batched.begin(), batched.end()), batched.end());
   std::vector<std::unique_ptr<absl::MutexLock>> locks;
   for (const auto& [id, table] : batched) {
     locks.push_back(std::make_unique<absl::MutexLock>(&GlobalBatchOf(*table)->mu));
   }
-  const int64_t now_ms = absl::ToUnixMillis(Clock::Real()->Now());
+  const int64_t now_ms = SteadyMs();
   const Table* full = nullptr;
   for (const auto& [id, table] : batched) {
     DenseBatch& batch = *GlobalBatchOf(*table);
     // A reservation that expired may have let the step go.
     if (batch.batch.ready(now_ms)) RETURN_IF_ERROR(ApplyGlobalStep(*table, batch));
-    if (!batch.batch.MayRead(sender.id(), now_ms) && full == nullptr) full = table;
+    if (!batch.batch.MayRead(sender.id(), now_ms, holds_elsewhere) && full == nullptr) {
+      full = table;
+    }
   }
-  if (full != nullptr && !holds_elsewhere) {
+  if (full != nullptr) {
     const GlobalBatch& batch = GlobalBatchOf(*full)->batch;
     return ErrorWithReason(
         absl::StatusCode::kUnavailable,
@@ -544,7 +573,7 @@ Status ParamServer::Impl::ReserveGlobalBatches(const proto::NodeId& sender,
         proto::BATCH_FULL);
   }
   for (const auto& [id, table] : batched) GlobalBatchOf(*table)->batch.Hold(sender.id(), now_ms);
-  return absl::OkStatus();
+  return true;
 }
 
 Status ParamServer::Impl::ApplyGlobalStep(Table& table, DenseBatch& batch) {
@@ -565,6 +594,9 @@ Status ParamServer::Impl::FlushGlobalBatches() {
     DenseBatch* batch = global_batches_[id].get();
     if (batch == nullptr) continue;
     absl::MutexLock lock(&batch->mu);
+    // The workers are paused (a checkpoint) or the rows leave (a hand-off):
+    // they read again.
+    batch->batch.DropReservations();
     if (batch->batch.records_in_hand() == 0) continue;
     ASSIGN_OR_RETURN(Table * table, FindTable(static_cast<uint32_t>(id)));
     RETURN_IF_ERROR(ApplyGlobalStep(*table, *batch));

@@ -152,11 +152,13 @@ class ParamServer::Impl {
   // (those without one are skipped): each gives it a reservation, all or
   // none (GlobalBatch::MayRead, Hold), after applying a step a reservation
   // that expired let through. kUnavailable with reason BATCH_FULL when one
-  // is full, unless `holds_elsewhere` (PullRequest.holds_reservations: then
-  // it is let in one batch over). OK for a sender that is not a worker.
+  // is full (`holds_elsewhere`, PullRequest.holds_reservations: up to twice
+  // the batch). True when one was reserved; false for a sender that is not
+  // a worker or tables without a global batch.
   // (Locks a varying set of mutexes: not for the static analysis.)
-  Status ReserveGlobalBatches(const proto::NodeId& sender, std::span<Table* const> tables,
-                              bool holds_elsewhere) ABSL_SHARED_LOCKS_REQUIRED(restore_mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  StatusOr<bool> ReserveGlobalBatches(const proto::NodeId& sender,
+                                      std::span<Table* const> tables, bool holds_elsewhere)
+      ABSL_SHARED_LOCKS_REQUIRED(restore_mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Applies the part every global batch holds, as one step each: before a
   // checkpoint (which so holds no sum) and a hand-off (so the partition's
   // rows leave with every push they took).

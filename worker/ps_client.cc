@@ -387,12 +387,12 @@ void PsClient::ForgetUnknownVersions(Versions* versions) {
 }
 
 Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
-                      Versions* versions) {
+                      Versions* versions, bool reserve) {
   const ScopedLatency timer(pull_latency_);
   SizeRows(tables, out, versions);
-  // Some server answered already: a global batch it reserved holds this
-  // worker's read (PullRequest.holds_reservations).
-  bool answered = false;
+  // A server reserved this worker's read of a global batch already
+  // (PullRequest.holds_reservations).
+  bool reserved = false;
   auto build = [&](const Request& request, bool /*first*/) {
     Message message;
     message.header().set_method(proto::PULL);
@@ -400,7 +400,8 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
     message.header().set_cluster_map_version(map_version());
     proto::PullRequest* body = message.header().mutable_pull_request();
     if (dense_bf16_) body->set_dense_bf16(true);
-    if (answered) body->set_holds_reservations(true);
+    if (reserve) body->set_reserve(true);
+    if (reserved) body->set_holds_reservations(true);
     for (const Piece& piece : request.pieces) {
       body->add_table_ids(tables[piece.table].table_id);
       std::span<uint64_t> keys = message.AddUninitializedArray<uint64_t>(piece.positions.size());
@@ -413,7 +414,7 @@ Status PsClient::Pull(std::span<const Keys> tables, std::vector<std::vector<floa
   RETURN_IF_ERROR(Exchange(tables, "PULL", build, [&](const Request& request, Message& reply) {
     RETURN_IF_ERROR(ScatterRows(tables, request, reply, "PULL",
                                 reply.header().pull_reply().versions(), out, versions));
-    answered = true;
+    if (reply.header().pull_reply().reserved()) reserved = true;
     return absl::OkStatus();
   }));
   ForgetUnknownVersions(versions);

@@ -81,8 +81,12 @@ class PsClient {
   // sent (the lowest when it sent a table in several messages).
   // kDeadlineExceeded when a server does not answer and the master's
   // newest map still places its keys on it; the server's error otherwise.
+  // With `reserve`, the worker will compute its next step from the dense
+  // tensors pulled and push on their versions: a global batch reserves its
+  // share, and the pull waits while one is full (PullRequest.reserve,
+  // ps/global_batch.h).
   Status Pull(std::span<const Keys> tables, std::vector<std::vector<float>>* out,
-              Versions* versions = nullptr);
+              Versions* versions = nullptr, bool reserve = false);
 
   // Rows and their versions, as Pull gives them.
   struct Rows {

@@ -148,7 +148,9 @@ Status Worker::Impl::PullParams(Session& session, PsClient& ps, Pulled which,
                          : std::span<const uint64_t>(session.dense_keys[i]);
   }
   std::vector<std::vector<float>> pulled;
-  RETURN_IF_ERROR_CTX(ps.Pull(tables, &pulled, versions),
+  // The step pipeline's copy (kAtStep) is what the next step computes from
+  // and pushes on: it reserves its share of the global batches.
+  RETURN_IF_ERROR_CTX(ps.Pull(tables, &pulled, versions, /*reserve=*/which == Pulled::kAtStep),
                       which == Pulled::kAtStep ? "pull of the dense tensors" : "pull");
   TakeRows(which, &pulled, params);
   return absl::OkStatus();

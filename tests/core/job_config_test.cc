@@ -411,6 +411,17 @@ TEST(JobConfig, BoundMessagesNameTheBound) {
   EXPECT_THAT(std::string(config.Validate().message()), HasSubstr("clip must be finite and >= 0"));
 }
 
+// A global batch reserves one read per step (ps/global_batch.h): a step
+// started from a copy already pushed on would have none.
+TEST(JobConfig, AGlobalBatchNeedsEveryStepToReadItsDenseTensors) {
+  JobConfig config = ValidConfig();
+  config.optimizer.dense_global_batch = 4096;
+  EXPECT_TRUE(config.Validate().ok());
+  config.worker.max_staleness = 1;
+  EXPECT_THAT(std::string(config.Validate().message()),
+              HasSubstr("option 'worker.max_staleness': must be 0 with optimizer.dense_global_batch"));
+}
+
 TEST(JobConfig, EveryModelTypeIsValid) {
   for (const std::string type : {"lr", "wdl", "deepfm", "dlrm"}) {
     JobConfig config = ValidConfig();
