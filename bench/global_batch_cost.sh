@@ -13,8 +13,7 @@
 # each mode (the epoch's records over its time in the master's events log),
 # the ratio global batch / asynchronous, the global batch's dropped share,
 # the reads it told to wait and the reservations it gave up (/status
-# global_batch), the seconds the workers waited for a dense copy, and eval
-# AUC of each.
+# global_batch), and eval AUC of each.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="${EPS_BENCH_DIR:-$(mktemp -d /tmp/eps-global-batch.XXXXXX)}"
@@ -41,8 +40,8 @@ if [ ! -f "$data/truth.json" ]; then
   "$root/build/bin/eps-datagen" --rows "$rows" --seed 1 --files 4 --out "$data" >/dev/null 2>&1
 fi
 
-echo "| model | workers (2 servers) | records/s async | records/s global batch $global | ratio | dropped share | reads told to wait | reservations given up | workers waited (s) | eval AUC async / global batch |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+echo "| model | workers (2 servers) | records/s async | records/s global batch $global | ratio | dropped share | reads told to wait | reservations given up | eval AUC async / global batch |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 for model in $models; do
   config="$root/examples/$model.ini"
   for w in $workers; do
@@ -61,10 +60,9 @@ from job_results import Job
 model, w, prefix = sys.argv[1:4]
 sync, asyn = Job(f"{prefix}-global/master"), Job(f"{prefix}-async/master")
 g = sync.final.get("global_batch") or {}
-waited = sum((x.get("dense_staleness") or {}).get("wait_s") or 0 for x in sync.final.get("workers", []))
 print(f"| {model} | {w} | {asyn.samples_per_s:,.0f} | {sync.samples_per_s:,.0f} | "
       f"{sync.samples_per_s / asyn.samples_per_s:.2f}x | {g.get('dropped_share', 0):.4f} | "
-      f"{g.get('reads_refused', 0):,} | {g.get('reservations_expired', 0):,} | {waited:.1f} | "
+      f"{g.get('reads_refused', 0):,} | {g.get('reservations_expired', 0):,} | "
       f"{asyn.auc:.4f} / {sync.auc:.4f} |")
 PY
   done
