@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -538,7 +539,7 @@ Status ParamServer::Impl::AddToGlobalBatch(Table& table, DenseBatch& batch,
 StatusOr<bool> ParamServer::Impl::ReserveGlobalBatches(const proto::NodeId& sender,
                                                        std::span<Table* const> tables,
                                                        bool holds_elsewhere) {
-  if (sender.role() != proto::ROLE_WORKER || global_batches_.empty()) return false;
+  if (sender.role() != proto::ROLE_WORKER) return false;
   // Locked in table order (the only place holding two), so that a read is
   // granted by all of this request's batches or none.
   std::vector<std::pair<uint32_t, Table*>> batched;
@@ -548,10 +549,8 @@ StatusOr<bool> ParamServer::Impl::ReserveGlobalBatches(const proto::NodeId& send
   if (batched.empty()) return false;
   std::sort(batched.begin(), batched.end());
   batched.erase(std::unique(batched.begin(), batched.end()), batched.end());
-  std::vector<std::unique_ptr<absl::MutexLock>> locks;
-  for (const auto& [id, table] : batched) {
-    locks.push_back(std::make_unique<absl::MutexLock>(&GlobalBatchOf(*table)->mu));
-  }
+  std::deque<absl::MutexLock> locks;  // MutexLock does not move
+  for (const auto& [id, table] : batched) locks.emplace_back(&GlobalBatchOf(*table)->mu);
   const int64_t now_ms = SteadyMs();
   const Table* full = nullptr;
   for (const auto& [id, table] : batched) {

@@ -80,7 +80,7 @@ Status PsClient::AfterRound(const RoundOutcome& outcome, absl::string_view metho
     // No newer map: the new owner has not learned of its partitions yet
     // (servers see a new map a heartbeat after the master). Wait for it
     // like NOT_READY rather than burn the routing rounds at once.
-  } else if (!outcome.not_ready && !outcome.slow_down && !outcome.batch_full) {
+  } else if (!outcome.waits()) {
     return absl::OkStatus();
   }
   // A server that has not heard of the cluster map yet learns it within a
@@ -97,17 +97,15 @@ Status PsClient::AfterRound(const RoundOutcome& outcome, absl::string_view metho
             ? std::string("tell this worker to slow down (it creates more rows per second "
                           "than ps.max_new_rows_per_worker_s)")
         : outcome.batch_full
-            ? std::string("say a dense tensor's global batch is full (its step waits for "
-                          "pushes that do not come)")
+            ? absl::StrCat("answer BATCH_FULL (optimizer.dense_global_batch: the step waits "
+                           "for pushes that do not come; the last said: ",
+                           outcome.full_why, ")")
             : std::string("have no cluster map"),
         " after ", absl::FormatDuration(options_.attempt_timeout * options_.max_attempts)));
   }
-  if (outcome.batch_full && !outcome.wrong_owner && !outcome.not_ready && !outcome.slow_down) {
-    absl::SleepFor(absl::Milliseconds(2));
-    --*round;
-    return absl::OkStatus();
-  }
-  absl::SleepFor(absl::Milliseconds(20));
+  // A full batch is one push from its step: ask again sooner.
+  const bool only_full = !outcome.wrong_owner && !outcome.not_ready && !outcome.slow_down;
+  absl::SleepFor(absl::Milliseconds(only_full ? 2 : 20));
   --*round;
   return absl::OkStatus();
 }
@@ -272,6 +270,7 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
          : reason == proto::NOT_READY  ? outcome.not_ready
          : reason == proto::BATCH_FULL ? outcome.batch_full
                                        : outcome.slow_down) = true;
+        if (reason == proto::BATCH_FULL) outcome.full_why = std::string(status.message());
         for (const Piece& piece : requests[r].pieces) {
           remaining[piece.table].insert(remaining[piece.table].end(), piece.positions.begin(),
                                         piece.positions.end());
@@ -288,11 +287,9 @@ Status PsClient::Exchange(std::span<const Keys> tables, absl::string_view method
       // round spent it on the silence), still within the routing rounds.
       outcome.wrong_owner = false;
       deadline = std::max(deadline, absl::Now() + budget);
-      if (!outcome.not_ready && !outcome.slow_down && !outcome.batch_full) continue;
+      if (!outcome.waits()) continue;
     }
-    if (!outcome.wrong_owner && !outcome.not_ready && !outcome.slow_down && !outcome.batch_full) {
-      return absl::OkStatus();
-    }
+    if (!outcome.wrong_owner && !outcome.waits()) return absl::OkStatus();
     RETURN_IF_ERROR(AfterRound(outcome, method, &round, deadline));
   }
   return absl::UnavailableError(absl::StrCat(method, " still routed to the wrong servers after ",

@@ -218,6 +218,9 @@ class PsClient {
     bool not_ready = false;    // NOT_READY: no cluster map yet
     bool slow_down = false;    // SLOW_DOWN: over the worker's row quota
     bool batch_full = false;   // BATCH_FULL: a dense global batch is full
+    std::string full_why;      // the last BATCH_FULL's message (which tensor, how full)
+    // A refusal that is waited out rather than re-routed.
+    bool waits() const { return not_ready || slow_down || batch_full; }
   };
   // Between routing rounds: refreshes the map after WRONG_OWNER; waits a
   // little after NOT_READY or SLOW_DOWN, or when the refreshed map is no
